@@ -1,0 +1,1 @@
+//! `lastcall`: the termination lifecycle shared by lastcall's daemons.

@@ -1,0 +1,1 @@
+//! Sans-IO STUN/TURN server core: bytes and `now` in, responses and relay actions out.

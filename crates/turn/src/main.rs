@@ -1,0 +1,2 @@
+//! `lastcall-turn`: a TURN/STUN relay that reads coturn's configuration and drains on SIGTERM.
+fn main() {}

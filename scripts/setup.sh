@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Installs, idempotently, what lastcall needs on Debian 12: the system packages the daemons,
+# tests and benchmarks use, and the Python packages the chart tests use.
+# Run as root, or as a user with sudo. Without either it prints the command to run and fails.
+set -euo pipefail
+
+PACKAGES=(
+  build-essential pkg-config ca-certificates curl python3 python3-venv
+  haproxy coturn libmodsecurity-dev libmodsecurity3 modsecurity-crs
+  nginx libnginx-mod-http-modsecurity
+  iproute2 procps util-linux psmisc
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+
+if ((${#missing[@]})); then
+  if [ "$(id -u)" -eq 0 ]; then
+    SUDO=()
+  elif command -v sudo >/dev/null 2>&1; then
+    SUDO=(sudo)
+  else
+    echo "setup: missing Debian packages: ${missing[*]}" >&2
+    echo "setup: not root and no sudo; as root run:" >&2
+    echo "  apt-get update && apt-get install -y ${missing[*]}" >&2
+    exit 1
+  fi
+  echo "setup: installing ${missing[*]}"
+  "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q
+  "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+# The Debian packages start nothing by default in a container; on a full system they may
+# have started services on well-known ports. Our tests use their own ports on loopback only.
+
+if ! command -v cargo >/dev/null 2>&1; then
+  echo "setup: cargo not found; install Rust (rustup, stable >= 1.80) and run again" >&2
+  exit 1
+fi
+
+# Python packages for the chart tests (offline Helm and the Kubernetes schema validator).
+if [ -f scripts/requirements.txt ]; then
+  python3 -m pip install -q --disable-pip-version-check -r scripts/requirements.txt
+fi
