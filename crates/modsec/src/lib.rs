@@ -1,1 +1,611 @@
 //! Safe Rust wrapper over Debian's libmodsecurity 3 (own FFI, linked via pkg-config).
+//!
+//! The crates.io `modsecurity` crate needs libmodsecurity >= 3.0.13; Debian 12 ships
+//! 3.0.9, so this crate declares the small part of the C API it needs (`ffi`) and wraps
+//! it:
+//!
+//! - [`ModSecurity`]: the engine (`msc_init`), with our server log callback installed.
+//! - [`RuleSet`]: rules compiled once and shared read-only across threads (`Arc`).
+//! - [`Transaction`]: one HTTP exchange. It holds both `Arc`s, so it can outlive the
+//!   request (for a later response check) and be moved between threads. Its
+//!   [`MatchReport`] collects the rule ids, messages and anomaly scores from the log
+//!   callback and from interventions, because the C API cannot read TX variables.
+//! - [`crs`]: the engine settings Debian does not ship plus Debian's OWASP CRS.
+//!
+//! Every call is synchronous and CPU-bound (about a millisecond with CRS at paranoia
+//! level 1): callers in async code run it on a bounded blocking pool.
+//!
+//! ```no_run
+//! use lastcall_modsec::{crs, ModSecurity, RuleSet, Transaction};
+//! let ms = ModSecurity::new()?;
+//! let rules = RuleSet::from_directives(
+//!     &crs::debian_default_directives(&crs::CrsOptions::default()),
+//!     "default",
+//! )?;
+//! let mut tx = Transaction::new(&ms, &rules, None)?;
+//! tx.process_connection("127.0.0.1", 40000, "127.0.0.1", 80)?;
+//! tx.process_uri("/?id=1' OR '1'='1", "GET", "1.1")?;
+//! tx.add_request_header(b"Host", b"example.com")?;
+//! tx.process_request_headers()?;
+//! let verdict = tx.process_request_body()?; // phase 2 decides most CRS blocks, even for GET
+//! assert_eq!(verdict.map(|i| i.status), Some(403));
+//! # Ok::<(), lastcall_modsec::Error>(())
+//! ```
+
+pub mod crs;
+mod ffi;
+mod report;
+
+use std::ffi::{CStr, CString};
+use std::os::raw::{c_char, c_int, c_void};
+use std::path::Path;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+pub use report::{MatchReport, RuleMatch};
+
+/// Errors of this crate.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// `msc_init` returned NULL.
+    #[error("libmodsecurity: msc_init failed")]
+    Init,
+    /// The rules did not compile; `message` is libmodsecurity's parser error (it names the
+    /// file and line).
+    #[error("rules from {origin}: {message}")]
+    Rules {
+        /// Where the rules came from (the `origin` given, or the file path).
+        origin: String,
+        /// libmodsecurity's message.
+        message: String,
+    },
+    /// A string passed to libmodsecurity contained a NUL byte.
+    #[error("{what} contains a NUL byte")]
+    Nul {
+        /// Which argument.
+        what: &'static str,
+    },
+    /// `msc_new_transaction` returned NULL.
+    #[error("libmodsecurity: could not create a transaction")]
+    Transaction,
+    /// A libmodsecurity call reported failure.
+    #[error("libmodsecurity: {call} failed")]
+    Call {
+        /// The C function.
+        call: &'static str,
+    },
+}
+
+/// Result with this crate's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// A disruptive decision of the rules (`msc_intervention`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Intervention {
+    /// HTTP status to answer with (e.g. 403).
+    pub status: u16,
+    /// Redirect target (`redirect:` action).
+    pub url: Option<String>,
+    /// libmodsecurity's log line for the decision ("ModSecurity: Access denied …").
+    pub log: Option<String>,
+    /// Always true for interventions returned by this crate (kept for completeness).
+    pub disruptive: bool,
+}
+
+impl Intervention {
+    /// The rule id in the intervention's log line (`[id "…"]`), if any.
+    pub fn rule_id(&self) -> Option<u32> {
+        let log = self.log.as_deref()?;
+        let id = report::parse_line(log, true).id;
+        (id != 0).then_some(id)
+    }
+}
+
+/// The libmodsecurity engine: one per process is enough.
+pub struct ModSecurity {
+    ptr: NonNull<ffi::ModSecurityT>,
+}
+
+// SAFETY: after `new` returns, the only uses of the `ModSecurity` object are read-only:
+// `msc_who_am_i` (returns a string member), `msc_new_transaction` (stores the pointer)
+// and `serverLog` from transactions (reads the callback pointer and flags). The
+// persistent collections it owns (global/ip/session/user/resource, in-memory in Debian's
+// build) lock on writes; see the crate README for the limit of that (reads are unlocked
+// in 3.0.9, which matters only to rule sets that *write* persistent collections).
+unsafe impl Send for ModSecurity {}
+// SAFETY: see `Send`: shared use is read-only apart from the collections' own locking.
+unsafe impl Sync for ModSecurity {}
+
+impl ModSecurity {
+    /// `msc_init`, connector information `lastcall-modsec/<version>`, and the server log
+    /// callback (text lines, routed to each transaction's [`MatchReport`]).
+    pub fn new() -> Result<Arc<Self>> {
+        // SAFETY: msc_init has no preconditions; it returns an owned object or NULL.
+        let raw = unsafe { ffi::msc_init() };
+        let ptr = NonNull::new(raw).ok_or(Error::Init)?;
+        let ms = ModSecurity { ptr };
+        let connector = CString::new(concat!("lastcall-modsec/", env!("CARGO_PKG_VERSION")))
+            .map_err(|_| Error::Nul { what: "connector" })?;
+        // SAFETY: `ptr` is a live engine owned by `ms`; the string is copied by the
+        // library (std::string assignment) before the call returns.
+        unsafe { ffi::msc_set_connector_info(ms.ptr.as_ptr(), connector.as_ptr()) };
+        // SAFETY: `ptr` is live; `log_callback` is a plain function valid for the whole
+        // program and never unwinds.
+        unsafe { ffi::msc_set_log_cb(ms.ptr.as_ptr(), Some(log_callback)) };
+        Ok(Arc::new(ms))
+    }
+
+    /// `msc_who_am_i`: libmodsecurity's version string, e.g. "ModSecurity v3.0.9 (Linux)".
+    pub fn who_am_i(&self) -> String {
+        // SAFETY: `ptr` is live; the returned pointer is to a std::string member of the
+        // engine that lives as long as `self`; we copy it out at once.
+        let p = unsafe { ffi::msc_who_am_i(self.ptr.as_ptr()) };
+        if p.is_null() {
+            return String::new();
+        }
+        // SAFETY: non-NULL, NUL-terminated (std::string::c_str), alive for this call.
+        unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+    }
+}
+
+impl Drop for ModSecurity {
+    fn drop(&mut self) {
+        // SAFETY: we own the engine; every Transaction holds an Arc<ModSecurity>, so none
+        // is alive when the last Arc drops.
+        unsafe { ffi::msc_cleanup(self.ptr.as_ptr()) };
+    }
+}
+
+impl std::fmt::Debug for ModSecurity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ModSecurity").finish_non_exhaustive()
+    }
+}
+
+/// A compiled rule set, shared read-only by any number of transactions on any threads.
+pub struct RuleSet {
+    ptr: NonNull<ffi::RulesSetT>,
+    origin: String,
+    rule_count: usize,
+}
+
+// SAFETY: a RulesSet is mutated only while it is loaded (`from_*` below, before it is
+// shared). Transactions keep a pointer to it and only read it: rules, operators
+// (precompiled PCRE2 patterns with per-call match data, Aho-Corasick trees walked
+// without writing), actions and the engine properties. Per-request state (TX, matched
+// vars, `ctl:` rule removals) lives in the Transaction. libmodsecurity's multi-threaded
+// connectors rely on the same sharing.
+unsafe impl Send for RuleSet {}
+// SAFETY: see `Send`.
+unsafe impl Sync for RuleSet {}
+
+impl RuleSet {
+    /// Compiles rules given as text (ModSecurity directives). `origin` names them in
+    /// errors; libmodsecurity's message carries the file and line for included files,
+    /// and the line within `text` otherwise.
+    pub fn from_directives(text: &str, origin: &str) -> Result<Arc<Self>> {
+        let c = CString::new(text).map_err(|_| Error::Nul { what: "rules" })?;
+        Self::load(origin, |rules, err| {
+            // SAFETY: `rules` is a live, unshared RulesSet; `c` is NUL-terminated and
+            // outlives the call; `err` points to a writable `*const c_char`.
+            unsafe { ffi::msc_rules_add(rules, c.as_ptr(), err) }
+        })
+    }
+
+    /// Compiles the rules in a file (and what it includes).
+    pub fn from_file(path: impl AsRef<Path>) -> Result<Arc<Self>> {
+        let path = path.as_ref();
+        let origin = path.display().to_string();
+        let c = CString::new(path.as_os_str().as_encoded_bytes())
+            .map_err(|_| Error::Nul { what: "path" })?;
+        Self::load(&origin, |rules, err| {
+            // SAFETY: as in `from_directives`.
+            unsafe { ffi::msc_rules_add_file(rules, c.as_ptr(), err) }
+        })
+    }
+
+    /// Where the rules came from (the `origin` or path given).
+    pub fn origin(&self) -> &str {
+        &self.origin
+    }
+
+    /// How many rules libmodsecurity reported loading.
+    pub fn rule_count(&self) -> usize {
+        self.rule_count
+    }
+
+    fn load(
+        origin: &str,
+        add: impl FnOnce(*mut ffi::RulesSetT, *mut *const c_char) -> c_int,
+    ) -> Result<Arc<Self>> {
+        // SAFETY: no preconditions; returns an owned RulesSet or NULL.
+        let raw = unsafe { ffi::msc_create_rules_set() };
+        let ptr = NonNull::new(raw).ok_or(Error::Rules {
+            origin: origin.to_owned(),
+            message: "msc_create_rules_set failed".to_owned(),
+        })?;
+        // From here on Drop frees the rules, also on error.
+        let mut set = RuleSet {
+            ptr,
+            origin: origin.to_owned(),
+            rule_count: 0,
+        };
+        let mut err: *const c_char = std::ptr::null();
+        let n = add(set.ptr.as_ptr(), &mut err);
+        let message = take_malloced_string(err.cast_mut());
+        if n < 0 {
+            return Err(Error::Rules {
+                origin: origin.to_owned(),
+                message: message.unwrap_or_else(|| "unknown error".to_owned()),
+            });
+        }
+        set.rule_count = usize::try_from(n).unwrap_or(0);
+        Ok(Arc::new(set))
+    }
+}
+
+impl Drop for RuleSet {
+    fn drop(&mut self) {
+        // SAFETY: we own the rules; every Transaction holds an Arc<RuleSet>, so none is
+        // alive when the last Arc drops.
+        unsafe { ffi::msc_rules_cleanup(self.ptr.as_ptr()) };
+    }
+}
+
+impl std::fmt::Debug for RuleSet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RuleSet")
+            .field("origin", &self.origin)
+            .field("rule_count", &self.rule_count)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One HTTP exchange through the rules. Call the phases in order; each `process_*`
+/// returns the intervention (deny, redirect, …) it caused, if any.
+pub struct Transaction {
+    ptr: NonNull<ffi::TransactionT>,
+    /// Owned `Box<MatchReport>` (from `Box::into_raw`), also the log callback's data
+    /// pointer. Written only by the callback, which libmodsecurity calls synchronously
+    /// from within the `&mut self` methods below; read through `report(&self)`.
+    report: NonNull<MatchReport>,
+    id: Option<String>,
+    _engine: Arc<ModSecurity>,
+    _rules: Arc<RuleSet>,
+}
+
+// SAFETY: a libmodsecurity Transaction has no thread affinity (no thread-locals); it may
+// be used from any thread as long as calls do not overlap, which `&mut self` guarantees.
+// The report box is only touched from those calls. Not Sync (raw pointers).
+unsafe impl Send for Transaction {}
+
+impl Transaction {
+    /// `msc_new_transaction[_with_id]`. `id` becomes libmodsecurity's unique id (in logs);
+    /// without it libmodsecurity generates one.
+    pub fn new(engine: &Arc<ModSecurity>, rules: &Arc<RuleSet>, id: Option<&str>) -> Result<Self> {
+        let report = NonNull::from(Box::leak(Box::<MatchReport>::default()));
+        let data = report.as_ptr().cast::<c_void>();
+        let raw = match id {
+            Some(id) => {
+                let c = match CString::new(id) {
+                    Ok(c) => c,
+                    Err(_) => {
+                        free_report(report);
+                        return Err(Error::Nul {
+                            what: "transaction id",
+                        });
+                    }
+                };
+                // SAFETY: engine and rules are live (we hold Arcs); the id is copied into a
+                // std::string by the constructor (it is never written through, despite
+                // the `char *`); `data` stays valid until Drop frees it after cleanup.
+                unsafe {
+                    ffi::msc_new_transaction_with_id(
+                        engine.ptr.as_ptr(),
+                        rules.ptr.as_ptr(),
+                        c.as_ptr().cast_mut(),
+                        data,
+                    )
+                }
+            }
+            // SAFETY: as above.
+            None => unsafe {
+                ffi::msc_new_transaction(engine.ptr.as_ptr(), rules.ptr.as_ptr(), data)
+            },
+        };
+        let Some(ptr) = NonNull::new(raw) else {
+            free_report(report);
+            return Err(Error::Transaction);
+        };
+        Ok(Transaction {
+            ptr,
+            report,
+            id: id.map(str::to_owned),
+            _engine: Arc::clone(engine),
+            _rules: Arc::clone(rules),
+        })
+    }
+
+    /// The id given to [`Transaction::new`], if any.
+    pub fn id(&self) -> Option<&str> {
+        self.id.as_deref()
+    }
+
+    /// The rule set this transaction runs.
+    pub fn rules(&self) -> &Arc<RuleSet> {
+        &self._rules
+    }
+
+    /// Phase 0: the connection's addresses.
+    pub fn process_connection(
+        &mut self,
+        client_ip: &str,
+        client_port: u16,
+        server_ip: &str,
+        server_port: u16,
+    ) -> Result<Option<Intervention>> {
+        let c = cstring(client_ip, "client address")?;
+        let s = cstring(server_ip, "server address")?;
+        // SAFETY: live transaction, exclusive (&mut); strings are copied by the callee.
+        let rc = unsafe {
+            ffi::msc_process_connection(
+                self.ptr.as_ptr(),
+                c.as_ptr(),
+                c_int::from(client_port),
+                s.as_ptr(),
+                c_int::from(server_port),
+            )
+        };
+        self.finish("msc_process_connection", rc)
+    }
+
+    /// The request line: `uri` is the path with query string as sent, `method` e.g. "GET",
+    /// `http_version` e.g. "1.1".
+    pub fn process_uri(
+        &mut self,
+        uri: &str,
+        method: &str,
+        http_version: &str,
+    ) -> Result<Option<Intervention>> {
+        let u = cstring(uri, "uri")?;
+        let m = cstring(method, "method")?;
+        let v = cstring(http_version, "http version")?;
+        // SAFETY: live transaction, exclusive; strings are copied by the callee.
+        let rc =
+            unsafe { ffi::msc_process_uri(self.ptr.as_ptr(), u.as_ptr(), m.as_ptr(), v.as_ptr()) };
+        self.finish("msc_process_uri", rc)
+    }
+
+    /// Adds one request header (bytes, no NUL restriction).
+    pub fn add_request_header(&mut self, name: &[u8], value: &[u8]) -> Result<()> {
+        // SAFETY: live transaction, exclusive; pointer/length pairs are valid for the call
+        // and copied by the callee.
+        let rc = unsafe {
+            ffi::msc_add_n_request_header(
+                self.ptr.as_ptr(),
+                name.as_ptr(),
+                name.len(),
+                value.as_ptr(),
+                value.len(),
+            )
+        };
+        check("msc_add_n_request_header", rc)
+    }
+
+    /// Phase 1.
+    pub fn process_request_headers(&mut self) -> Result<Option<Intervention>> {
+        // SAFETY: live transaction, exclusive.
+        let rc = unsafe { ffi::msc_process_request_headers(self.ptr.as_ptr()) };
+        self.finish("msc_process_request_headers", rc)
+    }
+
+    /// Appends a chunk of the request body. Past `SecRequestBodyLimit`, with
+    /// `ProcessPartial` the rest is dropped and [`MatchReport::request_body_truncated`]
+    /// is set; with `Reject` (engine `On`) the next `process_*` returns a 403.
+    pub fn append_request_body(&mut self, body: &[u8]) -> Result<()> {
+        // SAFETY: live transaction, exclusive; (ptr, len) valid for the call, copied.
+        let rc =
+            unsafe { ffi::msc_append_request_body(self.ptr.as_ptr(), body.as_ptr(), body.len()) };
+        if rc == 0 {
+            // 3.0.9 returns false only when the body limit was hit under ProcessPartial.
+            self.report_mut().set_request_body_truncated();
+        }
+        Ok(())
+    }
+
+    /// Phase 2. Call it even for requests without a body: most CRS blocks are decided
+    /// here (the blocking evaluation, 949110, runs in phase 2).
+    pub fn process_request_body(&mut self) -> Result<Option<Intervention>> {
+        // SAFETY: live transaction, exclusive.
+        let rc = unsafe { ffi::msc_process_request_body(self.ptr.as_ptr()) };
+        self.finish("msc_process_request_body", rc)
+    }
+
+    /// Adds one response header.
+    pub fn add_response_header(&mut self, name: &[u8], value: &[u8]) -> Result<()> {
+        // SAFETY: as in `add_request_header`.
+        let rc = unsafe {
+            ffi::msc_add_n_response_header(
+                self.ptr.as_ptr(),
+                name.as_ptr(),
+                name.len(),
+                value.as_ptr(),
+                value.len(),
+            )
+        };
+        check("msc_add_n_response_header", rc)
+    }
+
+    /// Phase 3: response status and protocol (e.g. "HTTP/1.1").
+    pub fn process_response_headers(
+        &mut self,
+        status: u16,
+        protocol: &str,
+    ) -> Result<Option<Intervention>> {
+        let p = cstring(protocol, "protocol")?;
+        // SAFETY: live transaction, exclusive; the protocol string is copied.
+        let rc = unsafe {
+            ffi::msc_process_response_headers(self.ptr.as_ptr(), c_int::from(status), p.as_ptr())
+        };
+        self.finish("msc_process_response_headers", rc)
+    }
+
+    /// Appends a chunk of the response body (inspected only with
+    /// `SecResponseBodyAccess On` and a matching `SecResponseBodyMimeType`).
+    pub fn append_response_body(&mut self, body: &[u8]) -> Result<()> {
+        // SAFETY: as in `append_request_body`.
+        let rc =
+            unsafe { ffi::msc_append_response_body(self.ptr.as_ptr(), body.as_ptr(), body.len()) };
+        if rc == 0 {
+            self.report_mut().set_response_body_truncated();
+        }
+        Ok(())
+    }
+
+    /// Phase 4.
+    pub fn process_response_body(&mut self) -> Result<Option<Intervention>> {
+        // SAFETY: live transaction, exclusive.
+        let rc = unsafe { ffi::msc_process_response_body(self.ptr.as_ptr()) };
+        self.finish("msc_process_response_body", rc)
+    }
+
+    /// Phase 5 (logging; CRS's correlation rules 980xxx report the final scores here).
+    pub fn process_logging(&mut self) -> Result<()> {
+        // SAFETY: live transaction, exclusive.
+        let rc = unsafe { ffi::msc_process_logging(self.ptr.as_ptr()) };
+        check("msc_process_logging", rc)
+    }
+
+    /// `msc_update_status_code`: tells the rules the final response status (e.g. when
+    /// the response was replaced after phase 3).
+    pub fn update_status_code(&mut self, status: u16) -> Result<()> {
+        // SAFETY: live transaction, exclusive.
+        let rc = unsafe { ffi::msc_update_status_code(self.ptr.as_ptr(), c_int::from(status)) };
+        check("msc_update_status_code", rc)
+    }
+
+    /// How many request body bytes libmodsecurity holds (after any limit).
+    pub fn request_body_length(&mut self) -> usize {
+        // SAFETY: live transaction, exclusive.
+        unsafe { ffi::msc_get_request_body_length(self.ptr.as_ptr()) }
+    }
+
+    /// Checks for an intervention now (e.g. after a body chunk went over a `Reject`
+    /// limit). Each intervention is reported once.
+    pub fn intervention(&mut self) -> Option<Intervention> {
+        let mut it = ffi::ModSecurityIntervention {
+            status: 200,
+            pause: 0,
+            url: std::ptr::null_mut(),
+            log: std::ptr::null_mut(),
+            disruptive: 0,
+        };
+        // SAFETY: live transaction, exclusive; `it` is initialised (the library only
+        // writes url/log when it has them, with strdup), and we free what it wrote.
+        let disruptive = unsafe { ffi::msc_intervention(self.ptr.as_ptr(), &mut it) };
+        let url = take_malloced_string(it.url);
+        let log = take_malloced_string(it.log);
+        if disruptive == 0 && it.disruptive == 0 {
+            return None;
+        }
+        if let Some(line) = &log {
+            self.report_mut().record_line(line, true);
+        }
+        Some(Intervention {
+            status: u16::try_from(it.status).unwrap_or(403),
+            url,
+            log,
+            disruptive: true,
+        })
+    }
+
+    /// What matched so far.
+    pub fn report(&self) -> &MatchReport {
+        // SAFETY: `report` is a live Box owned by self; it is mutated only by the log
+        // callback and `report_mut`, both inside `&mut self` methods, so no mutation can
+        // overlap this shared borrow.
+        unsafe { self.report.as_ref() }
+    }
+
+    fn report_mut(&mut self) -> &mut MatchReport {
+        // SAFETY: as in `report`; `&mut self` excludes any other borrow of the report, and
+        // the callback does not run outside libmodsecurity calls.
+        unsafe { self.report.as_mut() }
+    }
+
+    fn finish(&mut self, call: &'static str, rc: c_int) -> Result<Option<Intervention>> {
+        let it = self.intervention();
+        if it.is_none() {
+            check(call, rc)?;
+        }
+        Ok(it)
+    }
+}
+
+impl Drop for Transaction {
+    fn drop(&mut self) {
+        // SAFETY: we own the transaction and nothing else refers to it; the engine and
+        // rules it points to are still alive (our Arcs drop after this function).
+        unsafe { ffi::msc_transaction_cleanup(self.ptr.as_ptr()) };
+        free_report(self.report);
+    }
+}
+
+impl std::fmt::Debug for Transaction {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Transaction")
+            .field("id", &self.id)
+            .field("report", self.report())
+            .finish_non_exhaustive()
+    }
+}
+
+fn free_report(report: NonNull<MatchReport>) {
+    // SAFETY: `report` came from Box::leak in `Transaction::new` and is freed exactly once:
+    // on the error paths of `new` (before any Transaction owns it) or in Drop, after
+    // msc_transaction_cleanup (so the callback can no longer see it).
+    drop(unsafe { Box::from_raw(report.as_ptr()) });
+}
+
+fn cstring(s: &str, what: &'static str) -> Result<CString> {
+    CString::new(s).map_err(|_| Error::Nul { what })
+}
+
+fn check(call: &'static str, rc: c_int) -> Result<()> {
+    if rc == 0 {
+        Err(Error::Call { call })
+    } else {
+        Ok(())
+    }
+}
+
+/// Copies and frees a string the library allocated with malloc/strdup.
+fn take_malloced_string(p: *mut c_char) -> Option<String> {
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: non-NULL, NUL-terminated (strdup).
+    let s = unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned();
+    // SAFETY: allocated by the library with malloc (strdup) and owned by us now; freed once.
+    unsafe { libc::free(p.cast::<c_void>()) };
+    Some(s)
+}
+
+/// The server log callback (`msc_set_log_cb`): `data` is the transaction's log callback
+/// data, i.e. its `MatchReport`; `msg` is a NUL-terminated text line.
+unsafe extern "C" fn log_callback(data: *mut c_void, msg: *const c_void) {
+    if data.is_null() || msg.is_null() {
+        return;
+    }
+    // Never unwind into C++.
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        // SAFETY: libmodsecurity passes the text line as a NUL-terminated C string that is
+        // alive during the callback.
+        let line = unsafe { CStr::from_ptr(msg.cast::<c_char>()) }.to_string_lossy();
+        // SAFETY: `data` is the report pointer this crate gave msc_new_transaction; the
+        // callback runs synchronously inside a `&mut Transaction` method, on that thread,
+        // so this is the only live reference to the report.
+        let report = unsafe { &mut *data.cast::<MatchReport>() };
+        report.record_line(&line, false);
+    }));
+}

@@ -1,0 +1,230 @@
+//! The engine settings Debian does not ship, plus Debian's OWASP Core Rule Set.
+//!
+//! Debian's `libmodsecurity3` has no `modsecurity.conf`, and `modsecurity-crs` ships only
+//! the rules and `crs-setup.conf`. Without engine settings the rule engine is off and
+//! request bodies are never read. [`debian_default_directives`] writes the missing part
+//! and then loads CRS the way Debian's packages do. The same text is what the nginx
+//! connector gets in the differential test, so both engines run identical rules.
+//!
+//! Order matters (it follows Debian's `/usr/share/modsecurity-crs/owasp-crs.load`):
+//! 1. Engine settings (`SecRuleEngine`, body access and limits, body processors).
+//! 2. `Include /etc/modsecurity/crs/crs-setup.conf`: the `SecDefaultAction`s for phases 1
+//!    and 2 (anomaly scoring, `pass`) and rule 900990. No `SecDefaultAction` is written
+//!    here: a second one for the same phase is a configuration error.
+//! 3. `SecAction id:900000` setting `tx.paranoia_level` (and 900110 for the anomaly
+//!    thresholds, when asked): `crs-setup.conf` ships those rules commented out, and CRS
+//!    rule 901120 only sets a default when the variable is still unset, so ours must come
+//!    before the rules. (Uncommenting 900000 in `crs-setup.conf` makes the load fail with
+//!    a duplicate id, which is loud rather than silently ignored.)
+//! 4. `REQUEST-900-EXCLUSION-RULES-BEFORE-CRS.conf` (if present), `rules/*.conf`,
+//!    `RESPONSE-999-EXCLUSION-RULES-AFTER-CRS.conf` (if present).
+//!
+//! `owasp-crs.load` itself cannot be included: it uses `IncludeOptional`, which
+//! libmodsecurity 3.0.9 does not know ("Invalid input"). The optional files are checked
+//! for existence when the directives are written instead.
+
+use std::fmt::Write as _;
+
+/// Debian's CRS setup file.
+pub const DEBIAN_CRS_SETUP: &str = "/etc/modsecurity/crs/crs-setup.conf";
+/// Debian's exclusions included before the CRS rules (optional).
+pub const DEBIAN_CRS_EXCLUSIONS_BEFORE: &str =
+    "/etc/modsecurity/crs/REQUEST-900-EXCLUSION-RULES-BEFORE-CRS.conf";
+/// Debian's CRS rules.
+pub const DEBIAN_CRS_RULES: &str = "/usr/share/modsecurity-crs/rules/*.conf";
+/// Debian's exclusions included after the CRS rules (optional).
+pub const DEBIAN_CRS_EXCLUSIONS_AFTER: &str =
+    "/etc/modsecurity/crs/RESPONSE-999-EXCLUSION-RULES-AFTER-CRS.conf";
+
+/// What to do with a body above its limit (`SecRequestBodyLimitAction`,
+/// `SecResponseBodyLimitAction`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyLimitAction {
+    /// Deny (the request gets 403 from libmodsecurity when the engine is `On`).
+    Reject,
+    /// Inspect the first `limit` bytes only; the rest passes uninspected.
+    ProcessPartial,
+}
+
+impl BodyLimitAction {
+    fn directive_value(self) -> &'static str {
+        match self {
+            BodyLimitAction::Reject => "Reject",
+            BodyLimitAction::ProcessPartial => "ProcessPartial",
+        }
+    }
+}
+
+/// Options for [`debian_default_directives`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CrsOptions {
+    /// CRS paranoia level, 1..=4 (values outside are clamped).
+    pub paranoia_level: u8,
+    /// `SecRuleEngine DetectionOnly` instead of `On`: matches are logged and reported, no
+    /// intervention is ever returned.
+    pub detect_only: bool,
+    /// `SecRequestBodyLimit` in bytes.
+    pub request_body_limit: usize,
+    /// `SecRequestBodyNoFilesLimit` in bytes (body without multipart file parts).
+    pub request_body_no_files_limit: usize,
+    /// `SecRequestBodyLimitAction`.
+    pub request_body_limit_action: BodyLimitAction,
+    /// `SecResponseBodyAccess On` (response body rules, CRS 95x) when true.
+    pub response_check: bool,
+    /// `SecResponseBodyLimit` in bytes.
+    pub response_body_limit: usize,
+    /// `SecResponseBodyLimitAction`.
+    pub response_body_limit_action: BodyLimitAction,
+    /// `tx.inbound_anomaly_score_threshold` (CRS default 5 when `None`).
+    pub inbound_anomaly_threshold: Option<u32>,
+    /// `tx.outbound_anomaly_score_threshold` (CRS default 4 when `None`).
+    pub outbound_anomaly_threshold: Option<u32>,
+    /// `crs-setup.conf` to include ([`DEBIAN_CRS_SETUP`]).
+    pub crs_setup: String,
+    /// Exclusions before the rules, included only if the file exists
+    /// ([`DEBIAN_CRS_EXCLUSIONS_BEFORE`]).
+    pub crs_exclusions_before: Option<String>,
+    /// The rules (a glob is fine; [`DEBIAN_CRS_RULES`]).
+    pub crs_rules: String,
+    /// Exclusions after the rules, included only if the file exists
+    /// ([`DEBIAN_CRS_EXCLUSIONS_AFTER`]).
+    pub crs_exclusions_after: Option<String>,
+}
+
+impl Default for CrsOptions {
+    fn default() -> Self {
+        CrsOptions {
+            paranoia_level: 1,
+            detect_only: false,
+            request_body_limit: 13_107_200,
+            request_body_no_files_limit: 131_072,
+            request_body_limit_action: BodyLimitAction::Reject,
+            response_check: false,
+            response_body_limit: 524_288,
+            response_body_limit_action: BodyLimitAction::ProcessPartial,
+            inbound_anomaly_threshold: None,
+            outbound_anomaly_threshold: None,
+            crs_setup: DEBIAN_CRS_SETUP.to_owned(),
+            crs_exclusions_before: Some(DEBIAN_CRS_EXCLUSIONS_BEFORE.to_owned()),
+            crs_rules: DEBIAN_CRS_RULES.to_owned(),
+            crs_exclusions_after: Some(DEBIAN_CRS_EXCLUSIONS_AFTER.to_owned()),
+        }
+    }
+}
+
+/// The directives of the default application: engine settings, then CRS at the chosen
+/// paranoia level (see the module docs for the order).
+pub fn debian_default_directives(opts: &CrsOptions) -> String {
+    let mut s = String::with_capacity(2048);
+    s.push_str("# Written by lastcall-modsec: engine settings Debian does not ship, then CRS.\n");
+    engine_settings(&mut s, opts);
+    body_processor_rules(&mut s);
+    crs(&mut s, opts);
+    s
+}
+
+fn engine_settings(s: &mut String, o: &CrsOptions) {
+    let engine = if o.detect_only { "DetectionOnly" } else { "On" };
+    let resp = if o.response_check { "On" } else { "Off" };
+    // `write!` into a String cannot fail.
+    let _ = write!(
+        s,
+        "SecRuleEngine {engine}\n\
+         SecRequestBodyAccess On\n\
+         SecRequestBodyLimit {}\n\
+         SecRequestBodyNoFilesLimit {}\n\
+         SecRequestBodyLimitAction {}\n\
+         SecRequestBodyJsonDepthLimit 512\n\
+         SecResponseBodyAccess {resp}\n\
+         SecResponseBodyMimeType text/plain text/html text/xml application/json\n\
+         SecResponseBodyLimit {}\n\
+         SecResponseBodyLimitAction {}\n\
+         SecArgumentSeparator &\n\
+         SecCookieFormat 0\n\
+         SecAuditEngine Off\n",
+        o.request_body_limit,
+        o.request_body_no_files_limit,
+        o.request_body_limit_action.directive_value(),
+        o.response_body_limit,
+        o.response_body_limit_action.directive_value(),
+    );
+}
+
+/// Selects the XML and JSON body processors by content type and turns body parsing
+/// errors into a 400, as upstream ModSecurity's recommended configuration does (ids
+/// 200000-200004).
+fn body_processor_rules(s: &mut String) {
+    s.push_str(concat!(
+        "SecRule REQUEST_HEADERS:Content-Type \"^(?:application(?:/soap\\+|/)|text/)xml\" ",
+        "\"id:200000,phase:1,t:none,t:lowercase,pass,nolog,ctl:requestBodyProcessor=XML\"\n",
+        "SecRule REQUEST_HEADERS:Content-Type \"^application/json\" ",
+        "\"id:200001,phase:1,t:none,t:lowercase,pass,nolog,ctl:requestBodyProcessor=JSON\"\n",
+        "SecRule REQBODY_ERROR \"!@eq 0\" ",
+        "\"id:200002,phase:2,t:none,log,deny,status:400,",
+        "msg:'Failed to parse request body.',logdata:'%{reqbody_error_msg}',severity:2\"\n",
+        "SecRule MULTIPART_STRICT_ERROR \"!@eq 0\" ",
+        "\"id:200003,phase:2,t:none,log,deny,status:400,",
+        "msg:'Multipart request body failed strict validation.',severity:2\"\n",
+        "SecRule MULTIPART_UNMATCHED_BOUNDARY \"@eq 1\" ",
+        "\"id:200004,phase:2,t:none,log,deny,",
+        "msg:'Multipart parser detected a possible unmatched boundary.'\"\n",
+    ));
+}
+
+fn crs(s: &mut String, o: &CrsOptions) {
+    let _ = writeln!(s, "Include {}", o.crs_setup);
+    let pl = o.paranoia_level.clamp(1, 4);
+    let _ = writeln!(
+        s,
+        "SecAction \"id:900000,phase:1,pass,t:none,nolog,setvar:tx.paranoia_level={pl}\""
+    );
+    let mut thresholds = Vec::new();
+    if let Some(v) = o.inbound_anomaly_threshold {
+        thresholds.push(format!("setvar:tx.inbound_anomaly_score_threshold={v}"));
+    }
+    if let Some(v) = o.outbound_anomaly_threshold {
+        thresholds.push(format!("setvar:tx.outbound_anomaly_score_threshold={v}"));
+    }
+    if !thresholds.is_empty() {
+        let _ = writeln!(
+            s,
+            "SecAction \"id:900110,phase:1,pass,t:none,nolog,{}\"",
+            thresholds.join(",")
+        );
+    }
+    include_if_present(s, o.crs_exclusions_before.as_deref());
+    let _ = writeln!(s, "Include {}", o.crs_rules);
+    include_if_present(s, o.crs_exclusions_after.as_deref());
+}
+
+fn include_if_present(s: &mut String, path: Option<&str>) {
+    if let Some(p) = path {
+        if std::path::Path::new(p).is_file() {
+            let _ = writeln!(s, "Include {p}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn order_and_values() {
+        let d = debian_default_directives(&CrsOptions {
+            paranoia_level: 9,
+            detect_only: true,
+            inbound_anomaly_threshold: Some(10),
+            ..CrsOptions::default()
+        });
+        assert!(d.contains("SecRuleEngine DetectionOnly\n"));
+        assert!(d.contains("setvar:tx.paranoia_level=4\""));
+        assert!(d.contains("setvar:tx.inbound_anomaly_score_threshold=10\""));
+        let pos = |needle: &str| d.find(needle).unwrap_or(usize::MAX);
+        assert!(pos("SecRuleEngine") < pos("Include /etc/modsecurity/crs/crs-setup.conf"));
+        assert!(pos("crs-setup.conf") < pos("id:900000"));
+        assert!(pos("id:900000") < pos("Include /usr/share/modsecurity-crs/rules/*.conf"));
+        assert!(!d.contains("IncludeOptional"));
+        assert!(!d.contains("SecDefaultAction"));
+    }
+}
