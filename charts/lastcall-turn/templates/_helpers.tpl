@@ -1,0 +1,270 @@
+{{/* Names and labels. */}}
+{{- define "lastcall-turn.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "lastcall-turn.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "lastcall-turn.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "lastcall-turn.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "lastcall-turn.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "lastcall-turn.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{- define "lastcall-turn.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "lastcall-turn.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "lastcall-turn.authSecretName" -}}
+{{- default (printf "%s-auth" (include "lastcall-turn.fullname" .)) .Values.turn.auth.existingSecret }}
+{{- end }}
+
+{{/*
+terminationGracePeriodSeconds = shutdownDelaySeconds + drainTimeoutSeconds + marginSeconds,
+or an override that is not shorter; disabledGracePeriodSeconds when graceful termination
+is off.
+*/}}
+{{- define "lastcall-turn.graceSeconds" -}}
+{{- $g := .Values.gracefulTermination }}
+{{- if not $g.enabled }}
+{{- int $g.disabledGracePeriodSeconds }}
+{{- else }}
+{{- $d := int $g.shutdownDelaySeconds }}
+{{- $t := int $g.drainTimeoutSeconds }}
+{{- if gt $d $t }}
+{{- fail (printf "gracefulTermination.shutdownDelaySeconds (%d) must not be longer than gracefulTermination.drainTimeoutSeconds (%d): the drain deadline counts from SIGTERM" $d $t) }}
+{{- end }}
+{{- $derived := add $d $t (int $g.marginSeconds) }}
+{{- if kindIs "invalid" $g.terminationGracePeriodSeconds }}
+{{- $derived }}
+{{- else if lt (int $g.terminationGracePeriodSeconds) (int $derived) }}
+{{- fail (printf "gracefulTermination.terminationGracePeriodSeconds (%d) is shorter than the drain needs (%d = shutdownDelaySeconds + drainTimeoutSeconds + marginSeconds): it would cut calls short" (int $g.terminationGracePeriodSeconds) (int $derived)) }}
+{{- else }}
+{{- int $g.terminationGracePeriodSeconds }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "lastcall-turn.args" -}}
+{{- $g := .Values.gracefulTermination }}
+- -c
+- /etc/lastcall-turn/config/turnserver.conf
+{{- if not .Values.config.existingSecret }}
+- --listening-ip={{ default "$(POD_IP)" .Values.turn.listeningIP }}
+- --relay-ip={{ default "$(POD_IP)" .Values.turn.relayIP }}
+{{- if .Values.turn.auth.useAuthSecret }}
+- --static-auth-secret=$(TURN_STATIC_AUTH_SECRET)
+{{- range $i, $k := .Values.turn.auth.extraKeys }}
+- --static-auth-secret=$(TURN_STATIC_AUTH_SECRET_{{ $i }})
+{{- end }}
+{{- end }}
+{{- end }}
+{{- if $g.enabled }}
+- --on-sigterm={{ default "drain" $g.onSigterm }}
+- --shutdown-delay={{ int $g.shutdownDelaySeconds }}s
+- --drain-timeout={{ int $g.drainTimeoutSeconds }}s
+- --drain-min-sessions={{ int $g.drainMinAllocations }}
+{{- else }}
+- --on-sigterm=exit
+{{- end }}
+- --admin-addr={{ .Values.admin.address }}:{{ int .Values.admin.port }}
+{{- if .Values.admin.tokenSecret.name }}
+- --admin-token-file=/etc/lastcall-turn/admin/{{ .Values.admin.tokenSecret.key }}
+{{- end }}
+- --log-format={{ .Values.logFormat }}
+- --log-level={{ .Values.logLevel }}
+{{- range .Values.extraArgs }}
+- {{ . | quote }}
+{{- end }}
+{{- end }}
+
+{{/* The pod template shared by the DaemonSet and the StatefulSet. */}}
+{{- define "lastcall-turn.podTemplate" -}}
+{{- $fullname := include "lastcall-turn.fullname" . }}
+metadata:
+  labels:
+    {{- include "lastcall-turn.selectorLabels" . | nindent 4 }}
+    {{- with .Values.podLabels }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+  annotations:
+    {{- if not .Values.config.existingSecret }}
+    checksum/config: {{ include (print $.Template.BasePath "/configmap.yaml") . | sha256sum }}
+    {{- end }}
+    {{- if .Values.metrics.podAnnotations }}
+    prometheus.io/scrape: "true"
+    prometheus.io/port: {{ int .Values.admin.port | quote }}
+    prometheus.io/path: /metrics
+    {{- end }}
+    {{- with .Values.podAnnotations }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+spec:
+  # TURN relays on the node's addresses: clients and peers reach them directly.
+  hostNetwork: true
+  dnsPolicy: ClusterFirstWithHostNet
+  terminationGracePeriodSeconds: {{ include "lastcall-turn.graceSeconds" . }}
+  serviceAccountName: {{ include "lastcall-turn.serviceAccountName" . }}
+  {{- with .Values.imagePullSecrets }}
+  imagePullSecrets:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with .Values.priorityClassName }}
+  priorityClassName: {{ . }}
+  {{- end }}
+  {{- with .Values.podSecurityContext }}
+  securityContext:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with .Values.nodeSelector }}
+  nodeSelector:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with .Values.tolerations }}
+  tolerations:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- if .Values.affinity }}
+  affinity:
+    {{- toYaml .Values.affinity | nindent 4 }}
+  {{- else if eq .Values.kind "StatefulSet" }}
+  affinity:
+    # One pod per node: they bind the same host ports.
+    podAntiAffinity:
+      requiredDuringSchedulingIgnoredDuringExecution:
+        - topologyKey: kubernetes.io/hostname
+          labelSelector:
+            matchLabels:
+              {{- include "lastcall-turn.selectorLabels" . | nindent 14 }}
+  {{- end }}
+  containers:
+    - name: turn
+      image: {{ printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+      imagePullPolicy: {{ .Values.image.pullPolicy }}
+      args:
+        {{- include "lastcall-turn.args" . | trim | nindent 8 }}
+      env:
+        - name: POD_IP
+          valueFrom:
+            fieldRef:
+              fieldPath: status.podIP
+        {{- if and .Values.turn.auth.useAuthSecret (not .Values.config.existingSecret) }}
+        - name: TURN_STATIC_AUTH_SECRET
+          valueFrom:
+            secretKeyRef:
+              name: {{ include "lastcall-turn.authSecretName" . }}
+              key: {{ .Values.turn.auth.key }}
+        {{- range $i, $k := .Values.turn.auth.extraKeys }}
+        - name: TURN_STATIC_AUTH_SECRET_{{ $i }}
+          valueFrom:
+            secretKeyRef:
+              name: {{ include "lastcall-turn.authSecretName" $ }}
+              key: {{ $k }}
+        {{- end }}
+        {{- end }}
+        {{- with .Values.env }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
+      ports:
+        {{- if .Values.turn.udp }}
+        - name: turn-udp
+          containerPort: {{ int .Values.turn.listeningPort }}
+          protocol: UDP
+        {{- end }}
+        {{- if .Values.turn.tcp }}
+        - name: turn-tcp
+          containerPort: {{ int .Values.turn.listeningPort }}
+          protocol: TCP
+        {{- end }}
+        {{- if .Values.tls.enabled }}
+        - name: turns-tcp
+          containerPort: {{ int .Values.turn.tlsListeningPort }}
+          protocol: TCP
+        {{- end }}
+        - name: admin
+          containerPort: {{ int .Values.admin.port }}
+          protocol: TCP
+      livenessProbe:
+        httpGet:
+          path: /livez
+          port: admin
+        periodSeconds: {{ int .Values.probes.liveness.periodSeconds }}
+        timeoutSeconds: {{ int .Values.probes.liveness.timeoutSeconds }}
+        failureThreshold: {{ int .Values.probes.liveness.failureThreshold }}
+      readinessProbe:
+        httpGet:
+          path: /readyz
+          port: admin
+        periodSeconds: {{ int .Values.probes.readiness.periodSeconds }}
+        timeoutSeconds: {{ int .Values.probes.readiness.timeoutSeconds }}
+        failureThreshold: {{ int .Values.probes.readiness.failureThreshold }}
+        successThreshold: {{ int .Values.probes.readiness.successThreshold }}
+      {{- with .Values.resources }}
+      resources:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      {{- with .Values.securityContext }}
+      securityContext:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      volumeMounts:
+        - name: config
+          mountPath: /etc/lastcall-turn/config
+          readOnly: true
+        {{- if .Values.tls.enabled }}
+        - name: tls
+          mountPath: /etc/lastcall-turn/tls
+          readOnly: true
+        {{- end }}
+        {{- if .Values.admin.tokenSecret.name }}
+        - name: admin-token
+          mountPath: /etc/lastcall-turn/admin
+          readOnly: true
+        {{- end }}
+  volumes:
+    - name: config
+      {{- if .Values.config.existingSecret }}
+      secret:
+        secretName: {{ .Values.config.existingSecret }}
+        items:
+          - key: turnserver.conf
+            path: turnserver.conf
+      {{- else }}
+      configMap:
+        name: {{ $fullname }}
+        items:
+          - key: turnserver.conf
+            path: turnserver.conf
+      {{- end }}
+    {{- if .Values.tls.enabled }}
+    - name: tls
+      secret:
+        secretName: {{ required "tls.existingSecret is required when tls.enabled" .Values.tls.existingSecret }}
+    {{- end }}
+    {{- if .Values.admin.tokenSecret.name }}
+    - name: admin-token
+      secret:
+        secretName: {{ .Values.admin.tokenSecret.name }}
+    {{- end }}
+{{- end }}
