@@ -14,8 +14,9 @@
 //! 3. `SecAction id:900000` setting `tx.paranoia_level` (and 900110 for the anomaly
 //!    thresholds, when asked): `crs-setup.conf` ships those rules commented out, and CRS
 //!    rule 901120 only sets a default when the variable is still unset, so ours must come
-//!    before the rules. (Uncommenting 900000 in `crs-setup.conf` makes the load fail with
-//!    a duplicate id, which is loud rather than silently ignored.)
+//!    before the rules. It comes after `crs-setup.conf`, so it wins over a 900000 rule
+//!    uncommented there (libmodsecurity 3.0.9 does not reject duplicate `SecAction` ids;
+//!    both run, the later `setvar` stays).
 //! 4. `REQUEST-900-EXCLUSION-RULES-BEFORE-CRS.conf` (if present), `rules/*.conf`,
 //!    `RESPONSE-999-EXCLUSION-RULES-AFTER-CRS.conf` (if present).
 //!

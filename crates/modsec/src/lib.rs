@@ -40,7 +40,17 @@ use std::ffi::{CStr, CString};
 use std::os::raw::{c_char, c_int, c_void};
 use std::path::Path;
 use std::ptr::NonNull;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+
+/// libmodsecurity's rule parser (flex/bison) keeps global state: two threads compiling
+/// rules at the same time crash the process ("fatal flex scanner internal error"). Every
+/// compilation, and engine creation, holds this lock. Evaluation does not need it.
+static PARSER_LOCK: Mutex<()> = Mutex::new(());
+
+fn parser_lock() -> std::sync::MutexGuard<'static, ()> {
+    // The guarded data is `()`: a poisoned lock protects nothing broken.
+    PARSER_LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 pub use report::{MatchReport, RuleMatch};
 
@@ -120,8 +130,10 @@ impl ModSecurity {
     /// `msc_init`, connector information `lastcall-modsec/<version>`, and the server log
     /// callback (text lines, routed to each transaction's [`MatchReport`]).
     pub fn new() -> Result<Arc<Self>> {
+        let guard = parser_lock();
         // SAFETY: msc_init has no preconditions; it returns an owned object or NULL.
         let raw = unsafe { ffi::msc_init() };
+        drop(guard);
         let ptr = NonNull::new(raw).ok_or(Error::Init)?;
         let ms = ModSecurity { ptr };
         let connector = CString::new(concat!("lastcall-modsec/", env!("CARGO_PKG_VERSION")))
@@ -214,6 +226,7 @@ impl RuleSet {
         self.rule_count
     }
 
+    /// Compiles under [`PARSER_LOCK`]; frees the rules and the error string on every path.
     fn load(
         origin: &str,
         add: impl FnOnce(*mut ffi::RulesSetT, *mut *const c_char) -> c_int,
@@ -231,12 +244,17 @@ impl RuleSet {
             rule_count: 0,
         };
         let mut err: *const c_char = std::ptr::null();
-        let n = add(set.ptr.as_ptr(), &mut err);
+        let n = {
+            let _guard = parser_lock();
+            add(set.ptr.as_ptr(), &mut err)
+        };
         let message = take_malloced_string(err.cast_mut());
         if n < 0 {
             return Err(Error::Rules {
                 origin: origin.to_owned(),
-                message: message.unwrap_or_else(|| "unknown error".to_owned()),
+                message: message
+                    .map(|m| m.trim_end().to_owned())
+                    .unwrap_or_else(|| "unknown error".to_owned()),
             });
         }
         set.rule_count = usize::try_from(n).unwrap_or(0);
