@@ -1,0 +1,285 @@
+//! Server configuration (typed; the I/O crate maps coturn's option names onto it).
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::str::FromStr;
+use std::time::Duration;
+
+use crate::policy::PeerPolicy;
+
+/// Everything the protocol core needs to know. Build it with [`ServerConfig::new`] and
+/// adjust the public fields.
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    /// coturn `realm`: sent in REALM, part of every long-term key.
+    pub realm: String,
+    /// Credentials. With no static user and no REST secret the server runs without
+    /// authentication (coturn's default `no-auth`): every request is accepted anonymously.
+    pub auth: AuthConfig,
+    /// Allocation, permission and channel lifetimes.
+    pub lifetimes: Lifetimes,
+    /// coturn `user-quota` / `total-quota`.
+    pub quotas: Quotas,
+    /// Stateless nonces.
+    pub nonce: NonceConfig,
+    /// Which peers a client may reach (coturn `allowed-peer-ip`, `denied-peer-ip`,
+    /// `allow-loopback-peers`).
+    pub peer_policy: PeerPolicy,
+    /// Relay addresses (coturn `relay-ip`, `external-ip`).
+    pub relay: RelayConfig,
+    /// Accept REQUESTED-TRANSPORT UDP (coturn `no-udp-relay` sets this to `false`; then
+    /// every Allocate gets 442). TCP relays (RFC 6062) are not implemented: REQUESTED-TRANSPORT
+    /// TCP always gets 442, so coturn's `no-tcp-relay` changes nothing.
+    pub udp_relay: bool,
+    /// SOFTWARE attribute value. Off by default; when set it is added only to responses to
+    /// authenticated requests (never to unauthenticated answers: no amplification).
+    pub software: Option<String>,
+    /// Most permissions one allocation may hold (further new peers get 508). Default 1024.
+    pub max_permissions_per_allocation: usize,
+    /// Most channels one allocation may hold (further new channels get 508). Default 1024.
+    pub max_channels_per_allocation: usize,
+}
+
+impl ServerConfig {
+    /// Defaults: no credentials (anonymous), coturn's lifetimes (600 s default allocation,
+    /// 3600 s maximum, 300 s permissions, 600 s channels), no quotas, a random nonce secret
+    /// with a 600 s nonce lifetime, the secure peer policy, no relay addresses (the listening
+    /// address the request arrived on is used), UDP relays on, no SOFTWARE.
+    pub fn new(realm: impl Into<String>) -> ServerConfig {
+        ServerConfig {
+            realm: realm.into(),
+            auth: AuthConfig::default(),
+            lifetimes: Lifetimes::default(),
+            quotas: Quotas::default(),
+            nonce: NonceConfig::default(),
+            peer_policy: PeerPolicy::default(),
+            relay: RelayConfig::default(),
+            udp_relay: true,
+            software: None,
+            max_permissions_per_allocation: 1024,
+            max_channels_per_allocation: 1024,
+        }
+    }
+}
+
+/// Long-term credentials: static users and/or TURN REST API secrets.
+#[derive(Clone, Debug)]
+pub struct AuthConfig {
+    /// Static users (coturn `user=name:password` or `user=name:0xKEY`).
+    pub users: HashMap<String, UserKey>,
+    /// TURN REST API shared secrets (coturn `use-auth-secret` + `static-auth-secret`, which
+    /// may be given several times for rotation): every secret is accepted. The username is
+    /// `expiry` or `expiry:user` (expiry in UNIX seconds); the password is
+    /// base64(HMAC-SHA1(secret, username)).
+    pub rest_secrets: Vec<Vec<u8>>,
+    /// Separator between the expiry and the user in REST usernames (coturn
+    /// `rest-api-separator`, default `:`).
+    pub rest_separator: char,
+}
+
+impl AuthConfig {
+    /// `true` if any credential is configured (otherwise the server is anonymous).
+    pub fn required(&self) -> bool {
+        !self.users.is_empty() || !self.rest_secrets.is_empty()
+    }
+
+    /// Add a static user from coturn's `user=` value (`name:password` or `name:0xHEXKEY`,
+    /// where the key is the 16-byte MD5(name:realm:password) in hex).
+    pub fn add_coturn_user(&mut self, value: &str) -> Result<(), ConfigError> {
+        let (name, key) = parse_coturn_user(value)?;
+        self.users.insert(name, key);
+        Ok(())
+    }
+}
+
+impl Default for AuthConfig {
+    fn default() -> Self {
+        AuthConfig {
+            users: HashMap::new(),
+            rest_secrets: Vec::new(),
+            rest_separator: ':',
+        }
+    }
+}
+
+/// How a static user's long-term key is given.
+#[derive(Clone, PartialEq, Eq)]
+pub enum UserKey {
+    /// Plain password: the key is MD5(name:realm:password), computed per realm.
+    Password(String),
+    /// The precomputed 16-byte key (coturn `name:0xHEX`, e.g. from `turnadmin -k`).
+    Key([u8; 16]),
+}
+
+impl std::fmt::Debug for UserKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            UserKey::Password(_) => f.write_str("Password(..)"),
+            UserKey::Key(_) => f.write_str("Key(..)"),
+        }
+    }
+}
+
+/// Parse coturn's `user=` value: `name:password` or `name:0xHEXKEY` (32 hex digits).
+pub fn parse_coturn_user(value: &str) -> Result<(String, UserKey), ConfigError> {
+    let (name, secret) = value
+        .split_once(':')
+        .ok_or_else(|| ConfigError::User(value.to_string()))?;
+    if name.is_empty() {
+        return Err(ConfigError::User(value.to_string()));
+    }
+    if let Some(hex) = secret
+        .strip_prefix("0x")
+        .or_else(|| secret.strip_prefix("0X"))
+    {
+        let mut key = [0u8; 16];
+        if hex.len() != 32 || !hex.is_ascii() {
+            return Err(ConfigError::UserKey(name.to_string()));
+        }
+        for (i, k) in key.iter_mut().enumerate() {
+            let pair = hex.get(2 * i..2 * i + 2).unwrap_or("");
+            *k =
+                u8::from_str_radix(pair, 16).map_err(|_| ConfigError::UserKey(name.to_string()))?;
+        }
+        return Ok((name.to_string(), UserKey::Key(key)));
+    }
+    Ok((name.to_string(), UserKey::Password(secret.to_string())))
+}
+
+/// Lifetimes (RFC 8656 defaults, coturn's option names).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Lifetimes {
+    /// Allocation lifetime when the client asks for none or for less (600 s).
+    pub allocation_default: Duration,
+    /// coturn `max-allocate-lifetime` (3600 s): requested lifetimes are capped here.
+    pub allocation_max: Duration,
+    /// Permission lifetime (300 s, RFC 8656).
+    pub permission: Duration,
+    /// Channel binding lifetime (600 s, RFC 8656).
+    pub channel: Duration,
+}
+
+impl Default for Lifetimes {
+    fn default() -> Self {
+        Lifetimes {
+            allocation_default: Duration::from_secs(600),
+            allocation_max: Duration::from_secs(3600),
+            permission: Duration::from_secs(300),
+            channel: Duration::from_secs(600),
+        }
+    }
+}
+
+/// Allocation quotas; 0 = unlimited. Exceeding one answers 486.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Quotas {
+    /// coturn `user-quota`: concurrent allocations per username.
+    pub per_user: u32,
+    /// coturn `total-quota`: concurrent allocations on this server.
+    pub total: u32,
+}
+
+/// Stateless nonce parameters. A nonce is 16 characters: a timestamp and an HMAC (keyed with
+/// `secret`) over the timestamp and the client's IP address, so it costs no per-source state
+/// and cannot be used from another IP address.
+#[derive(Clone)]
+pub struct NonceConfig {
+    /// HMAC key for nonces (random by default; set the same value on servers sharing clients
+    /// only if you want nonces to survive a restart — not needed).
+    pub secret: [u8; 32],
+    /// coturn `stale-nonce` (600 s): a nonce older than this gets 438 Stale Nonce.
+    pub lifetime: Duration,
+}
+
+impl Default for NonceConfig {
+    fn default() -> Self {
+        NonceConfig {
+            secret: rand::random(),
+            lifetime: Duration::from_secs(600),
+        }
+    }
+}
+
+impl std::fmt::Debug for NonceConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NonceConfig")
+            .field("secret", &"..")
+            .field("lifetime", &self.lifetime)
+            .finish()
+    }
+}
+
+/// Relay addresses.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RelayConfig {
+    /// coturn `relay-ip`: the addresses relay sockets are bound on (round-robin within a
+    /// family). The family of an allocation is available iff an address of that family is
+    /// listed. If the list is empty, the local address the request arrived on is used (it must
+    /// then not be a wildcard address).
+    pub relay_ips: Vec<IpAddr>,
+    /// coturn `external-ip`: how relay addresses are advertised in XOR-RELAYED-ADDRESS.
+    pub external_ips: Vec<ExternalIp>,
+}
+
+impl RelayConfig {
+    /// The address advertised for a relay bound on `local`: the `public` of the
+    /// `external-ip` whose `private` equals `local`, else the `public` of a same-family
+    /// `external-ip` without `private`, else `local` itself.
+    pub fn advertised(&self, local: IpAddr) -> IpAddr {
+        if let Some(e) = self.external_ips.iter().find(|e| e.private == Some(local)) {
+            return e.public;
+        }
+        if let Some(e) = self
+            .external_ips
+            .iter()
+            .find(|e| e.private.is_none() && e.public.is_ipv4() == local.is_ipv4())
+        {
+            return e.public;
+        }
+        local
+    }
+}
+
+/// coturn `external-ip=public[/private]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExternalIp {
+    /// The address clients see.
+    pub public: IpAddr,
+    /// The local relay address it stands for (`None`: every relay address of that family).
+    pub private: Option<IpAddr>,
+}
+
+impl FromStr for ExternalIp {
+    type Err = ConfigError;
+
+    fn from_str(s: &str) -> Result<ExternalIp, ConfigError> {
+        let err = || ConfigError::ExternalIp(s.to_string());
+        let (public, private) = match s.trim().split_once('/') {
+            Some((a, b)) => (a, Some(b)),
+            None => (s.trim(), None),
+        };
+        let public: IpAddr = public.trim().parse().map_err(|_| err())?;
+        let private = match private {
+            Some(p) => Some(p.trim().parse::<IpAddr>().map_err(|_| err())?),
+            None => None,
+        };
+        if private.is_some_and(|p| p.is_ipv4() != public.is_ipv4()) {
+            return Err(err());
+        }
+        Ok(ExternalIp { public, private })
+    }
+}
+
+/// A configuration value that could not be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// `user=` without `name:secret`.
+    #[error("invalid user {0:?}: expected name:password or name:0xHEXKEY")]
+    User(String),
+    /// `user=name:0x...` with a key that is not 32 hex digits.
+    #[error("invalid key for user {0:?}: expected 0x followed by 32 hex digits")]
+    UserKey(String),
+    /// `external-ip=` that is not `public[/private]`.
+    #[error("invalid external-ip {0:?}: expected PUBLIC-IP or PUBLIC-IP/PRIVATE-IP of one family")]
+    ExternalIp(String),
+}

@@ -1,0 +1,299 @@
+//! Types shared between the protocol core and the I/O layer.
+
+use std::fmt;
+use std::net::{IpAddr, SocketAddr};
+
+/// Transport between client and server.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Transport {
+    /// UDP on the listening port.
+    Udp,
+    /// TCP on the listening port.
+    Tcp,
+    /// TLS over TCP on the TLS listening port.
+    Tls,
+}
+
+impl Transport {
+    /// `"udp"`, `"tcp"` or `"tls"` (metric label values).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Transport::Udp => "udp",
+            Transport::Tcp => "tcp",
+            Transport::Tls => "tls",
+        }
+    }
+
+    /// `true` for TCP and TLS (ChannelData is padded to 4 bytes on streams).
+    pub fn is_stream(self) -> bool {
+        !matches!(self, Transport::Udp)
+    }
+}
+
+impl fmt::Display for Transport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The client side of an allocation's 5-tuple: transport, client address and the server's
+/// local (listening) address the client talks to. Over TCP/TLS one connection is one
+/// `ClientAddr`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ClientAddr {
+    /// Transport.
+    pub transport: Transport,
+    /// The client's address as seen by the server.
+    pub client: SocketAddr,
+    /// The server's local address the message arrived on (must be a concrete address, not a
+    /// wildcard, when [`RelayConfig::relay_ips`](crate::RelayConfig::relay_ips) is empty).
+    pub local: SocketAddr,
+}
+
+/// Something to send, borrowing either the input datagram or the caller's output buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transmit<'a> {
+    /// Send `data` to the client (over UDP from `to.local` to `to.client`; over TCP/TLS on
+    /// that connection).
+    Client {
+        /// The client 5-tuple.
+        to: ClientAddr,
+        /// Bytes to send (a STUN message or ChannelData).
+        data: &'a [u8],
+    },
+    /// Send `data` from the relay socket bound on `relay` to `peer`.
+    Peer {
+        /// The relay socket's local address (as returned by [`RelayProvider::allocate`]).
+        relay: SocketAddr,
+        /// The peer.
+        peer: SocketAddr,
+        /// Payload.
+        data: &'a [u8],
+    },
+}
+
+/// Relay sockets, implemented by the I/O layer.
+pub trait RelayProvider {
+    /// Bind a UDP relay socket on `ip` (a port in `min-port..=max-port`) for `client` and
+    /// return its local address. The server then calls
+    /// [`Server::handle_peer`](crate::Server::handle_peer) with this address for datagrams
+    /// received on it.
+    fn allocate(&mut self, ip: IpAddr, client: &ClientAddr) -> Result<SocketAddr, RelayError>;
+
+    /// Close the relay socket bound on `relay` (allocation deleted or expired).
+    fn release(&mut self, relay: SocketAddr);
+}
+
+/// Why a relay socket could not be bound.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RelayError {
+    /// Every port in the range is in use: the client gets 508 Insufficient Capacity.
+    #[error("no relay port left")]
+    NoPort,
+    /// This address family cannot be relayed: the client gets 440.
+    #[error("address family not supported")]
+    FamilyNotSupported,
+    /// Any other failure: the client gets 508 Insufficient Capacity.
+    #[error("relay socket failed: {0}")]
+    Failed(String),
+}
+
+/// The relay addresses of one allocation (one or both families).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct RelayAddrs {
+    /// IPv4 relay socket (local address).
+    pub v4: Option<SocketAddr>,
+    /// IPv6 relay socket (local address).
+    pub v6: Option<SocketAddr>,
+}
+
+impl RelayAddrs {
+    /// The addresses present.
+    pub fn iter(&self) -> impl Iterator<Item = SocketAddr> {
+        self.v4.into_iter().chain(self.v6)
+    }
+
+    /// The relay for `family` (`true` = IPv4).
+    pub fn for_family(&self, v4: bool) -> Option<SocketAddr> {
+        if v4 {
+            self.v4
+        } else {
+            self.v6
+        }
+    }
+}
+
+/// Why an allocation ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeleteReason {
+    /// Refresh with LIFETIME 0.
+    Refreshed,
+    /// Its lifetime ran out.
+    Expired,
+    /// The TCP/TLS connection closed ([`Server::close_client`](crate::Server::close_client)).
+    ConnectionClosed,
+    /// [`Server::clear`](crate::Server::clear) (shutdown deadline).
+    Shutdown,
+}
+
+impl DeleteReason {
+    /// Label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeleteReason::Refreshed => "refresh",
+            DeleteReason::Expired => "expired",
+            DeleteReason::ConnectionClosed => "connection_closed",
+            DeleteReason::Shutdown => "shutdown",
+        }
+    }
+}
+
+/// Why authentication failed (each counts as an auth failure; the first two are the normal
+/// challenge of a client that has no nonce yet and are *not* counted as failures).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AuthFailure {
+    /// Unknown username (401).
+    UnknownUser,
+    /// MESSAGE-INTEGRITY did not verify (401).
+    BadIntegrity,
+    /// REST credential past its expiry (401).
+    Expired,
+    /// The username differs from the allocation's (441).
+    WrongCredentials,
+}
+
+impl AuthFailure {
+    /// Label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AuthFailure::UnknownUser => "unknown_user",
+            AuthFailure::BadIntegrity => "bad_integrity",
+            AuthFailure::Expired => "expired",
+            AuthFailure::WrongCredentials => "wrong_credentials",
+        }
+    }
+}
+
+/// Something the I/O layer may want to know (metrics, session guards, logs). Poll with
+/// [`Server::poll_event`](crate::Server::poll_event) after each call; at most
+/// [`MAX_QUEUED_EVENTS`] are kept (older ones are dropped and counted).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// A new allocation (take a session guard here).
+    AllocationCreated {
+        /// Client 5-tuple (its transport labels `turn_total_allocations`).
+        client: ClientAddr,
+        /// Relay socket addresses.
+        relays: RelayAddrs,
+        /// Authenticated username (empty when anonymous).
+        username: String,
+        /// Granted lifetime in seconds.
+        lifetime: u32,
+    },
+    /// An allocation ended (drop the session guard here). Its relay sockets were released.
+    AllocationDeleted {
+        /// Client 5-tuple.
+        client: ClientAddr,
+        /// Relay socket addresses.
+        relays: RelayAddrs,
+        /// Username.
+        username: String,
+        /// Why.
+        reason: DeleteReason,
+    },
+    /// A request failed authentication.
+    AuthFailed {
+        /// Client.
+        client: ClientAddr,
+        /// Username given (if any).
+        username: Option<String>,
+        /// Why.
+        reason: AuthFailure,
+    },
+    /// A new Allocate was refused because the server is draining.
+    AllocateRefusedDraining {
+        /// Client.
+        client: ClientAddr,
+        /// The ALTERNATE-SERVER sent with 300, or `None` for 403.
+        alternate: Option<SocketAddr>,
+    },
+    /// A new Allocate was refused for capacity: `code` 486 (quota) or 508 (no relay port).
+    AllocateRefused {
+        /// Client.
+        client: ClientAddr,
+        /// 486 or 508.
+        code: u16,
+    },
+    /// A CreatePermission/ChannelBind peer was refused by the peer policy (403).
+    PeerDenied {
+        /// Client.
+        client: ClientAddr,
+        /// The refused peer.
+        peer: SocketAddr,
+        /// Why.
+        reason: crate::DenyReason,
+    },
+}
+
+/// Most events queued before the oldest are dropped.
+pub const MAX_QUEUED_EVENTS: usize = 4096;
+
+/// Drain behaviour for NEW allocations (existing ones always keep working).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum DrainMode {
+    /// Serve normally.
+    #[default]
+    Off,
+    /// A new Allocate (none on that 5-tuple yet) is refused, after authentication succeeds:
+    /// with 300 Try Alternate + ALTERNATE-SERVER (round-robin over `alternates`, an address
+    /// of the client's family preferred) or with 403 Forbidden when `alternates` is empty.
+    Refuse {
+        /// `--alternate-server` addresses.
+        alternates: Vec<SocketAddr>,
+    },
+}
+
+/// Cumulative counters, cheap to read ([`Server::counters`](crate::Server::counters)).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// Datagrams/frames passed to `handle_client`.
+    pub client_packets_in: u64,
+    /// Their bytes.
+    pub client_bytes_in: u64,
+    /// Transmits to clients produced (responses, Data indications, ChannelData).
+    pub client_packets_out: u64,
+    /// Their bytes.
+    pub client_bytes_out: u64,
+    /// Datagrams passed to `handle_peer`.
+    pub peer_packets_in: u64,
+    /// Their bytes.
+    pub peer_bytes_in: u64,
+    /// Payloads relayed to peers (from ChannelData or Send).
+    pub peer_packets_out: u64,
+    /// Their bytes (payload).
+    pub peer_bytes_out: u64,
+    /// Peer datagrams dropped: no allocation on that relay or no permission for the peer.
+    pub peer_dropped: u64,
+    /// Client data (ChannelData/Send) dropped: no allocation, channel or permission.
+    pub client_data_dropped: u64,
+    /// Client datagrams dropped as malformed (not STUN, not ChannelData, bad FINGERPRINT).
+    pub malformed: u64,
+    /// Unauthenticated responses dropped because they would be larger than the request.
+    pub suppressed_responses: u64,
+    /// Authentication failures (not counting the first 401 challenge).
+    pub auth_failures: u64,
+    /// Allocations created.
+    pub allocations_created: u64,
+    /// Allocations deleted.
+    pub allocations_deleted: u64,
+    /// New Allocates refused while draining.
+    pub refused_draining: u64,
+    /// Allocates refused with 486 (quota).
+    pub refused_quota: u64,
+    /// Allocates refused with 508 (no relay port).
+    pub refused_capacity: u64,
+    /// Peers refused by the peer policy (403).
+    pub peers_denied: u64,
+    /// Events dropped because the queue was full.
+    pub events_dropped: u64,
+}
