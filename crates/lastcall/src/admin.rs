@@ -1,0 +1,298 @@
+//! The admin HTTP listener (hyper 1, HTTP/1.1):
+//!
+//! | request | answer |
+//! |---|---|
+//! | `GET /livez` | 200 while the process runs (never falls during a drain) |
+//! | `GET /readyz` | 200 while serving, 503 from the trigger on |
+//! | `GET /metrics` | Prometheus/OpenMetrics text: the daemon's registry and `lastcall_*` |
+//! | `GET /drain` | JSON [`DrainStatus`](crate::DrainStatus) |
+//! | `POST /drain` | starts a drain (202 + JSON status); see below |
+//! | anything else | 404 (405 for a known path with another method) |
+//!
+//! `POST /drain` authorisation: without `--admin-token`, only loopback peers (127.0.0.0/8,
+//! ::1, IPv4-mapped loopback) may drain, others get 403. With a token, every peer,
+//! loopback included, must send `Authorization: Bearer <token>`; a missing or wrong token
+//! gets 401. (In a pod every container shares loopback, so a configured token is required
+//! from loopback too.)
+
+use std::convert::Infallible;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE, WWW_AUTHENTICATE};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use prometheus_client::registry::Registry;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+
+use crate::lifecycle::Handle;
+use crate::machine::Trigger;
+
+/// How long a client may take to send its request headers.
+const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Why the admin listener could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum AdminError {
+    /// The address could not be bound.
+    #[error("cannot bind the admin listener (--admin-addr) to {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The cause.
+        source: std::io::Error,
+    },
+}
+
+/// The running admin listener. It serves until the process exits (dropping this value does
+/// not stop it; [`AdminServer::shutdown`] does).
+#[derive(Debug)]
+pub struct AdminServer {
+    local_addr: Option<SocketAddr>,
+    task: Option<JoinHandle<()>>,
+}
+
+impl AdminServer {
+    /// The bound address (`None` when the listener is off).
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        self.local_addr
+    }
+
+    /// Stops accepting admin connections.
+    pub fn shutdown(self) {
+        if let Some(task) = self.task {
+            task.abort();
+        }
+    }
+}
+
+/// Binds `--admin-addr` (if set) and serves the admin endpoints in a background task.
+/// With the listener off (`--admin-addr off`) it returns an [`AdminServer`] without address.
+pub async fn serve(handle: &Handle, registry: Arc<Registry>) -> Result<AdminServer, AdminError> {
+    let Some(addr) = handle.config().admin_addr else {
+        return Ok(AdminServer {
+            local_addr: None,
+            task: None,
+        });
+    };
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|source| AdminError::Bind { addr, source })?;
+    Ok(serve_listener(listener, handle, registry))
+}
+
+/// Serves the admin endpoints on an already bound listener.
+pub fn serve_listener(
+    listener: TcpListener,
+    handle: &Handle,
+    registry: Arc<Registry>,
+) -> AdminServer {
+    let local_addr = listener.local_addr().ok();
+    if let Some(addr) = local_addr {
+        tracing::info!(%addr, "admin listener on {addr} (/livez /readyz /metrics /drain)");
+    }
+    let ctx = Arc::new(Ctx {
+        handle: handle.clone(),
+        registry,
+        own: own_registry(handle),
+    });
+    let task = tokio::spawn(accept_loop(listener, ctx));
+    AdminServer {
+        local_addr,
+        task: Some(task),
+    }
+}
+
+struct Ctx {
+    handle: Handle,
+    registry: Arc<Registry>,
+    /// The `lastcall_*` metrics, when the daemon did not register them in its registry.
+    own: Option<Registry>,
+}
+
+fn own_registry(handle: &Handle) -> Option<Registry> {
+    if handle.metrics_registered() {
+        return None;
+    }
+    let mut registry = Registry::default();
+    handle.metrics().register(&mut registry);
+    Some(registry)
+}
+
+async fn accept_loop(listener: TcpListener, ctx: Arc<Ctx>) {
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(err) => {
+                // Out of file descriptors and the like: back off instead of spinning.
+                tracing::warn!("admin listener: accept failed: {err}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let ctx = ctx.clone();
+        tokio::spawn(async move {
+            let service = service_fn(move |req| {
+                let ctx = ctx.clone();
+                async move { Ok::<_, Infallible>(route(&ctx, peer, req).await) }
+            });
+            let conn = http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_TIMEOUT)
+                .serve_connection(TokioIo::new(stream), service);
+            if let Err(err) = conn.await {
+                tracing::debug!(%peer, "admin connection: {err}");
+            }
+        });
+    }
+}
+
+async fn route(ctx: &Ctx, peer: SocketAddr, req: Request<Incoming>) -> Response<Full<Bytes>> {
+    let handle = &ctx.handle;
+    match (req.method(), req.uri().path()) {
+        (&Method::GET | &Method::HEAD, "/livez") => text(StatusCode::OK, "ok\n"),
+        (&Method::GET | &Method::HEAD, "/readyz") => {
+            if handle.draining() {
+                text(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    &format!("{}\n", handle.phase()),
+                )
+            } else {
+                text(StatusCode::OK, "ready\n")
+            }
+        }
+        (&Method::GET | &Method::HEAD, "/metrics") => metrics(ctx),
+        (&Method::GET | &Method::HEAD, "/drain") => json(StatusCode::OK, &handle.status()),
+        (&Method::POST, "/drain") => post_drain(ctx, peer, &req).await,
+        (_, "/livez" | "/readyz" | "/metrics" | "/drain") => {
+            text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n")
+        }
+        _ => text(StatusCode::NOT_FOUND, "not found\n"),
+    }
+}
+
+async fn post_drain(ctx: &Ctx, peer: SocketAddr, req: &Request<Incoming>) -> Response<Full<Bytes>> {
+    let handle = &ctx.handle;
+    match &handle.config().admin_token {
+        Some(token) => {
+            if !bearer_matches(req, token) {
+                tracing::warn!(%peer, "POST /drain refused: missing or wrong bearer token");
+                let mut resp = text(StatusCode::UNAUTHORIZED, "bearer token required\n");
+                resp.headers_mut()
+                    .insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+                return resp;
+            }
+        }
+        None => {
+            if !is_loopback(peer.ip()) {
+                tracing::warn!(%peer, "POST /drain refused: not a loopback peer and no --admin-token");
+                return text(
+                    StatusCode::FORBIDDEN,
+                    "POST /drain is for loopback peers unless --admin-token is set\n",
+                );
+            }
+        }
+    }
+    tracing::info!(%peer, "POST /drain accepted");
+    handle.start_drain(Trigger::Admin);
+    // Give the lifecycle task a moment so the answer shows the new phase.
+    let _ = tokio::time::timeout(Duration::from_secs(1), handle.drain_started()).await;
+    json(StatusCode::ACCEPTED, &handle.status())
+}
+
+fn is_loopback(ip: IpAddr) -> bool {
+    ip.to_canonical().is_loopback()
+}
+
+fn bearer_matches(req: &Request<Incoming>, token: &str) -> bool {
+    let Some(value) = req
+        .headers()
+        .get(AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+    else {
+        return false;
+    };
+    let Some((scheme, presented)) = value.trim().split_once(' ') else {
+        return false;
+    };
+    scheme.eq_ignore_ascii_case("bearer")
+        && constant_time_eq(presented.trim().as_bytes(), token.as_bytes())
+}
+
+/// Compares without an early exit on the first differing byte.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn metrics(ctx: &Ctx) -> Response<Full<Bytes>> {
+    let mut body = String::new();
+    let mut ok = prometheus_client::encoding::text::encode(&mut body, &ctx.registry).is_ok();
+    if let Some(own) = &ctx.own {
+        // Both encodings end with `# EOF`; keep only the last one.
+        if let Some(stripped) = body.strip_suffix("# EOF\n") {
+            body.truncate(stripped.len());
+        }
+        ok &= prometheus_client::encoding::text::encode(&mut body, own).is_ok();
+    }
+    if !ok {
+        return text(StatusCode::INTERNAL_SERVER_ERROR, "cannot encode metrics\n");
+    }
+    let mut resp = Response::new(Full::new(Bytes::from(body)));
+    resp.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
+    );
+    resp
+}
+
+fn text(status: StatusCode, body: &str) -> Response<Full<Bytes>> {
+    let mut resp = Response::new(Full::new(Bytes::from(body.to_string())));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    resp
+}
+
+fn json<T: serde::Serialize>(status: StatusCode, value: &T) -> Response<Full<Bytes>> {
+    match serde_json::to_string_pretty(value) {
+        Ok(mut body) => {
+            body.push('\n');
+            let mut resp = Response::new(Full::new(Bytes::from(body)));
+            *resp.status_mut() = status;
+            resp.headers_mut()
+                .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            resp
+        }
+        Err(_) => text(StatusCode::INTERNAL_SERVER_ERROR, "cannot encode status\n"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback_and_tokens() {
+        assert!(is_loopback("127.0.0.1".parse().unwrap()));
+        assert!(is_loopback("127.1.2.3".parse().unwrap()));
+        assert!(is_loopback("::1".parse().unwrap()));
+        assert!(is_loopback("::ffff:127.0.0.1".parse().unwrap()));
+        assert!(!is_loopback("10.0.0.1".parse().unwrap()));
+        assert!(!is_loopback("::ffff:10.0.0.1".parse().unwrap()));
+        assert!(constant_time_eq(b"abc", b"abc"));
+        assert!(!constant_time_eq(b"abc", b"abd"));
+        assert!(!constant_time_eq(b"abc", b"abcd"));
+    }
+}

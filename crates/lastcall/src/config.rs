@@ -1,0 +1,570 @@
+//! The termination options (`--on-sigterm`, `--shutdown-delay`, ...) as a reusable clap
+//! [`Args`](clap::Args), and their validation into a [`TerminationConfig`].
+//!
+//! Each option is optional on the command line so that each daemon supplies its own
+//! defaults ([`Defaults`]); [`TerminationArgs::resolve`] fills them in and reports every
+//! problem at once. [`TerminationArgs::augment_help`] writes the daemon's defaults into
+//! `--help`, and [`parse_cli`] does both plus exit status 64 for usage errors.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::CommandFactory;
+
+use crate::duration;
+use crate::exit;
+
+/// What SIGTERM means (`--on-sigterm`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnSigterm {
+    /// Announce (readiness 503) for `--shutdown-delay`, then refuse new work, serve the rest
+    /// to its end, exit when idle or at `--drain-timeout` (standalone deployment).
+    #[default]
+    Drain,
+    /// Refuse nothing; after at least `--shutdown-delay`, exit once the sessions are at or
+    /// below the threshold, bounded by `--drain-timeout` (sidecar next to its only client).
+    Linger,
+    /// Log SIGTERM and carry on (SIGQUIT, SIGUSR1, SIGINT or `POST /drain` end it).
+    Ignore,
+    /// Exit at once.
+    Exit,
+}
+
+impl OnSigterm {
+    /// The value as written on the command line.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnSigterm::Drain => "drain",
+            OnSigterm::Linger => "linger",
+            OnSigterm::Ignore => "ignore",
+            OnSigterm::Exit => "exit",
+        }
+    }
+}
+
+impl fmt::Display for OnSigterm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The termination options, to `#[command(flatten)]` into a daemon's CLI.
+///
+/// Values are kept as given (strings for durations, numbers and addresses) so that
+/// [`resolve`](Self::resolve) can report every malformed value at once, not just the first.
+#[derive(Debug, Clone, Default, PartialEq, Eq, clap::Args)]
+#[command(next_help_heading = "Termination (see docs/termination.md)")]
+pub struct TerminationArgs {
+    /// What SIGTERM does: drain (announce, then refuse new work and serve the rest to its
+    /// end), linger (sidecar: refuse nothing, leave when no session is left), ignore (log
+    /// and carry on), exit (leave at once)
+    #[arg(long, env = "LASTCALL_ON_SIGTERM", value_enum, value_name = "POLICY")]
+    pub on_sigterm: Option<OnSigterm>,
+
+    /// Length of the Announcing phase: readiness answers 503 but new work is still
+    /// accepted (0 skips it). Alias --shutdown-grace-period (ingress-nginx's name)
+    #[arg(
+        long,
+        env = "LASTCALL_SHUTDOWN_DELAY",
+        value_name = "DURATION",
+        visible_alias = "shutdown-grace-period"
+    )]
+    pub shutdown_delay: Option<String>,
+
+    /// Hard deadline counted from the trigger; sessions still live then are cut (exit 75)
+    #[arg(long, env = "LASTCALL_DRAIN_TIMEOUT", value_name = "DURATION")]
+    pub drain_timeout: Option<String>,
+
+    /// Exit once the live sessions are at or below this count (after the delay)
+    #[arg(long, env = "LASTCALL_DRAIN_MIN_SESSIONS", value_name = "N")]
+    pub drain_min_sessions: Option<String>,
+
+    /// Admin listener for /livez, /readyz, /metrics and /drain (`off` disables it)
+    #[arg(long, env = "LASTCALL_ADMIN_ADDR", value_name = "ADDR")]
+    pub admin_addr: Option<String>,
+
+    /// Bearer token that `POST /drain` must present (then required from every peer);
+    /// without a token, only loopback peers may POST /drain [default: none]
+    #[arg(
+        long,
+        env = "LASTCALL_ADMIN_TOKEN",
+        value_name = "TOKEN",
+        hide_env_values = true
+    )]
+    pub admin_token: Option<String>,
+
+    /// File holding the admin token (surrounding whitespace is trimmed) [default: none]
+    #[arg(long, env = "LASTCALL_ADMIN_TOKEN_FILE", value_name = "PATH")]
+    pub admin_token_file: Option<PathBuf>,
+}
+
+/// A daemon's defaults for the termination options.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Defaults {
+    /// Default `--shutdown-delay`.
+    pub shutdown_delay: Duration,
+    /// Default `--drain-timeout`.
+    pub drain_timeout: Duration,
+    /// Default `--drain-min-sessions` (usually 0).
+    pub drain_min_sessions: u64,
+    /// Default `--admin-addr`; `None` means no admin listener unless one is asked for.
+    pub admin_addr: Option<SocketAddr>,
+}
+
+/// The validated termination settings.
+#[derive(Clone, PartialEq, Eq)]
+pub struct TerminationConfig {
+    /// What SIGTERM does.
+    pub on_sigterm: OnSigterm,
+    /// Length of Announcing (zero skips it; for `linger`, the minimum time before exiting).
+    pub shutdown_delay: Duration,
+    /// Deadline counted from the trigger. Always longer than `shutdown_delay`.
+    pub drain_timeout: Duration,
+    /// Exit threshold.
+    pub drain_min_sessions: u64,
+    /// Where the admin listener binds, if anywhere.
+    pub admin_addr: Option<SocketAddr>,
+    /// Bearer token required by `POST /drain`, if configured (never printed by `Debug`).
+    pub admin_token: Option<String>,
+}
+
+impl TerminationConfig {
+    /// A configuration from a policy and durations, with no admin listener (mostly for tests).
+    pub fn new(on_sigterm: OnSigterm, shutdown_delay: Duration, drain_timeout: Duration) -> Self {
+        TerminationConfig {
+            on_sigterm,
+            shutdown_delay,
+            drain_timeout,
+            drain_min_sessions: 0,
+            admin_addr: None,
+            admin_token: None,
+        }
+    }
+}
+
+impl fmt::Debug for TerminationConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TerminationConfig")
+            .field("on_sigterm", &self.on_sigterm)
+            .field("shutdown_delay", &self.shutdown_delay)
+            .field("drain_timeout", &self.drain_timeout)
+            .field("drain_min_sessions", &self.drain_min_sessions)
+            .field("admin_addr", &self.admin_addr)
+            .field(
+                "admin_token",
+                &self.admin_token.as_ref().map(|_| "<redacted>"),
+            )
+            .finish()
+    }
+}
+
+/// Every problem found in the termination options; exit with [`ConfigError::EXIT_CODE`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid termination options:\n  - {}", .problems.join("\n  - "))]
+pub struct ConfigError {
+    /// One sentence per problem, naming the option(s) involved.
+    pub problems: Vec<String>,
+}
+
+impl ConfigError {
+    /// Exit status for configuration errors (64, `EX_USAGE`).
+    pub const EXIT_CODE: i32 = exit::CONFIG;
+}
+
+/// Ids of the flattened arguments, as clap names them (the field names).
+const ID_ON_SIGTERM: &str = "on_sigterm";
+const ID_SHUTDOWN_DELAY: &str = "shutdown_delay";
+const ID_DRAIN_TIMEOUT: &str = "drain_timeout";
+const ID_DRAIN_MIN_SESSIONS: &str = "drain_min_sessions";
+const ID_ADMIN_ADDR: &str = "admin_addr";
+
+impl TerminationArgs {
+    /// Validates the options, filling unset ones from `defaults`, and reports every problem.
+    pub fn resolve(&self, defaults: &Defaults) -> Result<TerminationConfig, ConfigError> {
+        let mut problems = Vec::new();
+        let on_sigterm = self.on_sigterm.unwrap_or_default();
+        let shutdown_delay = resolve_duration(
+            "--shutdown-delay",
+            self.shutdown_delay.as_deref(),
+            defaults.shutdown_delay,
+            &mut problems,
+        );
+        let drain_timeout = resolve_duration(
+            "--drain-timeout",
+            self.drain_timeout.as_deref(),
+            defaults.drain_timeout,
+            &mut problems,
+        );
+        let drain_min_sessions = match self.drain_min_sessions.as_deref() {
+            None => defaults.drain_min_sessions,
+            Some(text) => text.trim().parse().unwrap_or_else(|_| {
+                problems.push(format!(
+                    "--drain-min-sessions: `{text}` is not a whole number of sessions"
+                ));
+                defaults.drain_min_sessions
+            }),
+        };
+        let admin_addr = match self.admin_addr.as_deref().map(str::trim) {
+            None => defaults.admin_addr,
+            Some("off" | "none" | "") => None,
+            Some(text) => text.parse().map(Some).unwrap_or_else(|_| {
+                problems.push(format!(
+                    "--admin-addr: `{text}` is not an IP:PORT address (e.g. 127.0.0.1:9090, [::1]:9090) or `off`"
+                ));
+                defaults.admin_addr
+            }),
+        };
+        let admin_token = self.resolve_token(&mut problems);
+        check_durations(shutdown_delay, drain_timeout, &mut problems);
+        if admin_token.is_some() && admin_addr.is_none() {
+            problems.push(
+                "--admin-token/--admin-token-file is set but the admin listener is off: \
+                 set --admin-addr too"
+                    .to_string(),
+            );
+        }
+        if problems.is_empty() {
+            Ok(TerminationConfig {
+                on_sigterm,
+                shutdown_delay,
+                drain_timeout,
+                drain_min_sessions,
+                admin_addr,
+                admin_token,
+            })
+        } else {
+            Err(ConfigError { problems })
+        }
+    }
+
+    fn resolve_token(&self, problems: &mut Vec<String>) -> Option<String> {
+        match (&self.admin_token, &self.admin_token_file) {
+            (Some(_), Some(_)) => {
+                problems.push(
+                    "--admin-token and --admin-token-file are both set \
+                     (LASTCALL_ADMIN_TOKEN / LASTCALL_ADMIN_TOKEN_FILE): keep one"
+                        .to_string(),
+                );
+                None
+            }
+            (Some(token), None) => {
+                let token = token.trim();
+                if token.is_empty() {
+                    problems.push("--admin-token is empty".to_string());
+                    None
+                } else {
+                    Some(token.to_string())
+                }
+            }
+            (None, Some(path)) => match std::fs::read_to_string(path) {
+                Ok(text) if text.trim().is_empty() => {
+                    problems.push(format!(
+                        "--admin-token-file {}: file is empty",
+                        path.display()
+                    ));
+                    None
+                }
+                Ok(text) => Some(text.trim().to_string()),
+                Err(err) => {
+                    problems.push(format!(
+                        "--admin-token-file {}: cannot read: {err}",
+                        path.display()
+                    ));
+                    None
+                }
+            },
+            (None, None) => None,
+        }
+    }
+
+    /// Writes the daemon's defaults into the help of a command that flattens
+    /// `TerminationArgs` (`[default: ...]` next to clap's `[env: ...]`).
+    ///
+    /// Use it on `Cli::command()` and parse with the result, or simply call [`parse_cli`].
+    /// The defaults become clap defaults, which [`resolve`](Self::resolve) reads back as the
+    /// same values, so parsing with or without this gives the same configuration.
+    pub fn augment_help(cmd: clap::Command, defaults: &Defaults) -> clap::Command {
+        let admin = defaults
+            .admin_addr
+            .map(|addr| addr.to_string())
+            .unwrap_or_else(|| "off".to_string());
+        let has = |cmd: &clap::Command, id: &str| cmd.get_arguments().any(|a| a.get_id() == id);
+        let mut cmd = cmd;
+        let settings = [
+            (ID_ON_SIGTERM, OnSigterm::default().to_string()),
+            (ID_SHUTDOWN_DELAY, duration::format(defaults.shutdown_delay)),
+            (ID_DRAIN_TIMEOUT, duration::format(defaults.drain_timeout)),
+            (
+                ID_DRAIN_MIN_SESSIONS,
+                defaults.drain_min_sessions.to_string(),
+            ),
+            (ID_ADMIN_ADDR, admin),
+        ];
+        for (id, value) in settings {
+            if has(&cmd, id) {
+                cmd = cmd.mut_arg(id, |arg| arg.default_value(value));
+            }
+        }
+        cmd
+    }
+}
+
+fn resolve_duration(
+    flag: &str,
+    given: Option<&str>,
+    default: Duration,
+    problems: &mut Vec<String>,
+) -> Duration {
+    match given {
+        None => default,
+        Some(text) => duration::parse(text).unwrap_or_else(|err| {
+            problems.push(format!("{flag}: `{text}`: {err}"));
+            default
+        }),
+    }
+}
+
+fn check_durations(delay: Duration, timeout: Duration, problems: &mut Vec<String>) {
+    if timeout.is_zero() {
+        problems.push(
+            "--drain-timeout is 0s, which leaves no time to drain \
+             (use --on-sigterm exit to leave at once)"
+                .to_string(),
+        );
+    } else if delay >= timeout {
+        problems.push(format!(
+            "--shutdown-delay ({}) must be shorter than --drain-timeout ({}): \
+             the deadline is counted from the trigger and would end the drain before \
+             new work is refused",
+            duration::format(delay),
+            duration::format(timeout)
+        ));
+    }
+}
+
+/// Parses the command line of a daemon whose CLI flattens [`TerminationArgs`], with the
+/// daemon's defaults shown in `--help`. `--help`/`--version` exit 0; usage errors print
+/// clap's message and exit 64 (not clap's usual 2), like the other configuration errors.
+pub fn parse_cli<C: clap::Parser>(defaults: &Defaults) -> C {
+    parse_cli_from(std::env::args_os(), defaults)
+}
+
+/// [`parse_cli`] from an explicit argument list (the first item is the program name).
+pub fn parse_cli_from<C, I, T>(args: I, defaults: &Defaults) -> C
+where
+    C: clap::Parser,
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    match try_parse_cli_from(args, defaults) {
+        Ok(cli) => cli,
+        Err(err) => {
+            let code = if err.use_stderr() { exit::CONFIG } else { 0 };
+            // Printing can only fail if stderr/stdout is gone; nothing better to do then.
+            let _ = err.print();
+            std::process::exit(code);
+        }
+    }
+}
+
+/// [`parse_cli_from`] returning clap's error instead of exiting.
+pub fn try_parse_cli_from<C, I, T>(args: I, defaults: &Defaults) -> Result<C, clap::Error>
+where
+    C: clap::Parser,
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    let cmd = TerminationArgs::augment_help(C::command(), defaults);
+    let mut matches = cmd.try_get_matches_from(args)?;
+    C::from_arg_matches_mut(&mut matches)
+}
+
+/// Help text of a daemon CLI with the daemon's defaults, as `--help` prints it.
+pub fn render_help<C: CommandFactory>(defaults: &Defaults) -> String {
+    let mut cmd = TerminationArgs::augment_help(C::command(), defaults);
+    cmd.render_long_help().to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(flatten)]
+        term: TerminationArgs,
+    }
+
+    fn defaults() -> Defaults {
+        Defaults {
+            shutdown_delay: Duration::from_secs(5),
+            drain_timeout: Duration::from_secs(30),
+            drain_min_sessions: 0,
+            admin_addr: Some("127.0.0.1:9090".parse().unwrap()),
+        }
+    }
+
+    fn parse(args: &[&str]) -> Result<TerminationConfig, ConfigError> {
+        let mut argv = vec!["daemon"];
+        argv.extend_from_slice(args);
+        let cli: Cli = try_parse_cli_from(argv, &defaults()).unwrap();
+        cli.term.resolve(&defaults())
+    }
+
+    #[test]
+    fn defaults_apply() {
+        let cli = Cli::try_parse_from(["daemon"]).unwrap();
+        let cfg = cli.term.resolve(&defaults()).unwrap();
+        assert_eq!(cfg.on_sigterm, OnSigterm::Drain);
+        assert_eq!(cfg.shutdown_delay, Duration::from_secs(5));
+        assert_eq!(cfg.drain_timeout, Duration::from_secs(30));
+        assert_eq!(cfg.drain_min_sessions, 0);
+        assert_eq!(cfg.admin_addr, defaults().admin_addr);
+        assert_eq!(cfg.admin_token, None);
+        // Same result through the augmented command.
+        assert_eq!(parse(&[]).unwrap(), cfg);
+    }
+
+    #[test]
+    fn options_and_alias() {
+        let cfg = parse(&[
+            "--on-sigterm",
+            "linger",
+            "--shutdown-grace-period",
+            "1s",
+            "--drain-timeout",
+            "1h30m",
+            "--drain-min-sessions",
+            "2",
+            "--admin-addr",
+            "[::1]:0",
+            "--admin-token",
+            "s3cret",
+        ])
+        .unwrap();
+        assert_eq!(cfg.on_sigterm, OnSigterm::Linger);
+        assert_eq!(cfg.shutdown_delay, Duration::from_secs(1));
+        assert_eq!(cfg.drain_timeout, Duration::from_secs(5400));
+        assert_eq!(cfg.drain_min_sessions, 2);
+        assert_eq!(cfg.admin_addr, Some("[::1]:0".parse().unwrap()));
+        assert_eq!(cfg.admin_token.as_deref(), Some("s3cret"));
+        assert!(!format!("{cfg:?}").contains("s3cret"));
+        assert_eq!(parse(&["--admin-addr", "off"]).unwrap().admin_addr, None);
+    }
+
+    #[test]
+    fn every_problem_is_reported() {
+        let err = parse(&[
+            "--shutdown-delay",
+            "5x",
+            "--drain-timeout",
+            "soon",
+            "--drain-min-sessions",
+            "-1",
+            "--admin-addr",
+            "localhost",
+        ])
+        .unwrap_err();
+        assert_eq!(err.problems.len(), 4, "{err}");
+        let text = err.to_string();
+        for flag in [
+            "--shutdown-delay",
+            "--drain-timeout",
+            "--drain-min-sessions",
+            "--admin-addr",
+        ] {
+            assert!(text.contains(flag), "{flag} missing from {text}");
+        }
+    }
+
+    #[test]
+    fn impossible_combinations_name_both_options() {
+        let err = parse(&["--shutdown-delay", "30s", "--drain-timeout", "10s"]).unwrap_err();
+        assert_eq!(err.problems.len(), 1);
+        assert!(err.problems[0].contains("--shutdown-delay (30s)"), "{err}");
+        assert!(err.problems[0].contains("--drain-timeout (10s)"), "{err}");
+        // Equal is impossible too; the default delay counts.
+        let err = parse(&["--drain-timeout", "5s"]).unwrap_err();
+        assert!(err.problems[0].contains("--shutdown-delay (5s)"), "{err}");
+        let err = parse(&["--shutdown-delay", "0", "--drain-timeout", "0"]).unwrap_err();
+        assert!(err.problems[0].contains("--drain-timeout is 0s"), "{err}");
+
+        let dir = std::env::temp_dir().join(format!("lastcall-token-{}", std::process::id()));
+        let err = parse(&[
+            "--admin-token",
+            "a",
+            "--admin-token-file",
+            dir.join("nope").to_str().unwrap(),
+            "--admin-addr",
+            "off",
+        ])
+        .unwrap_err();
+        assert!(
+            err.problems[0].contains("--admin-token and --admin-token-file"),
+            "{err}"
+        );
+        assert!(err.problems[1].contains("--admin-addr"), "{err}");
+    }
+
+    #[test]
+    fn token_file_is_read_and_trimmed() {
+        let path = std::env::temp_dir().join(format!("lastcall-token-{}", std::process::id()));
+        std::fs::write(&path, "  tok3n\n").unwrap();
+        let cfg = parse(&["--admin-token-file", path.to_str().unwrap()]).unwrap();
+        assert_eq!(cfg.admin_token.as_deref(), Some("tok3n"));
+        std::fs::write(&path, "\n").unwrap();
+        let err = parse(&["--admin-token-file", path.to_str().unwrap()]).unwrap_err();
+        assert!(err.problems[0].contains("empty"), "{err}");
+        std::fs::remove_file(&path).unwrap();
+        let err = parse(&["--admin-token-file", path.to_str().unwrap()]).unwrap_err();
+        assert!(err.problems[0].contains("cannot read"), "{err}");
+    }
+
+    #[test]
+    fn help_shows_defaults_and_env() {
+        let help = render_help::<Cli>(&defaults());
+        for (flag, env, default) in [
+            ("--on-sigterm", "LASTCALL_ON_SIGTERM", "[default: drain]"),
+            (
+                "--shutdown-delay",
+                "LASTCALL_SHUTDOWN_DELAY",
+                "[default: 5s]",
+            ),
+            (
+                "--drain-timeout",
+                "LASTCALL_DRAIN_TIMEOUT",
+                "[default: 30s]",
+            ),
+            (
+                "--drain-min-sessions",
+                "LASTCALL_DRAIN_MIN_SESSIONS",
+                "[default: 0]",
+            ),
+            (
+                "--admin-addr",
+                "LASTCALL_ADMIN_ADDR",
+                "[default: 127.0.0.1:9090]",
+            ),
+            ("--admin-token ", "LASTCALL_ADMIN_TOKEN]", "[default: none]"),
+            (
+                "--admin-token-file",
+                "LASTCALL_ADMIN_TOKEN_FILE",
+                "[default: none]",
+            ),
+        ] {
+            let at = help
+                .find(flag)
+                .unwrap_or_else(|| panic!("{flag} not in {help}"));
+            let section = &help[at..];
+            let end = section[2..].find("\n  -").map_or(section.len(), |e| e + 2);
+            let section = &section[..end];
+            assert!(section.contains(env), "{env} not in {section}");
+            assert!(section.contains(default), "{default} not in {section}");
+        }
+        assert!(help.contains("shutdown-grace-period"));
+    }
+}

@@ -1,0 +1,364 @@
+//! A kubelet-like, synchronous process harness for the daemons' process tests (cargo feature
+//! `harness`): spawn a daemon, read its stderr lines, signal it, SIGKILL it at a grace
+//! period, and report how and when it exited; plus tiny TCP/HTTP helpers.
+//!
+//! Everything is blocking (std) so tests need no runtime; every wait has a timeout.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use lastcall::harness::{self, Pod, Signal};
+//! let admin = format!("127.0.0.1:{}", harness::free_port());
+//! let mut cmd = std::process::Command::new(harness::example_path("lastcall", "echo"));
+//! cmd.args(["--listen", "127.0.0.1:0", "--admin-addr", &admin]);
+//! let mut pod = Pod::spawn(cmd);
+//! pod.wait_for_log("listening", Duration::from_secs(20));
+//! pod.signal(Signal::Term);
+//! let report = pod.wait_exit(Duration::from_secs(30)); // SIGKILL at 30 s, like the kubelet
+//! assert_eq!(report.code, Some(0));
+//! ```
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// Signals the harness can send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Signal {
+    /// SIGTERM (what the kubelet sends first).
+    Term,
+    /// SIGINT (Ctrl-C).
+    Int,
+    /// SIGQUIT.
+    Quit,
+    /// SIGUSR1.
+    Usr1,
+    /// SIGHUP.
+    Hup,
+    /// SIGKILL (what the kubelet sends at the end of the grace period).
+    Kill,
+}
+
+impl Signal {
+    fn to_nix(self) -> nix::sys::signal::Signal {
+        use nix::sys::signal::Signal as S;
+        match self {
+            Signal::Term => S::SIGTERM,
+            Signal::Int => S::SIGINT,
+            Signal::Quit => S::SIGQUIT,
+            Signal::Usr1 => S::SIGUSR1,
+            Signal::Hup => S::SIGHUP,
+            Signal::Kill => S::SIGKILL,
+        }
+    }
+}
+
+/// How a pod ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExitReport {
+    /// Exit status, if it exited normally.
+    pub code: Option<i32>,
+    /// Terminating signal number, if a signal killed it.
+    pub signal: Option<i32>,
+    /// Time from the last signal sent by the harness (or from the start of the wait, if none
+    /// was sent) to the exit.
+    pub elapsed_since_signal: Duration,
+    /// Whether the harness had to SIGKILL it at the grace period.
+    pub killed: bool,
+}
+
+type Lines = Arc<(Mutex<Vec<String>>, Condvar)>;
+
+/// A running daemon process with its stdout and stderr lines captured (and copied to the
+/// test's stderr, prefixed with the pod's name, for debugging). Killed when dropped.
+#[derive(Debug)]
+pub struct Pod {
+    name: String,
+    child: Child,
+    lines: Lines,
+    signalled_at: Option<Instant>,
+    exit: Option<ExitReport>,
+}
+
+impl Pod {
+    /// Starts `cmd` with stdin closed and stdout/stderr captured. Panics if it cannot start.
+    pub fn spawn(mut cmd: Command) -> Pod {
+        let name = Path::new(cmd.get_program())
+            .file_name()
+            .map_or_else(|| "pod".to_string(), |n| n.to_string_lossy().into_owned());
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = cmd
+            .spawn()
+            .unwrap_or_else(|err| panic!("cannot start {:?}: {err}", cmd));
+        let lines: Lines = Arc::new((Mutex::new(Vec::new()), Condvar::new()));
+        let tag = format!("{name}[{}]", child.id());
+        if let Some(out) = child.stdout.take() {
+            capture(out, format!("{tag} out"), lines.clone());
+        }
+        if let Some(err) = child.stderr.take() {
+            capture(err, tag, lines.clone());
+        }
+        Pod {
+            name,
+            child,
+            lines,
+            signalled_at: None,
+            exit: None,
+        }
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The program's file name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Sends a signal (no-op once the exit was collected). Panics if it cannot be sent.
+    pub fn signal(&mut self, signal: Signal) {
+        if self.exit.is_some() {
+            return;
+        }
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(self.child.id()).unwrap_or(i32::MAX));
+        nix::sys::signal::kill(pid, signal.to_nix())
+            .unwrap_or_else(|err| panic!("cannot send {signal:?} to {}: {err}", self.name));
+        self.signalled_at = Some(Instant::now());
+    }
+
+    /// Whether the process is still running.
+    pub fn is_running(&mut self) -> bool {
+        self.exit.is_none() && matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// Waits for the exit; at `grace` after the last signal (or after now, if none was sent)
+    /// sends SIGKILL, like the kubelet at `terminationGracePeriodSeconds`.
+    pub fn wait_exit(&mut self, grace: Duration) -> ExitReport {
+        if let Some(report) = self.exit {
+            return report;
+        }
+        let since = self.signalled_at.unwrap_or_else(Instant::now);
+        let kill_at = since + grace;
+        let mut killed = false;
+        let status = loop {
+            match self.child.try_wait() {
+                Ok(Some(status)) => break status,
+                Ok(None) if Instant::now() >= kill_at && !killed => {
+                    eprintln!(
+                        "harness: {} still running after {grace:?}: SIGKILL",
+                        self.name
+                    );
+                    let _ = self.child.kill();
+                    killed = true;
+                }
+                Ok(None) => std::thread::sleep(Duration::from_millis(2)),
+                Err(err) => panic!("cannot wait for {}: {err}", self.name),
+            }
+        };
+        let elapsed = since.elapsed();
+        use std::os::unix::process::ExitStatusExt;
+        let report = ExitReport {
+            code: status.code(),
+            signal: status.signal(),
+            elapsed_since_signal: elapsed,
+            killed,
+        };
+        eprintln!("harness: {} exited: {report:?}", self.name);
+        self.exit = Some(report);
+        report
+    }
+
+    /// SIGTERM, then [`wait_exit`](Self::wait_exit) with `grace`.
+    pub fn terminate(&mut self, grace: Duration) -> ExitReport {
+        self.signal(Signal::Term);
+        self.wait_exit(grace)
+    }
+
+    /// Every captured line so far (stdout and stderr, in arrival order).
+    pub fn logs(&self) -> Vec<String> {
+        self.lock().clone()
+    }
+
+    /// How many lines were captured so far (a mark for [`wait_for_log_after`](Self::wait_for_log_after)).
+    pub fn log_len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Waits for a line containing `needle`; returns it. Panics (showing the log) on timeout.
+    pub fn wait_for_log(&self, needle: &str, timeout: Duration) -> String {
+        self.wait_for_log_after(0, needle, timeout)
+    }
+
+    /// Like [`wait_for_log`](Self::wait_for_log), only looking at lines after the first `mark`.
+    pub fn wait_for_log_after(&self, mark: usize, needle: &str, timeout: Duration) -> String {
+        self.try_wait_for_log_after(mark, needle, timeout)
+            .unwrap_or_else(|| {
+                panic!(
+                    "no log line containing {needle:?} within {timeout:?}; log:\n{}",
+                    self.logs().join("\n")
+                )
+            })
+    }
+
+    /// Waits for a line containing `needle` after the first `mark` lines; `None` on timeout.
+    pub fn try_wait_for_log_after(
+        &self,
+        mark: usize,
+        needle: &str,
+        timeout: Duration,
+    ) -> Option<String> {
+        let end = Instant::now() + timeout;
+        let (_, cond) = &*self.lines;
+        let mut lines = self.lock();
+        loop {
+            if let Some(line) = lines.iter().skip(mark).find(|l| l.contains(needle)) {
+                return Some(line.clone());
+            }
+            let left = end.checked_duration_since(Instant::now())?;
+            lines = cond
+                .wait_timeout(lines, left.min(Duration::from_millis(100)))
+                .map_or_else(|e| e.into_inner().0, |(guard, _)| guard);
+        }
+    }
+
+    /// Whether a line containing `needle` was captured so far.
+    pub fn has_log(&self, needle: &str) -> bool {
+        self.lock().iter().any(|l| l.contains(needle))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Vec<String>> {
+        self.lines.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Drop for Pod {
+    fn drop(&mut self) {
+        if self.exit.is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+fn capture<R: Read + Send + 'static>(stream: R, tag: String, lines: Lines) {
+    std::thread::spawn(move || {
+        let mut reader = BufReader::new(stream);
+        let mut buf = Vec::new();
+        loop {
+            buf.clear();
+            match reader.read_until(b'\n', &mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {
+                    let line = String::from_utf8_lossy(&buf).trim_end().to_string();
+                    eprintln!("[{tag}] {line}");
+                    let (lock, cond) = &*lines;
+                    lock.lock().unwrap_or_else(|e| e.into_inner()).push(line);
+                    cond.notify_all();
+                }
+            }
+        }
+    });
+}
+
+/// A TCP port that was free a moment ago on 127.0.0.1 (bind port 0, read it, close).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or_else(|err| panic!("cannot find a free port: {err}"))
+}
+
+fn resolve(addr: impl ToSocketAddrs) -> SocketAddr {
+    addr.to_socket_addrs()
+        .ok()
+        .and_then(|mut a| a.next())
+        .unwrap_or_else(|| panic!("not a socket address"))
+}
+
+/// Waits until `addr` accepts TCP connections. Panics on timeout.
+pub fn wait_for_tcp(addr: impl ToSocketAddrs, timeout: Duration) {
+    let addr = resolve(addr);
+    let end = Instant::now() + timeout;
+    loop {
+        if TcpStream::connect_timeout(&addr, Duration::from_secs(1)).is_ok() {
+            return;
+        }
+        assert!(
+            Instant::now() < end,
+            "{addr} not accepting connections within {timeout:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `GET path` over HTTP/1.1; returns (status, body). Panics on I/O errors.
+pub fn http_get(addr: impl ToSocketAddrs, path: &str) -> (u16, String) {
+    try_http(addr, "GET", path, None).unwrap_or_else(|err| panic!("GET {path}: {err}"))
+}
+
+/// `POST path` with an empty body and an optional bearer token; returns (status, body).
+/// Panics on I/O errors.
+pub fn http_post(addr: impl ToSocketAddrs, path: &str, bearer: Option<&str>) -> (u16, String) {
+    try_http(addr, "POST", path, bearer).unwrap_or_else(|err| panic!("POST {path}: {err}"))
+}
+
+/// A tiny HTTP/1.1 client (`Connection: close`, 10 s timeouts).
+pub fn try_http(
+    addr: impl ToSocketAddrs,
+    method: &str,
+    path: &str,
+    bearer: Option<&str>,
+) -> std::io::Result<(u16, String)> {
+    let addr = resolve(addr);
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    stream.set_write_timeout(Some(Duration::from_secs(10)))?;
+    let auth = bearer.map_or_else(String::new, |t| format!("Authorization: Bearer {t}\r\n"));
+    write!(
+        stream,
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}Content-Length: 0\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw)?;
+    let text = String::from_utf8_lossy(&raw);
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| std::io::Error::other(format!("bad HTTP response: {head:?}")))?;
+    Ok((status, body.to_string()))
+}
+
+/// The path of example `name` of workspace package `package`, next to the running test
+/// executable (`target/<profile>/examples/<name>`), built with
+/// `cargo build -p <package> --example <name>` if it is missing.
+pub fn example_path(package: &str, name: &str) -> PathBuf {
+    let exe = std::env::current_exe().unwrap_or_else(|err| panic!("current_exe: {err}"));
+    // target/<profile>/deps/<test-binary>
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .unwrap_or_else(|| panic!("unexpected test executable path {}", exe.display()));
+    let path = profile_dir.join("examples").join(name);
+    if !path.exists() {
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let mut cmd = Command::new(cargo);
+        cmd.args(["build", "-p", package, "--example", name]);
+        if profile_dir.file_name().is_some_and(|p| p == "release") {
+            cmd.arg("--release");
+        }
+        eprintln!("harness: {} missing, running {cmd:?}", path.display());
+        let status = cmd
+            .status()
+            .unwrap_or_else(|err| panic!("cannot run cargo: {err}"));
+        assert!(status.success(), "{cmd:?} failed");
+    }
+    path
+}
