@@ -1,0 +1,323 @@
+"""charts/lastcall-turn: render with several value sets, lint, validate every object against
+the Kubernetes API schemas, and check the termination, placement and secret invariants."""
+
+from __future__ import annotations
+
+import base64
+import subprocess
+from typing import Any
+
+import helm_python
+import pytest
+
+from chartlib import (
+    CHARTS,
+    K8S_VERSIONS,
+    OLDEST,
+    assert_no_prestop,
+    built_binary,
+    container,
+    flag,
+    merged_values,
+    probe_path,
+    render,
+    seconds,
+    validate,
+)
+
+CHART = "lastcall-turn"
+SECRET = "s3cr3t-do-not-leak-4f2a"
+
+# coturn options the daemon reads from turnserver.conf (turn.md); the chart writes no other.
+CONF_KEYS = {
+    "listening-port", "tls-listening-port", "listening-ip", "relay-ip", "external-ip",
+    "min-port", "max-port", "realm", "use-auth-secret", "static-auth-secret", "lt-cred-mech",
+    "user", "no-tcp-relay", "denied-peer-ip", "allowed-peer-ip", "no-multicast-peers",
+    "user-quota", "total-quota", "max-allocate-lifetime", "stale-nonce", "cert", "pkey",
+    "no-tls", "no-udp", "no-tcp", "no-cli", "drain-min-allocations", "alternate-server",
+}
+
+VALUE_SETS: dict[str, dict[str, Any]] = {
+    "defaults": {},
+    "statefulset-everything": {
+        "kind": "StatefulSet",
+        "replicaCount": 3,
+        "updateStrategy": {"maxUnavailable": 2},
+        "tls": {"enabled": True, "existingSecret": "turn-tls"},
+        "turn": {
+            "realm": "turn.example.org",
+            "externalIP": "203.0.113.7/10.0.0.7",
+            "deniedPeerIPs": ["198.51.100.0-198.51.100.255"],
+            "allowedPeerIPs": ["10.20.0.0-10.20.255.255"],
+            "userQuota": 10,
+            "totalQuota": 1000,
+            "maxAllocateLifetime": 1800,
+            "alternateServers": ["turn-b.example.org:3478", "turn-c.example.org:3478"],
+            "auth": {"existingSecret": "turn-auth", "key": "current", "extraKeys": ["previous"]},
+            "extraConfig": "stale-nonce=600\nno-multicast-peers\n",
+        },
+        "metrics": {"podAnnotations": False, "serviceMonitor": {"enabled": True}},
+        "admin": {"tokenSecret": {"name": "turn-admin"}},
+    },
+    "chart-made-secret": {"turn": {"auth": {"value": SECRET}}},
+    "percent-rollout": {"updateStrategy": {"maxUnavailable": "25%"}, "turn": {"udp": False}},
+    "wire-12h": {
+        "gracefulTermination": {"drainTimeoutSeconds": 43200, "terminationGracePeriodSeconds": 43300},
+        "turn": {"listeningIP": "0.0.0.0", "relayIP": "$(POD_IP)"},
+    },
+    "config-from-secret": {"config": {"existingSecret": "turnserver-conf"}, "turn": {"auth": {"value": SECRET}}},
+    "off": {"gracefulTermination": {"enabled": False}},
+    "no-auth-secret": {"turn": {"auth": {"useAuthSecret": False}}, "kind": "StatefulSet"},
+}
+
+
+@pytest.fixture(scope="module", params=sorted(VALUE_SETS))
+def case(request: pytest.FixtureRequest) -> tuple[str, dict[str, Any], Any]:
+    values = VALUE_SETS[request.param]
+    return request.param, merged_values(CHART, values), render(CHART, values)
+
+
+def _turn(rendered: Any) -> dict[str, Any]:
+    return container(rendered.pod_spec(), "turn")
+
+
+def _conf(rendered: Any) -> dict[str, list[str]]:
+    """turnserver.conf as {key: [values]} (bare flags map to [""])."""
+    text = rendered.one("ConfigMap")["data"]["turnserver.conf"]
+    conf: dict[str, list[str]] = {}
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, _, value = line.partition("=")
+        conf.setdefault(key, []).append(value)
+    return conf
+
+
+def test_lint_strict() -> None:
+    report = helm_python.lint(CHARTS / CHART, strict=True, kube_version="v1.29.0")
+    assert not [m for m in report["messages"] if m["severity"] >= 2] and not report["errors"], report
+
+
+@pytest.mark.parametrize("name", sorted(VALUE_SETS))
+def test_lint_each_value_set(name: str) -> None:
+    report = helm_python.lint(CHARTS / CHART, VALUE_SETS[name], kube_version="v1.29.0")
+    assert not [m for m in report["messages"] if m["severity"] >= 3] and not report["errors"], report
+
+
+def test_every_object_valid_for_kubernetes(case: Any) -> None:
+    _, _, rendered = case
+    assert rendered.objects
+    for version in (*K8S_VERSIONS, OLDEST):
+        for obj in rendered.objects:
+            validate(obj, version)
+
+
+def test_host_network_one_pod_per_node(case: Any) -> None:
+    _, values, rendered = case
+    wl = rendered.workload()
+    spec = rendered.pod_spec()
+    assert wl["kind"] == values["kind"]
+    assert spec["hostNetwork"] is True
+    assert spec["dnsPolicy"] == "ClusterFirstWithHostNet"
+    rolling = wl["spec"]["updateStrategy"]["rollingUpdate"]
+    assert wl["spec"]["updateStrategy"]["type"] == "RollingUpdate"
+    assert rolling["maxUnavailable"] == values["updateStrategy"]["maxUnavailable"]
+    assert "maxSurge" not in rolling, "a surge pod would need the same host ports"
+    if values["kind"] == "StatefulSet":
+        assert wl["spec"]["replicas"] == values["replicaCount"]
+        assert wl["spec"]["serviceName"] == rendered.one("Service")["metadata"]["name"]
+        terms = spec["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        assert terms[0]["topologyKey"] == "kubernetes.io/hostname"
+        assert terms[0]["labelSelector"]["matchLabels"] == wl["spec"]["selector"]["matchLabels"]
+
+
+def test_probe_paths(case: Any) -> None:
+    _, values, rendered = case
+    turn = _turn(rendered)
+    assert probe_path(turn, "readinessProbe") == "/readyz"
+    assert probe_path(turn, "livenessProbe") == "/livez"
+    ports = {p["name"]: p for p in turn["ports"]}
+    assert ports["admin"]["containerPort"] == values["admin"]["port"]
+    assert turn["readinessProbe"]["httpGet"]["port"] == "admin"
+    assert flag(turn["args"], "admin-addr") == f"$(POD_IP):{values['admin']['port']}"
+    env = {e["name"]: e for e in turn["env"]}
+    assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+
+
+def test_grace_covers_the_drain(case: Any) -> None:
+    _, values, rendered = case
+    g = values["gracefulTermination"]
+    grace = rendered.grace()
+    turn = _turn(rendered)
+    if not g["enabled"]:
+        assert flag(turn["args"], "on-sigterm") == "exit"
+        assert flag(turn["args"], "drain-timeout") is None
+        assert grace == g["disabledGracePeriodSeconds"]
+        return
+    delay, timeout, margin = g["shutdownDelaySeconds"], g["drainTimeoutSeconds"], g["marginSeconds"]
+    assert flag(turn["args"], "on-sigterm") == "drain"
+    assert seconds(flag(turn["args"], "shutdown-delay")) == delay
+    assert seconds(flag(turn["args"], "drain-timeout")) == timeout
+    assert int(flag(turn["args"], "drain-min-sessions")) == g["drainMinAllocations"]
+    assert grace >= delay + timeout + margin
+    # Long by default: calls last.
+    assert grace >= 3600
+
+
+def test_no_prestop_anywhere(case: Any) -> None:
+    _, _, rendered = case
+    assert_no_prestop(rendered)
+
+
+def test_secret_never_in_configmap(case: Any) -> None:
+    name, values, rendered = case
+    turn = _turn(rendered)
+    for cm in rendered.of_kind("ConfigMap"):
+        for text in cm["data"].values():
+            assert SECRET not in text
+            assert "static-auth-secret" not in [line.split("=")[0] for line in text.splitlines()]
+    for c in rendered.pod_spec()["containers"]:
+        assert SECRET not in str(c), "the secret must come from a Secret, not the pod spec"
+    auth = values["turn"]["auth"]
+    env = {e["name"]: e for e in turn.get("env", [])}
+    if values["config"]["existingSecret"]:
+        vol = [v for v in rendered.pod_spec()["volumes"] if v["name"] == "config"][0]
+        assert vol["secret"]["secretName"] == values["config"]["existingSecret"]
+        assert not rendered.of_kind("ConfigMap") and not rendered.of_kind("Secret")
+        assert flag(turn["args"], "static-auth-secret") is None
+        return
+    if not auth["useAuthSecret"]:
+        assert "TURN_STATIC_AUTH_SECRET" not in env
+        assert "use-auth-secret" not in _conf(rendered)
+        return
+    assert "use-auth-secret" in _conf(rendered)
+    ref = env["TURN_STATIC_AUTH_SECRET"]["valueFrom"]["secretKeyRef"]
+    assert ref["key"] == auth["key"]
+    assert ref["name"] == (auth["existingSecret"] or "rel-lastcall-turn-auth")
+    secret_flags = [a for a in turn["args"] if a.startswith("--static-auth-secret=")]
+    assert secret_flags[0] == "--static-auth-secret=$(TURN_STATIC_AUTH_SECRET)"
+    assert len(secret_flags) == 1 + len(auth["extraKeys"])
+    for i, key in enumerate(auth["extraKeys"]):
+        assert env[f"TURN_STATIC_AUTH_SECRET_{i}"]["valueFrom"]["secretKeyRef"]["key"] == key
+    secrets = rendered.of_kind("Secret")
+    if auth["value"] and not auth["existingSecret"]:
+        assert len(secrets) == 1
+        assert base64.b64decode(secrets[0]["data"][auth["key"]]).decode() == auth["value"]
+    else:
+        assert not secrets
+        # The Secret is the user's to create: NOTES say how when the chart chose its name.
+        assert ("create secret generic" in rendered.notes) == (not auth["existingSecret"])
+
+
+def test_turnserver_conf(case: Any) -> None:
+    _, values, rendered = case
+    if values["config"]["existingSecret"]:
+        return
+    conf = _conf(rendered)
+    t = values["turn"]
+    unknown = set(conf) - CONF_KEYS
+    assert not unknown, f"turnserver.conf keys the daemon does not know: {unknown}"
+    assert conf["listening-port"] == [str(t["listeningPort"])]
+    assert conf["realm"] == [t["realm"]]
+    assert conf["min-port"] == [str(t["minPort"])] and conf["max-port"] == [str(t["maxPort"])]
+    assert conf.get("alternate-server", []) == t["alternateServers"]
+    assert conf.get("denied-peer-ip", []) == t["deniedPeerIPs"]
+    assert conf.get("allowed-peer-ip", []) == t["allowedPeerIPs"]
+    assert ("no-udp" in conf) == (not t["udp"])
+    turn = _turn(rendered)
+    assert turn["args"][:2] == ["-c", "/etc/lastcall-turn/config/turnserver.conf"]
+    assert flag(turn["args"], "listening-ip") == (t["listeningIP"] or "$(POD_IP)")
+    assert flag(turn["args"], "relay-ip") == (t["relayIP"] or "$(POD_IP)")
+    mounts = {m["name"]: m["mountPath"] for m in turn["volumeMounts"]}
+    assert mounts["config"] == "/etc/lastcall-turn/config"
+    if values["tls"]["enabled"]:
+        assert conf["cert"] == ["/etc/lastcall-turn/tls/tls.crt"]
+        assert conf["pkey"] == ["/etc/lastcall-turn/tls/tls.key"]
+        assert conf["tls-listening-port"] == [str(t["tlsListeningPort"])]
+        assert "no-tls" not in conf
+        assert mounts["tls"] == "/etc/lastcall-turn/tls"
+        vol = [v for v in rendered.pod_spec()["volumes"] if v["name"] == "tls"][0]
+        assert vol["secret"]["secretName"] == values["tls"]["existingSecret"]
+    else:
+        assert "no-tls" in conf and "cert" not in conf
+    annotations = rendered.workload()["spec"]["template"]["metadata"]["annotations"]
+    assert "checksum/config" in annotations
+
+
+def test_metrics(case: Any) -> None:
+    _, values, rendered = case
+    annotations = rendered.workload()["spec"]["template"]["metadata"].get("annotations", {})
+    m = values["metrics"]
+    if m["podAnnotations"]:
+        assert annotations["prometheus.io/scrape"] == "true"
+        assert annotations["prometheus.io/port"] == str(values["admin"]["port"])
+        assert annotations["prometheus.io/path"] == "/metrics"
+    else:
+        assert "prometheus.io/scrape" not in annotations
+    monitors = rendered.of_kind("ServiceMonitor")
+    assert len(monitors) == (1 if m["serviceMonitor"]["enabled"] else 0)
+    for sm in monitors:
+        svc = rendered.one("Service")
+        assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+        port = sm["spec"]["endpoints"][0]["port"]
+        assert port in [p["name"] for p in svc["spec"]["ports"]]
+        assert sm["spec"]["endpoints"][0]["path"] == "/metrics"
+
+
+SCHEMA_REJECTS = {
+    "onSigterm-bogus": {"gracefulTermination": {"onSigterm": "bogus"}},
+    "negative-timeout": {"gracefulTermination": {"drainTimeoutSeconds": -1}},
+    "duration-string": {"gracefulTermination": {"drainTimeoutSeconds": "1h"}},
+    "kind-deployment": {"kind": "Deployment"},
+    "max-unavailable-zero": {"updateStrategy": {"maxUnavailable": 0}},
+    "max-unavailable-words": {"updateStrategy": {"maxUnavailable": "half"}},
+    "typo-key": {"turn": {"listenPort": 3478}},
+    "realm-empty": {"turn": {"realm": ""}},
+    "alternate-without-port": {"turn": {"alternateServers": ["turn-b.example.org"]}},
+}
+
+
+@pytest.mark.parametrize("name", sorted(SCHEMA_REJECTS))
+def test_schema_rejects(name: str) -> None:
+    with pytest.raises(helm_python.HelmValuesError):
+        render(CHART, SCHEMA_REJECTS[name])
+    assert helm_python.lint(CHARTS / CHART, SCHEMA_REJECTS[name])["errors"]
+
+
+TEMPLATE_REJECTS = {
+    "grace-too-short": ({"gracefulTermination": {"terminationGracePeriodSeconds": 3600}}, "shorter than the drain needs"),
+    "delay-longer-than-timeout": (
+        {"gracefulTermination": {"shutdownDelaySeconds": 120, "drainTimeoutSeconds": 60}},
+        "must not be longer than",
+    ),
+    "tls-without-secret": ({"tls": {"enabled": True}}, "tls.existingSecret is required"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TEMPLATE_REJECTS))
+def test_template_rejects(name: str) -> None:
+    values, message = TEMPLATE_REJECTS[name]
+    with pytest.raises(helm_python.HelmRenderError, match=message):
+        render(CHART, values)
+
+
+def test_turning_graceful_termination_off_is_one_value() -> None:
+    on = render(CHART, {})
+    off = render(CHART, {"gracefulTermination": {"enabled": False}})
+    assert on.grace() == 15 + 3600 + 30
+    assert off.grace() == 10
+    assert flag(_turn(off)["args"], "on-sigterm") == "exit"
+
+
+def test_flags_known_to_the_built_daemon() -> None:
+    """Every option the chart passes is one the real daemon accepts (when it is built)."""
+    binary = built_binary("lastcall-turn")
+    if binary is None:
+        pytest.skip("lastcall-turn is not built (cargo build -p lastcall-turn)")
+    help_text = subprocess.run([binary, "--help"], capture_output=True, text=True, timeout=30).stdout
+    used: set[str] = set()
+    for values in VALUE_SETS.values():
+        used |= {a.split("=", 1)[0] for a in _turn(render(CHART, values))["args"] if a.startswith("--")}
+    missing = sorted(f for f in used if f not in help_text)
+    assert not missing, f"lastcall-turn --help does not mention {missing}"
