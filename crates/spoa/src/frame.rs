@@ -1,0 +1,673 @@
+//! SPOP frames, sans-IO: splitting a byte stream into frames, decoding the payloads the agent
+//! receives, and encoding the frames it sends.
+//!
+//! Typed data and varints come from the `spop` crate; the frame header is parsed here so every
+//! problem maps to the status code SPOE.txt (section 3.5) assigns to it, which the crate's own
+//! parser cannot express (it reports one opaque `InvalidData` error for all of them, and it
+//! rejects a missing `version` and a missing `max-frame-size` the same way).
+
+use bytes::{Buf, BytesMut};
+use spop::frame::Message;
+use spop::frames::{Ack, AgentDisconnect, AgentHello, FrameCapabilities};
+use spop::{decode_varint, SpopFrame, StatusCode, TypedData, VarScope};
+
+/// Frame type bytes (SPOE.txt 3.2).
+pub mod kind {
+    /// HAPROXY-HELLO.
+    pub const HAPROXY_HELLO: u8 = 1;
+    /// HAPROXY-DISCONNECT.
+    pub const HAPROXY_DISCONNECT: u8 = 2;
+    /// NOTIFY.
+    pub const NOTIFY: u8 = 3;
+}
+
+const FLAG_FIN: u32 = 0x1;
+const FLAG_ABORT: u32 = 0x2;
+
+/// The smallest `max-frame-size` a peer may announce (SPOE.txt 3.2).
+pub const MIN_FRAME_SIZE: u32 = 256;
+
+/// A protocol violation by the peer: the status code to put in AGENT-DISCONNECT and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{reason} (status {})", status.to_u32())]
+pub struct ProtocolError {
+    /// Status code for the AGENT-DISCONNECT frame.
+    pub status: StatusCode,
+    /// Human-readable reason, sent as the DISCONNECT message.
+    pub reason: String,
+}
+
+impl ProtocolError {
+    /// Builds an error with the given status.
+    pub fn new(status: StatusCode, reason: impl Into<String>) -> Self {
+        Self {
+            status,
+            reason: reason.into(),
+        }
+    }
+
+    fn invalid(reason: impl Into<String>) -> Self {
+        Self::new(StatusCode::Invalid, reason)
+    }
+
+    /// A short label for metrics (`spoa_frames_rejected_total{reason}`).
+    pub fn metric_reason(&self) -> &'static str {
+        match self.status {
+            StatusCode::TooBig => "too_big",
+            StatusCode::Invalid => "invalid",
+            StatusCode::NoVersion
+            | StatusCode::NoFrameSize
+            | StatusCode::NoCapabilities
+            | StatusCode::BadVersion
+            | StatusCode::BadFrameSize => "bad_hello",
+            StatusCode::FragmentationNotSupported => "fragmented",
+            StatusCode::Timeout => "timeout",
+            _ => "other",
+        }
+    }
+}
+
+/// One frame as read off the wire, header decoded, payload not yet interpreted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RawFrame {
+    /// Frame type byte.
+    pub kind: u8,
+    /// Stream identifier.
+    pub stream_id: u64,
+    /// Frame identifier.
+    pub frame_id: u64,
+    /// Payload bytes.
+    pub payload: bytes::Bytes,
+}
+
+/// Takes one complete frame off the front of `buf`.
+///
+/// `Ok(None)` means more bytes are needed ("need more bytes" is not "invalid"). A frame whose
+/// length prefix exceeds `max_frame_size` is refused before its body arrives.
+pub fn decode_frame(
+    buf: &mut BytesMut,
+    max_frame_size: u32,
+) -> Result<Option<RawFrame>, ProtocolError> {
+    let Some(prefix) = buf.get(..4) else {
+        return Ok(None);
+    };
+    let len = u32::from_be_bytes([prefix[0], prefix[1], prefix[2], prefix[3]]);
+    if len > max_frame_size {
+        return Err(ProtocolError::new(
+            StatusCode::TooBig,
+            format!("frame of {len} bytes exceeds max-frame-size {max_frame_size}"),
+        ));
+    }
+    let total = 4 + len as usize;
+    if buf.len() < total {
+        return Ok(None);
+    }
+    let mut frame = buf.split_to(total).freeze();
+    frame.advance(4);
+    parse_header(frame).map(Some)
+}
+
+fn parse_header(mut frame: bytes::Bytes) -> Result<RawFrame, ProtocolError> {
+    if frame.len() < 5 {
+        return Err(ProtocolError::invalid("frame shorter than its header"));
+    }
+    let kind = frame.get_u8();
+    let flags = frame.get_u32();
+    if !matches!(
+        kind,
+        kind::HAPROXY_HELLO | kind::HAPROXY_DISCONNECT | kind::NOTIFY
+    ) {
+        return Err(ProtocolError::invalid(format!("unknown frame type {kind}")));
+    }
+    if flags & FLAG_FIN == 0 || flags & FLAG_ABORT != 0 {
+        return Err(ProtocolError::new(
+            StatusCode::FragmentationNotSupported,
+            "fragmented or aborted frame (fragmentation was not negotiated)",
+        ));
+    }
+    if flags & !(FLAG_FIN | FLAG_ABORT) != 0 {
+        return Err(ProtocolError::invalid(format!(
+            "reserved flag bits set: {flags:#x}"
+        )));
+    }
+    let (rest, stream_id) = varint(&frame, "stream-id")?;
+    let (rest, frame_id) = varint(rest, "frame-id")?;
+    let consumed = frame.len() - rest.len();
+    frame.advance(consumed);
+    Ok(RawFrame {
+        kind,
+        stream_id,
+        frame_id,
+        payload: frame,
+    })
+}
+
+fn varint<'a>(input: &'a [u8], what: &str) -> Result<(&'a [u8], u64), ProtocolError> {
+    decode_varint(input).map_err(|_| ProtocolError::invalid(format!("bad varint in {what}")))
+}
+
+fn string<'a>(input: &'a [u8], what: &str) -> Result<(&'a [u8], String), ProtocolError> {
+    let (rest, len) = varint(input, what)?;
+    let len =
+        usize::try_from(len).map_err(|_| ProtocolError::invalid(format!("{what} too long")))?;
+    let bytes = rest
+        .get(..len)
+        .ok_or_else(|| ProtocolError::invalid(format!("{what} runs past the frame end")))?;
+    let rest = rest.get(len..).unwrap_or_default();
+    Ok((rest, String::from_utf8_lossy(bytes).into_owned()))
+}
+
+fn typed<'a>(input: &'a [u8], what: &str) -> Result<(&'a [u8], TypedData), ProtocolError> {
+    spop::types::typed_data(input)
+        .map_err(|_| ProtocolError::invalid(format!("bad typed data in {what}")))
+}
+
+/// Decodes a KV-LIST payload (HELLO and DISCONNECT frames).
+pub fn parse_kv_list(mut input: &[u8]) -> Result<Vec<(String, TypedData)>, ProtocolError> {
+    let mut out = Vec::new();
+    while !input.is_empty() {
+        let (rest, name) = string(input, "KV name")?;
+        let (rest, value) = typed(rest, "KV value")?;
+        out.push((name, value));
+        input = rest;
+    }
+    Ok(out)
+}
+
+/// Decodes a LIST-OF-MESSAGES payload (NOTIFY frames).
+pub fn parse_messages(mut input: &[u8]) -> Result<Vec<Message>, ProtocolError> {
+    let mut out = Vec::new();
+    while !input.is_empty() {
+        let (rest, name) = string(input, "message name")?;
+        let (&nb_args, mut rest) = rest
+            .split_first()
+            .ok_or_else(|| ProtocolError::invalid("message without NB-ARGS"))?;
+        let mut args = Vec::with_capacity(usize::from(nb_args));
+        for _ in 0..nb_args {
+            let (r, arg) = string(rest, "argument name")?;
+            let (r, value) = typed(r, "argument value")?;
+            args.push((arg, value));
+            rest = r;
+        }
+        out.push(Message { name, args });
+        input = rest;
+    }
+    Ok(out)
+}
+
+/// What the agent agreed to in the HELLO handshake.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Negotiated {
+    /// `min(HAProxy's max-frame-size, ours)`.
+    pub max_frame_size: u32,
+    /// Whether HAProxy offered pipelining (we always accept it when offered).
+    pub pipelining: bool,
+    /// A health-check HELLO: answer and close.
+    pub healthcheck: bool,
+    /// HAProxy's `engine-id`, if sent.
+    pub engine_id: Option<String>,
+}
+
+/// Validates a HAPROXY-HELLO payload and negotiates with our own `max-frame-size`.
+pub fn negotiate_hello(payload: &[u8], our_max: u32) -> Result<Negotiated, ProtocolError> {
+    let kv = parse_kv_list(payload)?;
+    let get = |name: &str| kv.iter().find(|(k, _)| k == name).map(|(_, v)| v);
+    let versions = match get("supported-versions") {
+        Some(TypedData::String(s)) => s.clone(),
+        _ => {
+            return Err(ProtocolError::new(
+                StatusCode::NoVersion,
+                "supported-versions not found",
+            ))
+        }
+    };
+    if !versions.split(',').any(|v| version_is_2x(v.trim())) {
+        return Err(ProtocolError::new(
+            StatusCode::BadVersion,
+            format!("no supported SPOP version in \"{versions}\" (we speak 2.0)"),
+        ));
+    }
+    let theirs = match get("max-frame-size") {
+        Some(TypedData::UInt32(n)) => *n,
+        Some(TypedData::UInt64(n)) => u32::try_from(*n).unwrap_or(u32::MAX),
+        _ => {
+            return Err(ProtocolError::new(
+                StatusCode::NoFrameSize,
+                "max-frame-size not found",
+            ))
+        }
+    };
+    if theirs < MIN_FRAME_SIZE {
+        return Err(ProtocolError::new(
+            StatusCode::BadFrameSize,
+            format!("max-frame-size {theirs} is below {MIN_FRAME_SIZE}"),
+        ));
+    }
+    let caps = match get("capabilities") {
+        Some(TypedData::String(s)) => s.clone(),
+        _ => {
+            return Err(ProtocolError::new(
+                StatusCode::NoCapabilities,
+                "capabilities not found",
+            ))
+        }
+    };
+    let pipelining = caps
+        .split(',')
+        .any(|c| c.trim().eq_ignore_ascii_case("pipelining"));
+    let healthcheck = matches!(get("healthcheck"), Some(TypedData::Bool(true)));
+    let engine_id = match get("engine-id") {
+        Some(TypedData::String(s)) => Some(s.clone()),
+        _ => None,
+    };
+    Ok(Negotiated {
+        max_frame_size: theirs.min(our_max),
+        pipelining,
+        healthcheck,
+        engine_id,
+    })
+}
+
+fn version_is_2x(v: &str) -> bool {
+    let mut parts = v.splitn(2, '.');
+    let major = parts.next().and_then(|m| m.trim().parse::<u32>().ok());
+    let minor_ok = parts.next().is_none_or(|m| m.trim().parse::<u32>().is_ok());
+    major == Some(2) && minor_ok
+}
+
+/// Encodes AGENT-HELLO. We announce `pipelining` only when HAProxy offered it, and never
+/// `async` or fragmentation.
+pub fn encode_agent_hello(n: &Negotiated, out: &mut Vec<u8>) {
+    let capabilities = if n.pipelining {
+        vec![FrameCapabilities::Pipelining]
+    } else {
+        Vec::new()
+    };
+    let hello = AgentHello {
+        version: spop::Version::new(2, 0, 0),
+        max_frame_size: n.max_frame_size,
+        capabilities,
+    };
+    // Serialising a KV-LIST cannot fail (only LIST-OF-MESSAGES is unsupported by the encoder).
+    let _ = hello.serialize_into(out);
+}
+
+/// Encodes AGENT-DISCONNECT.
+pub fn encode_agent_disconnect(status: StatusCode, message: &str, out: &mut Vec<u8>) {
+    let frame = AgentDisconnect {
+        status_code: status.to_u32(),
+        message: message.to_owned(),
+    };
+    let _ = frame.serialize_into(out);
+}
+
+/// Encodes an ACK with `set-var` actions in transaction scope.
+///
+/// If the frame would exceed `max_frame_size`, the longest string values are cut until it fits
+/// (a long `rules_hit` list is the usual cause); the ACK itself is never dropped.
+pub fn encode_ack(
+    stream_id: u64,
+    frame_id: u64,
+    vars: &[(&str, TypedData)],
+    max_frame_size: u32,
+    out: &mut Vec<u8>,
+) {
+    let mut vars: Vec<(&str, TypedData)> = vars.to_vec();
+    loop {
+        let mut ack = Ack::new(stream_id, frame_id);
+        for (name, value) in &vars {
+            ack = ack.set_var(VarScope::Transaction, name, value.clone());
+        }
+        let mut buf = Vec::new();
+        let _ = ack.serialize_into(&mut buf);
+        let len = buf.len().saturating_sub(4);
+        if len <= max_frame_size as usize || !shrink_longest(&mut vars) {
+            out.extend_from_slice(&buf);
+            return;
+        }
+    }
+}
+
+fn shrink_longest(vars: &mut [(&str, TypedData)]) -> bool {
+    let longest = vars
+        .iter_mut()
+        .filter_map(|(_, v)| match v {
+            TypedData::String(s) if !s.is_empty() => Some(s),
+            _ => None,
+        })
+        .max_by_key(|s| s.len());
+    match longest {
+        Some(s) => {
+            let mut cut = s.len() / 2;
+            while !s.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            s.truncate(cut);
+            true
+        }
+        None => false,
+    }
+}
+
+/// Encodes a HAPROXY-HELLO (used by tests and raw clients).
+pub fn encode_haproxy_hello(max_frame_size: u32, healthcheck: bool, out: &mut Vec<u8>) {
+    let mut payload = Vec::new();
+    put_kv(
+        &mut payload,
+        "supported-versions",
+        &TypedData::String("2.0".into()),
+    );
+    put_kv(
+        &mut payload,
+        "max-frame-size",
+        &TypedData::UInt32(max_frame_size),
+    );
+    put_kv(
+        &mut payload,
+        "capabilities",
+        &TypedData::String("pipelining,async".into()),
+    );
+    if healthcheck {
+        put_kv(&mut payload, "healthcheck", &TypedData::Bool(true));
+    }
+    put_frame(kind::HAPROXY_HELLO, 0, 0, &payload, out);
+}
+
+/// Encodes a NOTIFY carrying one message (used by tests and raw clients).
+pub fn encode_notify(stream_id: u64, frame_id: u64, msg: &Message, out: &mut Vec<u8>) {
+    let mut payload = Vec::new();
+    put_string(&mut payload, &msg.name);
+    payload.push(u8::try_from(msg.args.len()).unwrap_or(u8::MAX));
+    for (name, value) in msg.args.iter().take(255) {
+        put_kv(&mut payload, name, value);
+    }
+    put_frame(kind::NOTIFY, stream_id, frame_id, &payload, out);
+}
+
+/// Encodes a HAPROXY-DISCONNECT (used by tests and raw clients).
+pub fn encode_haproxy_disconnect(status: u32, message: &str, out: &mut Vec<u8>) {
+    let mut payload = Vec::new();
+    put_kv(&mut payload, "status-code", &TypedData::UInt32(status));
+    put_kv(&mut payload, "message", &TypedData::String(message.into()));
+    put_frame(kind::HAPROXY_DISCONNECT, 0, 0, &payload, out);
+}
+
+fn put_string(out: &mut Vec<u8>, s: &str) {
+    spop::encode_varint_into(s.len() as u64, out);
+    out.extend_from_slice(s.as_bytes());
+}
+
+fn put_kv(out: &mut Vec<u8>, name: &str, value: &TypedData) {
+    put_string(out, name);
+    value.to_bytes(out);
+}
+
+/// Writes a frame with the given header fields and payload (FIN set).
+pub fn put_frame(kind: u8, stream_id: u64, frame_id: u64, payload: &[u8], out: &mut Vec<u8>) {
+    let mut body = vec![kind];
+    body.extend_from_slice(&FLAG_FIN.to_be_bytes());
+    spop::encode_varint_into(stream_id, &mut body);
+    spop::encode_varint_into(frame_id, &mut body);
+    body.extend_from_slice(payload);
+    out.extend_from_slice(&u32::try_from(body.len()).unwrap_or(u32::MAX).to_be_bytes());
+    out.extend_from_slice(&body);
+}
+
+/// A decoded agent-side frame, for tests and raw clients reading what the agent sent.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AgentFrame {
+    /// AGENT-HELLO with its KV-LIST.
+    Hello(Vec<(String, TypedData)>),
+    /// AGENT-DISCONNECT: status code and message.
+    Disconnect(u32, String),
+    /// ACK: stream-id, frame-id and the `set-var` actions (name, value).
+    Ack(u64, u64, Vec<(String, TypedData)>),
+}
+
+/// Decodes a frame the agent sent (inverse of the encoders above), for tests and tools.
+pub fn decode_agent_frame(buf: &mut BytesMut) -> Result<Option<AgentFrame>, ProtocolError> {
+    let Some(prefix) = buf.get(..4) else {
+        return Ok(None);
+    };
+    let len = u32::from_be_bytes([prefix[0], prefix[1], prefix[2], prefix[3]]) as usize;
+    if buf.len() < 4 + len {
+        return Ok(None);
+    }
+    let mut frame = buf.split_to(4 + len).freeze();
+    frame.advance(4);
+    if frame.len() < 5 {
+        return Err(ProtocolError::invalid("short agent frame"));
+    }
+    let kind = frame.get_u8();
+    let _flags = frame.get_u32();
+    let (rest, sid) = varint(&frame, "stream-id")?;
+    let (rest, fid) = varint(rest, "frame-id")?;
+    match kind {
+        101 => Ok(Some(AgentFrame::Hello(parse_kv_list(rest)?))),
+        102 => {
+            let kv = parse_kv_list(rest)?;
+            let status = kv.iter().find_map(|(k, v)| match (k.as_str(), v) {
+                ("status-code", TypedData::UInt32(s)) => Some(*s),
+                _ => None,
+            });
+            let msg = kv.iter().find_map(|(k, v)| match (k.as_str(), v) {
+                ("message", TypedData::String(s)) => Some(s.clone()),
+                _ => None,
+            });
+            Ok(Some(AgentFrame::Disconnect(
+                status.unwrap_or(u32::MAX),
+                msg.unwrap_or_default(),
+            )))
+        }
+        103 => Ok(Some(AgentFrame::Ack(sid, fid, parse_actions(rest)?))),
+        other => Err(ProtocolError::invalid(format!(
+            "unexpected agent frame {other}"
+        ))),
+    }
+}
+
+fn parse_actions(mut input: &[u8]) -> Result<Vec<(String, TypedData)>, ProtocolError> {
+    let mut out = Vec::new();
+    while let Some((&action, rest)) = input.split_first() {
+        let (_nb, rest) = rest
+            .split_first()
+            .ok_or_else(|| ProtocolError::invalid("action without NB-ARGS"))?;
+        let (_scope, rest) = rest
+            .split_first()
+            .ok_or_else(|| ProtocolError::invalid("action without scope"))?;
+        let (rest, name) = string(rest, "variable name")?;
+        if action == 1 {
+            let (rest, value) = typed(rest, "variable value")?;
+            out.push((name, value));
+            input = rest;
+        } else {
+            out.push((name, TypedData::Null));
+            input = rest;
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hello_payload(items: &[(&str, TypedData)]) -> Vec<u8> {
+        let mut p = Vec::new();
+        for (k, v) in items {
+            put_kv(&mut p, k, v);
+        }
+        p
+    }
+
+    #[test]
+    fn varint_matches_haproxy_encoding() {
+        let mut out = Vec::new();
+        spop::encode_varint_into(239, &mut out);
+        assert_eq!(out, [239]);
+        out.clear();
+        spop::encode_varint_into(240, &mut out);
+        assert_eq!(out, [0xF0, 0x00]);
+        out.clear();
+        spop::encode_varint_into(2287, &mut out);
+        assert_eq!(out, [0xFF, 0x7F]);
+        out.clear();
+        spop::encode_varint_into(2288, &mut out);
+        assert_eq!(out, [0xF0, 0x80, 0x00]);
+    }
+
+    #[test]
+    fn needs_more_bytes_is_not_an_error() {
+        let mut whole = Vec::new();
+        encode_haproxy_hello(16380, false, &mut whole);
+        for cut in 0..whole.len() {
+            let mut buf = BytesMut::from(&whole[..cut]);
+            assert_eq!(decode_frame(&mut buf, 16380), Ok(None), "cut at {cut}");
+        }
+        let mut buf = BytesMut::from(&whole[..]);
+        let f = decode_frame(&mut buf, 16380).unwrap().unwrap();
+        assert_eq!(f.kind, kind::HAPROXY_HELLO);
+        assert!(buf.is_empty());
+    }
+
+    #[test]
+    fn too_big_frame_is_refused_before_its_body() {
+        let mut buf = BytesMut::from(&20_000u32.to_be_bytes()[..]);
+        let e = decode_frame(&mut buf, 16380).unwrap_err();
+        assert_eq!(e.status, StatusCode::TooBig);
+    }
+
+    #[test]
+    fn unknown_type_and_bad_varint_are_invalid() {
+        let mut out = Vec::new();
+        put_frame(42, 0, 0, &[], &mut out);
+        let e = decode_frame(&mut BytesMut::from(&out[..]), 16380).unwrap_err();
+        assert_eq!(e.status, StatusCode::Invalid);
+
+        // NOTIFY whose stream-id varint never terminates inside the frame.
+        let body = [kind::NOTIFY, 0, 0, 0, 1, 0xF5, 0xFF, 0xFF];
+        let mut raw = (body.len() as u32).to_be_bytes().to_vec();
+        raw.extend_from_slice(&body);
+        let e = decode_frame(&mut BytesMut::from(&raw[..]), 16380).unwrap_err();
+        assert_eq!(e.status, StatusCode::Invalid);
+    }
+
+    #[test]
+    fn fragmented_frame_is_refused() {
+        let body = [kind::NOTIFY, 0, 0, 0, 0, 1, 1];
+        let mut raw = (body.len() as u32).to_be_bytes().to_vec();
+        raw.extend_from_slice(&body);
+        let e = decode_frame(&mut BytesMut::from(&raw[..]), 16380).unwrap_err();
+        assert_eq!(e.status, StatusCode::FragmentationNotSupported);
+    }
+
+    #[test]
+    fn hello_negotiation_statuses() {
+        let ok = hello_payload(&[
+            ("supported-versions", TypedData::String("2.0".into())),
+            ("max-frame-size", TypedData::UInt32(16380)),
+            ("capabilities", TypedData::String("pipelining,async".into())),
+            ("healthcheck", TypedData::Bool(true)),
+        ]);
+        let n = negotiate_hello(&ok, 1 << 20).unwrap();
+        assert_eq!(n.max_frame_size, 16380);
+        assert!(n.pipelining && n.healthcheck);
+        assert_eq!(negotiate_hello(&ok, 4096).unwrap().max_frame_size, 4096);
+
+        let cases: [(&[(&str, TypedData)], StatusCode); 5] = [
+            (
+                &[
+                    ("max-frame-size", TypedData::UInt32(16380)),
+                    ("capabilities", TypedData::String(String::new())),
+                ],
+                StatusCode::NoVersion,
+            ),
+            (
+                &[
+                    ("supported-versions", TypedData::String("1.0, 3.0".into())),
+                    ("max-frame-size", TypedData::UInt32(16380)),
+                    ("capabilities", TypedData::String(String::new())),
+                ],
+                StatusCode::BadVersion,
+            ),
+            (
+                &[
+                    ("supported-versions", TypedData::String("2.0".into())),
+                    ("capabilities", TypedData::String(String::new())),
+                ],
+                StatusCode::NoFrameSize,
+            ),
+            (
+                &[
+                    ("supported-versions", TypedData::String("2.0".into())),
+                    ("max-frame-size", TypedData::UInt32(100)),
+                    ("capabilities", TypedData::String(String::new())),
+                ],
+                StatusCode::BadFrameSize,
+            ),
+            (
+                &[
+                    ("supported-versions", TypedData::String("2.0".into())),
+                    ("max-frame-size", TypedData::UInt32(16380)),
+                ],
+                StatusCode::NoCapabilities,
+            ),
+        ];
+        for (items, status) in cases {
+            let e = negotiate_hello(&hello_payload(items), 1 << 20).unwrap_err();
+            assert_eq!(e.status, status, "{e}");
+        }
+    }
+
+    #[test]
+    fn notify_roundtrip_and_ack_fits() {
+        let msg = Message {
+            name: "coraza-req".into(),
+            args: vec![
+                ("app".into(), TypedData::String("x".into())),
+                ("src-port".into(), TypedData::Int32(1234)),
+                ("body".into(), TypedData::Binary(vec![1, 2, 3])),
+            ],
+        };
+        let mut out = Vec::new();
+        encode_notify(7, 9, &msg, &mut out);
+        let f = decode_frame(&mut BytesMut::from(&out[..]), 16380)
+            .unwrap()
+            .unwrap();
+        assert_eq!((f.kind, f.stream_id, f.frame_id), (kind::NOTIFY, 7, 9));
+        let msgs = parse_messages(&f.payload).unwrap();
+        assert_eq!(msgs.len(), 1);
+        assert_eq!(msgs[0].args, msg.args);
+
+        let long = "9".repeat(2000);
+        let mut ack = Vec::new();
+        encode_ack(
+            7,
+            9,
+            &[
+                ("action", "deny".into()),
+                ("rules_hit", TypedData::String(long)),
+            ],
+            300,
+            &mut ack,
+        );
+        assert!(ack.len() - 4 <= 300);
+        let got = decode_agent_frame(&mut BytesMut::from(&ack[..]))
+            .unwrap()
+            .unwrap();
+        match got {
+            AgentFrame::Ack(7, 9, vars) => assert_eq!(vars[0].1, TypedData::String("deny".into())),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn truncated_message_inside_frame_is_invalid() {
+        // NB-ARGS says 2 but only one argument follows.
+        let mut p = Vec::new();
+        put_string(&mut p, "coraza-req");
+        p.push(2);
+        put_kv(&mut p, "app", &TypedData::String("a".into()));
+        assert_eq!(parse_messages(&p).unwrap_err().status, StatusCode::Invalid);
+    }
+}

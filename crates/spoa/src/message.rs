@@ -1,0 +1,300 @@
+//! The coraza-spoa message contract: `coraza-req` and `coraza-res` arguments, decoded from
+//! SPOP typed data into plain structs, and HAProxy's header blocks.
+//!
+//! Arguments are looked up by name, so their order does not matter (coraza-spoa requires
+//! `app` first; we accept that order and any other). Unknown arguments are ignored.
+
+use std::net::IpAddr;
+
+use spop::frame::Message;
+use spop::TypedData;
+
+/// Name of the request message.
+pub const REQUEST_MESSAGE: &str = "coraza-req";
+/// Name of the response message.
+pub const RESPONSE_MESSAGE: &str = "coraza-res";
+
+/// A `coraza-req` message.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Request {
+    /// `app`: which application's rules to use.
+    pub app: String,
+    /// `id`: a transaction id, if HAProxy sends one (`unique-id`); generated otherwise.
+    pub id: Option<String>,
+    /// `src-ip`.
+    pub src_ip: Option<IpAddr>,
+    /// `src-port`.
+    pub src_port: u16,
+    /// `dst-ip`.
+    pub dst_ip: Option<IpAddr>,
+    /// `dst-port`.
+    pub dst_port: u16,
+    /// `method`.
+    pub method: String,
+    /// `path`.
+    pub path: String,
+    /// `query` (without `?`), if any.
+    pub query: Option<String>,
+    /// `version`, e.g. `1.1`.
+    pub version: String,
+    /// Headers, decoded from `req.hdrs` (text) or `req.hdrs_bin` (binary).
+    pub headers: Vec<(String, String)>,
+    /// `body` as received (possibly truncated by HAProxy to its buffer).
+    pub body: Vec<u8>,
+    /// `body_size` / `body-size` / `req.body_size`: the full body size HAProxy knows of.
+    pub body_size: Option<u64>,
+}
+
+/// A `coraza-res` message.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Response {
+    /// `app`.
+    pub app: String,
+    /// `id`: the request's transaction id (`var(txn.coraza.id)`).
+    pub id: String,
+    /// `version`.
+    pub version: String,
+    /// `status`.
+    pub status: i32,
+    /// Response headers.
+    pub headers: Vec<(String, String)>,
+    /// Response body.
+    pub body: Vec<u8>,
+    /// The full body size HAProxy knows of, if sent.
+    pub body_size: Option<u64>,
+}
+
+fn text(v: &TypedData) -> Option<String> {
+    match v {
+        TypedData::String(s) => Some(s.clone()),
+        TypedData::Binary(b) => Some(String::from_utf8_lossy(b).into_owned()),
+        TypedData::Null => None,
+        TypedData::Int32(n) => Some(n.to_string()),
+        TypedData::UInt32(n) => Some(n.to_string()),
+        TypedData::Int64(n) => Some(n.to_string()),
+        TypedData::UInt64(n) => Some(n.to_string()),
+        TypedData::IPv4(a) => Some(a.to_string()),
+        TypedData::IPv6(a) => Some(a.to_string()),
+        TypedData::Bool(b) => Some(b.to_string()),
+    }
+}
+
+fn bytes(v: &TypedData) -> Vec<u8> {
+    match v {
+        TypedData::Binary(b) => b.clone(),
+        TypedData::String(s) => s.as_bytes().to_vec(),
+        _ => Vec::new(),
+    }
+}
+
+fn int(v: &TypedData) -> Option<i64> {
+    match v {
+        TypedData::Int32(n) => Some(i64::from(*n)),
+        TypedData::UInt32(n) => Some(i64::from(*n)),
+        TypedData::Int64(n) => Some(*n),
+        TypedData::UInt64(n) => i64::try_from(*n).ok(),
+        TypedData::String(s) => s.trim().parse().ok(),
+        _ => None,
+    }
+}
+
+fn ip(v: &TypedData) -> Option<IpAddr> {
+    match v {
+        TypedData::IPv4(a) => Some(IpAddr::V4(*a)),
+        TypedData::IPv6(a) => Some(IpAddr::V6(*a)),
+        TypedData::String(s) => s.parse().ok(),
+        _ => None,
+    }
+}
+
+fn port(v: &TypedData) -> u16 {
+    int(v).and_then(|n| u16::try_from(n).ok()).unwrap_or(0)
+}
+
+fn headers(v: &TypedData) -> Vec<(String, String)> {
+    match v {
+        TypedData::Binary(b) => parse_hdrs_bin(b).unwrap_or_else(|| parse_hdrs_text(b)),
+        TypedData::String(s) => parse_hdrs_text(s.as_bytes()),
+        _ => Vec::new(),
+    }
+}
+
+impl Request {
+    /// Decodes a `coraza-req` message.
+    pub fn from_message(msg: &Message) -> Self {
+        let mut r = Request::default();
+        for (name, v) in &msg.args {
+            match name.as_str() {
+                "app" => r.app = text(v).unwrap_or_default(),
+                "id" => r.id = text(v).filter(|s| !s.is_empty()),
+                "src-ip" => r.src_ip = ip(v),
+                "src-port" => r.src_port = port(v),
+                "dst-ip" => r.dst_ip = ip(v),
+                "dst-port" => r.dst_port = port(v),
+                "method" => r.method = text(v).unwrap_or_default(),
+                "path" => r.path = text(v).unwrap_or_default(),
+                "query" => r.query = text(v).filter(|q| !q.is_empty()),
+                "version" => r.version = text(v).unwrap_or_default(),
+                "headers" => r.headers = headers(v),
+                "body" => r.body = bytes(v),
+                "body_size" | "body-size" | "req.body_size" => {
+                    r.body_size = int(v).and_then(|n| u64::try_from(n).ok());
+                }
+                _ => {}
+            }
+        }
+        r
+    }
+
+    /// The request URI as ModSecurity sees it: path plus `?query`.
+    pub fn uri(&self) -> String {
+        match &self.query {
+            Some(q) => format!("{}?{}", self.path, q),
+            None => self.path.clone(),
+        }
+    }
+
+    /// The size the body should have: `body_size` if HAProxy sent it, else `Content-Length`.
+    pub fn declared_body_size(&self) -> Option<u64> {
+        self.body_size.or_else(|| content_length(&self.headers))
+    }
+
+    /// Whether HAProxy handed us less body than the request carries.
+    pub fn body_truncated(&self) -> bool {
+        self.declared_body_size()
+            .is_some_and(|n| n > self.body.len() as u64)
+    }
+}
+
+impl Response {
+    /// Decodes a `coraza-res` message.
+    pub fn from_message(msg: &Message) -> Self {
+        let mut r = Response::default();
+        for (name, v) in &msg.args {
+            match name.as_str() {
+                "app" => r.app = text(v).unwrap_or_default(),
+                "id" => r.id = text(v).unwrap_or_default(),
+                "version" => r.version = text(v).unwrap_or_default(),
+                "status" => r.status = int(v).and_then(|n| i32::try_from(n).ok()).unwrap_or(0),
+                "headers" => r.headers = headers(v),
+                "body" => r.body = bytes(v),
+                "body_size" | "body-size" | "res.body_size" => {
+                    r.body_size = int(v).and_then(|n| u64::try_from(n).ok());
+                }
+                _ => {}
+            }
+        }
+        r
+    }
+
+    /// Whether HAProxy handed us less body than the response carries.
+    pub fn body_truncated(&self) -> bool {
+        self.body_size
+            .or_else(|| content_length(&self.headers))
+            .is_some_and(|n| n > self.body.len() as u64)
+    }
+}
+
+fn content_length(headers: &[(String, String)]) -> Option<u64> {
+    headers
+        .iter()
+        .find(|(k, _)| k.eq_ignore_ascii_case("content-length"))
+        .and_then(|(_, v)| v.trim().parse().ok())
+}
+
+/// Parses `req.hdrs` / `res.hdrs`: `Name: value` lines separated by CRLF, ending with an empty
+/// line. Lines without a colon are skipped (HAProxy never produces them).
+pub fn parse_hdrs_text(block: &[u8]) -> Vec<(String, String)> {
+    let text = String::from_utf8_lossy(block);
+    text.split('\n')
+        .map(|l| l.trim_end_matches('\r'))
+        .filter(|l| !l.trim().is_empty())
+        .filter_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            Some((k.trim().to_owned(), v.trim().to_owned()))
+        })
+        .collect()
+}
+
+/// Parses `req.hdrs_bin` / `res.hdrs_bin`: `<name-len:varint><name><value-len:varint><value>`
+/// repeated, ending with two zero-length strings. Returns `None` if the block is not in that
+/// format (then it is treated as text).
+pub fn parse_hdrs_bin(mut block: &[u8]) -> Option<Vec<(String, String)>> {
+    let mut out = Vec::new();
+    loop {
+        let (rest, name) = bin_str(block)?;
+        let (rest, value) = bin_str(rest)?;
+        block = rest;
+        if name.is_empty() && value.is_empty() {
+            return block.is_empty().then_some(out);
+        }
+        if name.is_empty() {
+            return None;
+        }
+        out.push((
+            String::from_utf8_lossy(name).into_owned(),
+            String::from_utf8_lossy(value).into_owned(),
+        ));
+    }
+}
+
+fn bin_str(input: &[u8]) -> Option<(&[u8], &[u8])> {
+    let (rest, len) = spop::decode_varint(input).ok()?;
+    let len = usize::try_from(len).ok()?;
+    Some((rest.get(len..)?, rest.get(..len)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_headers() {
+        let h = parse_hdrs_text(b"host: a.example\r\nX-Y:  z:w \r\n\r\n");
+        assert_eq!(
+            h,
+            vec![
+                ("host".into(), "a.example".into()),
+                ("X-Y".into(), "z:w".into())
+            ]
+        );
+    }
+
+    #[test]
+    fn binary_headers() {
+        let mut b = Vec::new();
+        for s in ["host", "x", "accept", "*/*", "", ""] {
+            spop::encode_varint_into(s.len() as u64, &mut b);
+            b.extend_from_slice(s.as_bytes());
+        }
+        assert_eq!(
+            parse_hdrs_bin(&b).unwrap(),
+            vec![("host".into(), "x".into()), ("accept".into(), "*/*".into())]
+        );
+        assert!(parse_hdrs_bin(b"host: x\r\n\r\n").is_none());
+    }
+
+    #[test]
+    fn request_from_message() {
+        let msg = Message {
+            name: REQUEST_MESSAGE.into(),
+            args: vec![
+                ("app".into(), TypedData::String("a".into())),
+                ("src-ip".into(), TypedData::IPv4([127, 0, 0, 1].into())),
+                ("src-port".into(), TypedData::Int32(5555)),
+                ("method".into(), TypedData::String("POST".into())),
+                ("path".into(), TypedData::String("/x".into())),
+                ("query".into(), TypedData::String("a=1".into())),
+                (
+                    "headers".into(),
+                    TypedData::String("content-length: 10\r\n\r\n".into()),
+                ),
+                ("body".into(), TypedData::Binary(b"abc".to_vec())),
+            ],
+        };
+        let r = Request::from_message(&msg);
+        assert_eq!(r.uri(), "/x?a=1");
+        assert_eq!(r.src_port, 5555);
+        assert!(r.body_truncated());
+    }
+}

@@ -1,0 +1,183 @@
+//! The agent's Prometheus metrics (the lifecycle's own `lastcall_*` metrics are registered
+//! by `lastcall`).
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+type Labels = Vec<(&'static str, &'static str)>;
+
+/// How a request (or response) was decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Passed.
+    Allow,
+    /// Denied (or redirected/dropped).
+    Deny,
+    /// Rules would have denied, but the application is in detect-only mode.
+    Detect,
+    /// The agent could not evaluate (unknown app, unknown transaction, engine error).
+    Error,
+}
+
+impl Verdict {
+    /// Label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verdict::Allow => "allow",
+            Verdict::Deny => "deny",
+            Verdict::Detect => "detect",
+            Verdict::Error => "error",
+        }
+    }
+}
+
+/// All of the agent's metrics.
+#[derive(Debug)]
+pub struct Metrics {
+    requests: Family<Labels, Counter>,
+    responses: Family<Labels, Counter>,
+    evaluation: Histogram,
+    /// Open SPOP connections (after HELLO; health checks excluded).
+    pub connections: Gauge,
+    /// SPOP connections accepted, health checks included.
+    pub connections_total: Counter,
+    /// NOTIFY frames being evaluated.
+    pub inflight: Gauge,
+    rejected: Family<Labels, Counter>,
+    reloads: Family<Labels, Counter>,
+    truncated: Family<Labels, Counter>,
+    /// Transactions kept for a response check.
+    pub transactions_cached: Gauge,
+    /// Transactions dropped because their TTL ran out or the bound was reached.
+    pub transactions_expired: Counter,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let buckets = [
+            0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+        ];
+        Metrics {
+            requests: Family::default(),
+            responses: Family::default(),
+            evaluation: Histogram::new(buckets),
+            connections: Gauge::default(),
+            connections_total: Counter::default(),
+            inflight: Gauge::default(),
+            rejected: Family::default(),
+            reloads: Family::default(),
+            truncated: Family::default(),
+            transactions_cached: Gauge::default(),
+            transactions_expired: Counter::default(),
+        }
+    }
+}
+
+impl Metrics {
+    /// Registers everything under `spoa_`.
+    pub fn register(&self, r: &mut Registry) {
+        let r = r.sub_registry_with_prefix("spoa");
+        r.register(
+            "requests",
+            "Requests evaluated (coraza-req), by verdict",
+            self.requests.clone(),
+        );
+        r.register(
+            "responses",
+            "Responses evaluated (coraza-res), by verdict",
+            self.responses.clone(),
+        );
+        r.register(
+            "evaluation_duration_seconds",
+            "Time from NOTIFY received to ACK ready (queueing for the WAF pool included)",
+            self.evaluation.clone(),
+        );
+        r.register(
+            "connections",
+            "Open SPOP connections from HAProxy (health checks excluded)",
+            self.connections.clone(),
+        );
+        r.register(
+            "connections_accepted",
+            "SPOP connections accepted, health checks included",
+            self.connections_total.clone(),
+        );
+        r.register(
+            "inflight",
+            "NOTIFY frames being evaluated",
+            self.inflight.clone(),
+        );
+        r.register(
+            "frames_rejected",
+            "Connections closed with AGENT-DISCONNECT because of a bad frame, by reason",
+            self.rejected.clone(),
+        );
+        r.register(
+            "reloads",
+            "Rule reloads (SIGHUP), by result",
+            self.reloads.clone(),
+        );
+        r.register(
+            "truncated_bodies",
+            "Bodies HAProxy delivered truncated, by policy applied",
+            self.truncated.clone(),
+        );
+        r.register(
+            "transactions_cached",
+            "Transactions kept for a response check",
+            self.transactions_cached.clone(),
+        );
+        r.register(
+            "transactions_expired",
+            "Kept transactions dropped by TTL or bound before their response came",
+            self.transactions_expired.clone(),
+        );
+    }
+
+    /// Counts a request verdict.
+    pub fn request(&self, v: Verdict) {
+        self.requests
+            .get_or_create(&vec![("verdict", v.as_str())])
+            .inc();
+    }
+
+    /// Counts a response verdict.
+    pub fn response(&self, v: Verdict) {
+        self.responses
+            .get_or_create(&vec![("verdict", v.as_str())])
+            .inc();
+    }
+
+    /// Current count of a request verdict (tests, logs).
+    pub fn requests_with(&self, v: Verdict) -> u64 {
+        self.requests
+            .get_or_create(&vec![("verdict", v.as_str())])
+            .get()
+    }
+
+    /// Observes one evaluation's latency.
+    pub fn observe(&self, seconds: f64) {
+        self.evaluation.observe(seconds);
+    }
+
+    /// Counts a rejected frame.
+    pub fn rejected(&self, reason: &'static str) {
+        self.rejected.get_or_create(&vec![("reason", reason)]).inc();
+    }
+
+    /// Counts a reload.
+    pub fn reload(&self, ok: bool) {
+        let result = if ok { "ok" } else { "error" };
+        self.reloads.get_or_create(&vec![("result", result)]).inc();
+    }
+
+    /// Counts a truncated body.
+    pub fn truncated(&self, policy: &'static str) {
+        self.truncated
+            .get_or_create(&vec![("policy", policy)])
+            .inc();
+    }
+}

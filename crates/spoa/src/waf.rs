@@ -1,0 +1,520 @@
+//! WAF evaluation: `coraza-req` / `coraza-res` messages through libmodsecurity, and the
+//! variables set back in HAProxy (coraza-spoa's names).
+//!
+//! Everything here is blocking and CPU-bound; the server calls [`Waf::handle`] on the
+//! bounded blocking pool, never on an async worker. Rules are compiled once per
+//! application and shared (`Arc`); [`Waf::swap`] replaces them all at once (a reload), while
+//! evaluations already running keep the rules they started with.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use lastcall_modsec::{crs, Intervention, ModSecurity, RuleSet, Transaction};
+use spop::frame::Message;
+use spop::TypedData;
+
+use crate::config::{Application, BodyLimitAction, Config};
+use crate::message::{Request, Response, REQUEST_MESSAGE, RESPONSE_MESSAGE};
+use crate::metrics::{Metrics, Verdict};
+
+/// Value of `txn.<prefix>.error` when the agent itself could not evaluate (the spec's
+/// "unknown error"). HAProxy sets the same variable for its own SPOE errors, so one
+/// `deny if { var(txn.coraza.error) -m int gt 0 }` covers both.
+pub const AGENT_ERROR: i64 = 99;
+
+/// The variables to set in HAProxy's transaction scope.
+pub type Vars = Vec<(&'static str, TypedData)>;
+
+/// Blocking evaluation of one NOTIFY's messages: what the server's pool calls.
+pub trait Handler: Send + Sync + 'static {
+    /// Evaluates the messages and returns the variables to set in the ACK.
+    fn handle(&self, messages: &[Message]) -> Vars;
+}
+
+/// One compiled application.
+#[derive(Debug)]
+pub struct App {
+    /// Its configuration.
+    pub config: Application,
+    /// Its compiled rules.
+    pub rules: Arc<RuleSet>,
+}
+
+/// All applications, as swapped by a reload.
+#[derive(Debug, Default)]
+pub struct Apps {
+    by_name: HashMap<String, Arc<App>>,
+    default: Option<Arc<App>>,
+}
+
+impl Apps {
+    /// Compiles every application of `cfg`; all compile errors are returned together.
+    pub fn compile(cfg: &Config) -> Result<Apps, Vec<String>> {
+        let mut apps = Apps::default();
+        let mut errors = Vec::new();
+        for a in &cfg.applications {
+            let text = directives_for(a);
+            match RuleSet::from_directives(&text, &format!("application {}", a.name)) {
+                Ok(rules) => {
+                    let app = Arc::new(App {
+                        config: a.clone(),
+                        rules,
+                    });
+                    apps.by_name.insert(a.name.clone(), app);
+                }
+                Err(e) => errors.push(format!("application `{}`: {e}", a.name)),
+            }
+        }
+        if !errors.is_empty() {
+            return Err(errors);
+        }
+        apps.default = cfg
+            .default_application
+            .as_ref()
+            .and_then(|d| apps.by_name.get(d).cloned());
+        Ok(apps)
+    }
+
+    fn find(&self, name: &str) -> Option<Arc<App>> {
+        self.by_name.get(name).or(self.default.as_ref()).cloned()
+    }
+
+    /// Total rules compiled (logs).
+    pub fn rule_count(&self) -> usize {
+        self.by_name.values().map(|a| a.rules.rule_count()).sum()
+    }
+}
+
+/// The SecLang text an application runs.
+pub fn directives_for(a: &Application) -> String {
+    match &a.directives {
+        None => crs::debian_default_directives(&crs::CrsOptions {
+            paranoia_level: a.paranoia_level,
+            detect_only: a.detect_only,
+            response_check: a.response_check,
+            ..crs::CrsOptions::default()
+        }),
+        Some(d) if a.detect_only => format!("{d}\nSecRuleEngine DetectionOnly\n"),
+        Some(d) => d.clone(),
+    }
+}
+
+struct Kept {
+    tx: Transaction,
+    app: Arc<App>,
+}
+
+/// Transactions waiting for their response, by id, with a TTL and a bound.
+#[derive(Default)]
+struct TxCache {
+    map: HashMap<String, (Instant, Kept)>,
+    order: VecDeque<(Instant, String)>,
+}
+
+impl TxCache {
+    fn insert(&mut self, id: String, kept: Kept, ttl: Duration, limit: usize) -> Vec<Kept> {
+        let mut evicted = Vec::new();
+        while self.map.len() >= limit.max(1) {
+            match self.pop_oldest() {
+                Some(k) => evicted.push(k),
+                None => break,
+            }
+        }
+        let expiry = Instant::now() + ttl;
+        if let Some((_, old)) = self.map.insert(id.clone(), (expiry, kept)) {
+            evicted.push(old);
+        }
+        self.order.push_back((expiry, id));
+        evicted
+    }
+
+    fn pop_oldest(&mut self) -> Option<Kept> {
+        while let Some((_, id)) = self.order.pop_front() {
+            if let Some((_, k)) = self.map.remove(&id) {
+                return Some(k);
+            }
+        }
+        None
+    }
+
+    fn expire(&mut self, now: Instant) -> Vec<Kept> {
+        let mut out = Vec::new();
+        // TTLs differ per application, so the queue is not strictly ordered by expiry; this
+        // frees what is due at the front and leaves the rest for the next sweep.
+        while let Some((at, _)) = self.order.front() {
+            if *at > now {
+                break;
+            }
+            let Some((at, id)) = self.order.pop_front() else {
+                break;
+            };
+            if self.map.get(&id).is_some_and(|(exp, _)| *exp == at) {
+                if let Some((_, k)) = self.map.remove(&id) {
+                    out.push(k);
+                }
+            }
+        }
+        if self.order.len() > 2 * self.map.len() + 1024 {
+            let map = &self.map;
+            self.order
+                .retain(|(at, id)| map.get(id).is_some_and(|(e, _)| e == at));
+        }
+        out
+    }
+}
+
+/// The WAF: the engine, the current applications, kept transactions and metrics.
+pub struct Waf {
+    engine: Arc<ModSecurity>,
+    apps: RwLock<Arc<Apps>>,
+    cache: Mutex<TxCache>,
+    metrics: Arc<Metrics>,
+    ids: AtomicU64,
+}
+
+impl std::fmt::Debug for Waf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Waf").finish_non_exhaustive()
+    }
+}
+
+impl Waf {
+    /// A WAF running `apps`.
+    pub fn new(engine: Arc<ModSecurity>, apps: Apps, metrics: Arc<Metrics>) -> Self {
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64)
+            ^ u64::from(std::process::id()).rotate_left(32);
+        Waf {
+            engine,
+            apps: RwLock::new(Arc::new(apps)),
+            cache: Mutex::new(TxCache::default()),
+            metrics,
+            ids: AtomicU64::new(seed | 1),
+        }
+    }
+
+    /// The engine (to compile rules for a reload).
+    pub fn engine(&self) -> &Arc<ModSecurity> {
+        &self.engine
+    }
+
+    /// Replaces all applications at once. Evaluations in progress finish with the rules
+    /// they started with; kept transactions keep theirs.
+    pub fn swap(&self, apps: Apps) {
+        let new = Arc::new(apps);
+        match self.apps.write() {
+            Ok(mut g) => *g = new,
+            Err(poisoned) => *poisoned.into_inner() = new,
+        }
+    }
+
+    fn current(&self) -> Arc<Apps> {
+        match self.apps.read() {
+            Ok(g) => Arc::clone(&g),
+            Err(poisoned) => Arc::clone(&poisoned.into_inner()),
+        }
+    }
+
+    fn cache(&self) -> std::sync::MutexGuard<'_, TxCache> {
+        match self.cache.lock() {
+            Ok(g) => g,
+            Err(poisoned) => poisoned.into_inner(),
+        }
+    }
+
+    /// Frees kept transactions whose TTL ran out (call periodically).
+    pub fn expire(&self) {
+        let expired = self.cache().expire(Instant::now());
+        self.finish_kept(expired);
+    }
+
+    fn finish_kept(&self, kept: Vec<Kept>) {
+        for mut k in kept {
+            self.metrics.transactions_expired.inc();
+            let _ = k.tx.process_logging();
+        }
+        let n = self.cache().map.len();
+        self.metrics
+            .transactions_cached
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    fn new_id(&self) -> String {
+        // xorshift64*: unique enough for transaction ids (16 upper-case letters, like
+        // coraza-spoa's generated ids).
+        let mut x = self.ids.fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed);
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        let mut v = x.wrapping_mul(0x2545_F491_4F6C_DD1D);
+        (0..16)
+            .map(|_| {
+                let c = char::from(b'A' + (v % 26) as u8);
+                v /= 26;
+                if v == 0 {
+                    v = x.rotate_left(17) | 1;
+                }
+                c
+            })
+            .collect()
+    }
+
+    /// Evaluates a request; returns the verdict and the variables.
+    pub fn evaluate_request(&self, req: &Request) -> (Verdict, Vars) {
+        let apps = self.current();
+        let Some(app) = apps.find(&req.app) else {
+            tracing::warn!(app = %req.app, "unknown application and no default_application");
+            return (
+                Verdict::Error,
+                vec![("error", TypedData::Int64(AGENT_ERROR))],
+            );
+        };
+        let id = req.id.clone().unwrap_or_else(|| self.new_id());
+        let mut vars: Vars = vec![("id", TypedData::String(id.clone()))];
+        if req.body_truncated() {
+            let declared = req.declared_body_size().unwrap_or(0);
+            match app.config.body_limit_action {
+                BodyLimitAction::Reject => {
+                    self.metrics.truncated("reject");
+                    tracing::warn!(
+                        tx = %id, received = req.body.len(), declared,
+                        "request body truncated by HAProxy: denied with 413 (body_limit_action: reject)"
+                    );
+                    vars.push(("action", TypedData::String("deny".into())));
+                    vars.push(("status", TypedData::Int64(413)));
+                    vars.push(("data", TypedData::String(String::new())));
+                    vars.push(("ruleid", TypedData::Int64(0)));
+                    return (Verdict::Deny, vars);
+                }
+                BodyLimitAction::ProcessPartial => {
+                    self.metrics.truncated("process_partial");
+                    tracing::info!(
+                        tx = %id, received = req.body.len(), declared,
+                        "request body truncated by HAProxy: inspecting the part received"
+                    );
+                }
+            }
+        }
+        match self.run_request(&app, req, &id) {
+            Ok((tx, it)) => self.conclude_request(app, tx, it, id, vars),
+            Err(e) => {
+                tracing::error!(tx = %id, "evaluation failed: {e}");
+                vars.push(("error", TypedData::Int64(AGENT_ERROR)));
+                (Verdict::Error, vars)
+            }
+        }
+    }
+
+    fn run_request(
+        &self,
+        app: &Arc<App>,
+        req: &Request,
+        id: &str,
+    ) -> Result<(Transaction, Option<Intervention>), lastcall_modsec::Error> {
+        let mut tx = Transaction::new(&self.engine, &app.rules, Some(id))?;
+        let src = req.src_ip.map(|i| i.to_string()).unwrap_or_default();
+        let dst = req.dst_ip.map(|i| i.to_string()).unwrap_or_default();
+        if let Some(it) = tx.process_connection(&src, req.src_port, &dst, req.dst_port)? {
+            return Ok((tx, Some(it)));
+        }
+        let version = if req.version.is_empty() {
+            "1.1"
+        } else {
+            &req.version
+        };
+        if let Some(it) = tx.process_uri(&req.uri(), &req.method, version)? {
+            return Ok((tx, Some(it)));
+        }
+        for (k, v) in &req.headers {
+            tx.add_request_header(k.as_bytes(), v.as_bytes())?;
+        }
+        if let Some(it) = tx.process_request_headers()? {
+            return Ok((tx, Some(it)));
+        }
+        if !req.body.is_empty() {
+            tx.append_request_body(&req.body)?;
+            if let Some(it) = tx.intervention() {
+                return Ok((tx, Some(it)));
+            }
+        }
+        // Phase 2 runs even without a body: CRS decides most blocks there.
+        let it = tx.process_request_body()?;
+        Ok((tx, it))
+    }
+
+    fn conclude_request(
+        &self,
+        app: Arc<App>,
+        mut tx: Transaction,
+        it: Option<Intervention>,
+        id: String,
+        mut vars: Vars,
+    ) -> (Verdict, Vars) {
+        let report = tx.report();
+        let rules_hit = join_ids(report.rule_ids());
+        let score = i64::from(report.estimated_inbound_score());
+        let would_block = report
+            .matches()
+            .iter()
+            .any(|m| m.disruptive || m.id == 949_110);
+        let verdict = match &it {
+            Some(it) => {
+                let (action, data) = match &it.url {
+                    Some(url) => ("redirect", url.clone()),
+                    None => ("deny", String::new()),
+                };
+                vars.push(("action", TypedData::String(action.into())));
+                vars.push(("status", TypedData::Int64(i64::from(it.status))));
+                vars.push(("data", TypedData::String(data)));
+                let rule = it
+                    .rule_id()
+                    .or_else(|| {
+                        report
+                            .matches()
+                            .iter()
+                            .rev()
+                            .find(|m| m.disruptive)
+                            .map(|m| m.id)
+                    })
+                    .unwrap_or(0);
+                vars.push(("ruleid", TypedData::Int64(i64::from(rule))));
+                tracing::info!(tx = %id, app = %app.config.name, status = it.status, rule, rules_hit = %rules_hit, score, "request denied");
+                Verdict::Deny
+            }
+            None if app.config.detect_only && would_block => {
+                tracing::info!(tx = %id, app = %app.config.name, rules_hit = %rules_hit, score, "request would be denied (detect only)");
+                Verdict::Detect
+            }
+            None => Verdict::Allow,
+        };
+        vars.push(("rules_hit", TypedData::String(rules_hit)));
+        vars.push(("anomaly_score", TypedData::Int64(score)));
+        if it.is_none() && app.config.response_check {
+            let ttl = Duration::from_millis(app.config.transaction_ttl_ms);
+            let limit = app.config.transaction_active_limit;
+            let evicted = self.cache().insert(id, Kept { tx, app }, ttl, limit);
+            self.finish_kept(evicted);
+        } else {
+            let _ = tx.process_logging();
+        }
+        (verdict, vars)
+    }
+
+    /// Evaluates a response against the transaction its request left behind.
+    pub fn evaluate_response(&self, res: &Response) -> (Verdict, Vars) {
+        let kept = self.cache().map.remove(&res.id).map(|(_, k)| k);
+        self.metrics
+            .transactions_cached
+            .set(i64::try_from(self.cache().map.len()).unwrap_or(i64::MAX));
+        let Some(Kept { mut tx, app }) = kept else {
+            tracing::warn!(tx = %res.id, "response for an unknown or expired transaction (response_check off, or transaction_ttl_ms too short)");
+            return (
+                Verdict::Error,
+                vec![("error", TypedData::Int64(AGENT_ERROR))],
+            );
+        };
+        if res.body_truncated() {
+            self.metrics.truncated("process_partial");
+        }
+        let result = (|| -> Result<Option<Intervention>, lastcall_modsec::Error> {
+            for (k, v) in &res.headers {
+                tx.add_response_header(k.as_bytes(), v.as_bytes())?;
+            }
+            let status = u16::try_from(res.status).unwrap_or(200);
+            let version = if res.version.is_empty() {
+                "1.1"
+            } else {
+                &res.version
+            };
+            if let Some(it) = tx.process_response_headers(status, &format!("HTTP/{version}"))? {
+                return Ok(Some(it));
+            }
+            if !res.body.is_empty() {
+                tx.append_response_body(&res.body)?;
+            }
+            tx.process_response_body()
+        })();
+        let mut vars: Vars = Vec::new();
+        let verdict = match result {
+            Err(e) => {
+                tracing::error!(tx = %res.id, "response evaluation failed: {e}");
+                vars.push(("error", TypedData::Int64(AGENT_ERROR)));
+                Verdict::Error
+            }
+            Ok(Some(it)) => {
+                let rule = it.rule_id().unwrap_or(0);
+                let (action, data) = match &it.url {
+                    Some(url) => ("redirect", url.clone()),
+                    None => ("deny", String::new()),
+                };
+                vars.push(("action", TypedData::String(action.into())));
+                vars.push(("status", TypedData::Int64(i64::from(it.status))));
+                vars.push(("data", TypedData::String(data)));
+                vars.push(("ruleid", TypedData::Int64(i64::from(rule))));
+                tracing::info!(tx = %res.id, app = %app.config.name, rule, "response denied");
+                Verdict::Deny
+            }
+            Ok(None) => {
+                let detect = app.config.detect_only
+                    && tx
+                        .report()
+                        .matches()
+                        .iter()
+                        .any(|m| m.disruptive || m.id == 959_100);
+                if detect {
+                    Verdict::Detect
+                } else {
+                    Verdict::Allow
+                }
+            }
+        };
+        let report = tx.report();
+        vars.push(("rules_hit", TypedData::String(join_ids(report.rule_ids()))));
+        vars.push((
+            "anomaly_score",
+            TypedData::Int64(i64::from(report.estimated_outbound_score())),
+        ));
+        let _ = tx.process_logging();
+        (verdict, vars)
+    }
+}
+
+fn join_ids(ids: &[u32]) -> String {
+    let mut seen = Vec::new();
+    for id in ids {
+        if !seen.contains(id) {
+            seen.push(*id);
+        }
+    }
+    seen.iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+impl Handler for Waf {
+    fn handle(&self, messages: &[Message]) -> Vars {
+        let mut out = Vars::new();
+        for m in messages {
+            match m.name.as_str() {
+                REQUEST_MESSAGE => {
+                    let (v, vars) = self.evaluate_request(&Request::from_message(m));
+                    self.metrics.request(v);
+                    out.extend(vars);
+                }
+                RESPONSE_MESSAGE => {
+                    let (v, vars) = self.evaluate_response(&Response::from_message(m));
+                    self.metrics.response(v);
+                    out.extend(vars);
+                }
+                other => {
+                    tracing::debug!(message = other, "ignoring unknown SPOE message");
+                }
+            }
+        }
+        out
+    }
+}
