@@ -20,6 +20,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod auth;
 pub mod config;
 pub mod frame;
 pub mod policy;
@@ -27,6 +28,7 @@ pub mod server;
 pub mod stun;
 pub mod types;
 
+pub use auth::{rest_expiry, rest_password, NONCE_LEN};
 pub use config::{
     parse_coturn_user, AuthConfig, ConfigError, ExternalIp, Lifetimes, NonceConfig, Quotas,
     RelayConfig, ServerConfig, UserKey,

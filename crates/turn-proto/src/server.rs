@@ -1,29 +1,235 @@
 //! The TURN server state machine.
+//!
+//! Request processing follows RFC 8656 §7-§12 with authentication first (RFC 8489 §9.2):
+//! FINGERPRINT (discard if wrong) → credentials (401/438/400) → unknown
+//! comprehension-required attributes (420) → method-specific checks.
+//!
+//! **No amplification.** Every response to an unauthenticated request (no or failed
+//! MESSAGE-INTEGRITY, or an anonymous server) that would be larger than the request is
+//! dropped (and counted in [`Counters::suppressed_responses`]), with two exceptions without
+//! which clients could not work: the Binding success response (header + XOR-MAPPED-ADDRESS,
+//! plus FINGERPRINT if the request had one: at most 52 bytes) and the 401/438 challenge
+//! (header + ERROR-CODE without reason phrase + REALM + a 16-byte NONCE, plus FINGERPRINT if
+//! the request had one: at most `64 + realm` bytes), which a client needs before it can
+//! authenticate. Responses to authenticated requests are not limited: nonces are bound to
+//! the client's IP address, so an off-path attacker spoofing a victim's address can never
+//! produce an authenticated request.
 
-use std::net::SocketAddr;
-use std::time::{Instant, SystemTime};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::net::{IpAddr, SocketAddr};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use crate::auth::{keys_for, make_nonce, nonce_valid, Keys};
 use crate::config::ServerConfig;
-use crate::types::{ClientAddr, Counters, DrainMode, Event, RelayProvider, Transmit};
+use crate::frame::{channel_in_range, parse_channel_data, write_channel_data};
+use crate::stun::{attr, decode_address, method, Attr, Builder, Class, Message};
+use crate::types::{
+    AuthFailure, ClientAddr, Counters, DeleteReason, DrainMode, Event, RelayAddrs, RelayError,
+    RelayProvider, Transmit, MAX_QUEUED_EVENTS,
+};
+
+/// After a channel binding expires, its number and peer stay reserved this long
+/// (RFC 8656 §12: no rebinding to another peer/channel for 5 minutes).
+const CHANNEL_QUARANTINE: Duration = Duration::from_secs(300);
+
+/// Address family codes of REQUESTED-ADDRESS-FAMILY and friends.
+const FAMILY_V4: u8 = 0x01;
+const FAMILY_V6: u8 = 0x02;
+/// REQUESTED-TRANSPORT UDP.
+const PROTO_UDP: u8 = 17;
 
 /// The sans-IO TURN server: feed it datagrams/frames and time, send what it returns.
 pub struct Server {
     config: ServerConfig,
     counters: Counters,
     drain: DrainMode,
-    _epoch: (Instant, SystemTime),
+    epoch: (Instant, u64),
+    allocs: Vec<Option<Allocation>>,
+    free: Vec<usize>,
+    by_client: HashMap<ClientAddr, usize>,
+    by_relay: HashMap<SocketAddr, usize>,
+    per_user: HashMap<String, u32>,
+    live: usize,
+    timers: BinaryHeap<Reverse<(Instant, usize, u64)>>,
+    events: VecDeque<Event>,
+    next_gen: u64,
+    relay_rr: usize,
+    alternate_rr: usize,
+    txid_seed: [u8; 8],
+    txid_counter: u32,
+}
+
+struct Allocation {
+    gen: u64,
+    client: ClientAddr,
+    relays: RelayAddrs,
+    username: String,
+    expires: Instant,
+    lifetime: u32,
+    allocate_txid: [u8; 12],
+    perms: Vec<(IpAddr, Instant)>,
+    channels: Vec<Channel>,
+    scheduled: Instant,
+}
+
+#[derive(Clone, Copy)]
+struct Channel {
+    number: u16,
+    peer: SocketAddr,
+    expires: Instant,
+}
+
+/// Attributes of a request/indication, gathered in one pass.
+#[derive(Default)]
+struct Attrs<'a> {
+    username: Option<&'a [u8]>,
+    realm: Option<&'a [u8]>,
+    nonce: Option<&'a [u8]>,
+    integrity: Option<Attr<'a>>,
+    integrity256: Option<Attr<'a>>,
+    fingerprint: Option<Attr<'a>>,
+    lifetime: Option<u32>,
+    transport: Option<u8>,
+    family: Option<u8>,
+    additional_family: Option<u8>,
+    channel: Option<u16>,
+    data: Option<&'a [u8]>,
+    peer: Option<SocketAddr>,
+    peer_count: usize,
+    /// A known attribute with a malformed value.
+    malformed: bool,
+    unknown: [u16; 8],
+    unknown_count: usize,
+}
+
+impl<'a> Attrs<'a> {
+    fn gather(msg: &Message<'a>) -> Attrs<'a> {
+        let txid = msg.transaction_id();
+        let mut a = Attrs::default();
+        let mut after_integrity = false;
+        for at in msg.attributes() {
+            match at.typ {
+                attr::FINGERPRINT => a.fingerprint = Some(at),
+                attr::MESSAGE_INTEGRITY_SHA256 if a.integrity256.is_none() => {
+                    a.integrity256 = Some(at);
+                    after_integrity = true;
+                }
+                _ if after_integrity => {}
+                attr::MESSAGE_INTEGRITY => {
+                    a.integrity = Some(at);
+                    after_integrity = true;
+                }
+                attr::USERNAME => a.username = Some(at.value),
+                attr::REALM => a.realm = Some(at.value),
+                attr::NONCE => a.nonce = Some(at.value),
+                attr::LIFETIME => match <[u8; 4]>::try_from(at.value) {
+                    Ok(v) => a.lifetime = Some(u32::from_be_bytes(v)),
+                    Err(_) => a.malformed = true,
+                },
+                attr::REQUESTED_TRANSPORT => match at.value {
+                    [p, _, _, _] => a.transport = Some(*p),
+                    _ => a.malformed = true,
+                },
+                attr::REQUESTED_ADDRESS_FAMILY => match at.value {
+                    [f, _, _, _] => a.family = Some(*f),
+                    _ => a.malformed = true,
+                },
+                attr::ADDITIONAL_ADDRESS_FAMILY => match at.value {
+                    [f, _, _, _] => a.additional_family = Some(*f),
+                    _ => a.malformed = true,
+                },
+                attr::CHANNEL_NUMBER => match at.value {
+                    [h, l, _, _] => a.channel = Some(u16::from_be_bytes([*h, *l])),
+                    _ => a.malformed = true,
+                },
+                attr::DATA => a.data = Some(at.value),
+                attr::XOR_PEER_ADDRESS => {
+                    match decode_address(at.value, &txid, true) {
+                        Some(p) if a.peer.is_none() => a.peer = Some(p),
+                        Some(_) => {}
+                        None => a.malformed = true,
+                    }
+                    a.peer_count += 1;
+                }
+                // Known and accepted without effect: DONT-FRAGMENT (accepted; the relay does
+                // not set DF), PASSWORD-ALGORITHM (only MD5 is used), SOFTWARE, ICE attributes.
+                attr::DONT_FRAGMENT
+                | attr::PASSWORD_ALGORITHM
+                | attr::PRIORITY
+                | attr::USE_CANDIDATE
+                | attr::XOR_MAPPED_ADDRESS
+                | attr::MAPPED_ADDRESS
+                | attr::ERROR_CODE
+                | attr::UNKNOWN_ATTRIBUTES
+                | attr::XOR_RELAYED_ADDRESS => {}
+                t if t < 0x8000 => {
+                    // Comprehension-required and not understood (this includes EVEN-PORT,
+                    // RESERVATION-TOKEN, USERHASH, CONNECTION-ID): 420.
+                    if a.unknown_count < a.unknown.len()
+                        && !a.unknown[..a.unknown_count].contains(&t)
+                    {
+                        a.unknown[a.unknown_count] = t;
+                        a.unknown_count += 1;
+                    }
+                }
+                _ => {}
+            }
+        }
+        a
+    }
+}
+
+/// Successful authentication.
+struct Authed {
+    username: String,
+    key: [u8; 16],
+    sha256: bool,
+    /// REST credential expiry.
+    expiry: Option<Instant>,
+}
+
+/// How to finish a response.
+struct Ctx {
+    method: u16,
+    txid: [u8; 12],
+    fingerprint: bool,
+    auth: Option<([u8; 16], bool)>,
+}
+
+/// What a request handler produced in `out`.
+enum Reply {
+    /// A response, subject to the amplification guard.
+    Normal,
+    /// A response exempt from the guard (Binding success, 401/438 challenge).
+    Exempt,
 }
 
 impl Server {
     /// Create a server. `now` and `wall` anchor the clock: REST credential expiry and nonce
-    /// timestamps are computed as `wall + (later_now - now)`.
+    /// timestamps use `wall + (later_now - now)`.
     pub fn new(config: ServerConfig, now: Instant, wall: SystemTime) -> Server {
-        Server {
+        let mut server = Server {
             config,
             counters: Counters::default(),
             drain: DrainMode::Off,
-            _epoch: (now, wall),
-        }
+            epoch: (now, 0),
+            allocs: Vec::new(),
+            free: Vec::new(),
+            by_client: HashMap::new(),
+            by_relay: HashMap::new(),
+            per_user: HashMap::new(),
+            live: 0,
+            timers: BinaryHeap::new(),
+            events: VecDeque::new(),
+            next_gen: 1,
+            relay_rr: 0,
+            alternate_rr: 0,
+            txid_seed: rand::random(),
+            txid_counter: 0,
+        };
+        server.sync_wall_clock(now, wall);
+        server
     }
 
     /// The configuration in use.
@@ -31,66 +237,33 @@ impl Server {
         &self.config
     }
 
-    /// Handle one datagram (UDP) or one frame (TCP/TLS, see
-    /// [`stream_frame_len`](crate::stream_frame_len)) from a client: a STUN message or
-    /// ChannelData. `out` is scratch space for a response; the returned [`Transmit`] borrows
-    /// `data` or `out`. Allocation-free for ChannelData and Send indications.
-    pub fn handle_client<'a>(
-        &mut self,
-        now: Instant,
-        from: ClientAddr,
-        data: &'a [u8],
-        relays: &mut dyn RelayProvider,
-        out: &'a mut Vec<u8>,
-    ) -> Option<Transmit<'a>> {
-        let _ = (now, from, data, relays, out);
-        None
+    /// Re-anchor the wall clock (call now and then if the system clock may have been
+    /// stepped; not required).
+    pub fn sync_wall_clock(&mut self, now: Instant, wall: SystemTime) {
+        let secs = wall
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        self.epoch = (now, secs);
     }
 
-    /// Handle one datagram received from `peer` on the relay socket bound on `relay`: if the
-    /// allocation has a permission for the peer, returns ChannelData (if a channel is bound to
-    /// the peer) or a Data indication for the client, written into `out`. Otherwise `None`
-    /// (counted in [`Counters::peer_dropped`]).
-    pub fn handle_peer<'a>(
-        &mut self,
-        now: Instant,
-        relay: SocketAddr,
-        peer: SocketAddr,
-        data: &[u8],
-        out: &'a mut Vec<u8>,
-    ) -> Option<Transmit<'a>> {
-        let _ = (now, relay, peer, data, out);
-        None
+    fn unix(&self, now: Instant) -> u64 {
+        let (i, s) = self.epoch;
+        if now >= i {
+            s.saturating_add(now.duration_since(i).as_secs())
+        } else {
+            s.saturating_sub(i.duration_since(now).as_secs())
+        }
     }
 
-    /// When [`handle_timeout`](Self::handle_timeout) should next be called.
-    pub fn poll_timeout(&self) -> Option<Instant> {
-        None
-    }
-
-    /// Expire allocations (releasing their relays), permissions and channels due at `now`.
-    pub fn handle_timeout(&mut self, now: Instant, relays: &mut dyn RelayProvider) {
-        let _ = (now, relays);
-    }
-
-    /// A TCP/TLS client connection closed: delete its allocation (RFC 8656 §3.1).
-    pub fn close_client(
-        &mut self,
-        now: Instant,
-        client: &ClientAddr,
-        relays: &mut dyn RelayProvider,
-    ) {
-        let _ = (now, client, relays);
-    }
-
-    /// Delete every allocation (shutdown deadline), releasing their relays.
-    pub fn clear(&mut self, relays: &mut dyn RelayProvider) {
-        let _ = relays;
-    }
-
-    /// Next queued event.
-    pub fn poll_event(&mut self) -> Option<Event> {
-        None
+    fn instant_of_unix(&self, now: Instant, unix: u64) -> Instant {
+        let cur = self.unix(now);
+        if unix >= cur {
+            now.checked_add(Duration::from_secs(unix - cur))
+                .unwrap_or(now)
+        } else {
+            now
+        }
     }
 
     /// Set the drain mode for new allocations.
@@ -105,7 +278,20 @@ impl Server {
 
     /// Live allocations.
     pub fn allocation_count(&self) -> usize {
-        0
+        self.live
+    }
+
+    /// Live allocations per client transport: `(udp, tcp, tls)`.
+    pub fn allocation_count_by_transport(&self) -> (usize, usize, usize) {
+        let mut c = (0, 0, 0);
+        for a in self.allocs.iter().flatten() {
+            match a.client.transport {
+                crate::Transport::Udp => c.0 += 1,
+                crate::Transport::Tcp => c.1 += 1,
+                crate::Transport::Tls => c.2 += 1,
+            }
+        }
+        c
     }
 
     /// Cumulative counters.
@@ -113,9 +299,988 @@ impl Server {
         &self.counters
     }
 
-    /// Re-anchor the wall clock (call now and then if the system clock may have been
-    /// stepped; not required).
-    pub fn sync_wall_clock(&mut self, now: Instant, wall: SystemTime) {
-        self._epoch = (now, wall);
+    /// Next queued event.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
     }
+
+    fn push_event(&mut self, e: Event) {
+        if self.events.len() >= MAX_QUEUED_EVENTS {
+            self.events.pop_front();
+            self.counters.events_dropped += 1;
+        }
+        self.events.push_back(e);
+    }
+
+    // ----------------------------------------------------------------------------------
+    // Client side
+    // ----------------------------------------------------------------------------------
+
+    /// Handle one datagram (UDP) or one frame (TCP/TLS, see
+    /// [`stream_frame_len`](crate::stream_frame_len)) from a client: a STUN message or
+    /// ChannelData. `out` is scratch space for a response; the returned [`Transmit`] borrows
+    /// `data` (payload for a peer) or `out` (response to the client). Allocation-free for
+    /// ChannelData and Send indications.
+    pub fn handle_client<'a>(
+        &mut self,
+        now: Instant,
+        from: ClientAddr,
+        data: &'a [u8],
+        relays: &mut dyn RelayProvider,
+        out: &'a mut Vec<u8>,
+    ) -> Option<Transmit<'a>> {
+        self.counters.client_packets_in += 1;
+        self.counters.client_bytes_in += data.len() as u64;
+        let first = *data.first()?;
+        if first >> 6 == 1 {
+            return self.channel_data_from_client(now, &from, data);
+        }
+        let Ok(msg) = Message::parse(data) else {
+            self.counters.malformed += 1;
+            return None;
+        };
+        let attrs = Attrs::gather(&msg);
+        if let Some(fp) = attrs.fingerprint {
+            if !msg.check_fingerprint(fp.offset, fp.value) {
+                self.counters.malformed += 1;
+                return None;
+            }
+        }
+        match msg.class() {
+            Class::Indication if msg.method() == method::SEND => {
+                self.send_indication(now, &from, &attrs)
+            }
+            Class::Request => {
+                let reply = self.request(now, &from, &msg, &attrs, relays, out);
+                let out: &'a Vec<u8> = out;
+                match reply {
+                    Reply::Normal if out.len() > data.len() => {
+                        self.counters.suppressed_responses += 1;
+                        None
+                    }
+                    Reply::Normal | Reply::Exempt => {
+                        self.counters.client_packets_out += 1;
+                        self.counters.client_bytes_out += out.len() as u64;
+                        Some(Transmit::Client {
+                            to: from,
+                            data: out,
+                        })
+                    }
+                }
+            }
+            _ => None,
+        }
+    }
+
+    fn channel_data_from_client<'a>(
+        &mut self,
+        now: Instant,
+        from: &ClientAddr,
+        data: &'a [u8],
+    ) -> Option<Transmit<'a>> {
+        let Some((number, payload)) = parse_channel_data(data) else {
+            self.counters.malformed += 1;
+            return None;
+        };
+        let found = self.by_client.get(from).and_then(|&i| {
+            let a = self.allocs.get(i)?.as_ref()?;
+            let ch = a
+                .channels
+                .iter()
+                .find(|c| c.number == number && c.expires > now)?;
+            let permitted = a
+                .perms
+                .iter()
+                .any(|(ip, exp)| *ip == ch.peer.ip() && *exp > now);
+            let relay = a.relays.for_family(ch.peer.is_ipv4())?;
+            permitted.then_some((relay, ch.peer))
+        });
+        self.relay_to_peer(found, payload)
+    }
+
+    fn send_indication<'a>(
+        &mut self,
+        now: Instant,
+        from: &ClientAddr,
+        attrs: &Attrs<'a>,
+    ) -> Option<Transmit<'a>> {
+        let (Some(peer), Some(payload)) = (attrs.peer, attrs.data) else {
+            self.counters.client_data_dropped += 1;
+            return None;
+        };
+        if attrs.malformed || attrs.unknown_count > 0 {
+            self.counters.client_data_dropped += 1;
+            return None;
+        }
+        let found = self.by_client.get(from).and_then(|&i| {
+            let a = self.allocs.get(i)?.as_ref()?;
+            let permitted = a
+                .perms
+                .iter()
+                .any(|(ip, exp)| *ip == peer.ip() && *exp > now);
+            let relay = a.relays.for_family(peer.is_ipv4())?;
+            permitted.then_some((relay, peer))
+        });
+        self.relay_to_peer(found, payload)
+    }
+
+    fn relay_to_peer<'a>(
+        &mut self,
+        found: Option<(SocketAddr, SocketAddr)>,
+        payload: &'a [u8],
+    ) -> Option<Transmit<'a>> {
+        match found {
+            Some((relay, peer)) => {
+                self.counters.peer_packets_out += 1;
+                self.counters.peer_bytes_out += payload.len() as u64;
+                Some(Transmit::Peer {
+                    relay,
+                    peer,
+                    data: payload,
+                })
+            }
+            None => {
+                self.counters.client_data_dropped += 1;
+                None
+            }
+        }
+    }
+
+    // ----------------------------------------------------------------------------------
+    // Peer side
+    // ----------------------------------------------------------------------------------
+
+    /// Handle one datagram received from `peer` on the relay socket bound on `relay`: if the
+    /// allocation has a permission for the peer, returns ChannelData (if a channel is bound to
+    /// the peer; padded to 4 bytes for TCP/TLS clients) or a Data indication for the client,
+    /// written into `out`. Otherwise `None` (counted in [`Counters::peer_dropped`]).
+    pub fn handle_peer<'a>(
+        &mut self,
+        now: Instant,
+        relay: SocketAddr,
+        peer: SocketAddr,
+        data: &[u8],
+        out: &'a mut Vec<u8>,
+    ) -> Option<Transmit<'a>> {
+        self.counters.peer_packets_in += 1;
+        self.counters.peer_bytes_in += data.len() as u64;
+        let target = self.by_relay.get(&relay).and_then(|&i| {
+            let a = self.allocs.get(i)?.as_ref()?;
+            if a.expires <= now
+                || !a
+                    .perms
+                    .iter()
+                    .any(|(ip, exp)| *ip == peer.ip() && *exp > now)
+            {
+                return None;
+            }
+            let ch = a
+                .channels
+                .iter()
+                .find(|c| c.peer == peer && c.expires > now)
+                .map(|c| c.number);
+            Some((a.client, ch))
+        });
+        let Some((client, channel)) = target else {
+            self.counters.peer_dropped += 1;
+            return None;
+        };
+        let ok = match channel {
+            Some(n) => write_channel_data(out, n, data, client.transport.is_stream()),
+            None => self.write_data_indication(out, peer, data),
+        };
+        if !ok {
+            self.counters.peer_dropped += 1;
+            return None;
+        }
+        self.counters.client_packets_out += 1;
+        self.counters.client_bytes_out += out.len() as u64;
+        let out: &'a Vec<u8> = out;
+        Some(Transmit::Client {
+            to: client,
+            data: out,
+        })
+    }
+
+    fn write_data_indication(&mut self, out: &mut Vec<u8>, peer: SocketAddr, data: &[u8]) -> bool {
+        if data.len() > usize::from(u16::MAX) - 64 {
+            return false;
+        }
+        self.txid_counter = self.txid_counter.wrapping_add(1);
+        let mut txid = [0u8; 12];
+        txid[..8].copy_from_slice(&self.txid_seed);
+        txid[8..].copy_from_slice(&self.txid_counter.to_be_bytes());
+        let mut b = Builder::new(out, method::DATA, Class::Indication, txid);
+        b.xor_address(attr::XOR_PEER_ADDRESS, peer)
+            .attr(attr::DATA, data);
+        true
+    }
+
+    // ----------------------------------------------------------------------------------
+    // Timers
+    // ----------------------------------------------------------------------------------
+
+    /// When [`handle_timeout`](Self::handle_timeout) should next be called (may be early;
+    /// calling early is harmless).
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.timers.peek().map(|Reverse((t, _, _))| *t)
+    }
+
+    /// Expire allocations (releasing their relays), permissions and channels due at `now`.
+    pub fn handle_timeout(&mut self, now: Instant, relays: &mut dyn RelayProvider) {
+        while let Some(Reverse((t, idx, gen))) = self.timers.peek().copied() {
+            if t > now {
+                break;
+            }
+            self.timers.pop();
+            let expired = match self.allocs.get(idx) {
+                Some(Some(a)) if a.gen == gen && a.scheduled == t => a.expires <= now,
+                _ => continue, // stale entry
+            };
+            if expired {
+                self.delete(idx, DeleteReason::Expired, relays);
+                continue;
+            }
+            let Some(Some(a)) = self.allocs.get_mut(idx) else {
+                continue;
+            };
+            a.perms.retain(|(_, exp)| *exp > now);
+            a.channels.retain(|c| c.expires + CHANNEL_QUARANTINE > now);
+            let next = next_deadline(a, now);
+            a.scheduled = next;
+            self.timers.push(Reverse((next, idx, gen)));
+        }
+    }
+
+    fn reschedule(&mut self, idx: usize, now: Instant) {
+        if let Some(Some(a)) = self.allocs.get_mut(idx) {
+            let next = next_deadline(a, now);
+            if next < a.scheduled {
+                a.scheduled = next;
+                self.timers.push(Reverse((next, idx, a.gen)));
+            }
+        }
+    }
+
+    /// A TCP/TLS client connection closed: delete its allocation (RFC 8656 §3.1).
+    pub fn close_client(
+        &mut self,
+        _now: Instant,
+        client: &ClientAddr,
+        relays: &mut dyn RelayProvider,
+    ) {
+        if let Some(&idx) = self.by_client.get(client) {
+            self.delete(idx, DeleteReason::ConnectionClosed, relays);
+        }
+    }
+
+    /// Delete every allocation (shutdown deadline), releasing their relays.
+    pub fn clear(&mut self, relays: &mut dyn RelayProvider) {
+        for idx in 0..self.allocs.len() {
+            if self.allocs[idx].is_some() {
+                self.delete(idx, DeleteReason::Shutdown, relays);
+            }
+        }
+        self.timers.clear();
+    }
+
+    fn delete(&mut self, idx: usize, reason: DeleteReason, relays: &mut dyn RelayProvider) {
+        let Some(a) = self.allocs.get_mut(idx).and_then(Option::take) else {
+            return;
+        };
+        self.free.push(idx);
+        self.live = self.live.saturating_sub(1);
+        self.by_client.remove(&a.client);
+        for r in a.relays.iter() {
+            self.by_relay.remove(&r);
+            relays.release(r);
+        }
+        if !a.username.is_empty() {
+            if let Some(n) = self.per_user.get_mut(&a.username) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    self.per_user.remove(&a.username);
+                }
+            }
+        }
+        self.counters.allocations_deleted += 1;
+        self.push_event(Event::AllocationDeleted {
+            client: a.client,
+            relays: a.relays,
+            username: a.username,
+            reason,
+        });
+    }
+
+    // ----------------------------------------------------------------------------------
+    // Requests
+    // ----------------------------------------------------------------------------------
+
+    fn request(
+        &mut self,
+        now: Instant,
+        from: &ClientAddr,
+        msg: &Message<'_>,
+        attrs: &Attrs<'_>,
+        relays: &mut dyn RelayProvider,
+        out: &mut Vec<u8>,
+    ) -> Reply {
+        let mut ctx = Ctx {
+            method: msg.method(),
+            txid: msg.transaction_id(),
+            fingerprint: attrs.fingerprint.is_some(),
+            auth: None,
+        };
+        if ctx.method == method::BINDING {
+            if attrs.unknown_count > 0 {
+                return self.unknown_attributes(&ctx, attrs, out);
+            }
+            let mut b = Builder::new(out, method::BINDING, Class::Success, ctx.txid);
+            b.xor_address(attr::XOR_MAPPED_ADDRESS, from.client);
+            if ctx.fingerprint {
+                b.fingerprint();
+            }
+            return Reply::Exempt;
+        }
+        if !matches!(
+            ctx.method,
+            method::ALLOCATE | method::REFRESH | method::CREATE_PERMISSION | method::CHANNEL_BIND
+        ) {
+            return self.error(&ctx, 400, out);
+        }
+        let authed = match self.authenticate(now, from, msg, attrs, &ctx, out) {
+            Ok(a) => a,
+            Err(reply) => return reply,
+        };
+        if let Some(a) = &authed {
+            ctx.auth = Some((a.key, a.sha256));
+        }
+        if attrs.unknown_count > 0 {
+            return self.unknown_attributes(&ctx, attrs, out);
+        }
+        if attrs.malformed {
+            return self.error(&ctx, 400, out);
+        }
+        let existing = self.by_client.get(from).copied();
+        if let (Some(idx), Some(a)) = (existing, &authed) {
+            let same_user = self
+                .allocs
+                .get(idx)
+                .and_then(Option::as_ref)
+                .is_some_and(|al| al.username == a.username);
+            if !same_user {
+                self.auth_failed(
+                    from,
+                    Some(a.username.clone()),
+                    AuthFailure::WrongCredentials,
+                );
+                return self.error(&ctx, 441, out);
+            }
+        }
+        match (ctx.method, existing) {
+            (method::ALLOCATE, Some(idx)) => self.allocate_again(now, idx, from, &ctx, out),
+            (method::ALLOCATE, None) => self.allocate(now, from, attrs, authed, &ctx, relays, out),
+            (_, None) => self.error(&ctx, 437, out),
+            (method::REFRESH, Some(idx)) => {
+                self.refresh(now, idx, attrs, authed, &ctx, relays, out)
+            }
+            (method::CREATE_PERMISSION, Some(idx)) => {
+                self.create_permission(now, idx, from, msg, &ctx, out)
+            }
+            (_, Some(idx)) => self.channel_bind(now, idx, from, attrs, &ctx, out),
+        }
+    }
+
+    /// Long-term credential check. `Ok(None)`: anonymous server.
+    fn authenticate(
+        &mut self,
+        now: Instant,
+        from: &ClientAddr,
+        msg: &Message<'_>,
+        attrs: &Attrs<'_>,
+        ctx: &Ctx,
+        out: &mut Vec<u8>,
+    ) -> Result<Option<Authed>, Reply> {
+        if !self.config.auth.required() {
+            return Ok(None);
+        }
+        let mi = match (attrs.integrity, attrs.integrity256) {
+            (None, None) => return Err(self.challenge(now, from, ctx, 401, out)),
+            (Some(mi), _) => (mi, false),
+            (None, Some(mi)) => (mi, true),
+        };
+        let (Some(user), Some(_realm), Some(nonce)) = (attrs.username, attrs.realm, attrs.nonce)
+        else {
+            return Err(self.error(ctx, 400, out));
+        };
+        let unix = self.unix(now);
+        let secret = self.config.nonce.secret;
+        let life = self.config.nonce.lifetime.as_secs();
+        if !nonce_valid(&secret, nonce, unix, from.client.ip(), life) {
+            return Err(self.challenge(now, from, ctx, 438, out));
+        }
+        let Ok(username) = std::str::from_utf8(user) else {
+            self.auth_failed(from, None, AuthFailure::UnknownUser);
+            return Err(self.challenge(now, from, ctx, 401, out));
+        };
+        let check = |key: &[u8; 16]| {
+            if mi.1 {
+                msg.check_integrity_sha256(mi.0.offset, mi.0.value, key)
+            } else {
+                msg.check_integrity_sha1(mi.0.offset, mi.0.value, key)
+            }
+        };
+        let (key, expiry) = match keys_for(&self.config.auth, &self.config.realm, username) {
+            Keys::Unknown => {
+                self.auth_failed(from, Some(username.to_string()), AuthFailure::UnknownUser);
+                return Err(self.challenge(now, from, ctx, 401, out));
+            }
+            Keys::Static(k) => (check(&k).then_some(k), None),
+            Keys::Rest { keys, expiry } => (keys.into_iter().find(|k| check(k)), Some(expiry)),
+        };
+        let Some(key) = key else {
+            self.auth_failed(from, Some(username.to_string()), AuthFailure::BadIntegrity);
+            return Err(self.challenge(now, from, ctx, 401, out));
+        };
+        if let Some(exp) = expiry {
+            if exp <= unix {
+                self.auth_failed(from, Some(username.to_string()), AuthFailure::Expired);
+                return Err(self.challenge(now, from, ctx, 401, out));
+            }
+        }
+        Ok(Some(Authed {
+            username: username.to_string(),
+            key,
+            sha256: mi.1,
+            expiry: expiry.map(|e| self.instant_of_unix(now, e)),
+        }))
+    }
+
+    fn auth_failed(&mut self, client: &ClientAddr, username: Option<String>, reason: AuthFailure) {
+        self.counters.auth_failures += 1;
+        self.push_event(Event::AuthFailed {
+            client: *client,
+            username,
+            reason,
+        });
+    }
+
+    /// 401/438 with REALM and a fresh NONCE (exempt from the size guard).
+    fn challenge(
+        &mut self,
+        now: Instant,
+        from: &ClientAddr,
+        ctx: &Ctx,
+        code: u16,
+        out: &mut Vec<u8>,
+    ) -> Reply {
+        let nonce = make_nonce(&self.config.nonce.secret, self.unix(now), from.client.ip());
+        let mut b = Builder::new(out, ctx.method, Class::Error, ctx.txid);
+        b.error_code(code)
+            .attr(attr::REALM, self.config.realm.as_bytes())
+            .attr(attr::NONCE, &nonce);
+        if ctx.fingerprint {
+            b.fingerprint();
+        }
+        Reply::Exempt
+    }
+
+    fn finish(&self, ctx: &Ctx, b: &mut Builder<'_>) {
+        if let Some((key, sha256)) = &ctx.auth {
+            if let Some(s) = &self.config.software {
+                b.attr(attr::SOFTWARE, s.as_bytes());
+            }
+            if *sha256 {
+                b.integrity_sha256(key);
+            } else {
+                b.integrity_sha1(key);
+            }
+        }
+        if ctx.fingerprint {
+            b.fingerprint();
+        }
+    }
+
+    fn error(&self, ctx: &Ctx, code: u16, out: &mut Vec<u8>) -> Reply {
+        self.error_with(ctx, code, out, |_| {})
+    }
+
+    fn error_with(
+        &self,
+        ctx: &Ctx,
+        code: u16,
+        out: &mut Vec<u8>,
+        f: impl FnOnce(&mut Builder<'_>),
+    ) -> Reply {
+        let mut b = Builder::new(out, ctx.method, Class::Error, ctx.txid);
+        b.error_code(code);
+        f(&mut b);
+        self.finish(ctx, &mut b);
+        Reply::Normal
+    }
+
+    fn unknown_attributes(&self, ctx: &Ctx, attrs: &Attrs<'_>, out: &mut Vec<u8>) -> Reply {
+        let mut list = [0u8; 16];
+        let n = attrs.unknown_count.min(8);
+        for (i, t) in attrs.unknown[..n].iter().enumerate() {
+            list[2 * i..2 * i + 2].copy_from_slice(&t.to_be_bytes());
+        }
+        self.error_with(ctx, 420, out, |b| {
+            b.attr(attr::UNKNOWN_ATTRIBUTES, &list[..2 * n]);
+        })
+    }
+
+    fn success(&self, ctx: &Ctx, out: &mut Vec<u8>, f: impl FnOnce(&mut Builder<'_>)) -> Reply {
+        let mut b = Builder::new(out, ctx.method, Class::Success, ctx.txid);
+        f(&mut b);
+        self.finish(ctx, &mut b);
+        Reply::Normal
+    }
+
+    fn lifetime(&self, requested: Option<u32>, cred: Option<Instant>, now: Instant) -> Duration {
+        let l = &self.config.lifetimes;
+        let want = requested.map_or(l.allocation_default, |s| Duration::from_secs(u64::from(s)));
+        let mut life = want.max(l.allocation_default).min(l.allocation_max);
+        if let Some(exp) = cred {
+            life = life.min(exp.saturating_duration_since(now));
+        }
+        life
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn allocate(
+        &mut self,
+        now: Instant,
+        from: &ClientAddr,
+        attrs: &Attrs<'_>,
+        authed: Option<Authed>,
+        ctx: &Ctx,
+        relays: &mut dyn RelayProvider,
+        out: &mut Vec<u8>,
+    ) -> Reply {
+        if let DrainMode::Refuse { alternates } = &self.drain {
+            let alt = pick_alternate(alternates, from.client.is_ipv4(), &mut self.alternate_rr);
+            self.counters.refused_draining += 1;
+            self.push_event(Event::AllocateRefusedDraining {
+                client: *from,
+                alternate: alt,
+            });
+            return match alt {
+                Some(a) => self.error_with(ctx, 300, out, |b| {
+                    b.address(attr::ALTERNATE_SERVER, a);
+                }),
+                None => self.error(ctx, 403, out),
+            };
+        }
+        match attrs.transport {
+            None => return self.error(ctx, 400, out),
+            Some(PROTO_UDP) if self.config.udp_relay => {}
+            Some(_) => return self.error(ctx, 442, out),
+        }
+        // Families: primary (REQUESTED-ADDRESS-FAMILY, default IPv4) and optional additional.
+        let (primary_v4, dual) = match (attrs.family, attrs.additional_family) {
+            (Some(_), Some(_)) => return self.error(ctx, 400, out),
+            (None, Some(FAMILY_V6)) => (true, true),
+            (None, Some(_)) => return self.error(ctx, 400, out),
+            (Some(FAMILY_V4), None) | (None, None) => (true, false),
+            (Some(FAMILY_V6), None) => (false, false),
+            (Some(_), None) => return self.error(ctx, 440, out),
+        };
+        let username = authed
+            .as_ref()
+            .map(|a| a.username.clone())
+            .unwrap_or_default();
+        let q = self.config.quotas;
+        let user_count = self.per_user.get(&username).copied().unwrap_or(0);
+        if (q.total > 0 && self.live >= q.total as usize)
+            || (q.per_user > 0 && !username.is_empty() && user_count >= q.per_user)
+        {
+            self.counters.refused_quota += 1;
+            self.push_event(Event::AllocateRefused {
+                client: *from,
+                code: 486,
+            });
+            return self.error(ctx, 486, out);
+        }
+        let life = self.lifetime(attrs.lifetime, authed.as_ref().and_then(|a| a.expiry), now);
+        if life.is_zero() {
+            return self.error(ctx, 401, out);
+        }
+        let mut addrs = RelayAddrs::default();
+        let primary = match self.bind_relay(primary_v4, from, relays) {
+            Ok(r) => r,
+            Err(e) => {
+                let code = match e {
+                    RelayError::FamilyNotSupported => 440,
+                    _ => 508,
+                };
+                if code == 508 {
+                    self.counters.refused_capacity += 1;
+                    self.push_event(Event::AllocateRefused {
+                        client: *from,
+                        code,
+                    });
+                }
+                return self.error(ctx, code, out);
+            }
+        };
+        if primary_v4 {
+            addrs.v4 = Some(primary);
+        } else {
+            addrs.v6 = Some(primary);
+        }
+        let mut address_error = None;
+        if dual {
+            match self.bind_relay(false, from, relays) {
+                Ok(r) => addrs.v6 = Some(r),
+                Err(RelayError::FamilyNotSupported) => address_error = Some(440),
+                Err(_) => address_error = Some(508),
+            }
+        }
+        let lifetime = u32::try_from(life.as_secs()).unwrap_or(u32::MAX);
+        let idx = self.insert(now, from, addrs, username.clone(), life, lifetime, ctx.txid);
+        if !username.is_empty() {
+            *self.per_user.entry(username.clone()).or_insert(0) += 1;
+        }
+        self.counters.allocations_created += 1;
+        self.push_event(Event::AllocationCreated {
+            client: *from,
+            relays: addrs,
+            username,
+            lifetime,
+        });
+        let _ = idx;
+        self.allocate_success(ctx, from, addrs, lifetime, address_error, out)
+    }
+
+    fn allocate_success(
+        &self,
+        ctx: &Ctx,
+        from: &ClientAddr,
+        addrs: RelayAddrs,
+        lifetime: u32,
+        address_error: Option<u16>,
+        out: &mut Vec<u8>,
+    ) -> Reply {
+        let relay_cfg = &self.config.relay;
+        self.success(ctx, out, |b| {
+            for r in addrs.iter() {
+                let adv = SocketAddr::new(relay_cfg.advertised(r.ip()), r.port());
+                b.xor_address(attr::XOR_RELAYED_ADDRESS, adv);
+            }
+            b.xor_address(attr::XOR_MAPPED_ADDRESS, from.client)
+                .u32(attr::LIFETIME, lifetime);
+            if let Some(code) = address_error {
+                let v = [FAMILY_V6, 0, (code / 100) as u8, (code % 100) as u8];
+                b.attr(attr::ADDRESS_ERROR_CODE, &v);
+            }
+        })
+    }
+
+    /// Allocate on a 5-tuple that has an allocation: a retransmission gets the success
+    /// response again, anything else 437.
+    fn allocate_again(
+        &mut self,
+        now: Instant,
+        idx: usize,
+        from: &ClientAddr,
+        ctx: &Ctx,
+        out: &mut Vec<u8>,
+    ) -> Reply {
+        let Some(Some(a)) = self.allocs.get(idx) else {
+            return self.error(ctx, 437, out);
+        };
+        if a.allocate_txid != ctx.txid {
+            return self.error(ctx, 437, out);
+        }
+        let remaining = a.expires.saturating_duration_since(now).as_secs();
+        let lifetime = u32::try_from(remaining)
+            .unwrap_or(a.lifetime)
+            .min(a.lifetime);
+        let addrs = a.relays;
+        self.allocate_success(ctx, from, addrs, lifetime, None, out)
+    }
+
+    fn bind_relay(
+        &mut self,
+        v4: bool,
+        from: &ClientAddr,
+        relays: &mut dyn RelayProvider,
+    ) -> Result<SocketAddr, RelayError> {
+        let ips: Vec<IpAddr> = if self.config.relay.relay_ips.is_empty() {
+            let l = from.local.ip();
+            if l.is_unspecified() {
+                Vec::new()
+            } else {
+                vec![l]
+            }
+        } else {
+            self.config.relay.relay_ips.clone()
+        };
+        let fam: Vec<IpAddr> = ips.into_iter().filter(|i| i.is_ipv4() == v4).collect();
+        if fam.is_empty() {
+            return Err(RelayError::FamilyNotSupported);
+        }
+        self.relay_rr = self.relay_rr.wrapping_add(1);
+        let ip = fam[self.relay_rr % fam.len()];
+        let addr = relays.allocate(ip, from)?;
+        if self.by_relay.contains_key(&addr) {
+            return Err(RelayError::Failed(format!(
+                "relay address {addr} already in use"
+            )));
+        }
+        Ok(addr)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn insert(
+        &mut self,
+        now: Instant,
+        from: &ClientAddr,
+        relays: RelayAddrs,
+        username: String,
+        life: Duration,
+        lifetime: u32,
+        txid: [u8; 12],
+    ) -> usize {
+        let gen = self.next_gen;
+        self.next_gen += 1;
+        let expires = now + life;
+        let a = Allocation {
+            gen,
+            client: *from,
+            relays,
+            username,
+            expires,
+            lifetime,
+            allocate_txid: txid,
+            perms: Vec::new(),
+            channels: Vec::new(),
+            scheduled: expires,
+        };
+        let idx = match self.free.pop() {
+            Some(i) => {
+                if let Some(slot) = self.allocs.get_mut(i) {
+                    *slot = Some(a);
+                }
+                i
+            }
+            None => {
+                self.allocs.push(Some(a));
+                self.allocs.len() - 1
+            }
+        };
+        self.live += 1;
+        self.by_client.insert(*from, idx);
+        for r in relays.iter() {
+            self.by_relay.insert(r, idx);
+        }
+        self.timers.push(Reverse((expires, idx, gen)));
+        idx
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn refresh(
+        &mut self,
+        now: Instant,
+        idx: usize,
+        attrs: &Attrs<'_>,
+        authed: Option<Authed>,
+        ctx: &Ctx,
+        relays: &mut dyn RelayProvider,
+        out: &mut Vec<u8>,
+    ) -> Reply {
+        let Some(Some(a)) = self.allocs.get(idx) else {
+            return self.error(ctx, 437, out);
+        };
+        if let Some(f) = attrs.family {
+            let has = match f {
+                FAMILY_V4 => a.relays.v4.is_some(),
+                FAMILY_V6 => a.relays.v6.is_some(),
+                _ => false,
+            };
+            if !has {
+                return self.error(ctx, 443, out);
+            }
+        }
+        if attrs.lifetime == Some(0) {
+            self.delete(idx, DeleteReason::Refreshed, relays);
+            return self.success(ctx, out, |b| {
+                b.u32(attr::LIFETIME, 0);
+            });
+        }
+        let life = self.lifetime(attrs.lifetime, authed.as_ref().and_then(|a| a.expiry), now);
+        if life.is_zero() {
+            return self.error(ctx, 401, out);
+        }
+        let lifetime = u32::try_from(life.as_secs()).unwrap_or(u32::MAX);
+        if let Some(Some(a)) = self.allocs.get_mut(idx) {
+            a.expires = now + life;
+            a.lifetime = lifetime;
+        }
+        self.reschedule(idx, now);
+        self.success(ctx, out, |b| {
+            b.u32(attr::LIFETIME, lifetime);
+        })
+    }
+
+    fn create_permission(
+        &mut self,
+        now: Instant,
+        idx: usize,
+        from: &ClientAddr,
+        msg: &Message<'_>,
+        ctx: &Ctx,
+        out: &mut Vec<u8>,
+    ) -> Reply {
+        let txid = msg.transaction_id();
+        let mut peers: Vec<SocketAddr> = Vec::new();
+        let mut after_integrity = false;
+        for at in msg.attributes() {
+            match at.typ {
+                attr::MESSAGE_INTEGRITY | attr::MESSAGE_INTEGRITY_SHA256 => after_integrity = true,
+                attr::XOR_PEER_ADDRESS if !after_integrity => {
+                    if let Some(p) = decode_address(at.value, &txid, true) {
+                        peers.push(p);
+                    }
+                }
+                _ => {}
+            }
+        }
+        if peers.is_empty() {
+            return self.error(ctx, 400, out);
+        }
+        let Some(Some(a)) = self.allocs.get(idx) else {
+            return self.error(ctx, 437, out);
+        };
+        if peers
+            .iter()
+            .any(|p| a.relays.for_family(p.is_ipv4()).is_none())
+        {
+            return self.error(ctx, 443, out);
+        }
+        for p in &peers {
+            if let Err(reason) = self.config.peer_policy.check(p.ip()) {
+                self.peer_denied(from, *p, reason);
+                return self.error(ctx, 403, out);
+            }
+        }
+        let new = peers
+            .iter()
+            .filter(|p| !a.perms.iter().any(|(ip, _)| *ip == p.ip()))
+            .count();
+        if a.perms.len() + new > self.config.max_permissions_per_allocation {
+            return self.error(ctx, 508, out);
+        }
+        let exp = now + self.config.lifetimes.permission;
+        if let Some(Some(a)) = self.allocs.get_mut(idx) {
+            for p in &peers {
+                install_permission(a, p.ip(), exp);
+            }
+        }
+        self.reschedule(idx, now);
+        self.success(ctx, out, |_| {})
+    }
+
+    fn peer_denied(&mut self, client: &ClientAddr, peer: SocketAddr, reason: crate::DenyReason) {
+        self.counters.peers_denied += 1;
+        self.push_event(Event::PeerDenied {
+            client: *client,
+            peer,
+            reason,
+        });
+    }
+
+    fn channel_bind(
+        &mut self,
+        now: Instant,
+        idx: usize,
+        from: &ClientAddr,
+        attrs: &Attrs<'_>,
+        ctx: &Ctx,
+        out: &mut Vec<u8>,
+    ) -> Reply {
+        let (Some(number), Some(peer)) = (attrs.channel, attrs.peer) else {
+            return self.error(ctx, 400, out);
+        };
+        if !channel_in_range(number) || attrs.peer_count != 1 {
+            return self.error(ctx, 400, out);
+        }
+        let Some(Some(a)) = self.allocs.get(idx) else {
+            return self.error(ctx, 437, out);
+        };
+        if a.relays.for_family(peer.is_ipv4()).is_none() {
+            return self.error(ctx, 443, out);
+        }
+        if let Err(reason) = self.config.peer_policy.check(peer.ip()) {
+            self.peer_denied(from, peer, reason);
+            return self.error(ctx, 403, out);
+        }
+        // A channel (even expired, within its quarantine) is bound to one peer, and a peer to
+        // one channel.
+        let by_number = a.channels.iter().position(|c| c.number == number);
+        let by_peer = a.channels.iter().position(|c| c.peer == peer);
+        if by_number != by_peer {
+            return self.error(ctx, 400, out);
+        }
+        if by_number.is_none() && a.channels.len() >= self.config.max_channels_per_allocation {
+            return self.error(ctx, 508, out);
+        }
+        let chan_exp = now + self.config.lifetimes.channel;
+        let perm_exp = now + self.config.lifetimes.permission;
+        if let Some(Some(a)) = self.allocs.get_mut(idx) {
+            match by_number.and_then(|i| a.channels.get_mut(i)) {
+                Some(c) => c.expires = chan_exp,
+                None => a.channels.push(Channel {
+                    number,
+                    peer,
+                    expires: chan_exp,
+                }),
+            }
+            install_permission(a, peer.ip(), perm_exp);
+        }
+        self.reschedule(idx, now);
+        self.success(ctx, out, |_| {})
+    }
+}
+
+fn install_permission(a: &mut Allocation, ip: IpAddr, exp: Instant) {
+    match a.perms.iter_mut().find(|(p, _)| *p == ip) {
+        Some(p) => p.1 = p.1.max(exp),
+        None => a.perms.push((ip, exp)),
+    }
+}
+
+fn next_deadline(a: &Allocation, now: Instant) -> Instant {
+    let mut next = a.expires;
+    for (_, exp) in &a.perms {
+        next = next.min(*exp);
+    }
+    for c in &a.channels {
+        let t = if c.expires > now {
+            c.expires
+        } else {
+            c.expires + CHANNEL_QUARANTINE
+        };
+        next = next.min(t);
+    }
+    next
+}
+
+fn pick_alternate(alternates: &[SocketAddr], v4: bool, rr: &mut usize) -> Option<SocketAddr> {
+    if alternates.is_empty() {
+        return None;
+    }
+    *rr = rr.wrapping_add(1);
+    let same: Vec<SocketAddr> = alternates
+        .iter()
+        .copied()
+        .filter(|a| a.is_ipv4() == v4)
+        .collect();
+    let pool = if same.is_empty() {
+        alternates.to_vec()
+    } else {
+        same
+    };
+    pool.get(*rr % pool.len()).copied()
 }

@@ -1,0 +1,160 @@
+//! Long-term credentials, TURN REST API passwords and stateless nonces.
+
+use std::net::IpAddr;
+
+use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
+use base64::Engine;
+use hmac::{Hmac, Mac};
+
+use crate::config::{AuthConfig, UserKey};
+use crate::stun::long_term_key;
+
+/// Length of a nonce in bytes (16 base64url characters).
+pub const NONCE_LEN: usize = 16;
+
+/// The TURN REST API password for `username`: base64(HMAC-SHA1(secret, username)), as
+/// coturn's `use-auth-secret` expects (and as clients' credential services compute it).
+pub fn rest_password(secret: &[u8], username: &str) -> String {
+    let tag = match Hmac::<sha1::Sha1>::new_from_slice(secret) {
+        Ok(mut m) => {
+            m.update(username.as_bytes());
+            m.finalize().into_bytes().to_vec()
+        }
+        Err(_) => Vec::new(),
+    };
+    STANDARD.encode(tag)
+}
+
+/// The expiry (UNIX seconds) of a REST username `expiry` or `expiry<sep>user`.
+pub fn rest_expiry(username: &str, separator: char) -> Option<u64> {
+    let ts = match username.split_once(separator) {
+        Some((ts, _)) => ts,
+        None => username,
+    };
+    if ts.is_empty() || ts.len() > 20 || !ts.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    ts.parse().ok()
+}
+
+/// Candidate keys for a username.
+pub(crate) enum Keys {
+    /// A static user: one key.
+    Static([u8; 16]),
+    /// A REST credential: one key per secret, plus the expiry.
+    Rest { keys: Vec<[u8; 16]>, expiry: u64 },
+    /// Nobody by that name.
+    Unknown,
+}
+
+pub(crate) fn keys_for(auth: &AuthConfig, realm: &str, username: &str) -> Keys {
+    if let Some(k) = auth.users.get(username) {
+        return Keys::Static(match k {
+            UserKey::Key(k) => *k,
+            UserKey::Password(p) => long_term_key(username, realm, p),
+        });
+    }
+    if auth.rest_secrets.is_empty() {
+        return Keys::Unknown;
+    }
+    match rest_expiry(username, auth.rest_separator) {
+        Some(expiry) => Keys::Rest {
+            keys: auth
+                .rest_secrets
+                .iter()
+                .map(|s| long_term_key(username, realm, &rest_password(s, username)))
+                .collect(),
+            expiry,
+        },
+        None => Keys::Unknown,
+    }
+}
+
+fn nonce_mac(secret: &[u8; 32], ts: u32, ip: IpAddr) -> Option<Hmac<sha1::Sha1>> {
+    let mut m = Hmac::<sha1::Sha1>::new_from_slice(secret).ok()?;
+    m.update(&ts.to_be_bytes());
+    match ip.to_canonical() {
+        IpAddr::V4(a) => m.update(&a.octets()),
+        IpAddr::V6(a) => m.update(&a.octets()),
+    }
+    Some(m)
+}
+
+/// A nonce for `ip` at UNIX second `now`: base64url(ts32 || HMAC-SHA1(secret, ts || ip)[..8]).
+pub(crate) fn make_nonce(secret: &[u8; 32], now: u64, ip: IpAddr) -> [u8; NONCE_LEN] {
+    let ts = u32::try_from(now).unwrap_or(u32::MAX);
+    let mut raw = [0u8; 12];
+    raw[..4].copy_from_slice(&ts.to_be_bytes());
+    if let Some(m) = nonce_mac(secret, ts, ip) {
+        let tag = m.finalize().into_bytes();
+        raw[4..].copy_from_slice(&tag[..8]);
+    }
+    let mut out = [0u8; NONCE_LEN];
+    let _ = URL_SAFE_NO_PAD.encode_slice(raw, &mut out);
+    out
+}
+
+/// `true` if `nonce` was made by [`make_nonce`] for `ip` no more than `lifetime` seconds ago.
+pub(crate) fn nonce_valid(
+    secret: &[u8; 32],
+    nonce: &[u8],
+    now: u64,
+    ip: IpAddr,
+    lifetime: u64,
+) -> bool {
+    if nonce.len() != NONCE_LEN {
+        return false;
+    }
+    let mut raw = [0u8; 12];
+    match URL_SAFE_NO_PAD.decode_slice(nonce, &mut raw) {
+        Ok(12) => {}
+        _ => return false,
+    }
+    let ts = u32::from_be_bytes([raw[0], raw[1], raw[2], raw[3]]);
+    let Some(m) = nonce_mac(secret, ts, ip) else {
+        return false;
+    };
+    if m.verify_truncated_left(&raw[4..]).is_err() {
+        return false;
+    }
+    let ts = u64::from(ts);
+    ts <= now.saturating_add(5) && now.saturating_sub(ts) <= lifetime
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nonces() {
+        let s = [9u8; 32];
+        let ip: IpAddr = "192.0.2.1".parse().unwrap();
+        let n = make_nonce(&s, 1000, ip);
+        assert!(nonce_valid(&s, &n, 1000, ip, 600));
+        assert!(nonce_valid(&s, &n, 1600, ip, 600));
+        assert!(!nonce_valid(&s, &n, 1601, ip, 600));
+        assert!(!nonce_valid(
+            &s,
+            &n,
+            1000,
+            "192.0.2.2".parse().unwrap(),
+            600
+        ));
+        assert!(!nonce_valid(&[8u8; 32], &n, 1000, ip, 600));
+        let mut bad = n;
+        bad[15] = if bad[15] == b'A' { b'B' } else { b'A' };
+        assert!(!nonce_valid(&s, &bad, 1000, ip, 600));
+        assert!(!nonce_valid(&s, b"short", 1000, ip, 600));
+        assert!(std::str::from_utf8(&n).is_ok());
+    }
+
+    #[test]
+    fn rest() {
+        assert_eq!(rest_expiry("1700000000:alice", ':'), Some(1_700_000_000));
+        assert_eq!(rest_expiry("1700000000", ':'), Some(1_700_000_000));
+        assert_eq!(rest_expiry("alice", ':'), None);
+        assert_eq!(rest_expiry("alice:1700000000", ':'), None);
+        // coturn's documented example shape: base64 of a 20-byte HMAC-SHA1 is 28 characters.
+        assert_eq!(rest_password(b"secret", "1700000000:alice").len(), 28);
+    }
+}
