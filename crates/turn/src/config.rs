@@ -1,0 +1,1024 @@
+//! Configuration: coturn's option names as `--flags` and in a `-c turnserver.conf` file,
+//! plus lastcall's termination and log options. Every problem is collected and reported at
+//! once, before any port is bound.
+//!
+//! Precedence is coturn's: the file is read first, then the command line; a single-valued
+//! option given in both takes the command line's value, a repeatable one gets both lists
+//! (the file's first). Without `-c` no file is read (coturn would read
+//! `/etc/turnserver.conf`; `-n` is accepted and means the same as not giving `-c`).
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+
+use clap::{Arg, ArgAction, ArgMatches, Args, Command, FromArgMatches};
+
+use crate::options::{self, Kind, Spec};
+
+/// Where a value came from, for error messages.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Origin {
+    /// The command line.
+    Flag,
+    /// A configuration file and its line number (1-based).
+    File(PathBuf, usize),
+}
+
+impl fmt::Display for Origin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Origin::Flag => f.write_str("command line"),
+            Origin::File(p, n) => write!(f, "{}:{}", p.display(), n),
+        }
+    }
+}
+
+/// One configuration problem.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    pub origin: Origin,
+    pub message: String,
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.origin, self.message)
+    }
+}
+
+/// Every problem found in the configuration (never empty).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct ConfigErrors(pub Vec<Problem>);
+
+impl fmt::Display for ConfigErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, p) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str("\n")?;
+            }
+            write!(f, "{p}")?;
+        }
+        Ok(())
+    }
+}
+
+/// What parsing the command line came to.
+#[derive(Debug)]
+pub enum Parsed {
+    /// Run with this configuration.
+    Run(Box<Settings>),
+    /// Print this (help, version) to stdout and exit 0.
+    Print(String),
+}
+
+/// Everything `main` needs.
+#[derive(Debug)]
+pub struct Settings {
+    pub turn: TurnConfig,
+    pub term: lastcall::TerminationConfig,
+    pub log: lastcall::LogArgs,
+}
+
+/// The termination defaults of a TURN server, whose sessions are calls (see docs/turn.md):
+/// 5 s of Announcing (endpoint removal), a 1 h deadline, the admin listener on coturn's
+/// Prometheus port.
+pub fn termination_defaults() -> lastcall::Defaults {
+    lastcall::Defaults {
+        shutdown_delay: std::time::Duration::from_secs(5),
+        drain_timeout: std::time::Duration::from_secs(3600),
+        drain_min_sessions: 0,
+        admin_addr: Some(SocketAddr::from(([0, 0, 0, 0], 9641))),
+    }
+}
+
+pub use lastcall_turn_proto::{ExternalIp, IpRange, UserKey};
+
+/// The TURN daemon's own configuration (coturn's options), typed and checked.
+#[derive(Debug, Clone)]
+pub struct TurnConfig {
+    pub config_file: Option<PathBuf>,
+    pub listening_port: u16,
+    pub tls_listening_port: u16,
+    /// Empty means the defaults, 0.0.0.0 and :: (the latter skipped if the host has no IPv6).
+    pub listening_ips: Vec<IpAddr>,
+    pub relay_ips: Vec<IpAddr>,
+    pub external_ips: Vec<ExternalIp>,
+    pub min_port: u16,
+    pub max_port: u16,
+    pub realm: String,
+    pub use_auth_secret: bool,
+    pub static_auth_secrets: Vec<String>,
+    /// Static users: name and key (coturn `user=name:password` or `name:0xKEY`).
+    pub users: Vec<(String, UserKey)>,
+    pub denied_peer_ips: Vec<IpRange>,
+    pub allowed_peer_ips: Vec<IpRange>,
+    pub allow_loopback_peers: bool,
+    pub user_quota: u32,
+    pub total_quota: u32,
+    pub max_allocate_lifetime: u32,
+    pub stale_nonce: u32,
+    pub cert: Option<PathBuf>,
+    pub pkey: Option<PathBuf>,
+    pub no_tls: bool,
+    pub no_udp: bool,
+    pub no_tcp: bool,
+    pub tls13_only: bool,
+    pub drain_min_allocations: Option<u64>,
+    pub pidfile: Option<PathBuf>,
+    /// coturn's `log-file`: logs always go to stderr; main warns when this names a file.
+    pub log_file: Option<String>,
+    /// 0 none, 1 `verbose`, 2 `Verbose`.
+    pub verbosity: u8,
+    pub alternate_servers: Vec<SocketAddr>,
+}
+
+impl TurnConfig {
+    /// Whether a TLS listener runs: not `no-tls`, and both `cert` and `pkey` given.
+    pub fn tls_enabled(&self) -> bool {
+        !self.no_tls && self.cert.is_some() && self.pkey.is_some()
+    }
+}
+
+/// The clap command: coturn's options, lastcall's termination and log options, `-c`, `-n`.
+pub fn command() -> Command {
+    let mut cmd = Command::new("lastcall-turn")
+        .about(
+            "TURN/STUN relay that reads coturn's configuration and drains without cutting a call",
+        )
+        .version(env!("CARGO_PKG_VERSION"))
+        .disable_version_flag(true)
+        .arg(
+            Arg::new("version")
+                .long("version")
+                .action(ArgAction::Version)
+                .help("Print version"),
+        )
+        .arg(
+            Arg::new("config")
+                .short('c')
+                .value_name("FILE")
+                .help("Read this coturn turnserver.conf (without -c no file is read)"),
+        )
+        .arg(
+            Arg::new("no-config")
+                .short('n')
+                .action(ArgAction::SetTrue)
+                .help("No configuration file (accepted for coturn compatibility; the default)"),
+        );
+    for s in options::SUPPORTED {
+        cmd = cmd.arg(clap_arg(s));
+    }
+    let cmd = lastcall::TerminationArgs::augment_args(cmd);
+    let cmd = lastcall::LogArgs::augment_args(cmd);
+    lastcall::TerminationArgs::augment_help(cmd, &termination_defaults())
+}
+
+fn clap_arg(s: &'static Spec) -> Arg {
+    let mut a = Arg::new(s.name).long(s.name).help(s.help);
+    if let Some(c) = s.short {
+        a = a.short(c);
+    }
+    match s.kind {
+        Kind::Flag | Kind::OptionalValue => a
+            .num_args(0..=1)
+            .require_equals(true)
+            .default_missing_value("")
+            .action(ArgAction::Append)
+            .value_name(if s.value_name.is_empty() {
+                "BOOL"
+            } else {
+                s.value_name
+            }),
+        Kind::Value | Kind::Multi => a
+            .num_args(1)
+            .action(ArgAction::Append)
+            .value_name(s.value_name),
+    }
+}
+
+/// Parses a command line (the first item is the program name) and the file it names.
+pub fn parse<I, T>(args: I) -> Result<Parsed, ConfigErrors>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<String>,
+{
+    let args: Vec<String> = args.into_iter().map(Into::into).collect();
+    let cmd = command();
+    let (kept, mut problems) = prescan(&cmd, &args);
+    if !problems.is_empty() {
+        return Err(ConfigErrors(problems));
+    }
+    let matches = match cmd.try_get_matches_from(kept) {
+        Ok(m) => m,
+        Err(e) => {
+            use clap::error::ErrorKind;
+            return match e.kind() {
+                ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
+                    Ok(Parsed::Print(e.render().to_string()))
+                }
+                _ => Err(ConfigErrors(vec![Problem {
+                    origin: Origin::Flag,
+                    message: e.render().to_string().trim().to_string(),
+                }])),
+            };
+        }
+    };
+    let mut raw = RawOptions::default();
+    let config_file = matches.get_one::<String>("config").map(PathBuf::from);
+    if let Some(path) = &config_file {
+        match std::fs::read_to_string(path) {
+            Ok(text) => problems.extend(parse_file(path, &text, &mut raw)),
+            Err(e) => problems.push(Problem {
+                origin: Origin::Flag,
+                message: format!("-c {}: cannot read: {e}", path.display()),
+            }),
+        }
+    }
+    add_flags(&matches, &mut raw);
+    let turn = typed(&raw, config_file, &mut problems);
+    let term = lastcall::TerminationArgs::from_arg_matches(&matches).map(|mut args| {
+        // coturn's drain-min-allocations is the default of --drain-min-sessions.
+        let explicit = matches!(
+            matches.value_source("drain_min_sessions"),
+            Some(clap::parser::ValueSource::CommandLine | clap::parser::ValueSource::EnvVariable)
+        );
+        if let (false, Some(n)) = (explicit, turn.drain_min_allocations) {
+            args.drain_min_sessions = Some(n.to_string());
+        }
+        args.resolve(&termination_defaults())
+    });
+    let log = lastcall::LogArgs::from_arg_matches(&matches);
+    match (term, log) {
+        (Ok(Ok(term)), Ok(mut log)) if problems.is_empty() => {
+            let explicit_level = matches!(
+                matches.value_source("log_level"),
+                Some(
+                    clap::parser::ValueSource::CommandLine | clap::parser::ValueSource::EnvVariable
+                )
+            );
+            if !explicit_level && turn.verbosity > 0 {
+                log.log_level = if turn.verbosity > 1 { "trace" } else { "debug" }.to_string();
+            }
+            Ok(Parsed::Run(Box::new(Settings { turn, term, log })))
+        }
+        (term, log) => {
+            match term {
+                Err(e) => problems.push(flag_problem(e.to_string())),
+                Ok(Err(e)) => problems.extend(e.problems.into_iter().map(flag_problem)),
+                Ok(Ok(_)) => {}
+            }
+            if let Err(e) = log {
+                problems.push(flag_problem(e.to_string()));
+            }
+            Err(ConfigErrors(problems))
+        }
+    }
+}
+
+fn flag_problem(message: String) -> Problem {
+    Problem {
+        origin: Origin::Flag,
+        message: message.trim().to_string(),
+    }
+}
+
+/// Removes coturn options we do not support and unknown options from the command line,
+/// reporting each; returns what clap should parse.
+fn prescan(cmd: &Command, args: &[String]) -> (Vec<String>, Vec<Problem>) {
+    let mut known_long: BTreeMap<String, bool> = BTreeMap::new();
+    let mut known_short: BTreeMap<char, bool> = BTreeMap::new();
+    for a in cmd.get_arguments() {
+        let takes =
+            a.get_action().takes_values() && a.get_num_args().is_some_and(|n| n.min_values() > 0);
+        if let Some(l) = a.get_long() {
+            known_long.insert(l.to_string(), takes);
+        }
+        for alias in a.get_all_aliases().unwrap_or_default() {
+            known_long.insert(alias.to_string(), takes);
+        }
+        if let Some(s) = a.get_short() {
+            known_short.insert(s, takes);
+        }
+    }
+    known_long.insert("help".into(), false);
+    known_short.insert('h', false);
+
+    let mut kept = Vec::with_capacity(args.len());
+    let mut problems = Vec::new();
+    let mut it = args.iter();
+    if let Some(prog) = it.next() {
+        kept.push(prog.clone());
+    }
+    let mut rest_positional = false;
+    while let Some(arg) = it.next() {
+        if rest_positional || arg == "-" || !arg.starts_with('-') {
+            kept.push(arg.clone());
+            continue;
+        }
+        if arg == "--" {
+            rest_positional = true;
+            kept.push(arg.clone());
+            continue;
+        }
+        let (name, has_eq) = match arg.strip_prefix("--") {
+            Some(long) => match long.split_once('=') {
+                Some((n, _)) => (n.to_string(), true),
+                None => (long.to_string(), false),
+            },
+            None => {
+                // A short option; coturn's are one letter, possibly with the value attached.
+                let c = arg.chars().nth(1).unwrap_or('-');
+                let attached = arg.chars().count() > 2;
+                if let Some(&takes) = known_short.get(&c) {
+                    kept.push(arg.clone());
+                    if takes && !attached {
+                        if let Some(v) = it.next() {
+                            kept.push(v.clone());
+                        }
+                    }
+                } else if let Some((_, long)) =
+                    options::COTURN_OTHER_SHORT.iter().find(|(s, _)| *s == c)
+                {
+                    problems.push(unsupported(Origin::Flag, &format!("-{c} (--{long})"), long));
+                    if options::coturn_other(long) == Some(true) && !attached {
+                        it.next();
+                    }
+                } else {
+                    problems.push(Problem {
+                        origin: Origin::Flag,
+                        message: format!("unknown option -{c}"),
+                    });
+                }
+                continue;
+            }
+        };
+        if let Some(&takes) = known_long.get(&name) {
+            kept.push(arg.clone());
+            if takes && !has_eq {
+                if let Some(v) = it.next() {
+                    kept.push(v.clone());
+                }
+            }
+        } else if let Some(takes) = options::coturn_other(&name) {
+            problems.push(unsupported(Origin::Flag, &format!("--{name}"), &name));
+            if takes && !has_eq {
+                it.next();
+            }
+        } else {
+            problems.push(Problem {
+                origin: Origin::Flag,
+                message: format!("unknown option --{name}"),
+            });
+        }
+    }
+    (kept, problems)
+}
+
+fn unsupported(origin: Origin, shown: &str, name: &str) -> Problem {
+    let mut message = format!("unsupported coturn option {shown}");
+    if let Some(h) = options::hint(name) {
+        message.push_str(&format!(" ({h})"));
+    }
+    Problem { origin, message }
+}
+
+/// Raw option values by name, in order, with their origin.
+#[derive(Debug, Default)]
+pub struct RawOptions {
+    values: BTreeMap<&'static str, Vec<(String, Origin)>>,
+}
+
+impl RawOptions {
+    fn push(&mut self, name: &'static str, value: String, origin: Origin) {
+        self.values.entry(name).or_default().push((value, origin));
+    }
+
+    fn all(&self, name: &str) -> &[(String, Origin)] {
+        self.values.get(name).map(Vec::as_slice).unwrap_or(&[])
+    }
+
+    fn last(&self, name: &str) -> Option<&(String, Origin)> {
+        self.all(name).last()
+    }
+}
+
+/// Parses a turnserver.conf into `raw`, returning the problems (unknown and unsupported
+/// options, each with its line).
+pub fn parse_file(path: &Path, text: &str, raw: &mut RawOptions) -> Vec<Problem> {
+    let mut problems = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let origin = Origin::File(path.to_path_buf(), i + 1);
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let (name, value) = match line.find(|c: char| c == '=' || c == ' ' || c == '\t') {
+            Some(at) => {
+                let (n, v) = line.split_at(at);
+                let v = v.trim_start_matches(|c: char| c == '=' || c == ' ' || c == '\t');
+                (n, unquote(v))
+            }
+            None => (line, String::new()),
+        };
+        let name = name.strip_prefix("--").unwrap_or(name);
+        if let Some(spec) = options::supported(name) {
+            raw.push(spec.name, value, origin);
+        } else if options::coturn_other(name).is_some() {
+            problems.push(unsupported(origin, name, name));
+        } else {
+            problems.push(Problem {
+                origin,
+                message: format!("unknown option {name}"),
+            });
+        }
+    }
+    problems
+}
+
+fn unquote(v: &str) -> String {
+    let v = v.trim();
+    match v.strip_prefix('"') {
+        Some(inner) => inner.strip_suffix('"').unwrap_or(inner).to_string(),
+        None => v.to_string(),
+    }
+}
+
+fn add_flags(m: &ArgMatches, raw: &mut RawOptions) {
+    for s in options::SUPPORTED {
+        if let Ok(Some(values)) = m.try_get_many::<String>(s.name) {
+            for v in values {
+                raw.push(s.name, v.clone(), Origin::Flag);
+            }
+        }
+    }
+}
+
+/// coturn's boolean values: empty = true; 0/no/false/off = false; 1-9/yes/true/on = true.
+fn parse_bool(v: &str) -> Option<bool> {
+    let first = v.chars().next();
+    match first {
+        None => Some(true),
+        Some('0' | 'n' | 'N' | 'f' | 'F') => Some(false),
+        Some('y' | 'Y' | 't' | 'T' | '1'..='9') => Some(true),
+        _ => match v.to_ascii_lowercase().as_str() {
+            "on" => Some(true),
+            "off" => Some(false),
+            _ => None,
+        },
+    }
+}
+
+struct Checker<'a> {
+    raw: &'a RawOptions,
+    problems: &'a mut Vec<Problem>,
+}
+
+impl Checker<'_> {
+    fn bad(&mut self, origin: &Origin, name: &str, value: &str, why: &str) {
+        self.problems.push(Problem {
+            origin: origin.clone(),
+            message: format!("{name}={value}: {why}"),
+        });
+    }
+
+    fn flag(&mut self, name: &str) -> bool {
+        let mut out = false;
+        for (v, o) in self.raw.all(name) {
+            match parse_bool(v) {
+                Some(b) => out = b,
+                None => self.bad(
+                    o,
+                    name,
+                    v,
+                    "not a boolean (on/off, yes/no, 1/0, true/false)",
+                ),
+            }
+        }
+        out
+    }
+
+    fn value<T: std::str::FromStr>(&mut self, name: &str, what: &str) -> Option<T> {
+        let (v, o) = self.raw.last(name)?;
+        match v.parse() {
+            Ok(x) => Some(x),
+            Err(_) => {
+                self.bad(o, name, v, &format!("not {what}"));
+                None
+            }
+        }
+    }
+
+    fn each<T>(&mut self, name: &str, f: impl Fn(&str) -> Result<T, String>) -> Vec<T> {
+        let mut out = Vec::new();
+        for (v, o) in self.raw.all(name) {
+            match f(v) {
+                Ok(x) => out.push(x),
+                Err(why) => self.bad(o, name, v, &why),
+            }
+        }
+        out
+    }
+
+    fn require(&mut self, name: &str, message: &str) {
+        self.problems.push(Problem {
+            origin: self
+                .raw
+                .last(name)
+                .map(|(_, o)| o.clone())
+                .unwrap_or(Origin::Flag),
+            message: message.to_string(),
+        });
+    }
+}
+
+fn parse_range(v: &str) -> Result<IpRange, String> {
+    v.parse::<IpRange>()
+        .map_err(|_| "expected IP, IP-IP or IP/PREFIX of one family".to_string())
+}
+
+fn parse_ip(v: &str) -> Result<IpAddr, String> {
+    let v = v.trim_start_matches('[').trim_end_matches(']');
+    v.parse().map_err(|_| "not an IP address".to_string())
+}
+
+fn typed(
+    raw: &RawOptions,
+    config_file: Option<PathBuf>,
+    problems: &mut Vec<Problem>,
+) -> TurnConfig {
+    let mut c = Checker { raw, problems };
+    let listening_port = c.value("listening-port", "a port number").unwrap_or(3478);
+    let tls_listening_port = c
+        .value("tls-listening-port", "a port number")
+        .unwrap_or(5349);
+    let listening_ips = c.each("listening-ip", parse_ip);
+    let relay_ips = c.each("relay-ip", parse_ip);
+    let external_ips = c.each("external-ip", |v| {
+        v.parse::<ExternalIp>()
+            .map_err(|_| "expected PUBLIC-IP[/PRIVATE-IP] of one family".to_string())
+    });
+    let min_port = c.value("min-port", "a port number").unwrap_or(49152u16);
+    let max_port = c.value("max-port", "a port number").unwrap_or(65535u16);
+    let realm = c.raw.last("realm").map(|(v, _)| v.clone());
+    let use_auth_secret = c.flag("use-auth-secret");
+    let static_auth_secrets = c.each("static-auth-secret", |v| {
+        if v.is_empty() {
+            Err("empty secret".into())
+        } else {
+            Ok(v.to_string())
+        }
+    });
+    let users = c.each("user", |v| {
+        lastcall_turn_proto::parse_coturn_user(v).map_err(|e| e.to_string())
+    });
+    let denied_peer_ips = c.each("denied-peer-ip", parse_range);
+    let allowed_peer_ips = c.each("allowed-peer-ip", parse_range);
+    let allow_loopback_peers = c.flag("allow-loopback-peers");
+    let user_quota = c.value("user-quota", "a number").unwrap_or(0);
+    let total_quota = c.value("total-quota", "a number").unwrap_or(0);
+    let max_allocate_lifetime = c
+        .value("max-allocate-lifetime", "a number of seconds")
+        .unwrap_or(3600);
+    let stale_nonce = match c.raw.last("stale-nonce") {
+        Some((v, _)) if v.is_empty() => 600,
+        Some(_) => c.value("stale-nonce", "a number of seconds").unwrap_or(600),
+        None => 600,
+    };
+    let cert = c.raw.last("cert").map(|(v, _)| PathBuf::from(v));
+    let pkey = c.raw.last("pkey").map(|(v, _)| PathBuf::from(v));
+    let no_tls = c.flag("no-tls");
+    let no_udp = c.flag("no-udp");
+    let no_tcp = c.flag("no-tcp");
+    let tls13_only = c.flag("no-tlsv1_2");
+    for accepted in [
+        "lt-cred-mech",
+        "no-tcp-relay",
+        "no-multicast-peers",
+        "no-cli",
+        "no-dtls",
+        "no-tlsv1",
+        "no-tlsv1_1",
+        "fingerprint",
+        "no-software-attribute",
+        "no-rfc5780",
+        "no-stun-backward-compatibility",
+        "response-origin-only-with-rfc5780",
+        "prometheus",
+        "simple-log",
+        "no-stdout-log",
+    ] {
+        c.flag(accepted);
+    }
+    let drain_min_allocations = c.value("drain-min-allocations", "a number");
+    let pidfile = c.raw.last("pidfile").map(|(v, _)| PathBuf::from(v));
+    let log_file = c.raw.last("log-file").map(|(v, _)| v.clone());
+    let verbosity = if c.flag("Verbose") {
+        2
+    } else {
+        u8::from(c.flag("verbose"))
+    };
+    let alternate_servers = c.each("alternate-server", |v| {
+        v.parse::<SocketAddr>()
+            .or_else(|_| v.parse::<IpAddr>().map(|ip| SocketAddr::new(ip, 3478)))
+            .map_err(|_| "expected IP:PORT".to_string())
+    });
+
+    if min_port > max_port {
+        c.require(
+            "max-port",
+            &format!("min-port {min_port} is above max-port {max_port}"),
+        );
+    }
+    if min_port == 0 {
+        c.require("min-port", "min-port must be at least 1");
+    }
+    if !use_auth_secret && users.is_empty() {
+        c.require(
+            "use-auth-secret",
+            "no credentials: give use-auth-secret with static-auth-secret, or user=NAME:PASSWORD (lastcall-turn never relays unauthenticated)",
+        );
+    }
+    if use_auth_secret && static_auth_secrets.is_empty() {
+        c.require(
+            "use-auth-secret",
+            "use-auth-secret needs at least one static-auth-secret",
+        );
+    }
+    if !static_auth_secrets.is_empty() && !use_auth_secret {
+        c.require(
+            "static-auth-secret",
+            "static-auth-secret is given but use-auth-secret is not",
+        );
+    }
+    let realm = match realm {
+        Some(r) if !r.is_empty() => r,
+        _ => {
+            c.require("realm", "realm is required (e.g. --realm=example.org)");
+            String::new()
+        }
+    };
+    if !no_tls && cert.is_some() != pkey.is_some() {
+        c.require("cert", "cert and pkey go together: give both or neither");
+    }
+    if no_udp && no_tcp && (no_tls || cert.is_none()) {
+        c.require("no-udp", "no-udp, no-tcp and no TLS: nothing to listen on");
+    }
+    for e in &external_ips {
+        if let Some(p) = e.private {
+            if !relay_ips.is_empty() && !relay_ips.contains(&p) {
+                c.require(
+                    "external-ip",
+                    &format!("external-ip private address {p} is not a relay-ip"),
+                );
+            }
+        }
+    }
+    let listening_unspecified =
+        listening_ips.is_empty() || listening_ips.iter().any(|ip| ip.is_unspecified());
+    if relay_ips.is_empty() && listening_unspecified && external_ips.is_empty() {
+        // Resolved at start-up from the host's default route (see server::default_relay_ips).
+    }
+    for ip in &relay_ips {
+        if ip.is_unspecified() {
+            c.require(
+                "relay-ip",
+                &format!("relay-ip {ip} is a wildcard: give the host's address"),
+            );
+        }
+    }
+    TurnConfig {
+        config_file,
+        listening_port,
+        tls_listening_port,
+        listening_ips,
+        relay_ips,
+        external_ips,
+        min_port,
+        max_port,
+        realm,
+        use_auth_secret,
+        static_auth_secrets,
+        users,
+        denied_peer_ips,
+        allowed_peer_ips,
+        allow_loopback_peers,
+        user_quota,
+        total_quota,
+        max_allocate_lifetime,
+        stale_nonce,
+        cert,
+        pkey,
+        no_tls,
+        no_udp,
+        no_tcp,
+        tls13_only,
+        drain_min_allocations,
+        pidfile,
+        log_file,
+        verbosity,
+        alternate_servers,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    const BASE: &[&str] = &[
+        "lastcall-turn",
+        "-n",
+        "--realm=example.org",
+        "--use-auth-secret",
+        "--static-auth-secret=s3cret",
+    ];
+
+    fn run(extra: &[&str]) -> Result<Settings, ConfigErrors> {
+        let args: Vec<&str> = BASE.iter().chain(extra).copied().collect();
+        match parse(args)? {
+            Parsed::Run(s) => Ok(*s),
+            Parsed::Print(p) => panic!("unexpected print: {p}"),
+        }
+    }
+
+    fn errors(extra: &[&str]) -> Vec<String> {
+        match run(extra) {
+            Ok(s) => panic!("expected errors, got {:?}", s.turn),
+            Err(e) => e.0.iter().map(ToString::to_string).collect(),
+        }
+    }
+
+    fn file(text: &str) -> tempfile::NamedTempFile {
+        let mut f = tempfile::NamedTempFile::new().expect("temp file");
+        f.write_all(text.as_bytes()).expect("write");
+        f
+    }
+
+    #[test]
+    fn the_issue_startup_command_parses() {
+        let s = run(&[
+            "--listening-ip=127.0.0.1",
+            "--listening-port=34780",
+            "--relay-ip=127.0.0.1",
+            "--allow-loopback-peers",
+            "--admin-addr=127.0.0.1:9999",
+        ])
+        .expect("valid");
+        assert_eq!(s.turn.listening_port, 34780);
+        assert_eq!(s.turn.listening_ips, vec![IpAddr::from([127, 0, 0, 1])]);
+        assert_eq!(s.turn.relay_ips, vec![IpAddr::from([127, 0, 0, 1])]);
+        assert!(s.turn.allow_loopback_peers);
+        assert!(s.turn.use_auth_secret);
+        assert_eq!(s.turn.static_auth_secrets, vec!["s3cret".to_string()]);
+        assert_eq!(s.term.admin_addr, Some("127.0.0.1:9999".parse().unwrap()));
+        assert_eq!(s.term.drain_timeout, std::time::Duration::from_secs(3600));
+    }
+
+    #[test]
+    fn space_separated_values_and_short_forms() {
+        let s = run(&[
+            "--listening-port",
+            "4000",
+            "-L",
+            "127.0.0.2",
+            "-E",
+            "127.0.0.3",
+            "-p",
+            "4001",
+        ])
+        .expect("valid");
+        assert_eq!(s.turn.listening_port, 4001, "the last value wins");
+        assert_eq!(s.turn.listening_ips, vec![IpAddr::from([127, 0, 0, 2])]);
+        assert_eq!(s.turn.relay_ips, vec![IpAddr::from([127, 0, 0, 3])]);
+    }
+
+    #[test]
+    fn defaults() {
+        let s = run(&[]).expect("valid");
+        let t = &s.turn;
+        assert_eq!((t.listening_port, t.tls_listening_port), (3478, 5349));
+        assert_eq!((t.min_port, t.max_port), (49152, 65535));
+        assert_eq!(t.max_allocate_lifetime, 3600);
+        assert_eq!(t.stale_nonce, 600);
+        assert!(!t.allow_loopback_peers);
+        assert!(!t.tls_enabled());
+        assert_eq!(s.term.shutdown_delay, std::time::Duration::from_secs(5));
+        assert_eq!(s.term.drain_min_sessions, 0);
+    }
+
+    #[test]
+    fn file_syntax_and_flags_override() {
+        let f = file(
+            "# a comment\n\
+             \n\
+             listening-port=3479\n\
+             tls-listening-port 5350\n\
+             \tmin-port = 50000\n\
+             max-port=50010\n\
+             realm=\"file.example\"\n\
+             use-auth-secret\n\
+             static-auth-secret=one\n\
+             static-auth-secret=two\n\
+             no-tls=false\n\
+             stale-nonce\n\
+             fingerprint\n\
+             external-ip=203.0.113.7/10.0.0.7\n\
+             relay-ip=10.0.0.7\n\
+             user=alice:wonder\n\
+             user=bob:0x0123456789abcdef0123456789ABCDEF\n",
+        );
+        let path = f.path().to_str().unwrap().to_string();
+        let args = [
+            "lastcall-turn",
+            "-c",
+            &path,
+            "--listening-port=4000",
+            "--static-auth-secret=three",
+            "--realm=flag.example",
+        ];
+        let Parsed::Run(s) = parse(args).expect("valid") else {
+            panic!("print")
+        };
+        let t = s.turn;
+        assert_eq!(t.listening_port, 4000, "the flag overrides the file");
+        assert_eq!(t.tls_listening_port, 5350);
+        assert_eq!((t.min_port, t.max_port), (50000, 50010));
+        assert_eq!(t.realm, "flag.example");
+        assert_eq!(t.static_auth_secrets, vec!["one", "two", "three"]);
+        assert!(!t.no_tls);
+        assert_eq!(t.stale_nonce, 600);
+        assert_eq!(
+            t.external_ips,
+            vec![ExternalIp {
+                public: IpAddr::from([203, 0, 113, 7]),
+                private: Some(IpAddr::from([10, 0, 0, 7])),
+            }]
+        );
+        assert_eq!(t.users.len(), 2);
+        assert!(matches!(&t.users[0], (n, UserKey::Password(p)) if n == "alice" && p == "wonder"));
+        assert!(matches!(t.users[1].1, UserKey::Key(k) if k[0] == 0x01 && k[15] == 0xef));
+    }
+
+    #[test]
+    fn every_error_is_reported_at_once() {
+        let f = file("listening-port=notaport\nsyslog\nfrobnicate=1\nuser=nocolon\n");
+        let path = f.path().to_str().unwrap().to_string();
+        let errs = errors(&["-c", &path, "--min-port=60000", "--max-port=50000"]);
+        let all = errs.join("\n");
+        assert!(all.contains(":1: listening-port=notaport"), "{all}");
+        assert!(
+            all.contains(":2: unsupported coturn option syslog"),
+            "{all}"
+        );
+        assert!(all.contains(":3: unknown option frobnicate"), "{all}");
+        assert!(all.contains(":4: user=nocolon"), "{all}");
+        assert!(
+            all.contains("min-port 60000 is above max-port 50000"),
+            "{all}"
+        );
+        assert_eq!(errs.len(), 5, "{all}");
+    }
+
+    #[test]
+    fn unsupported_and_unknown_flags_are_named_together() {
+        let errs = errors(&[
+            "--daemon",
+            "--userdb",
+            "/tmp/x.db",
+            "--cli-port=5766",
+            "--bogus",
+            "-d",
+            "eth0",
+        ]);
+        let all = errs.join("\n");
+        assert!(all.contains("unsupported coturn option --daemon"), "{all}");
+        assert!(all.contains("unsupported coturn option --userdb"), "{all}");
+        assert!(
+            all.contains("unsupported coturn option --cli-port"),
+            "{all}"
+        );
+        assert!(all.contains("unknown option --bogus"), "{all}");
+        assert!(
+            all.contains("unsupported coturn option -d (--listening-device)"),
+            "{all}"
+        );
+        assert_eq!(
+            errs.len(),
+            5,
+            "the values of unsupported options are skipped: {all}"
+        );
+    }
+
+    #[test]
+    fn credentials_and_realm_are_required() {
+        let errs = match parse(["lastcall-turn", "-n"]) {
+            Err(e) => e.0,
+            Ok(_) => panic!("no credentials must fail"),
+        };
+        let all = errs
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("\n");
+        assert!(all.contains("no credentials"), "{all}");
+        assert!(all.contains("realm is required"), "{all}");
+    }
+
+    #[test]
+    fn static_user_alone_is_enough() {
+        let Parsed::Run(s) =
+            parse(["lastcall-turn", "--realm=r", "--lt-cred-mech", "--user=u:p"]).expect("valid")
+        else {
+            panic!("print")
+        };
+        assert!(!s.turn.use_auth_secret);
+        assert_eq!(s.turn.users.len(), 1);
+    }
+
+    #[test]
+    fn cert_needs_pkey() {
+        let errs = errors(&["--cert=/x.pem"]);
+        assert!(errs.join("\n").contains("cert and pkey go together"));
+    }
+
+    #[test]
+    fn drain_min_allocations_feeds_drain_min_sessions() {
+        assert_eq!(
+            run(&["--drain-min-allocations=3"])
+                .unwrap()
+                .term
+                .drain_min_sessions,
+            3
+        );
+        let s = run(&["--drain-min-allocations=3", "--drain-min-sessions=1"]).unwrap();
+        assert_eq!(s.term.drain_min_sessions, 1, "lastcall's own option wins");
+    }
+
+    #[test]
+    fn termination_errors_are_collected_with_the_rest() {
+        let errs = errors(&["--drain-timeout=1s", "--shutdown-delay=5s", "--min-port=0"]);
+        let all = errs.join("\n");
+        assert!(all.contains("--shutdown-delay"), "{all}");
+        assert!(all.contains("min-port must be at least 1"), "{all}");
+    }
+
+    #[test]
+    fn verbose_sets_the_log_level_unless_given() {
+        assert_eq!(run(&["-v"]).unwrap().log.log_level, "debug");
+        assert_eq!(
+            run(&["--verbose", "--log-level=warn"])
+                .unwrap()
+                .log
+                .log_level,
+            "warn"
+        );
+    }
+
+    #[test]
+    fn help_and_version_print() {
+        let Parsed::Print(help) = parse(["lastcall-turn", "--help"]).expect("help") else {
+            panic!("help must print")
+        };
+        assert!(help.contains("--allow-loopback-peers"));
+        assert!(help.contains("FOR TESTS ONLY"));
+        assert!(help.contains("--drain-timeout"));
+        assert!(matches!(
+            parse(["lastcall-turn", "--version"]),
+            Ok(Parsed::Print(_))
+        ));
+    }
+
+    #[test]
+    fn ranges() {
+        let r = parse_range("10.0.0.0/8").unwrap();
+        assert!(r.contains(IpAddr::from([10, 255, 1, 1])));
+        assert!(!r.contains(IpAddr::from([11, 0, 0, 0])));
+        let r = parse_range("192.168.0.10-192.168.0.20").unwrap();
+        assert!(r.contains(IpAddr::from([192, 168, 0, 15])));
+        assert!(parse_range("192.168.0.20-192.168.0.10").is_err());
+        assert!(parse_range("fc00::/7")
+            .unwrap()
+            .contains("fdff::1".parse().unwrap()));
+        assert!(parse_range("1.2.3.4-::1").is_err());
+        assert!(parse_range("1.2.3.4/33").is_err());
+    }
+
+    #[test]
+    fn booleans_follow_coturn() {
+        for (v, b) in [
+            ("", true),
+            ("1", true),
+            ("yes", true),
+            ("on", true),
+            ("0", false),
+            ("off", false),
+            ("false", false),
+        ] {
+            assert_eq!(parse_bool(v), Some(b), "{v}");
+        }
+        assert_eq!(parse_bool("maybe"), None);
+        let errs = errors(&["--no-udp=maybe"]);
+        assert!(errs.join("\n").contains("not a boolean"));
+    }
+}
