@@ -156,7 +156,7 @@ def test_grace_covers_the_drain(case: Any) -> None:
     agent = _agent(rendered)
     agent_deadline = seconds(flag(agent["args"], "drain-timeout"))
     agent_delay = seconds(flag(agent["args"], "shutdown-delay"))
-    assert agent_delay <= agent_deadline
+    assert agent_delay < agent_deadline, "the daemon refuses a delay that is not shorter than the deadline"
     if values["mode"] == "standalone":
         assert (agent_delay, agent_deadline) == (delay, timeout)
         assert grace >= agent_deadline + margin
@@ -288,7 +288,7 @@ def test_sidecar_haproxy_config(case: Any, tmp_path: Path) -> None:
     # The agent backend: health-checked SPOP, one agent on loopback.
     assert "option spop-check" in haproxy_cfg
     assert re.search(rf"server agent 127\.0\.0\.1:{values['agent']['port']} check inter 1s fall 2\b", haproxy_cfg)
-    assert "monitor fail if { stopping }" in haproxy_cfg
+    assert "monitor fail if { stopping } || { nbsrv(coraza-spoa) lt 1 }" in haproxy_cfg
     assert ("grace " in haproxy_cfg) == values["gracefulTermination"]["enabled"]
     assert "use-backend coraza-spoa" in spoe_cfg
     assert ("coraza-res" in spoe_cfg) == values["sidecar"]["haproxy"]["responseCheck"]
@@ -341,6 +341,10 @@ def test_schema_rejects(name: str) -> None:
 
 
 TEMPLATE_REJECTS = {
+    "delay-equal-to-timeout": (
+        {"gracefulTermination": {"shutdownDelaySeconds": 30, "drainTimeoutSeconds": 30}},
+        "must be shorter than",
+    ),
     "grace-too-short": ({"gracefulTermination": {"terminationGracePeriodSeconds": 30}}, "shorter than the drain needs"),
     "grace-too-short-sidecar": (
         {"mode": "sidecar", "gracefulTermination": {"terminationGracePeriodSeconds": 40}},
@@ -348,7 +352,7 @@ TEMPLATE_REJECTS = {
     ),
     "delay-longer-than-timeout": (
         {"gracefulTermination": {"shutdownDelaySeconds": 60, "drainTimeoutSeconds": 30}},
-        "must not be longer than",
+        "must be shorter than",
     ),
 }
 

@@ -286,10 +286,14 @@ def test_schema_rejects(name: str) -> None:
 
 
 TEMPLATE_REJECTS = {
+    "delay-equal-to-timeout": (
+        {"gracefulTermination": {"shutdownDelaySeconds": 60, "drainTimeoutSeconds": 60}},
+        "must be shorter than",
+    ),
     "grace-too-short": ({"gracefulTermination": {"terminationGracePeriodSeconds": 3600}}, "shorter than the drain needs"),
     "delay-longer-than-timeout": (
         {"gracefulTermination": {"shutdownDelaySeconds": 120, "drainTimeoutSeconds": 60}},
-        "must not be longer than",
+        "must be shorter than",
     ),
     "tls-without-secret": ({"tls": {"enabled": True}}, "tls.existingSecret is required"),
 }

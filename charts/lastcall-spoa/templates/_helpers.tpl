@@ -66,8 +66,8 @@ The termination budget, in whole seconds. Everything below is derived from it.
 {{- else }}
 {{- $d := int $g.shutdownDelaySeconds }}
 {{- $t := int $g.drainTimeoutSeconds }}
-{{- if gt $d $t }}
-{{- fail (printf "gracefulTermination.shutdownDelaySeconds (%d) must not be longer than gracefulTermination.drainTimeoutSeconds (%d): the drain deadline counts from SIGTERM" $d $t) }}
+{{- if ge $d $t }}
+{{- fail (printf "gracefulTermination.shutdownDelaySeconds (%d) must be shorter than gracefulTermination.drainTimeoutSeconds (%d): the drain deadline counts from SIGTERM (the daemon refuses to start otherwise)" $d $t) }}
 {{- end }}
 {{- $derived := add $d $t (int $g.marginSeconds) }}
 {{- if eq .Values.mode "sidecar" }}
