@@ -65,7 +65,7 @@ pub struct TerminationArgs {
     pub on_sigterm: Option<OnSigterm>,
 
     /// Length of the Announcing phase: readiness answers 503 but new work is still
-    /// accepted (0 skips it). Alias --shutdown-grace-period (ingress-nginx's name)
+    /// accepted (0 skips it); --shutdown-grace-period is ingress-nginx's name for it
     #[arg(
         long,
         env = "LASTCALL_SHUTDOWN_DELAY",

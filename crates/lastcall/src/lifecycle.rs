@@ -135,6 +135,14 @@ impl Lifecycle {
     /// SIGTERM, SIGINT, SIGQUIT, SIGUSR1 and SIGHUP handlers used by [`run`](Self::run), so
     /// that a signal arriving before `run` is queued instead of killing the process.
     pub fn new(config: TerminationConfig) -> Self {
+        let mut lifecycle = Self::build(config);
+        lifecycle.signals = tokio::runtime::Handle::try_current()
+            .ok()
+            .map(|_| signal_stream());
+        lifecycle
+    }
+
+    fn build(config: TerminationConfig) -> Self {
         let (triggers_tx, triggers) = mpsc::unbounded_channel();
         let metrics = Metrics::default();
         let shared = Arc::new(Shared {
@@ -152,14 +160,19 @@ impl Lifecycle {
             metrics,
             metrics_registered: AtomicBool::new(false),
         });
-        let signals = tokio::runtime::Handle::try_current()
-            .ok()
-            .map(|_| signal_stream());
         Lifecycle {
             shared,
             triggers,
-            signals,
+            signals: None,
         }
+    }
+
+    /// A lifecycle that never installs signal handlers, for [`run_with`](Self::run_with)
+    /// (tests, embedding in a process that handles signals itself).
+    pub fn without_signals(config: TerminationConfig) -> Self {
+        let mut lifecycle = Self::build(config);
+        lifecycle.signals = None;
+        lifecycle
     }
 
     /// A handle for the daemon's tasks and the admin listener.
