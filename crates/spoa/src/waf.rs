@@ -404,7 +404,20 @@ impl Waf {
     }
 
     /// Evaluates a response against the transaction its request left behind.
-    pub fn evaluate_response(&self, res: &Response) -> (Verdict, Vars) {
+    ///
+    /// `None` when the response's application does not inspect responses (`response_check:
+    /// false`): nothing to decide, nothing counted.
+    pub fn evaluate_response(&self, res: &Response) -> Option<(Verdict, Vars)> {
+        let apps = self.current();
+        if let Some(app) = apps.find(&res.app) {
+            if !app.config.response_check {
+                return None;
+            }
+        }
+        Some(self.evaluate_kept_response(res))
+    }
+
+    fn evaluate_kept_response(&self, res: &Response) -> (Verdict, Vars) {
         let kept = self.cache().map.remove(&res.id).map(|(_, k)| k);
         self.metrics
             .transactions_cached
@@ -506,9 +519,10 @@ impl Handler for Waf {
                     out.extend(vars);
                 }
                 RESPONSE_MESSAGE => {
-                    let (v, vars) = self.evaluate_response(&Response::from_message(m));
-                    self.metrics.response(v);
-                    out.extend(vars);
+                    if let Some((v, vars)) = self.evaluate_response(&Response::from_message(m)) {
+                        self.metrics.response(v);
+                        out.extend(vars);
+                    }
                 }
                 other => {
                     tracing::debug!(message = other, "ignoring unknown SPOE message");

@@ -1,0 +1,108 @@
+//! A real HAProxy 2.6 (`/usr/sbin/haproxy -db`) running the documented configuration
+//! (`examples/haproxy/haproxy.cfg` + `coraza.cfg`, the files `docs/spoa.md` shows), on
+//! loopback with free ports; killed on drop.
+
+use std::io::{Read, Write};
+use std::net::SocketAddr;
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use lastcall::harness::{self, Pod};
+
+use super::{crate_dir, http, WAIT};
+
+/// The HAProxy binary.
+pub const HAPROXY: &str = "/usr/sbin/haproxy";
+
+/// A running HAProxy.
+pub struct Haproxy {
+    /// The process (its log lines, one per request, are captured).
+    pub pod: Pod,
+    /// HTTP frontend.
+    pub addr: SocketAddr,
+    /// Admin socket path.
+    pub stats: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+/// The documented HAProxy configuration.
+pub fn config_path() -> PathBuf {
+    crate_dir().join("examples/haproxy/haproxy.cfg")
+}
+
+/// The documented SPOE configuration.
+pub fn spoe_path() -> PathBuf {
+    crate_dir().join("examples/haproxy/coraza.cfg")
+}
+
+impl Haproxy {
+    /// Starts HAProxy in front of `origin`, with agent servers `spoa1` and `spoa2`, and waits
+    /// until a benign request passes through an agent.
+    pub fn start(origin: SocketAddr, spoa1: SocketAddr, spoa2: SocketAddr) -> Haproxy {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let stats = dir.path().join("admin.sock");
+        let addr: SocketAddr = format!("127.0.0.1:{}", harness::free_port())
+            .parse()
+            .expect("addr");
+        let mut cmd = Command::new(HAPROXY);
+        cmd.arg("-db")
+            .arg("-f")
+            .arg(config_path())
+            .env("FRONTEND_ADDR", addr.to_string())
+            .env("ORIGIN_ADDR", origin.to_string())
+            .env("SPOA1_ADDR", spoa1.to_string())
+            .env("SPOA2_ADDR", spoa2.to_string())
+            .env("CORAZA_SPOE_CFG", spoe_path())
+            .env("STATS_SOCKET", &stats);
+        let pod = Pod::spawn(cmd);
+        harness::wait_for_tcp(addr, WAIT);
+        let h = Haproxy {
+            pod,
+            addr,
+            stats,
+            _dir: dir,
+        };
+        h.wait_until_serving();
+        h
+    }
+
+    fn wait_until_serving(&self) {
+        let end = Instant::now() + WAIT;
+        loop {
+            match http(self.addr, "GET", "/warmup", &[], b"") {
+                Ok(r) if r.status == 200 => return,
+                other => {
+                    assert!(
+                        Instant::now() < end,
+                        "HAProxy did not serve through the agent within {WAIT:?}: {other:?}"
+                    );
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            }
+        }
+    }
+
+    /// Runs an admin-socket command (e.g. `show servers state coraza-spoa`).
+    pub fn admin(&self, command: &str) -> String {
+        let mut s = UnixStream::connect(&self.stats).expect("stats socket");
+        s.set_read_timeout(Some(WAIT)).expect("timeout");
+        s.write_all(format!("{command}\n").as_bytes())
+            .expect("write");
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out);
+        out
+    }
+
+    /// The operational state of backend `coraza-spoa`'s server `name` ("UP", "DOWN", ...),
+    /// from `show stat`.
+    pub fn agent_server_status(&self, name: &str) -> String {
+        let stat = self.admin("show stat");
+        stat.lines()
+            .map(|l| l.split(',').collect::<Vec<_>>())
+            .find(|f| f.first() == Some(&"coraza-spoa") && f.get(1) == Some(&name))
+            .and_then(|f| f.get(17).map(|s| s.to_string()))
+            .unwrap_or_default()
+    }
+}

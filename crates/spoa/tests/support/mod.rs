@@ -1,0 +1,353 @@
+//! Test support shared by the integration tests: a real origin server, a tiny HTTP client,
+//! the `lastcall-spoa` agent process, and (in `haproxy`) a real HAProxy 2.6 in front of them.
+//!
+//! [`Stack::start`] brings all of it up on loopback with free ports and returns the
+//! addresses; everything is killed when the values are dropped (also on panic).
+#![allow(dead_code)]
+
+pub mod haproxy;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread;
+use std::time::Duration;
+
+use lastcall::harness::{self, Pod};
+
+pub use haproxy::Haproxy;
+
+/// Generous bound for anything a test waits for on this busy machine.
+pub const WAIT: Duration = Duration::from_secs(30);
+
+/// Marker the origin puts in `/leak` responses; the test rules block responses carrying it.
+pub const LEAK_HEADER: &str = "x-secret-leak";
+
+/// A real HTTP/1.1 origin on 127.0.0.1 (one thread per connection, keep-alive). Answers
+/// every request with 200 and `origin ok <method> <path> <body-length>`; `/leak` adds the
+/// [`LEAK_HEADER`] header and a body with an SQL error message.
+pub struct Origin {
+    /// Where it listens.
+    pub addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    /// Requests answered.
+    pub served: Arc<AtomicU64>,
+}
+
+impl Origin {
+    /// Starts the origin.
+    pub fn start() -> Origin {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind origin");
+        let addr = listener.local_addr().expect("origin addr");
+        let stop = Arc::new(AtomicBool::new(false));
+        let served = Arc::new(AtomicU64::new(0));
+        let (s, n) = (stop.clone(), served.clone());
+        thread::spawn(move || {
+            for conn in listener.incoming() {
+                if s.load(Ordering::SeqCst) {
+                    break;
+                }
+                if let Ok(conn) = conn {
+                    let n = n.clone();
+                    thread::spawn(move || origin_conn(conn, &n));
+                }
+            }
+        });
+        Origin { addr, stop, served }
+    }
+}
+
+impl Drop for Origin {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_secs(1));
+    }
+}
+
+fn origin_conn(conn: TcpStream, served: &AtomicU64) {
+    let _ = conn.set_read_timeout(Some(Duration::from_secs(60)));
+    let mut writer = match conn.try_clone() {
+        Ok(w) => w,
+        Err(_) => return,
+    };
+    let mut reader = BufReader::new(conn);
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+            return;
+        }
+        let mut parts = line.split_whitespace();
+        let method = parts.next().unwrap_or("").to_owned();
+        let path = parts.next().unwrap_or("").to_owned();
+        let mut len = 0usize;
+        let mut close = false;
+        loop {
+            let mut h = String::new();
+            if reader.read_line(&mut h).unwrap_or(0) == 0 {
+                return;
+            }
+            let h = h.trim_end();
+            if h.is_empty() {
+                break;
+            }
+            if let Some((k, v)) = h.split_once(':') {
+                if k.eq_ignore_ascii_case("content-length") {
+                    len = v.trim().parse().unwrap_or(0);
+                }
+                if k.eq_ignore_ascii_case("connection") && v.trim().eq_ignore_ascii_case("close") {
+                    close = true;
+                }
+            }
+        }
+        let mut body = vec![0; len];
+        if reader.read_exact(&mut body).is_err() {
+            return;
+        }
+        served.fetch_add(1, Ordering::SeqCst);
+        let (extra, text) = if path.starts_with("/leak") {
+            (
+                format!("{LEAK_HEADER}: yes\r\n"),
+                "<html>You have an error in your SQL syntax; check the manual that corresponds to your MySQL server version</html>\n".to_owned(),
+            )
+        } else {
+            (String::new(), format!("origin ok {method} {path} {len}\n"))
+        };
+        let resp = format!(
+            "HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: {}\r\n{extra}\r\n{text}",
+            text.len()
+        );
+        if writer.write_all(resp.as_bytes()).is_err() || close {
+            return;
+        }
+    }
+}
+
+/// An HTTP response as the client saw it.
+#[derive(Debug, Clone)]
+pub struct Reply {
+    /// Status code.
+    pub status: u16,
+    /// Headers (names lower-cased).
+    pub headers: Vec<(String, String)>,
+    /// Body.
+    pub body: Vec<u8>,
+}
+
+impl Reply {
+    /// First header named `name` (lower-case).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// Body as text.
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+/// One HTTP/1.1 request (`Connection: close`).
+pub fn http(
+    addr: SocketAddr,
+    method: &str,
+    target: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> std::io::Result<Reply> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+    s.set_read_timeout(Some(WAIT))?;
+    s.set_write_timeout(Some(WAIT))?;
+    let mut req = format!("{method} {target} HTTP/1.1\r\nHost: test.example\r\nUser-Agent: lastcall-test/1.0\r\nAccept: */*\r\nConnection: close\r\n");
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    if !body.is_empty() || method == "POST" {
+        req.push_str(&format!("Content-Length: {}\r\n", body.len()));
+    }
+    req.push_str("\r\n");
+    s.write_all(req.as_bytes())?;
+    s.write_all(body)?;
+    let mut raw = Vec::new();
+    match s.read_to_end(&mut raw) {
+        Ok(_) => {}
+        // HAProxy may reset after answering early (e.g. 413 before the body was read).
+        Err(e) if !raw.is_empty() && e.kind() == std::io::ErrorKind::ConnectionReset => {}
+        Err(e) => return Err(e),
+    }
+    parse_reply(&raw)
+}
+
+fn parse_reply(raw: &[u8]) -> std::io::Result<Reply> {
+    let split = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .ok_or_else(|| std::io::Error::other(format!("no HTTP head in {} bytes", raw.len())))?;
+    let head = String::from_utf8_lossy(&raw[..split]);
+    let mut lines = head.split("\r\n");
+    let status = lines
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| std::io::Error::other(format!("bad status line: {head:?}")))?;
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
+        .collect();
+    Ok(Reply {
+        status,
+        headers,
+        body: raw[split + 4..].to_vec(),
+    })
+}
+
+/// `GET target`.
+pub fn get(addr: SocketAddr, target: &str) -> Reply {
+    http(addr, "GET", target, &[], b"").unwrap_or_else(|e| panic!("GET {target}: {e}"))
+}
+
+/// `POST target` with a form body.
+pub fn post_form(addr: SocketAddr, target: &str, body: &str) -> Reply {
+    http(
+        addr,
+        "POST",
+        target,
+        &[("Content-Type", "application/x-www-form-urlencoded")],
+        body.as_bytes(),
+    )
+    .unwrap_or_else(|e| panic!("POST {target}: {e}"))
+}
+
+/// Path of the agent binary under test.
+pub fn agent_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_lastcall-spoa"))
+}
+
+/// A running `lastcall-spoa` process.
+pub struct Agent {
+    /// The process (stderr lines captured).
+    pub pod: Pod,
+    /// SPOP listener.
+    pub addr: SocketAddr,
+    /// Admin listener (`/metrics`, `/readyz`, `/drain`).
+    pub admin: SocketAddr,
+    _dir: Option<tempfile::TempDir>,
+}
+
+impl Agent {
+    /// Starts an agent on free loopback ports with `config` (YAML; `None` = built-in CRS
+    /// application) and extra arguments; waits until it listens.
+    pub fn start(config: Option<&str>, extra: &[&str]) -> Agent {
+        let port = harness::free_port();
+        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
+        let admin: SocketAddr = format!("127.0.0.1:{}", harness::free_port())
+            .parse()
+            .expect("addr");
+        let mut cmd = Command::new(agent_bin());
+        cmd.args([
+            "--bind",
+            &addr.to_string(),
+            "--admin-addr",
+            &admin.to_string(),
+        ]);
+        let dir = config.map(|text| {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let path = dir.path().join("lastcall-spoa.yaml");
+            std::fs::write(&path, text).expect("write config");
+            cmd.arg("--config").arg(&path);
+            dir
+        });
+        cmd.args(extra);
+        let pod = Pod::spawn(cmd);
+        pod.wait_for_log("listening on", WAIT);
+        harness::wait_for_tcp(addr, WAIT);
+        Agent {
+            pod,
+            addr,
+            admin,
+            _dir: dir,
+        }
+    }
+
+    /// The config file path, if one was given.
+    pub fn config_path(&self) -> Option<PathBuf> {
+        self._dir
+            .as_ref()
+            .map(|d| d.path().join("lastcall-spoa.yaml"))
+    }
+
+    /// `/metrics` text.
+    pub fn metrics(&self) -> String {
+        harness::http_get(self.admin, "/metrics").1
+    }
+
+    /// Value of one metric line (exact name with labels), 0 if absent.
+    pub fn metric(&self, name_and_labels: &str) -> f64 {
+        metric_value(&self.metrics(), name_and_labels)
+    }
+}
+
+/// Value of the metric line starting with `name_and_labels` followed by a space.
+pub fn metric_value(text: &str, name_and_labels: &str) -> f64 {
+    text.lines()
+        .find_map(|l| {
+            l.strip_prefix(name_and_labels)
+                .and_then(|r| r.strip_prefix(' '))
+                .and_then(|v| v.trim().parse().ok())
+        })
+        .unwrap_or(0.0)
+}
+
+/// Options for [`Stack::start`].
+#[derive(Debug, Clone, Default)]
+pub struct StackOptions {
+    /// Agent configuration (YAML); `None` = the built-in CRS application.
+    pub agent_config: Option<String>,
+    /// How many agent processes (1 or 2; with 1, both HAProxy servers point at it).
+    pub agents: usize,
+    /// Extra agent arguments.
+    pub agent_args: Vec<String>,
+}
+
+/// Origin + agent(s) + HAProxy, all on loopback.
+pub struct Stack {
+    /// HAProxy (drop order: HAProxy first, then agents, then origin).
+    pub haproxy: Haproxy,
+    /// The agents.
+    pub agents: Vec<Agent>,
+    /// The origin.
+    pub origin: Origin,
+}
+
+impl Stack {
+    /// Starts everything and waits until HAProxy answers through the agent.
+    pub fn start(opts: StackOptions) -> Stack {
+        let origin = Origin::start();
+        let args: Vec<&str> = opts.agent_args.iter().map(String::as_str).collect();
+        let agents: Vec<Agent> = (0..opts.agents.max(1))
+            .map(|_| Agent::start(opts.agent_config.as_deref(), &args))
+            .collect();
+        let a1 = agents[0].addr;
+        let a2 = agents.get(1).map_or(a1, |a| a.addr);
+        let haproxy = Haproxy::start(origin.addr, a1, a2);
+        Stack {
+            haproxy,
+            agents,
+            origin,
+        }
+    }
+
+    /// HAProxy's HTTP address.
+    pub fn http(&self) -> SocketAddr {
+        self.haproxy.addr
+    }
+}
+
+/// The directory of this crate (for example files).
+pub fn crate_dir() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
