@@ -1,0 +1,78 @@
+"""docker/Dockerfile against what the charts expect of the images (no Docker daemon here,
+so this reads the file): the targets the chart image names refer to, non-root uid 65532,
+SIGTERM as the stop signal, the binary itself as an exec-form ENTRYPOINT (PID 1, signals
+delivered, no shell or init shim), and the charts' default ports exposed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from chartlib import REPO, load
+
+DOCKERFILE = REPO / "docker" / "Dockerfile"
+
+
+def stages() -> dict[str, list[tuple[str, str]]]:
+    """{target: [(INSTRUCTION, arguments)]}, continuation lines joined."""
+    text = DOCKERFILE.read_text().replace("\\\n", " ")
+    result: dict[str, list[tuple[str, str]]] = {}
+    current = None
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        instr, _, args = line.partition(" ")
+        instr = instr.upper()
+        if instr == "FROM":
+            words = args.split()
+            current = words[2] if len(words) >= 3 and words[1].upper() == "AS" else words[0]
+            result[current] = [("FROM", words[0])]
+        elif current is not None:
+            result[current].append((instr, args.strip()))
+    return result
+
+
+def one(stage: list[tuple[str, str]], instr: str) -> str:
+    found = [a for i, a in stage if i == instr]
+    assert len(found) == 1, f"{instr} appears {len(found)} times"
+    return found[0]
+
+
+@pytest.mark.parametrize(
+    "chart,target,binary,ports",
+    [
+        ("lastcall-spoa", "spoa", "lastcall-spoa", ["9000/tcp", "9901/tcp"]),
+        ("lastcall-turn", "turn", "lastcall-turn", ["3478/udp", "3478/tcp", "5349/tcp", "9641/tcp"]),
+    ],
+)
+def test_runtime_stage(chart: str, target: str, binary: str, ports: list[str]) -> None:
+    all_stages = stages()
+    assert one(all_stages["build"], "FROM") == "rust:1-bookworm"
+    stage = all_stages[target]
+    assert one(stage, "FROM") == "debian:bookworm-slim"
+    assert one(stage, "USER") == "65532:65532"
+    assert one(stage, "STOPSIGNAL") == "SIGTERM"
+    entry = json.loads(one(stage, "ENTRYPOINT"))
+    assert entry == [f"/usr/local/bin/{binary}"], "exec form, the binary itself"
+    assert set(one(stage, "EXPOSE").split()) == set(ports)
+    labels = one(stage, "LABEL")
+    for key in ("title", "description", "version", "licenses"):
+        assert f"org.opencontainers.image.{key}=" in labels
+    assert f'org.opencontainers.image.title="{binary}"' in labels
+    with load(chart) as c:
+        values = c.values
+        app_version = c.metadata["appVersion"]
+    assert values["image"]["repository"] == f"lastcall/{binary}"
+    assert 'ARG VERSION=' + app_version in DOCKERFILE.read_text()
+    for instr, args in stage:
+        assert "tini" not in args and "dumb-init" not in args
+
+
+def test_spoa_runtime_has_only_the_waf_packages() -> None:
+    run = " ".join(a for i, a in stages()["spoa"] if i == "RUN")
+    assert "libmodsecurity3" in run and "modsecurity-crs" in run
+    assert "-dev" not in run and "--no-install-recommends" in run
+    assert not [a for i, a in stages()["turn"] if i == "RUN"], "the turn image installs nothing"
