@@ -1,0 +1,181 @@
+//! The command line and process behaviour: `--validate` exit codes, configuration errors
+//! (unknown YAML keys named with their line), SIGHUP reloads while requests flow.
+
+mod support;
+
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use lastcall::harness::Signal;
+use support::{agent_bin, get, Stack, StackOptions, WAIT};
+
+fn validate(config: &str) -> (i32, String) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("c.yaml");
+    std::fs::write(&path, config).expect("write");
+    let out = Command::new(agent_bin())
+        .arg("--validate")
+        .arg("--config")
+        .arg(&path)
+        .output()
+        .expect("run");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.code().unwrap_or(-1), text)
+}
+
+#[test]
+fn validate_exit_codes() {
+    let ok = Command::new(agent_bin())
+        .arg("--validate")
+        .output()
+        .expect("run");
+    assert_eq!(ok.status.code(), Some(0), "{ok:?}");
+    assert!(String::from_utf8_lossy(&ok.stdout).contains("configuration OK"));
+
+    let (code, text) = validate(
+        "bind: 127.0.0.1:9000\napplications:\n  - name: a\n    directives: |\n      SecRuleEngine On\n",
+    );
+    assert_eq!(code, 0, "{text}");
+
+    // Rules that do not compile: 64, with libmodsecurity's message.
+    let (code, text) =
+        validate("applications:\n  - name: a\n    directives: |\n      SecRuleEngine Sometimes\n");
+    assert_eq!(code, 64, "{text}");
+    assert!(text.contains("application `a`"), "{text}");
+
+    // A bad termination option and a bad file are reported together.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("c.yaml");
+    std::fs::write(&path, "bind: nowhere\napplications: []\n").expect("write");
+    let out = Command::new(agent_bin())
+        .args(["--validate", "--drain-timeout", "soon", "--config"])
+        .arg(&path)
+        .output()
+        .expect("run");
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(64), "{text}");
+    assert!(text.contains("--drain-timeout"), "{text}");
+    assert!(text.contains("bind `nowhere`"), "{text}");
+    assert!(text.contains("no applications"), "{text}");
+}
+
+#[test]
+fn unknown_yaml_keys_are_named_with_their_lines() {
+    let (code, text) = validate(
+        "\
+bind: 127.0.0.1:9000
+log_levle: debug
+applications:
+  - name: a
+    directives: SecRuleEngine On
+    reponse_check: true
+",
+    );
+    assert_eq!(code, 64, "{text}");
+    assert!(text.contains("line 2: unknown field `log_levle`"), "{text}");
+    assert!(
+        text.contains("line 6: applications[0]: unknown field `reponse_check`"),
+        "{text}"
+    );
+}
+
+#[test]
+fn sighup_reload_while_requests_flow_fails_nothing() {
+    let detect = "\
+default_application: default
+applications:
+  - name: default
+    detect_only: true
+";
+    let block = "\
+default_application: default
+applications:
+  - name: default
+";
+    let mut stack = Stack::start(StackOptions {
+        agent_config: Some(detect.into()),
+        agents: 1,
+        ..StackOptions::default()
+    });
+    let http = stack.http();
+    let attack = "/?id=1'%20OR%20'1'='1";
+    assert_eq!(get(http, attack).status, 200, "detect-only lets it through");
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let ok = Arc::new(AtomicU64::new(0));
+    let failed = Arc::new(AtomicU64::new(0));
+    let workers: Vec<_> = (0..4)
+        .map(|w| {
+            let (stop, ok, failed) = (stop.clone(), ok.clone(), failed.clone());
+            std::thread::spawn(move || {
+                let mut i = 0;
+                while !stop.load(Ordering::SeqCst) {
+                    i += 1;
+                    match support::http(http, "GET", &format!("/w{w}/{i}?q=fine"), &[], b"") {
+                        Ok(r) if r.status == 200 => ok.fetch_add(1, Ordering::SeqCst),
+                        other => {
+                            eprintln!("failed: {other:?}");
+                            failed.fetch_add(1, Ordering::SeqCst)
+                        }
+                    };
+                }
+            })
+        })
+        .collect();
+
+    let agent = &mut stack.agents[0];
+    let path = agent.config_path().expect("config path");
+    let wait_some = |n: u64| {
+        let target = ok.load(Ordering::SeqCst) + n;
+        let end = std::time::Instant::now() + WAIT;
+        while ok.load(Ordering::SeqCst) < target {
+            assert!(std::time::Instant::now() < end, "traffic stalled");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    };
+    for round in 0..4 {
+        wait_some(20);
+        let text = if round % 2 == 0 { block } else { detect };
+        std::fs::write(&path, text).expect("rewrite config");
+        let mark = agent.pod.log_len();
+        agent.pod.signal(Signal::Hup);
+        agent.pod.wait_for_log_after(mark, "rules reloaded", WAIT);
+        let want = if round % 2 == 0 { 403 } else { 200 };
+        assert_eq!(get(http, attack).status, want, "after reload {round}");
+    }
+    // A broken file: the reload fails, the running rules stay.
+    wait_some(20);
+    std::fs::write(
+        &path,
+        "applications:\n  - name: default\n    directives: SecRuleEngine Maybe\n",
+    )
+    .expect("rewrite");
+    let mark = agent.pod.log_len();
+    agent.pod.signal(Signal::Hup);
+    agent
+        .pod
+        .wait_for_log_after(mark, "reload failed, keeping the running rules", WAIT);
+    wait_some(20);
+    stop.store(true, Ordering::SeqCst);
+    for w in workers {
+        let _ = w.join();
+    }
+    assert_eq!(
+        failed.load(Ordering::SeqCst),
+        0,
+        "requests failed during reloads"
+    );
+    assert!(ok.load(Ordering::SeqCst) >= 100);
+
+    // The last good reload (round 3) installed detect-only again; round 2 had blocked.
+    assert_eq!(get(http, attack).status, 200);
+    assert_eq!(agent.metric("spoa_reloads_total{result=\"ok\"}"), 4.0);
+    assert_eq!(agent.metric("spoa_reloads_total{result=\"error\"}"), 1.0);
+    assert!(agent.pod.is_running());
+}
