@@ -40,3 +40,6 @@ pub use types::{
     AuthFailure, ClientAddr, Counters, DeleteReason, DrainMode, Event, RelayAddrs, RelayError,
     RelayProvider, Transmit, Transport, MAX_QUEUED_EVENTS,
 };
+
+#[cfg(test)]
+mod tests;

@@ -163,15 +163,14 @@ impl<'a> Attrs<'a> {
                 | attr::ERROR_CODE
                 | attr::UNKNOWN_ATTRIBUTES
                 | attr::XOR_RELAYED_ADDRESS => {}
-                t if t < 0x8000 => {
-                    // Comprehension-required and not understood (this includes EVEN-PORT,
-                    // RESERVATION-TOKEN, USERHASH, CONNECTION-ID): 420.
-                    if a.unknown_count < a.unknown.len()
-                        && !a.unknown[..a.unknown_count].contains(&t)
-                    {
-                        a.unknown[a.unknown_count] = t;
-                        a.unknown_count += 1;
-                    }
+                // Comprehension-required and not understood (this includes EVEN-PORT,
+                // RESERVATION-TOKEN, USERHASH, CONNECTION-ID): 420.
+                t if t < 0x8000
+                    && a.unknown_count < a.unknown.len()
+                    && !a.unknown[..a.unknown_count].contains(&t) =>
+                {
+                    a.unknown[a.unknown_count] = t;
+                    a.unknown_count += 1;
                 }
                 _ => {}
             }
