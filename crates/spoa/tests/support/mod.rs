@@ -6,6 +6,7 @@
 #![allow(dead_code)]
 
 pub mod haproxy;
+pub mod nginx;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};

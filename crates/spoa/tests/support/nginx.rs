@@ -1,0 +1,272 @@
+//! The reference side of the differential check: a real nginx with Debian's
+//! `libnginx-mod-http-modsecurity` (libmodsecurity 3.0.9, the same library the agent
+//! links) running the same rule text, in front of a real origin; plus the request corpus
+//! (`tests/corpus/requests.txt`) and a raw HTTP/1.1 sender that records, per request,
+//! whether the origin saw it.
+//!
+//! nginx runs in the foreground (`daemon off; master_process off;`) with a temporary
+//! prefix holding its config, rules, pid, logs and temp paths, on a free 127.0.0.1 port;
+//! it is killed on drop (also on panic). The origin is a real server
+//! ([`super::Origin`]): nginx-ModSecurity does not inspect responses generated with
+//! `return`, and it answers many phases only on proxied requests.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use lastcall::harness::{self, Pod};
+
+use super::{Origin, WAIT};
+
+/// Debian's nginx.
+pub const NGINX: &str = "/usr/sbin/nginx";
+/// Debian's ModSecurity connector module for nginx.
+pub const MODSECURITY_MODULE: &str = "/usr/lib/nginx/modules/ngx_http_modsecurity_module.so";
+
+/// A running nginx with ModSecurity.
+pub struct Nginx {
+    /// The process (stderr captured).
+    pub pod: Pod,
+    /// Where it listens for HTTP.
+    pub addr: SocketAddr,
+    dir: tempfile::TempDir,
+}
+
+impl Nginx {
+    /// Starts nginx in front of `origin`, running `rules` (SecLang text, written to
+    /// `rules.conf` and loaded with `modsecurity_rules_file`), and waits until it listens.
+    pub fn start(rules: &str, origin: SocketAddr) -> Nginx {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let prefix = dir.path();
+        std::fs::write(prefix.join("rules.conf"), rules).expect("write rules");
+        let addr: SocketAddr = format!("127.0.0.1:{}", harness::free_port())
+            .parse()
+            .expect("addr");
+        let conf = config(prefix, addr, origin);
+        std::fs::write(prefix.join("nginx.conf"), conf).expect("write nginx.conf");
+        let mut cmd = Command::new(NGINX);
+        cmd.arg("-p")
+            .arg(prefix)
+            .arg("-c")
+            .arg(prefix.join("nginx.conf"))
+            .arg("-e")
+            .arg(prefix.join("error.log"));
+        let pod = Pod::spawn(cmd);
+        // CRS compiles in well under a second; the bound is for a busy machine.
+        harness::wait_for_tcp(addr, WAIT);
+        Nginx { pod, addr, dir }
+    }
+
+    /// nginx's error log (ModSecurity's messages land here).
+    pub fn error_log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("error.log")).unwrap_or_default()
+    }
+
+    /// The prefix directory.
+    pub fn prefix(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+/// nginx.conf for the test. Header handling is made as permissive as HAProxy's
+/// (`underscores_in_headers on`, `ignore_invalid_headers off`), so that both proxies hand
+/// the same headers to libmodsecurity; bodies are kept in memory up to 20 MB.
+fn config(prefix: &Path, addr: SocketAddr, origin: SocketAddr) -> String {
+    let p = prefix.display();
+    format!(
+        "load_module {MODSECURITY_MODULE};
+daemon off;
+master_process off;
+worker_processes 1;
+pid {p}/nginx.pid;
+error_log {p}/error.log info;
+events {{ worker_connections 256; }}
+http {{
+    access_log {p}/access.log;
+    client_body_temp_path {p}/client_body;
+    proxy_temp_path {p}/proxy;
+    fastcgi_temp_path {p}/fastcgi;
+    uwsgi_temp_path {p}/uwsgi;
+    scgi_temp_path {p}/scgi;
+    underscores_in_headers on;
+    ignore_invalid_headers off;
+    client_max_body_size 20m;
+    client_body_buffer_size 20m;
+    modsecurity on;
+    modsecurity_rules_file {p}/rules.conf;
+    server {{
+        listen {addr};
+        server_name _;
+        location / {{
+            proxy_pass http://{origin};
+            proxy_set_header Host $http_host;
+        }}
+    }}
+}}
+"
+    )
+}
+
+/// One corpus entry.
+#[derive(Debug, Clone)]
+pub struct Entry {
+    /// Unique name.
+    pub name: String,
+    /// `benign`, `attack` or `policy` (what the author meant; the differential compares
+    /// the two proxies, not this label).
+    pub kind: String,
+    /// The request line as written.
+    pub request_line: String,
+    /// The exact bytes sent.
+    pub raw: Vec<u8>,
+}
+
+/// Path of the corpus file.
+pub fn corpus_path() -> PathBuf {
+    super::crate_dir().join("tests/corpus/requests.txt")
+}
+
+/// Parses the corpus (format described in `tests/corpus/gen_requests.py`).
+pub fn load_corpus(path: &Path) -> Vec<Entry> {
+    let text = std::fs::read_to_string(path).expect("read corpus");
+    parse_corpus(&text)
+}
+
+/// See [`load_corpus`].
+pub fn parse_corpus(text: &str) -> Vec<Entry> {
+    let mut entries = Vec::new();
+    let mut current: Option<(String, String, Vec<&str>)> = None;
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("=== ") {
+            if let Some((name, kind, lines)) = current.take() {
+                entries.push(build_entry(name, kind, &lines));
+            }
+            let mut it = rest.split_whitespace();
+            let name = it.next().expect("entry name").to_owned();
+            let kind = it.next().unwrap_or("benign").to_owned();
+            current = Some((name, kind, Vec::new()));
+        } else if let Some((_, _, lines)) = current.as_mut() {
+            lines.push(line);
+        }
+    }
+    if let Some((name, kind, lines)) = current.take() {
+        entries.push(build_entry(name, kind, &lines));
+    }
+    let mut names: Vec<&str> = entries.iter().map(|e| e.name.as_str()).collect();
+    names.sort_unstable();
+    names.dedup();
+    assert_eq!(names.len(), entries.len(), "corpus names must be unique");
+    entries
+}
+
+fn build_entry(name: String, kind: String, lines: &[&str]) -> Entry {
+    let split = lines
+        .iter()
+        .position(|l| l.is_empty())
+        .unwrap_or(lines.len());
+    let (head, rest) = lines.split_at(split);
+    let request_line = head.first().expect("request line").to_string();
+    let headers = head.get(1..).unwrap_or_default();
+    let mut body_lines: Vec<&str> = rest.get(1..).unwrap_or_default().to_vec();
+    while body_lines.last().is_some_and(|l| l.is_empty()) {
+        body_lines.pop();
+    }
+    let has = |n: &str| {
+        headers.iter().any(|h| {
+            h.split_once(':')
+                .is_some_and(|(k, _)| k.trim().eq_ignore_ascii_case(n))
+        })
+    };
+    let multipart = headers.iter().any(|h| {
+        h.split_once(':').is_some_and(|(k, v)| {
+            k.trim().eq_ignore_ascii_case("content-type")
+                && v.trim().to_ascii_lowercase().starts_with("multipart/")
+        })
+    });
+    let body = body_lines.join(if multipart { "\r\n" } else { "\n" });
+    let mut raw = String::new();
+    raw.push_str(&request_line);
+    raw.push_str("\r\n");
+    for h in headers {
+        raw.push_str(h);
+        raw.push_str("\r\n");
+    }
+    if !body.is_empty() && !has("content-length") && !has("transfer-encoding") {
+        raw.push_str(&format!("Content-Length: {}\r\n", body.len()));
+    }
+    if !has("connection") {
+        raw.push_str("Connection: close\r\n");
+    }
+    raw.push_str("\r\n");
+    raw.push_str(&body);
+    Entry {
+        name,
+        kind,
+        request_line,
+        raw: raw.into_bytes(),
+    }
+}
+
+/// What happened to one request at one proxy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcome {
+    /// Did the origin receive it? (The verdict: allowed iff it reached the origin.)
+    pub reached_origin: bool,
+    /// Status the client got; 0 when the connection closed without a response.
+    pub status: u16,
+}
+
+impl Outcome {
+    /// `allow` or `deny`.
+    pub fn verdict(&self) -> &'static str {
+        if self.reached_origin {
+            "allow"
+        } else {
+            "deny"
+        }
+    }
+}
+
+/// Sends raw request bytes and reads the whole response (the request says
+/// `Connection: close`). Returns the status (0 if none could be parsed).
+pub fn send_raw(addr: SocketAddr, raw: &[u8]) -> std::io::Result<u16> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+    s.set_read_timeout(Some(WAIT))?;
+    s.set_write_timeout(Some(WAIT))?;
+    s.write_all(raw)?;
+    let mut resp = Vec::new();
+    match s.read_to_end(&mut resp) {
+        Ok(_) => {}
+        Err(e) if !resp.is_empty() || e.kind() == std::io::ErrorKind::ConnectionReset => {}
+        Err(e) => return Err(e),
+    }
+    let status = std::str::from_utf8(resp.get(..resp.len().min(64)).unwrap_or_default())
+        .ok()
+        .and_then(|h| h.split_whitespace().nth(1).map(str::to_owned))
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    Ok(status)
+}
+
+/// Sends every entry, one at a time, to `proxy`, and reports whether `origin` saw each.
+/// Requests are sequential, so the origin's counter tells which request reached it.
+pub fn run_corpus(proxy: SocketAddr, origin: &Origin, corpus: &[Entry]) -> Vec<Outcome> {
+    corpus
+        .iter()
+        .map(|e| {
+            let before = origin.served.load(Ordering::SeqCst);
+            let status = send_raw(proxy, &e.raw)
+                .unwrap_or_else(|err| panic!("{}: sending to {proxy}: {err}", e.name));
+            // The origin counts a request before it answers, and the proxy answers the
+            // client after the origin did: the count is final here.
+            let after = origin.served.load(Ordering::SeqCst);
+            Outcome {
+                reached_origin: after > before,
+                status,
+            }
+        })
+        .collect()
+}
