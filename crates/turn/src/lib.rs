@@ -9,4 +9,5 @@
 pub mod config;
 pub mod metrics;
 pub mod options;
+pub mod server;
 pub mod tls;

@@ -1,0 +1,768 @@
+//! The I/O around the sans-IO core: client listeners (UDP, TCP, TLS), relay sockets, timers,
+//! session guards, metrics and the drain.
+//!
+//! One [`Server`](lastcall_turn_proto::Server) sits behind one mutex; every socket task
+//! locks it for the few microseconds a packet takes, then sends outside the lock. A later
+//! optimisation would shard allocations over SO_REUSEPORT workers (one core each, relay
+//! sockets owned by the worker of their allocation), batch with recvmmsg/sendmmsg, and keep
+//! the hot ChannelData path out of the lock entirely.
+
+use std::collections::{HashMap, HashSet};
+use std::hash::BuildHasher;
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::time::{Duration, Instant, SystemTime};
+
+use lastcall::{Handle, PeerId, SessionGuard};
+use lastcall_turn_proto::{
+    ClientAddr, DrainMode, Event, RelayError, RelayProvider, Server, ServerConfig, Transmit,
+    Transport,
+};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpListener, UdpSocket};
+use tokio::sync::mpsc;
+use tokio::task::AbortHandle;
+
+use crate::config::TurnConfig;
+use crate::metrics::{self, Metrics};
+use crate::tls::Certs;
+
+/// Largest UDP datagram we read.
+const MAX_DATAGRAM: usize = 65_536;
+/// Frames queued towards one TCP/TLS client before further ones are dropped.
+const STREAM_QUEUE: usize = 1024;
+/// Longest a TLS handshake may take.
+const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Timers are checked at least this often.
+const TIMER_TICK: Duration = Duration::from_millis(500);
+
+/// A start-up failure (binding a socket).
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("cannot bind {proto} {addr}: {source}")]
+    Bind {
+        proto: &'static str,
+        addr: SocketAddr,
+        source: io::Error,
+    },
+    #[error("cannot list the host's addresses for the default listening-ip: {0}")]
+    Interfaces(String),
+    #[error("no address to listen on")]
+    NoAddress,
+}
+
+/// The core and what is changed under the same lock.
+struct Core {
+    server: Server,
+    ports: PortPool,
+    guards: HashMap<ClientAddr, SessionGuard>,
+    relay_tasks: HashMap<SocketAddr, AbortHandle>,
+}
+
+/// State shared by every task.
+pub struct Shared {
+    core: Mutex<Core>,
+    relay_sockets: RwLock<HashMap<SocketAddr, Arc<UdpSocket>>>,
+    udp_listeners: HashMap<SocketAddr, Arc<UdpSocket>>,
+    streams: Mutex<HashMap<ClientAddr, mpsc::Sender<Vec<u8>>>>,
+    metrics: Metrics,
+    handle: Handle,
+}
+
+/// A running server: its bound addresses, for logs and tests.
+pub struct Running {
+    pub shared: Arc<Shared>,
+    pub udp: Vec<SocketAddr>,
+    pub tcp: Vec<SocketAddr>,
+    pub tls: Vec<SocketAddr>,
+}
+
+/// The protocol core's configuration from ours.
+pub fn core_config(c: &TurnConfig) -> ServerConfig {
+    let mut s = ServerConfig::new(c.realm.clone());
+    if c.use_auth_secret {
+        s.auth.rest_secrets = c
+            .static_auth_secrets
+            .iter()
+            .map(|x| x.as_bytes().to_vec())
+            .collect();
+    }
+    for (name, key) in &c.users {
+        s.auth.users.insert(name.clone(), key.clone());
+    }
+    s.lifetimes.allocation_max = Duration::from_secs(u64::from(c.max_allocate_lifetime));
+    if s.lifetimes.allocation_default > s.lifetimes.allocation_max {
+        s.lifetimes.allocation_default = s.lifetimes.allocation_max;
+    }
+    s.quotas.per_user = c.user_quota;
+    s.quotas.total = c.total_quota;
+    s.nonce.lifetime = Duration::from_secs(u64::from(c.stale_nonce));
+    s.peer_policy.allow_loopback = c.allow_loopback_peers;
+    s.peer_policy.allowed = c.allowed_peer_ips.clone();
+    s.peer_policy.denied = c.denied_peer_ips.clone();
+    s.relay.relay_ips = c.relay_ips.clone();
+    s.relay.external_ips = c.external_ips.clone();
+    s
+}
+
+/// The addresses to listen on: the configured ones, a wildcard expanded to the host's
+/// addresses of that family (the core needs the concrete local address of each datagram),
+/// or every host address when none is configured (coturn's default).
+pub fn listening_addresses(c: &TurnConfig) -> Result<Vec<IpAddr>, StartError> {
+    let wants_host =
+        c.listening_ips.is_empty() || c.listening_ips.iter().any(IpAddr::is_unspecified);
+    let host = if wants_host {
+        host_addresses()?
+    } else {
+        Vec::new()
+    };
+    let mut out: Vec<IpAddr> = Vec::new();
+    if c.listening_ips.is_empty() {
+        out = host;
+    } else {
+        for ip in &c.listening_ips {
+            if ip.is_unspecified() {
+                out.extend(host.iter().filter(|h| h.is_ipv4() == ip.is_ipv4()));
+            } else {
+                out.push(*ip);
+            }
+        }
+    }
+    let mut seen = HashSet::new();
+    out.retain(|ip| seen.insert(*ip));
+    if out.is_empty() {
+        return Err(StartError::NoAddress);
+    }
+    Ok(out)
+}
+
+fn host_addresses() -> Result<Vec<IpAddr>, StartError> {
+    let addrs = nix::ifaddrs::getifaddrs().map_err(|e| StartError::Interfaces(e.to_string()))?;
+    let mut out = Vec::new();
+    for ifa in addrs {
+        let Some(addr) = ifa.address else { continue };
+        let ip = if let Some(v4) = addr.as_sockaddr_in() {
+            IpAddr::V4(v4.ip())
+        } else if let Some(v6) = addr.as_sockaddr_in6() {
+            IpAddr::V6(v6.ip())
+        } else {
+            continue;
+        };
+        let link_local_v6 = matches!(ip, IpAddr::V6(v6) if (v6.segments()[0] & 0xffc0) == 0xfe80);
+        if !ip.is_unspecified() && !link_local_v6 {
+            out.push(ip);
+        }
+    }
+    Ok(out)
+}
+
+fn bind_udp(addr: SocketAddr) -> io::Result<std::net::UdpSocket> {
+    let domain = socket2::Domain::for_address(addr);
+    let s = socket2::Socket::new(domain, socket2::Type::DGRAM, Some(socket2::Protocol::UDP))?;
+    if addr.is_ipv6() {
+        s.set_only_v6(true)?;
+    }
+    s.set_nonblocking(true)?;
+    s.bind(&addr.into())?;
+    Ok(s.into())
+}
+
+fn bind_tcp(addr: SocketAddr) -> io::Result<std::net::TcpListener> {
+    let domain = socket2::Domain::for_address(addr);
+    let s = socket2::Socket::new(domain, socket2::Type::STREAM, Some(socket2::Protocol::TCP))?;
+    if addr.is_ipv6() {
+        s.set_only_v6(true)?;
+    }
+    s.set_reuse_address(true)?;
+    s.set_nonblocking(true)?;
+    s.bind(&addr.into())?;
+    s.listen(1024)?;
+    Ok(s.into())
+}
+
+/// Binds every listener and starts every task. Must run inside a tokio runtime.
+pub fn start(
+    config: &TurnConfig,
+    ips: &[IpAddr],
+    certs: Option<Arc<Certs>>,
+    metrics: Metrics,
+    handle: Handle,
+) -> Result<Running, StartError> {
+    let mut udp_std = Vec::new();
+    let mut tcp_std = Vec::new();
+    let mut tls_std = Vec::new();
+    for ip in ips {
+        if !config.no_udp {
+            let addr = SocketAddr::new(*ip, config.listening_port);
+            udp_std.push(bind_udp(addr).map_err(|source| StartError::Bind {
+                proto: "UDP",
+                addr,
+                source,
+            })?);
+        }
+        if !config.no_tcp {
+            let addr = SocketAddr::new(*ip, config.listening_port);
+            tcp_std.push(bind_tcp(addr).map_err(|source| StartError::Bind {
+                proto: "TCP",
+                addr,
+                source,
+            })?);
+        }
+        if certs.is_some() {
+            let addr = SocketAddr::new(*ip, config.tls_listening_port);
+            tls_std.push(bind_tcp(addr).map_err(|source| StartError::Bind {
+                proto: "TLS",
+                addr,
+                source,
+            })?);
+        }
+    }
+    let bind_err = |proto, addr| {
+        move |source| StartError::Bind {
+            proto,
+            addr,
+            source,
+        }
+    };
+    let mut udp_listeners = HashMap::new();
+    let mut udp = Vec::new();
+    for s in udp_std {
+        let addr = s
+            .local_addr()
+            .map_err(bind_err("UDP", SocketAddr::from(([0, 0, 0, 0], 0))))?;
+        let s = UdpSocket::from_std(s).map_err(bind_err("UDP", addr))?;
+        udp_listeners.insert(addr, Arc::new(s));
+        udp.push(addr);
+    }
+    let now = Instant::now();
+    let server = Server::new(core_config(config), now, SystemTime::now());
+    let shared = Arc::new(Shared {
+        core: Mutex::new(Core {
+            server,
+            ports: PortPool::new(config.min_port, config.max_port),
+            guards: HashMap::new(),
+            relay_tasks: HashMap::new(),
+        }),
+        relay_sockets: RwLock::new(HashMap::new()),
+        udp_listeners,
+        streams: Mutex::new(HashMap::new()),
+        metrics,
+        handle,
+    });
+    for (addr, sock) in &shared.udp_listeners {
+        tokio::spawn(udp_loop(Arc::clone(&shared), Arc::clone(sock), *addr));
+    }
+    let mut tcp = Vec::new();
+    for l in tcp_std {
+        let l = TcpListener::from_std(l)
+            .map_err(bind_err("TCP", SocketAddr::from(([0, 0, 0, 0], 0))))?;
+        if let Ok(a) = l.local_addr() {
+            tcp.push(a);
+        }
+        tokio::spawn(accept_loop(Arc::clone(&shared), l, None));
+    }
+    let mut tls = Vec::new();
+    if let Some(certs) = certs {
+        for l in tls_std {
+            let l = TcpListener::from_std(l)
+                .map_err(bind_err("TLS", SocketAddr::from(([0, 0, 0, 0], 0))))?;
+            if let Ok(a) = l.local_addr() {
+                tls.push(a);
+            }
+            tokio::spawn(accept_loop(
+                Arc::clone(&shared),
+                l,
+                Some(Arc::clone(&certs)),
+            ));
+        }
+    }
+    tokio::spawn(timer_loop(Arc::clone(&shared)));
+    tokio::spawn(drain_on_refusing(
+        Arc::clone(&shared),
+        config.alternate_servers.clone(),
+    ));
+    Ok(Running {
+        shared,
+        udp,
+        tcp,
+        tls,
+    })
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Core> {
+        match self.core.lock() {
+            Ok(g) => g,
+            Err(poisoned) => poisoned.into_inner(),
+        }
+    }
+
+    /// Live allocations.
+    pub fn allocations(&self) -> usize {
+        self.lock().server.allocation_count()
+    }
+
+    /// Deletes every allocation (the deadline has come).
+    pub fn clear(self: &Arc<Self>) {
+        let mut core = self.lock();
+        let Core {
+            server,
+            ports,
+            guards,
+            relay_tasks,
+        } = &mut *core;
+        let mut relays = Relays {
+            shared: self,
+            ports,
+            relay_tasks,
+        };
+        server.clear(&mut relays);
+        self.events(server, guards);
+    }
+
+    /// Runs one client datagram/frame through the core; returns what to send.
+    fn on_client<'a>(
+        self: &Arc<Self>,
+        from: ClientAddr,
+        data: &'a [u8],
+        out: &'a mut Vec<u8>,
+    ) -> Option<Transmit<'a>> {
+        self.metrics.client_rx.add(data.len());
+        let mut core = self.lock();
+        let Core {
+            server,
+            ports,
+            guards,
+            relay_tasks,
+        } = &mut *core;
+        let mut relays = Relays {
+            shared: self,
+            ports,
+            relay_tasks,
+        };
+        let t = server.handle_client(Instant::now(), from, data, &mut relays, out);
+        self.events(server, guards);
+        t
+    }
+
+    /// Applies the core's events: session guards, metrics, logs.
+    fn events(&self, server: &mut Server, guards: &mut HashMap<ClientAddr, SessionGuard>) {
+        while let Some(ev) = server.poll_event() {
+            match ev {
+                Event::AllocationCreated {
+                    client,
+                    relays,
+                    username,
+                    lifetime,
+                } => {
+                    self.metrics.allocations(transport(client.transport)).inc();
+                    self.metrics.allocations_created.inc();
+                    let guard = self.handle.session(PeerId::from(client.client.ip()));
+                    guards.insert(client, guard);
+                    tracing::debug!(client = %client.client, transport = %client.transport,
+                        relay = ?relays, user = %username, lifetime, "allocation created");
+                }
+                Event::AllocationDeleted {
+                    client,
+                    relays,
+                    reason,
+                    ..
+                } => {
+                    self.metrics.allocations(transport(client.transport)).dec();
+                    guards.remove(&client);
+                    tracing::debug!(client = %client.client, relay = ?relays,
+                        reason = reason.as_str(), "allocation deleted");
+                }
+                Event::AuthFailed {
+                    client,
+                    username,
+                    reason,
+                } => {
+                    self.metrics.auth_failures.inc();
+                    tracing::info!(client = %client.client, user = ?username,
+                        reason = reason.as_str(), "authentication failed");
+                }
+                Event::AllocateRefusedDraining { client, alternate } => {
+                    self.metrics.refused_draining.inc();
+                    self.handle.record_refused();
+                    tracing::debug!(client = %client.client, ?alternate, "allocate refused: draining");
+                }
+                Event::AllocateRefused { client, code } => {
+                    if code == 508 {
+                        self.metrics.relay_port_exhausted.inc();
+                    }
+                    tracing::info!(client = %client.client, code, "allocate refused");
+                }
+                Event::PeerDenied {
+                    client,
+                    peer,
+                    reason,
+                } => {
+                    tracing::info!(client = %client.client, %peer, %reason, "peer refused");
+                }
+            }
+        }
+    }
+
+    /// Sends what the core returned.
+    async fn transmit(&self, t: Transmit<'_>) {
+        match t {
+            Transmit::Client { to, data } => match to.transport {
+                Transport::Udp => {
+                    if let Some(sock) = self.udp_listeners.get(&to.local) {
+                        if send_to(sock, data, to.client).await {
+                            self.metrics.client_tx.add(data.len());
+                        }
+                    }
+                }
+                Transport::Tcp | Transport::Tls => {
+                    let tx = lock(&self.streams).get(&to).cloned();
+                    if let Some(tx) = tx {
+                        if tx.try_send(data.to_vec()).is_ok() {
+                            self.metrics.client_tx.add(data.len());
+                        }
+                    }
+                }
+            },
+            Transmit::Peer { relay, peer, data } => {
+                let sock = read(&self.relay_sockets).get(&relay).cloned();
+                if let Some(sock) = sock {
+                    if send_to(&sock, data, peer).await {
+                        self.metrics.peer_tx.add(data.len());
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn transport(t: Transport) -> metrics::Transport {
+    match t {
+        Transport::Udp => metrics::Transport::Udp,
+        Transport::Tcp => metrics::Transport::Tcp,
+        Transport::Tls => metrics::Transport::Tls,
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    match m.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
+    }
+}
+
+fn read<T>(m: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    match m.read() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
+    }
+}
+
+fn write<T>(m: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    match m.write() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
+    }
+}
+
+/// Sends a datagram, waiting for buffer space only if the socket is full.
+async fn send_to(sock: &UdpSocket, data: &[u8], to: SocketAddr) -> bool {
+    match sock.try_send_to(data, to) {
+        Ok(_) => true,
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => sock.send_to(data, to).await.is_ok(),
+        Err(_) => false,
+    }
+}
+
+/// Reads client datagrams on one UDP listener.
+async fn udp_loop(shared: Arc<Shared>, sock: Arc<UdpSocket>, local: SocketAddr) {
+    let mut buf = vec![0u8; MAX_DATAGRAM];
+    let mut out = Vec::with_capacity(MAX_DATAGRAM);
+    loop {
+        let (n, client) = match sock.recv_from(&mut buf).await {
+            Ok(x) => x,
+            // ICMP errors from earlier sends (ECONNREFUSED) and the like: keep reading.
+            Err(_) => continue,
+        };
+        let Some(data) = buf.get(..n) else { continue };
+        let from = ClientAddr {
+            transport: Transport::Udp,
+            client,
+            local,
+        };
+        if let Some(t) = shared.on_client(from, data, &mut out) {
+            shared.transmit(t).await;
+        }
+    }
+}
+
+/// Reads peer datagrams on one relay socket.
+async fn relay_loop(shared: Arc<Shared>, sock: Arc<UdpSocket>, relay: SocketAddr) {
+    let mut buf = vec![0u8; MAX_DATAGRAM];
+    let mut out = Vec::with_capacity(MAX_DATAGRAM);
+    loop {
+        let (n, peer) = match sock.recv_from(&mut buf).await {
+            Ok(x) => x,
+            Err(_) => continue,
+        };
+        let Some(data) = buf.get(..n) else { continue };
+        shared.metrics.peer_rx.add(n);
+        let t = {
+            let mut core = shared.lock();
+            core.server
+                .handle_peer(Instant::now(), relay, peer, data, &mut out)
+        };
+        if let Some(t) = t {
+            shared.transmit(t).await;
+        }
+    }
+}
+
+/// Accepts TCP (or, with `certs`, TLS) client connections.
+async fn accept_loop(shared: Arc<Shared>, listener: TcpListener, certs: Option<Arc<Certs>>) {
+    loop {
+        let (stream, client) = match listener.accept().await {
+            Ok(x) => x,
+            Err(e) => {
+                tracing::warn!("accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let Ok(local) = stream.local_addr() else {
+            continue;
+        };
+        let shared = Arc::clone(&shared);
+        match &certs {
+            None => {
+                let addr = ClientAddr {
+                    transport: Transport::Tcp,
+                    client,
+                    local,
+                };
+                tokio::spawn(stream_conn(shared, stream, addr));
+            }
+            Some(certs) => {
+                let acceptor = tokio_rustls::TlsAcceptor::from(certs.current());
+                tokio::spawn(async move {
+                    match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await
+                    {
+                        Ok(Ok(tls)) => {
+                            let addr = ClientAddr {
+                                transport: Transport::Tls,
+                                client,
+                                local,
+                            };
+                            stream_conn(shared, tls, addr).await;
+                        }
+                        Ok(Err(e)) => {
+                            shared.metrics.tls_handshake_failures.inc();
+                            tracing::debug!(%client, "TLS handshake failed: {e}");
+                        }
+                        Err(_) => {
+                            shared.metrics.tls_handshake_failures.inc();
+                            tracing::debug!(%client, "TLS handshake timed out");
+                        }
+                    }
+                });
+            }
+        }
+    }
+}
+
+/// Serves one TCP/TLS client connection: frames in, frames out, allocation deleted at close.
+async fn stream_conn<S>(shared: Arc<Shared>, stream: S, addr: ClientAddr)
+where
+    S: AsyncRead + AsyncWrite + Send + 'static,
+{
+    let (mut rd, mut wr) = tokio::io::split(stream);
+    let (tx, mut rx) = mpsc::channel::<Vec<u8>>(STREAM_QUEUE);
+    lock(&shared.streams).insert(addr, tx);
+    shared.metrics.stream_connections.inc();
+    let writer = tokio::spawn(async move {
+        while let Some(frame) = rx.recv().await {
+            if wr.write_all(&frame).await.is_err() {
+                break;
+            }
+        }
+        let _ = wr.shutdown().await;
+    });
+    let mut buf: Vec<u8> = Vec::with_capacity(8192);
+    let mut chunk = vec![0u8; 16 * 1024];
+    let mut out = Vec::with_capacity(MAX_DATAGRAM);
+    'conn: loop {
+        let n = match rd.read(&mut chunk).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        buf.extend_from_slice(chunk.get(..n).unwrap_or_default());
+        let mut start = 0;
+        loop {
+            let rest = buf.get(start..).unwrap_or_default();
+            match lastcall_turn_proto::stream_frame_len(rest) {
+                Ok(Some(len)) => {
+                    let Some(frame) = rest.get(..len) else {
+                        break 'conn;
+                    };
+                    if let Some(t) = shared.on_client(addr, frame, &mut out) {
+                        shared.transmit(t).await;
+                    }
+                    start += len;
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    tracing::debug!(client = %addr.client, "closing stream: {e}");
+                    break 'conn;
+                }
+            }
+        }
+        buf.drain(..start);
+        if buf.len() > 2 * MAX_DATAGRAM {
+            break;
+        }
+    }
+    lock(&shared.streams).remove(&addr);
+    shared.metrics.stream_connections.dec();
+    writer.abort();
+    let mut core = shared.lock();
+    let Core {
+        server,
+        ports,
+        guards,
+        relay_tasks,
+    } = &mut *core;
+    let mut relays = Relays {
+        shared: &shared,
+        ports,
+        relay_tasks,
+    };
+    server.close_client(Instant::now(), &addr, &mut relays);
+    shared.events(server, guards);
+}
+
+/// Expires allocations, permissions and channels.
+async fn timer_loop(shared: Arc<Shared>) {
+    loop {
+        let next = shared.lock().server.poll_timeout();
+        let now = Instant::now();
+        let wait = next
+            .map(|t| t.saturating_duration_since(now))
+            .unwrap_or(TIMER_TICK)
+            .min(TIMER_TICK);
+        tokio::time::sleep(wait).await;
+        let mut core = shared.lock();
+        let Core {
+            server,
+            ports,
+            guards,
+            relay_tasks,
+        } = &mut *core;
+        let mut relays = Relays {
+            shared: &shared,
+            ports,
+            relay_tasks,
+        };
+        server.handle_timeout(Instant::now(), &mut relays);
+        shared.events(server, guards);
+    }
+}
+
+/// When the drain reaches Refusing, new Allocates get 300 (with alternates) or 403.
+async fn drain_on_refusing(shared: Arc<Shared>, alternates: Vec<SocketAddr>) {
+    shared.handle.refusing().await;
+    if shared.handle.is_exiting() {
+        return;
+    }
+    let n = alternates.len();
+    shared
+        .lock()
+        .server
+        .set_drain(DrainMode::Refuse { alternates });
+    tracing::info!(
+        alternates = n,
+        "refusing new allocations ({}); existing allocations keep relaying",
+        if n == 0 { "403" } else { "300 Try Alternate" }
+    );
+}
+
+/// Relay ports in `min-port..=max-port`, per relay address.
+struct PortPool {
+    min: u16,
+    max: u16,
+    used: HashMap<IpAddr, HashSet<u16>>,
+    cursor: u32,
+}
+
+impl PortPool {
+    fn new(min: u16, max: u16) -> PortPool {
+        let span = u32::from(max.saturating_sub(min)) + 1;
+        // A random starting point, so relay ports are not predictable.
+        let seed = std::collections::hash_map::RandomState::new().hash_one(Instant::now());
+        PortPool {
+            min,
+            max,
+            used: HashMap::new(),
+            cursor: (seed % u64::from(span)) as u32,
+        }
+    }
+
+    fn span(&self) -> u32 {
+        u32::from(self.max.saturating_sub(self.min)) + 1
+    }
+}
+
+/// The [`RelayProvider`] the core calls, with the pool and the task table borrowed from the
+/// locked core.
+struct Relays<'a> {
+    shared: &'a Arc<Shared>,
+    ports: &'a mut PortPool,
+    relay_tasks: &'a mut HashMap<SocketAddr, AbortHandle>,
+}
+
+impl RelayProvider for Relays<'_> {
+    fn allocate(&mut self, ip: IpAddr, _client: &ClientAddr) -> Result<SocketAddr, RelayError> {
+        let span = self.ports.span();
+        let min = u32::from(self.ports.min);
+        for _ in 0..span {
+            let offset = self.ports.cursor % span;
+            self.ports.cursor = self.ports.cursor.wrapping_add(1);
+            let Ok(port) = u16::try_from(min + offset) else {
+                continue;
+            };
+            if self.ports.used.get(&ip).is_some_and(|u| u.contains(&port)) {
+                continue;
+            }
+            let addr = SocketAddr::new(ip, port);
+            let std_sock = match bind_udp(addr) {
+                Ok(s) => s,
+                Err(e) if e.kind() == io::ErrorKind::AddrInUse => continue,
+                Err(e) if e.kind() == io::ErrorKind::AddrNotAvailable => {
+                    return Err(RelayError::FamilyNotSupported)
+                }
+                Err(e) => return Err(RelayError::Failed(e.to_string())),
+            };
+            let sock = match UdpSocket::from_std(std_sock) {
+                Ok(s) => Arc::new(s),
+                Err(e) => return Err(RelayError::Failed(e.to_string())),
+            };
+            self.ports.used.entry(ip).or_default().insert(port);
+            write(&self.shared.relay_sockets).insert(addr, Arc::clone(&sock));
+            let task = tokio::spawn(relay_loop(Arc::clone(self.shared), sock, addr));
+            self.relay_tasks.insert(addr, task.abort_handle());
+            return Ok(addr);
+        }
+        Err(RelayError::NoPort)
+    }
+
+    fn release(&mut self, relay: SocketAddr) {
+        if let Some(task) = self.relay_tasks.remove(&relay) {
+            task.abort();
+        }
+        write(&self.shared.relay_sockets).remove(&relay);
+        if let Some(u) = self.ports.used.get_mut(&relay.ip()) {
+            u.remove(&relay.port());
+        }
+    }
+}
