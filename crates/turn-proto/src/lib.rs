@@ -42,4 +42,6 @@ pub use types::{
 };
 
 #[cfg(test)]
+mod proptests;
+#[cfg(test)]
 mod tests;
