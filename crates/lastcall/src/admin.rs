@@ -17,6 +17,7 @@
 
 use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -139,22 +140,45 @@ async fn accept_loop(listener: TcpListener, ctx: Arc<Ctx>) {
         };
         let ctx = ctx.clone();
         tokio::spawn(async move {
-            let service = service_fn(move |req| {
-                let ctx = ctx.clone();
-                async move { Ok::<_, Infallible>(route(&ctx, peer, req).await) }
-            });
+            let posted = Arc::new(AtomicBool::new(false));
+            let service = {
+                let (ctx, posted) = (ctx.clone(), posted.clone());
+                service_fn(move |req| {
+                    let (ctx, posted) = (ctx.clone(), posted.clone());
+                    async move { Ok::<_, Infallible>(route(&ctx, peer, &posted, req).await) }
+                })
+            };
             let conn = http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(HEADER_TIMEOUT)
                 .serve_connection(TokioIo::new(stream), service);
-            if let Err(err) = conn.await {
+            tokio::pin!(conn);
+            let exiting = ctx.handle.exiting();
+            tokio::pin!(exiting);
+            let result = tokio::select! {
+                result = conn.as_mut() => result,
+                () = &mut exiting => {
+                    // Finish the request in flight, then close (keep-alive clients too).
+                    conn.as_mut().graceful_shutdown();
+                    conn.await
+                }
+            };
+            if let Err(err) = result {
                 tracing::debug!(%peer, "admin connection: {err}");
+            }
+            if posted.load(Ordering::SeqCst) {
+                ctx.handle.admin_drain_request_done();
             }
         });
     }
 }
 
-async fn route(ctx: &Ctx, peer: SocketAddr, req: Request<Incoming>) -> Response<Full<Bytes>> {
+async fn route(
+    ctx: &Ctx,
+    peer: SocketAddr,
+    posted: &AtomicBool,
+    req: Request<Incoming>,
+) -> Response<Full<Bytes>> {
     let handle = &ctx.handle;
     match (req.method(), req.uri().path()) {
         (&Method::GET | &Method::HEAD, "/livez") => text(StatusCode::OK, "ok\n"),
@@ -170,7 +194,7 @@ async fn route(ctx: &Ctx, peer: SocketAddr, req: Request<Incoming>) -> Response<
         }
         (&Method::GET | &Method::HEAD, "/metrics") => metrics(ctx),
         (&Method::GET | &Method::HEAD, "/drain") => json(StatusCode::OK, &handle.status()),
-        (&Method::POST, "/drain") => post_drain(ctx, peer, &req).await,
+        (&Method::POST, "/drain") => post_drain(ctx, peer, posted, &req).await,
         (_, "/livez" | "/readyz" | "/metrics" | "/drain") => {
             text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n")
         }
@@ -178,7 +202,12 @@ async fn route(ctx: &Ctx, peer: SocketAddr, req: Request<Incoming>) -> Response<
     }
 }
 
-async fn post_drain(ctx: &Ctx, peer: SocketAddr, req: &Request<Incoming>) -> Response<Full<Bytes>> {
+async fn post_drain(
+    ctx: &Ctx,
+    peer: SocketAddr,
+    posted: &AtomicBool,
+    req: &Request<Incoming>,
+) -> Response<Full<Bytes>> {
     let handle = &ctx.handle;
     match &handle.config().admin_token {
         Some(token) => {
@@ -201,6 +230,10 @@ async fn post_drain(ctx: &Ctx, peer: SocketAddr, req: &Request<Incoming>) -> Res
         }
     }
     tracing::info!(%peer, "POST /drain accepted");
+    if !posted.swap(true, Ordering::SeqCst) {
+        // The exit waits for this connection to close, so the caller gets its answer.
+        handle.admin_drain_request_open();
+    }
     handle.start_drain(Trigger::Admin);
     // Give the lifecycle task a moment so the answer shows the new phase.
     let _ = tokio::time::timeout(Duration::from_secs(1), handle.drain_started()).await;

@@ -95,6 +95,8 @@ struct Shared {
     triggers: mpsc::UnboundedSender<Trigger>,
     metrics: Metrics,
     metrics_registered: AtomicBool,
+    /// Admin connections that carried an accepted `POST /drain` and are still open.
+    admin_drain_requests: watch::Sender<usize>,
 }
 
 impl Shared {
@@ -119,6 +121,9 @@ impl Shared {
             .set(i64::try_from(c.peers).unwrap_or(i64::MAX));
     }
 }
+
+/// How long the exit waits for `POST /drain` answers to be written.
+const ADMIN_FLUSH: Duration = Duration::from_secs(1);
 
 type TriggerStream = Pin<Box<dyn Stream<Item = Trigger> + Send>>;
 
@@ -159,6 +164,7 @@ impl Lifecycle {
             triggers: triggers_tx,
             metrics,
             metrics_registered: AtomicBool::new(false),
+            admin_drain_requests: watch::Sender::new(0),
         });
         Lifecycle {
             shared,
@@ -218,9 +224,25 @@ impl Lifecycle {
             peers: c.peers,
         };
         loop {
-            let actions = machine.handle(Instant::now(), input);
+            let now = Instant::now();
+            // Session counts first: a trigger must see the sessions live at its arrival,
+            // even when both woke the task at once.
+            if counts.has_changed().unwrap_or(false) {
+                let c = *counts.borrow_and_update();
+                let actions = machine.handle(
+                    now,
+                    Input::Sessions {
+                        sessions: c.sessions,
+                        peers: c.peers,
+                    },
+                );
+                if let Some(outcome) = self.apply(&machine, actions) {
+                    return self.finish(outcome).await;
+                }
+            }
+            let actions = machine.handle(now, input);
             if let Some(outcome) = self.apply(&machine, actions) {
-                return outcome;
+                return self.finish(outcome).await;
             }
             let wake = machine.next_wakeup();
             input = tokio::select! {
@@ -240,6 +262,14 @@ impl Lifecycle {
                 () = sleep_until(wake), if wake.is_some() => Input::Tick,
             };
         }
+    }
+
+    /// Lets the answers to `POST /drain` requests reach their clients (at most 1 s), so
+    /// that a drain that ends at once does not leave the caller without a response.
+    async fn finish(&self, outcome: Outcome) -> Outcome {
+        let mut inflight = self.shared.admin_drain_requests.subscribe();
+        let _ = tokio::time::timeout(ADMIN_FLUSH, inflight.wait_for(|n| *n == 0)).await;
+        outcome
     }
 
     /// Logs and publishes the actions; returns the outcome when it is time to exit.
@@ -487,6 +517,18 @@ impl Handle {
 
     pub(crate) fn metrics(&self) -> &Metrics {
         &self.shared.metrics
+    }
+
+    /// An admin connection carried an accepted `POST /drain`: the exit waits (briefly) for
+    /// [`admin_drain_request_done`](Self::admin_drain_request_done).
+    pub(crate) fn admin_drain_request_open(&self) {
+        self.shared.admin_drain_requests.send_modify(|n| *n += 1);
+    }
+
+    pub(crate) fn admin_drain_request_done(&self) {
+        self.shared
+            .admin_drain_requests
+            .send_modify(|n| *n = n.saturating_sub(1));
     }
 
     pub(crate) fn metrics_registered(&self) -> bool {
