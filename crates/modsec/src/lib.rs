@@ -12,8 +12,28 @@
 //!   callback and from interventions, because the C API cannot read TX variables.
 //! - [`crs`]: the engine settings Debian does not ship plus Debian's OWASP CRS.
 //!
-//! Every call is synchronous and CPU-bound (about a millisecond with CRS at paranoia
-//! level 1): callers in async code run it on a bounded blocking pool.
+//! Every call is synchronous and CPU-bound (1.5-1.8 ms of CPU per request with CRS at
+//! paranoia level 1 on the development machine; `examples/bench.rs`): callers in async
+//! code run it on a bounded blocking pool.
+//!
+//! # Threads (what libmodsecurity 3.0.9 allows, read from its source)
+//!
+//! - **Compiling rules is not thread-safe**: the flex/bison parser has global state, and
+//!   two concurrent compilations abort the process ("fatal flex scanner internal error").
+//!   This crate holds one process-wide lock around every compilation (and `msc_init`).
+//!   Evaluation does not take it, so a reload compiles while requests keep flowing.
+//! - **A compiled rule set is read-only during evaluation** (operators keep precompiled
+//!   PCRE2 patterns and Aho-Corasick trees; per-request state lives in the transaction),
+//!   so [`RuleSet`] is `Send + Sync` and shared through `Arc`.
+//! - **A transaction is used by one thread at a time** (`&mut self`), may move between
+//!   threads ([`Transaction`] is `Send`, not `Sync`), and its log callback runs
+//!   synchronously on the calling thread.
+//! - **Persistent collections** (`GLOBAL`, `IP`, `SESSION`, `USER`, `RESOURCE`) are
+//!   in-memory in Debian's build (no LMDB): writes are locked, reads are not. Rule sets
+//!   that only read them (CRS's defaults) are fine; rules that *write* them from
+//!   concurrent transactions (CRS's optional DoS protection 912xxx or IP reputation
+//!   blocking, custom `setvar:ip.…`) race with readers inside libmodsecurity. Do not
+//!   enable those with a multi-threaded caller.
 //!
 //! ```no_run
 //! use lastcall_modsec::{crs, ModSecurity, RuleSet, Transaction};
@@ -120,8 +140,8 @@ pub struct ModSecurity {
 // `msc_who_am_i` (returns a string member), `msc_new_transaction` (stores the pointer)
 // and `serverLog` from transactions (reads the callback pointer and flags). The
 // persistent collections it owns (global/ip/session/user/resource, in-memory in Debian's
-// build) lock on writes; see the crate README for the limit of that (reads are unlocked
-// in 3.0.9, which matters only to rule sets that *write* persistent collections).
+// build) lock on writes; see "Threads" in the crate docs for the limit of that (reads are
+// unlocked in 3.0.9, which matters only to rule sets that *write* those collections).
 unsafe impl Send for ModSecurity {}
 // SAFETY: see `Send`: shared use is read-only apart from the collections' own locking.
 unsafe impl Sync for ModSecurity {}

@@ -110,9 +110,9 @@ fn rss_kib() -> u64 {
         .nth(1)
         .and_then(|s| s.parse().ok())
         .expect("resident pages");
-    // SAFETY-free: sysconf via libc is not needed; Linux x86_64/aarch64 test hosts here
-    // use 4 KiB pages, and a larger page size only makes the bound looser.
-    pages * 4
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    pages * u64::try_from(page).unwrap_or(4096) / 1024
 }
 
 /// 20,000 transactions (a third of them denied, with intervention strings, response
