@@ -219,7 +219,8 @@ impl TerminationArgs {
         };
         let admin_token = self.resolve_token(&mut problems);
         check_durations(shutdown_delay, drain_timeout, &mut problems);
-        if admin_token.is_some() && admin_addr.is_none() {
+        let token_given = self.admin_token.is_some() || self.admin_token_file.is_some();
+        if token_given && admin_addr.is_none() {
             problems.push(
                 "--admin-token/--admin-token-file is set but the admin listener is off: \
                  set --admin-addr too"
@@ -463,8 +464,7 @@ mod tests {
             "5x",
             "--drain-timeout",
             "soon",
-            "--drain-min-sessions",
-            "-1",
+            "--drain-min-sessions=-1",
             "--admin-addr",
             "localhost",
         ])
@@ -493,7 +493,7 @@ mod tests {
         let err = parse(&["--shutdown-delay", "0", "--drain-timeout", "0"]).unwrap_err();
         assert!(err.problems[0].contains("--drain-timeout is 0s"), "{err}");
 
-        let dir = std::env::temp_dir().join(format!("lastcall-token-{}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!("lastcall-no-such-dir-{}", std::process::id()));
         let err = parse(&[
             "--admin-token",
             "a",

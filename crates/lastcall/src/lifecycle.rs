@@ -237,12 +237,12 @@ impl Lifecycle {
                     },
                 );
                 if let Some(outcome) = self.apply(&machine, actions) {
-                    return self.finish(outcome).await;
+                    return finish(&shared, outcome).await;
                 }
             }
             let actions = machine.handle(now, input);
             if let Some(outcome) = self.apply(&machine, actions) {
-                return self.finish(outcome).await;
+                return finish(&shared, outcome).await;
             }
             let wake = machine.next_wakeup();
             input = tokio::select! {
@@ -262,14 +262,6 @@ impl Lifecycle {
                 () = sleep_until(wake), if wake.is_some() => Input::Tick,
             };
         }
-    }
-
-    /// Lets the answers to `POST /drain` requests reach their clients (at most 1 s), so
-    /// that a drain that ends at once does not leave the caller without a response.
-    async fn finish(&self, outcome: Outcome) -> Outcome {
-        let mut inflight = self.shared.admin_drain_requests.subscribe();
-        let _ = tokio::time::timeout(ADMIN_FLUSH, inflight.wait_for(|n| *n == 0)).await;
-        outcome
     }
 
     /// Logs and publishes the actions; returns the outcome when it is time to exit.
@@ -333,6 +325,14 @@ impl Lifecycle {
         }
         exit
     }
+}
+
+/// Lets the answers to `POST /drain` requests reach their clients (at most 1 s), so that a
+/// drain that ends at once does not leave the caller without a response.
+async fn finish(shared: &Shared, outcome: Outcome) -> Outcome {
+    let mut inflight = shared.admin_drain_requests.subscribe();
+    let _ = tokio::time::timeout(ADMIN_FLUSH, inflight.wait_for(|n| *n == 0)).await;
+    outcome
 }
 
 async fn sleep_until(wake: Option<Instant>) {
