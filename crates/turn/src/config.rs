@@ -413,10 +413,10 @@ pub fn parse_file(path: &Path, text: &str, raw: &mut RawOptions) -> Vec<Problem>
         if line.is_empty() || line.starts_with('#') {
             continue;
         }
-        let (name, value) = match line.find(|c: char| c == '=' || c == ' ' || c == '\t') {
+        let (name, value) = match line.find(['=', ' ', '\t']) {
             Some(at) => {
                 let (n, v) = line.split_at(at);
-                let v = v.trim_start_matches(|c: char| c == '=' || c == ' ' || c == '\t');
+                let v = v.trim_start_matches(['=', ' ', '\t']);
                 (n, unquote(v))
             }
             None => (line, String::new()),
