@@ -388,3 +388,22 @@ def test_flags_known_to_the_built_agent() -> None:
                 used |= {a.split("=", 1)[0] for a in c["args"] if a.startswith("--")}
     missing = sorted(f for f in used if f not in help_text)
     assert not missing, f"lastcall-spoa --help does not mention {missing}"
+
+
+def test_standalone_notes_backend_is_valid_haproxy(tmp_path: Path) -> None:
+    """The backend NOTES.txt tells users to paste into their HAProxy is accepted by HAProxy
+    together with the sidecar mode's frontend and SPOE file."""
+    notes = render(CHART, {}).notes
+    snippet = "\n".join(
+        line for line in notes.splitlines() if line.startswith("  ") and not line.startswith("  kubectl")
+    )
+    assert "server-template agent" in snippet and "option spop-check" in snippet
+    sidecar = render(CHART, {"mode": "sidecar"})
+    haproxy_cfg, spoe_cfg = _haproxy_configs(sidecar)
+    # Swap the sidecar's loopback agent backend for the one from NOTES.
+    head, _, _ = haproxy_cfg.partition("backend coraza-spoa")
+    resolvers = "resolvers kube\n  parse-resolv-conf\n  hold valid 10s\n"
+    assert resolvers in head and "resolvers kube" in snippet
+    cfg = head.replace(resolvers, "") + "\n" + snippet + "\n"
+    result = haproxy_check(cfg, spoe_cfg, tmp_path)
+    assert result.returncode == 0, cfg + result.stdout + result.stderr
