@@ -23,7 +23,6 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::Full;
-use hyper::body::Incoming;
 use hyper::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE, WWW_AUTHENTICATE};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
@@ -173,11 +172,11 @@ async fn accept_loop(listener: TcpListener, ctx: Arc<Ctx>) {
     }
 }
 
-async fn route(
+async fn route<B>(
     ctx: &Ctx,
     peer: SocketAddr,
     posted: &AtomicBool,
-    req: Request<Incoming>,
+    req: Request<B>,
 ) -> Response<Full<Bytes>> {
     let handle = &ctx.handle;
     match (req.method(), req.uri().path()) {
@@ -202,11 +201,11 @@ async fn route(
     }
 }
 
-async fn post_drain(
+async fn post_drain<B>(
     ctx: &Ctx,
     peer: SocketAddr,
     posted: &AtomicBool,
-    req: &Request<Incoming>,
+    req: &Request<B>,
 ) -> Response<Full<Bytes>> {
     let handle = &ctx.handle;
     match &handle.config().admin_token {
@@ -244,7 +243,7 @@ fn is_loopback(ip: IpAddr) -> bool {
     ip.to_canonical().is_loopback()
 }
 
-fn bearer_matches(req: &Request<Incoming>, token: &str) -> bool {
+fn bearer_matches<B>(req: &Request<B>, token: &str) -> bool {
     let Some(value) = req
         .headers()
         .get(AUTHORIZATION)
@@ -315,6 +314,211 @@ fn json<T: serde::Serialize>(status: StatusCode, value: &T) -> Response<Full<Byt
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{Lifecycle, OnSigterm, Phase, TerminationConfig};
+    use prometheus_client::metrics::counter::Counter;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    fn ctx(token: Option<&str>, register: bool) -> (Lifecycle, Ctx) {
+        let mut cfg =
+            TerminationConfig::new(OnSigterm::Drain, Duration::ZERO, Duration::from_secs(30));
+        cfg.admin_token = token.map(str::to_string);
+        let lifecycle = Lifecycle::without_signals(cfg);
+        let mut registry = Registry::default();
+        let daemon_metric: Counter = Counter::default();
+        daemon_metric.inc();
+        registry.register("daemon_things", "Things", daemon_metric);
+        if register {
+            lifecycle.register_metrics(&mut registry);
+        }
+        let handle = lifecycle.handle();
+        let ctx = Ctx {
+            own: own_registry(&handle),
+            handle,
+            registry: Arc::new(registry),
+        };
+        (lifecycle, ctx)
+    }
+
+    fn req(method: Method, path: &str, auth: Option<&str>) -> Request<()> {
+        let mut builder = Request::builder().method(method).uri(path);
+        if let Some(auth) = auth {
+            builder = builder.header(AUTHORIZATION, auth);
+        }
+        builder.body(()).unwrap()
+    }
+
+    async fn call(ctx: &Ctx, peer: &str, r: Request<()>) -> (u16, String) {
+        let posted = AtomicBool::new(false);
+        let resp = route(ctx, peer.parse().unwrap(), &posted, r).await;
+        let status = resp.status().as_u16();
+        let body = http_body_util::BodyExt::collect(resp.into_body())
+            .await
+            .unwrap()
+            .to_bytes();
+        (status, String::from_utf8_lossy(&body).into_owned())
+    }
+
+    const LOOPBACK: &str = "127.0.0.1:4000";
+    const REMOTE: &str = "10.1.2.3:4000";
+
+    #[tokio::test]
+    async fn metrics_hold_the_daemon_registry_and_lastcall() {
+        for register in [false, true] {
+            let (_lc, ctx) = ctx(None, register);
+            let _g = ctx.handle.session(crate::PeerId::named("x"));
+            let (code, body) = call(&ctx, REMOTE, req(Method::GET, "/metrics", None)).await;
+            assert_eq!(code, 200);
+            assert!(body.contains("daemon_things_total 1"), "{body}");
+            assert!(body.contains("lastcall_sessions 1"), "{body}");
+            assert!(body.contains("lastcall_peers 1"), "{body}");
+            assert!(body.contains("lastcall_drain_phase 0"), "{body}");
+            assert!(body.contains("lastcall_sessions_refused_total 0"), "{body}");
+            assert!(body.contains("lastcall_drain_duration_seconds"), "{body}");
+            assert_eq!(body.matches("# EOF").count(), 1, "{body}");
+            assert!(body.ends_with("# EOF\n"));
+        }
+    }
+
+    #[tokio::test]
+    async fn routes() {
+        let (_lc, ctx) = ctx(None, true);
+        assert_eq!(
+            call(&ctx, REMOTE, req(Method::GET, "/livez", None)).await.0,
+            200
+        );
+        assert_eq!(
+            call(&ctx, REMOTE, req(Method::GET, "/readyz", None))
+                .await
+                .0,
+            200
+        );
+        assert_eq!(call(&ctx, REMOTE, req(Method::GET, "/", None)).await.0, 404);
+        assert_eq!(
+            call(&ctx, REMOTE, req(Method::GET, "/drain/x", None))
+                .await
+                .0,
+            404
+        );
+        assert_eq!(
+            call(&ctx, REMOTE, req(Method::DELETE, "/drain", None))
+                .await
+                .0,
+            405
+        );
+        let (code, body) = call(&ctx, REMOTE, req(Method::GET, "/drain", None)).await;
+        assert_eq!(code, 200);
+        let json: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(json["phase"], "serving");
+        assert_eq!(json["trigger"], serde_json::Value::Null);
+    }
+
+    #[tokio::test]
+    async fn post_drain_without_token_is_for_loopback_only() {
+        let (lc, ctx) = ctx(None, true);
+        let (tx, rx) = futures::channel::mpsc::unbounded::<crate::Trigger>();
+        let run = tokio::spawn(lc.run_with(rx));
+        let (code, _) = call(&ctx, REMOTE, req(Method::POST, "/drain", None)).await;
+        assert_eq!(code, 403);
+        let (code, _) = call(
+            &ctx,
+            "[::ffff:10.1.2.3]:1",
+            req(Method::POST, "/drain", None),
+        )
+        .await;
+        assert_eq!(code, 403);
+        assert_eq!(ctx.handle.phase(), Phase::Serving);
+        let _g = ctx.handle.session(crate::PeerId::named("x"));
+        let (code, body) = call(&ctx, "[::1]:1", req(Method::POST, "/drain", None)).await;
+        assert_eq!(code, 202, "{body}");
+        assert!(body.contains("\"trigger\": \"POST /drain\""), "{body}");
+        assert_eq!(ctx.handle.phase(), Phase::Refusing);
+        assert_eq!(
+            call(&ctx, REMOTE, req(Method::GET, "/readyz", None))
+                .await
+                .0,
+            503
+        );
+        assert_eq!(
+            call(&ctx, REMOTE, req(Method::GET, "/livez", None)).await.0,
+            200
+        );
+        drop(tx);
+        drop(_g);
+        let outcome = run.await.unwrap();
+        assert_eq!(outcome.trigger, Some(crate::Trigger::Admin));
+    }
+
+    #[tokio::test]
+    async fn post_drain_with_token_requires_it_from_every_peer() {
+        let (lc, ctx) = ctx(Some("s3cret"), true);
+        let (_tx, rx) = futures::channel::mpsc::unbounded::<crate::Trigger>();
+        let run = tokio::spawn(lc.run_with(rx));
+        let _g = ctx.handle.session(crate::PeerId::named("x"));
+        for (peer, auth) in [
+            (LOOPBACK, None),
+            (LOOPBACK, Some("Bearer wrong")),
+            (LOOPBACK, Some("Basic czNjcmV0")),
+            (LOOPBACK, Some("Bearer s3cre")),
+            (LOOPBACK, Some("s3cret")),
+            (REMOTE, None),
+        ] {
+            let (code, _) = call(&ctx, peer, req(Method::POST, "/drain", auth)).await;
+            assert_eq!(code, 401, "{peer} {auth:?}");
+        }
+        assert_eq!(ctx.handle.phase(), Phase::Serving);
+        let (code, _) = call(
+            &ctx,
+            REMOTE,
+            req(Method::POST, "/drain", Some("bearer s3cret")),
+        )
+        .await;
+        assert_eq!(code, 202);
+        assert_eq!(ctx.handle.phase(), Phase::Refusing);
+        drop(_g);
+        run.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn bad_requests_do_not_hurt_the_listener() {
+        let lifecycle = Lifecycle::without_signals(TerminationConfig::new(
+            OnSigterm::Drain,
+            Duration::ZERO,
+            Duration::from_secs(30),
+        ));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let server = serve_listener(listener, &lifecycle.handle(), Arc::new(Registry::default()));
+        let addr = server.local_addr().unwrap();
+        let long_header = format!("GET /livez HTTP/1.1\r\nX: {}\r\n\r\n", "a".repeat(1 << 20));
+        let bad: Vec<Vec<u8>> = vec![
+            b"GARBAGE\r\n\r\n".to_vec(),
+            b"GET /livez HTTP/9.9\r\n\r\n".to_vec(),
+            b"\xff\xfe\x00\x01\r\n\r\n".to_vec(),
+            b"GET /\xff HTTP/1.1\r\nHost: x\r\n\r\n".to_vec(),
+            b"POST /drain HTTP/1.1\r\nContent-Length: 99999999999999999999\r\n\r\n".to_vec(),
+            b"POST /drain HTTP/1.1\r\nAuthorization: \xff\xff\r\nContent-Length: 0\r\n\r\n"
+                .to_vec(),
+            long_header.into_bytes(),
+        ];
+        for bytes in bad {
+            let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+            let _ = s.write_all(&bytes).await;
+            let _ = s.shutdown().await;
+            let mut out = Vec::new();
+            let _ = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut out)).await;
+        }
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"GET /livez HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut out = Vec::new();
+        s.read_to_end(&mut out).await.unwrap();
+        assert!(
+            out.starts_with(b"HTTP/1.1 200"),
+            "{}",
+            String::from_utf8_lossy(&out)
+        );
+        server.shutdown();
+    }
 
     #[test]
     fn loopback_and_tokens() {
