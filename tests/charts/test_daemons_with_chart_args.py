@@ -94,27 +94,51 @@ def kubelet_args(args: list[str], env: dict[str, str], replace: dict[str, str]) 
     return out
 
 
-def test_turn_runs_as_the_chart_starts_it(tmp_path: Path) -> None:
+TURN_EXTRA: dict[str, dict[str, Any]] = {
+    "defaults": {},
+    # Every turnserver.conf line the chart can write (TLS aside: it needs certificate files).
+    "rich": {
+        "turn": {
+            "externalIP": "203.0.113.7/127.0.0.1",
+            "deniedPeerIPs": ["198.51.100.0-198.51.100.255"],
+            "allowedPeerIPs": ["10.20.0.0-10.20.255.255"],
+            "userQuota": 10,
+            "totalQuota": 1000,
+            "maxAllocateLifetime": 1800,
+            "alternateServers": ["192.0.2.10:3478", "[2001:db8::10]:3478"],
+            "extraConfig": "stale-nonce=600\nno-multicast-peers\n",
+            "tcp": False,
+            "auth": {"extraKeys": ["previous"]},
+        },
+        "gracefulTermination": {"drainMinAllocations": 0},
+    },
+}
+
+
+@pytest.mark.parametrize("extra", sorted(TURN_EXTRA))
+def test_turn_runs_as_the_chart_starts_it(extra: str, tmp_path: Path) -> None:
     binary = built_binary("lastcall-turn")
     if binary is None:
         pytest.skip("lastcall-turn is not built")
     admin_port = free_port()
     turn_port = free_port(socket.SOCK_DGRAM)
     relay = free_port(socket.SOCK_DGRAM)
-    rendered = render(
-        "lastcall-turn",
-        {
-            "turn": {"listeningPort": turn_port, "minPort": relay, "maxPort": relay + 20},
-            "admin": {"port": admin_port},
-            "gracefulTermination": {"shutdownDelaySeconds": 1, "drainTimeoutSeconds": 10, "marginSeconds": 5},
-        },
-    )
+    values: dict[str, Any] = {
+        "admin": {"port": admin_port},
+        "gracefulTermination": {"shutdownDelaySeconds": 1, "drainTimeoutSeconds": 10, "marginSeconds": 5},
+    }
+    for key, sub in TURN_EXTRA[extra].items():
+        values.setdefault(key, {}).update(sub)
+    values.setdefault("turn", {}).update({"listeningPort": turn_port, "minPort": relay, "maxPort": relay + 20})
+    rendered = render("lastcall-turn", values)
     turn = container(rendered.pod_spec(), "turn")
     conf = tmp_path / "turnserver.conf"
     conf.write_text(rendered.one("ConfigMap")["data"]["turnserver.conf"])
     env = {"POD_IP": "127.0.0.1", "TURN_STATIC_AUTH_SECRET": secrets.token_hex(16)}
+    env.update({f"TURN_STATIC_AUTH_SECRET_{i}": secrets.token_hex(16) for i in range(4)})
     argv = [str(binary)] + kubelet_args(turn["args"], env, {"/etc/lastcall-turn/config/turnserver.conf": str(conf)})
     assert flag(argv, "admin-addr") == f"127.0.0.1:{admin_port}"
+    assert not [a for a in argv if "$(" in a], "every $(VAR) the chart uses is defined in the pod"
     run_like_kubelet(argv, turn, admin_port, rendered.grace(), tmp_path)
 
 

@@ -4,6 +4,7 @@ the Kubernetes API schemas, and check the termination, placement and secret inva
 from __future__ import annotations
 
 import base64
+import re
 import subprocess
 from typing import Any
 
@@ -52,7 +53,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
             "userQuota": 10,
             "totalQuota": 1000,
             "maxAllocateLifetime": 1800,
-            "alternateServers": ["turn-b.example.org:3478", "turn-c.example.org:3478"],
+            "alternateServers": ["192.0.2.10:3478", "[2001:db8::10]:3478"],
             "auth": {"existingSecret": "turn-auth", "key": "current", "extraKeys": ["previous"]},
             "extraConfig": "stale-nonce=600\nno-multicast-peers\n",
         },
@@ -274,7 +275,8 @@ SCHEMA_REJECTS = {
     "max-unavailable-words": {"updateStrategy": {"maxUnavailable": "half"}},
     "typo-key": {"turn": {"listenPort": 3478}},
     "realm-empty": {"turn": {"realm": ""}},
-    "alternate-without-port": {"turn": {"alternateServers": ["turn-b.example.org"]}},
+    "alternate-without-port": {"turn": {"alternateServers": ["192.0.2.10"]}},
+    "alternate-hostname": {"turn": {"alternateServers": ["turn-b.example.org:3478"]}},
 }
 
 
@@ -325,3 +327,13 @@ def test_flags_known_to_the_built_daemon() -> None:
         used |= {a.split("=", 1)[0] for a in _turn(render(CHART, values))["args"] if a.startswith("--")}
     missing = sorted(f for f in used if f not in help_text)
     assert not missing, f"lastcall-turn --help does not mention {missing}"
+
+
+def test_every_referenced_variable_is_defined(case: Any) -> None:
+    """The kubelet leaves an undefined $(VAR) as is: the daemon would get a literal
+    `$(POD_IP)` for an address."""
+    _, _, rendered = case
+    turn = _turn(rendered)
+    defined = {e["name"] for e in turn.get("env", [])}
+    referenced = set(re.findall(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", " ".join(turn["args"])))
+    assert referenced <= defined, f"undefined: {referenced - defined}"
