@@ -10,7 +10,9 @@ Format of requests.txt (parsed by tests/support/nginx.rs `Corpus::parse`):
     <body lines, optional>
 
 Head lines are sent joined with CRLF. Body lines are joined with LF, or CRLF when the
-Content-Type is multipart; trailing empty lines are dropped. `Content-Length` is added
+Content-Type is multipart; trailing empty lines are dropped. With `Transfer-Encoding:
+chunked` the body lines are the chunks (size line, data line, ..., `0`), joined with CRLF
+and ended with an empty line. `Content-Length` is added
 when there is a body and neither Content-Length nor Transfer-Encoding is given;
 `Connection: close` is added when no Connection header is given.
 Lines starting with `#` before the first entry are comments.
@@ -408,6 +410,75 @@ add("lookalike-html-entity", "benign", "GET", "/search?q=" + q("fish & chips"))
 add("lookalike-url-param", "benign", "GET", "/out?to=" + q("https://partner.example.org/offer?id=7"))
 add("lookalike-semicolon", "benign", "GET", "/search?q=" + q("tea; coffee; juice"))
 
+
+# ---------------------------------------------------------------- more real-world shapes
+def chunked(*parts):
+    out = []
+    for p in parts:
+        out.append(format(len(p), "x"))
+        out.append(p)
+    out.append("0")
+    return "\n".join(out)
+
+add("benign-chunked-form", "benign", "POST", "/submit", body=chunked("name=alice&", "city=Berlin"),
+    extra=FORM + [("Transfer-Encoding", "chunked")])
+add("attack-chunked-sqli", "attack", "POST", "/submit", body=chunked("id=1%27%20OR%20", "%271%27%3D%271"),
+    extra=FORM + [("Transfer-Encoding", "chunked")])
+add("benign-chunked-json", "benign", "POST", "/api/v1/events", body=chunked('{"event":"click",', '"x":10,"y":20}'),
+    headers=base_headers(0, "application/json"), extra=JSON + [("Transfer-Encoding", "chunked")])
+add("benign-absolute-form", "benign", "GET", f"http://{HOST}/products/42?color=red")
+add("benign-http10-no-host", "benign", "GET", "/status", version="HTTP/1.0",
+    headers=[("User-Agent", "check_http/v2.3.3 (monitoring-plugins 2.3.3)"), ("Accept", "*/*")])
+add("benign-lowercase-headers", "benign", "GET", "/api/v1/items",
+    headers=[("host", HOST), ("user-agent", "okhttp/4.12.0"), ("accept", "application/json"), ("accept-encoding", "gzip")])
+add("benign-duplicate-header", "benign", "GET", "/",
+    extra=[("X-Forwarded-For", "198.51.100.7"), ("X-Forwarded-For", "203.0.113.9")])
+add("benign-long-cookie", "benign", "GET", "/account",
+    extra=[("Cookie", "; ".join(f"c{i}=v{i:04}abcdefabcdef" for i in range(60)))])
+add("benign-oauth-callback", "benign", "GET",
+    "/oauth/callback?code=4%2F0AfJohXmJ3kQ9yP7dQ&state=af0ifjsldkj&scope=openid%20email%20profile")
+add("benign-ga-collect", "benign", "POST", "/g/collect",
+    body="v=2&tid=G-ABC123&cid=123.456&en=page_view&dl=https%3A%2F%2Fshop.example.com%2F&dt=Shop%20Home&sr=1920x1080",
+    extra=[("Content-Type", "text/plain;charset=UTF-8")])
+add("benign-webhook-json", "benign", "POST", "/webhooks/payments",
+    body='{"id":"evt_1Nv","type":"payment_intent.succeeded","data":{"object":{"amount":2000,"currency":"usd","metadata":{"order":"1234"}}}}',
+    headers=[("Host", HOST), ("User-Agent", "Stripe/1.0 (+https://stripe.com/docs/webhooks)"), ("Accept", "*/*; q=0.5, application/xml"),
+             ("Stripe-Signature", "t=1492774577,v1=5257a869e7ecebeda32affa62cdca3fa51cad7e77a0e56ff536d0ce8e108d8bd")],
+    extra=JSON)
+add("benign-markdown-post", "benign", "POST", "/forum/reply",
+    body=form(text="Thanks! I fixed it by running `npm install` again.\n\n- step one\n- step two"), extra=FORM)
+add("benign-base64-json", "benign", "POST", "/api/v1/avatar",
+    body='{"image":"iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="}',
+    headers=base_headers(0, "application/json"), extra=JSON)
+add("benign-quoted-search", "benign", "GET", "/search?q=" + q('"red shoes" size 42'))
+add("benign-non-ascii-header", "benign", "GET", "/", extra=[("X-User-Name", "Jürgen Müller")])
+add("benign-etag-list", "benign", "GET", "/feed.xml", extra=[("If-None-Match", '"a1", "b2", W/"c3"')])
+add("benign-accept-many", "benign", "GET", "/img/hero.webp",
+    headers=base_headers(0, "image/avif,image/webp,image/apng,image/svg+xml,image/*,*/*;q=0.8"))
+add("benign-soap-action", "benign", "POST", "/ws/orders",
+    body='<?xml version="1.0"?><soap:Envelope xmlns:soap="http://schemas.xmlsoap.org/soap/envelope/"><soap:Body><GetOrder><Id>42</Id></GetOrder></soap:Body></soap:Envelope>',
+    headers=base_headers(1, "text/xml"), extra=[("Content-Type", "text/xml; charset=utf-8"), ("SOAPAction", '"urn:GetOrder"')])
+add("attack-xxe", "attack", "POST", "/api/soap",
+    body='<?xml version="1.0"?><!DOCTYPE foo [<!ENTITY xxe SYSTEM "file:///etc/passwd">]><order><id>&xxe;</id></order>',
+    headers=base_headers(1, "application/xml"), extra=XML)
+add("attack-json-nested-sqli", "attack", "POST", "/api/v1/search",
+    body='{"filter":{"and":[{"name":"x"},{"id":"1 UNION SELECT password FROM users"}]}}',
+    headers=base_headers(0, "application/json"), extra=JSON)
+add("attack-upload-php-shell", "attack", "POST", "/upload", body="\n".join([
+    f"--{boundary}", 'Content-Disposition: form-data; name="file"; filename="shell.php"',
+    "Content-Type: application/x-php", "", "<?php system($_GET['cmd']); ?>", f"--{boundary}--"]),
+    extra=[("Content-Type", f"multipart/form-data; boundary={boundary}")])
+add("attack-xss-xff", "attack", "GET", "/", extra=[("X-Forwarded-Host", "<script>alert(1)</script>")])
+add("attack-sqli-lowercase-headers", "attack", "GET", "/item?id=" + q("1 union select 1,2,3--"),
+    headers=[("host", HOST), ("user-agent", "okhttp/4.12.0"), ("accept", "*/*")])
+add("attack-sqli-http10", "attack", "GET", "/item?id=" + q("1' or '1'='1"), version="HTTP/1.0",
+    headers=[("User-Agent", UA_FF), ("Accept", "*/*")])
+add("attack-rce-cookie", "attack", "GET", "/", extra=[("Cookie", "debug=" + q(";cat /etc/passwd"))])
+add("attack-lfi-cookie", "attack", "GET", "/", extra=[("Cookie", "template=../../../../etc/passwd")])
+add("attack-php-wrapper-form", "attack", "POST", "/include", body=form(f="php://filter/resource=/etc/passwd"), extra=FORM)
+add("attack-ssti", "attack", "GET", "/hello?name=" + q("{{7*7}}${7*7}<%= 7*7 %>"))
+add("attack-absolute-form-sqli", "attack", "GET", f"http://{HOST}/item?id=" + q("1' OR '1'='1"))
+
 lines = ["# Differential corpus for lastcall-spoa (nginx + ModSecurity vs HAProxy + lastcall-spoa).",
          "# Generated by gen_requests.py; format described there."]
 for name, kind, rl, headers, body in entries:
@@ -417,7 +488,7 @@ for name, kind, rl, headers, body in entries:
         lines.append(f"{k}: {v}")
     lines.append("")
     if body:
-        lines.extend(body.replace("\r\n", "\n").split("\n") if "multipart" not in str(headers) else body.split("\n"))
+        lines.extend(body.replace("\r\n", "\n").split("\n"))
 open("requests.txt", "w").write("\n".join(lines) + "\n")
 kinds = {}
 for e in entries:

@@ -186,7 +186,18 @@ fn build_entry(name: String, kind: String, lines: &[&str]) -> Entry {
                 && v.trim().to_ascii_lowercase().starts_with("multipart/")
         })
     });
-    let body = body_lines.join(if multipart { "\r\n" } else { "\n" });
+    let chunked = headers.iter().any(|h| {
+        h.split_once(':').is_some_and(|(k, v)| {
+            k.trim().eq_ignore_ascii_case("transfer-encoding")
+                && v.trim().eq_ignore_ascii_case("chunked")
+        })
+    });
+    let body = if chunked {
+        // Size and data lines, CRLF-separated, ended by the empty trailer line.
+        format!("{}\r\n\r\n", body_lines.join("\r\n"))
+    } else {
+        body_lines.join(if multipart { "\r\n" } else { "\n" })
+    };
     let mut raw = String::new();
     raw.push_str(&request_line);
     raw.push_str("\r\n");
