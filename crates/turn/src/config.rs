@@ -205,10 +205,9 @@ where
 {
     let args: Vec<String> = args.into_iter().map(Into::into).collect();
     let cmd = command();
+    // Unsupported and unknown options are removed (and reported) here, so that clap can
+    // parse the rest and every other problem is found too.
     let (kept, mut problems) = prescan(&cmd, &args);
-    if !problems.is_empty() {
-        return Err(ConfigErrors(problems));
-    }
     let matches = match cmd.try_get_matches_from(kept) {
         Ok(m) => m,
         Err(e) => {
@@ -217,10 +216,13 @@ where
                 ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
                     Ok(Parsed::Print(e.render().to_string()))
                 }
-                _ => Err(ConfigErrors(vec![Problem {
-                    origin: Origin::Flag,
-                    message: e.render().to_string().trim().to_string(),
-                }])),
+                _ => {
+                    problems.push(Problem {
+                        origin: Origin::Flag,
+                        message: e.render().to_string().trim().to_string(),
+                    });
+                    Err(ConfigErrors(problems))
+                }
             };
         }
     };
