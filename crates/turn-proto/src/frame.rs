@@ -4,8 +4,11 @@ use crate::stun::{pad4, HEADER_LEN, MAGIC_COOKIE};
 
 /// First channel number a client may bind.
 pub const CHANNEL_MIN: u16 = 0x4000;
-/// Last channel number a client may bind (RFC 8656 reserves 0x5000..=0x7FFF).
-pub const CHANNEL_MAX: u16 = 0x4FFF;
+/// Last channel number a client may bind: 0x7FFF, the RFC 5766 range. RFC 8656 narrowed it
+/// to 0x4FFF, but coturn (server and `turnutils_uclient`, which picks channel numbers at
+/// random in 0x4000..=0x7FFF) still uses the full range, so refusing 0x5000..=0x7FFF would
+/// break those clients; a TURN client port carries no DTLS/SRTP that could collide with it.
+pub const CHANNEL_MAX: u16 = 0x7FFF;
 
 /// Bytes before a ChannelData payload.
 pub const CHANNEL_HEADER_LEN: usize = 4;
@@ -20,7 +23,7 @@ pub enum FrameError {
     /// A STUN length that is not a multiple of 4.
     #[error("invalid STUN length")]
     BadLength,
-    /// A ChannelData channel number outside 0x4000..=0x4FFF.
+    /// A ChannelData channel number outside 0x4000..=0x7FFF.
     #[error("channel number out of range")]
     BadChannel,
 }
@@ -75,14 +78,14 @@ pub fn stream_frame_len(buf: &[u8]) -> Result<Option<usize>, FrameError> {
     }
 }
 
-/// `true` for 0x4000..=0x4FFF.
+/// `true` for 0x4000..=0x7FFF.
 pub fn channel_in_range(ch: u16) -> bool {
     (CHANNEL_MIN..=CHANNEL_MAX).contains(&ch)
 }
 
 /// Parse a ChannelData message: `(channel number, payload)`. The payload length comes from
 /// the header; trailing bytes (padding) are allowed, a short message is not. Channel numbers
-/// outside 0x4000..=0x4FFF are refused.
+/// outside 0x4000..=0x7FFF are refused.
 pub fn parse_channel_data(buf: &[u8]) -> Option<(u16, &[u8])> {
     let h = buf.get(..CHANNEL_HEADER_LEN)?;
     let ch = u16::from_be_bytes([h[0], h[1]]);
@@ -127,7 +130,11 @@ mod tests {
             stream_frame_len(&[0x40, 0x00, 0x00, 0x05, 1, 2, 3, 4, 5, 0, 0, 0]),
             Ok(Some(12))
         );
-        assert_eq!(stream_frame_len(&[0x50, 0x00]), Err(FrameError::BadChannel));
+        assert_eq!(
+            stream_frame_len(&[0x80, 0x00]),
+            Err(FrameError::Unrecognized)
+        );
+        assert_eq!(stream_frame_len(&[0x7f, 0xff]), Ok(None));
         assert_eq!(stream_frame_len(&[0x80]), Err(FrameError::Unrecognized));
         let mut stun = vec![0x00, 0x01, 0x00, 0x04, 0x21, 0x12, 0xa4, 0x42];
         assert_eq!(stream_frame_len(&stun), Ok(None));
@@ -147,7 +154,11 @@ mod tests {
         assert_eq!(parse_channel_data(&out), Some((0x4001, &b"hello"[..])));
         assert_eq!(parse_channel_data(&out[..8]), None);
         assert_eq!(parse_channel_data(&[0x3f, 0xff, 0, 0]), None);
-        assert_eq!(parse_channel_data(&[0x50, 0x00, 0, 0]), None);
+        assert_eq!(parse_channel_data(&[0x80, 0x00, 0, 0]), None);
+        assert_eq!(
+            parse_channel_data(&[0x7f, 0xff, 0, 0]),
+            Some((0x7fff, &b""[..]))
+        );
         assert_eq!(
             parse_channel_data(&[0x40, 0x00, 0, 0]),
             Some((0x4000, &b""[..]))

@@ -33,6 +33,9 @@ use crate::types::{
 /// (RFC 8656 §12: no rebinding to another peer/channel for 5 minutes).
 const CHANNEL_QUARANTINE: Duration = Duration::from_secs(300);
 
+/// How long an EVEN-PORT reservation (port + 1) is kept (RFC 8656 §7.2: 30 s).
+const RESERVATION_LIFETIME: Duration = Duration::from_secs(30);
+
 /// Address family codes of REQUESTED-ADDRESS-FAMILY and friends.
 const FAMILY_V4: u8 = 0x01;
 const FAMILY_V6: u8 = 0x02;
@@ -58,6 +61,14 @@ pub struct Server {
     alternate_rr: usize,
     txid_seed: [u8; 8],
     txid_counter: u32,
+    reservations: Vec<Reservation>,
+}
+
+/// A relay socket on port + 1 kept for a later Allocate with RESERVATION-TOKEN.
+struct Reservation {
+    token: [u8; 8],
+    relay: SocketAddr,
+    expires: Instant,
 }
 
 struct Allocation {
@@ -97,6 +108,8 @@ struct Attrs<'a> {
     data: Option<&'a [u8]>,
     peer: Option<SocketAddr>,
     peer_count: usize,
+    even_port: Option<bool>,
+    reservation_token: Option<[u8; 8]>,
     /// A known attribute with a malformed value.
     malformed: bool,
     unknown: [u16; 8],
@@ -144,6 +157,14 @@ impl<'a> Attrs<'a> {
                     _ => a.malformed = true,
                 },
                 attr::DATA => a.data = Some(at.value),
+                attr::EVEN_PORT => match at.value {
+                    [flags, ..] => a.even_port = Some(flags & 0x80 != 0),
+                    [] => a.malformed = true,
+                },
+                attr::RESERVATION_TOKEN => match <[u8; 8]>::try_from(at.value) {
+                    Ok(t) => a.reservation_token = Some(t),
+                    Err(_) => a.malformed = true,
+                },
                 attr::XOR_PEER_ADDRESS => {
                     match decode_address(at.value, &txid, true) {
                         Some(p) if a.peer.is_none() => a.peer = Some(p),
@@ -163,8 +184,8 @@ impl<'a> Attrs<'a> {
                 | attr::ERROR_CODE
                 | attr::UNKNOWN_ATTRIBUTES
                 | attr::XOR_RELAYED_ADDRESS => {}
-                // Comprehension-required and not understood (this includes EVEN-PORT,
-                // RESERVATION-TOKEN, USERHASH, CONNECTION-ID): 420.
+                // Comprehension-required and not understood (this includes USERHASH,
+                // CONNECTION-ID, BANDWIDTH): 420.
                 t if t < 0x8000
                     && a.unknown_count < a.unknown.len()
                     && !a.unknown[..a.unknown_count].contains(&t) =>
@@ -226,6 +247,7 @@ impl Server {
             alternate_rr: 0,
             txid_seed: rand::random(),
             txid_counter: 0,
+            reservations: Vec::new(),
         };
         server.sync_wall_clock(now, wall);
         server
@@ -522,11 +544,23 @@ impl Server {
     /// When [`handle_timeout`](Self::handle_timeout) should next be called (may be early;
     /// calling early is harmless).
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.timers.peek().map(|Reverse((t, _, _))| *t)
+        let alloc = self.timers.peek().map(|Reverse((t, _, _))| *t);
+        let res = self.reservations.iter().map(|r| r.expires).min();
+        match (alloc, res) {
+            (Some(a), Some(r)) => Some(a.min(r)),
+            (a, r) => a.or(r),
+        }
     }
 
     /// Expire allocations (releasing their relays), permissions and channels due at `now`.
     pub fn handle_timeout(&mut self, now: Instant, relays: &mut dyn RelayProvider) {
+        self.reservations.retain(|r| {
+            let keep = r.expires > now;
+            if !keep {
+                relays.release(r.relay);
+            }
+            keep
+        });
         while let Some(Reverse((t, idx, gen))) = self.timers.peek().copied() {
             if t > now {
                 break;
@@ -581,6 +615,9 @@ impl Server {
             }
         }
         self.timers.clear();
+        for r in self.reservations.drain(..) {
+            relays.release(r.relay);
+        }
     }
 
     fn delete(&mut self, idx: usize, reason: DeleteReason, relays: &mut dyn RelayProvider) {
@@ -885,6 +922,16 @@ impl Server {
             (Some(FAMILY_V6), None) => (false, false),
             (Some(_), None) => return self.error(ctx, 440, out),
         };
+        // RESERVATION-TOKEN excludes EVEN-PORT and the family attributes; EVEN-PORT excludes
+        // a dual allocation (RFC 8656 §7.2).
+        if attrs.reservation_token.is_some()
+            && (attrs.even_port.is_some() || attrs.family.is_some() || dual)
+        {
+            return self.error(ctx, 400, out);
+        }
+        if attrs.even_port.is_some() && dual {
+            return self.error(ctx, 400, out);
+        }
         let username = authed
             .as_ref()
             .map(|a| a.username.clone())
@@ -906,7 +953,19 @@ impl Server {
             return self.error(ctx, 401, out);
         }
         let mut addrs = RelayAddrs::default();
-        let primary = match self.bind_relay(primary_v4, from, relays) {
+        let mut token = None;
+        let bound = match (attrs.reservation_token, attrs.even_port) {
+            (Some(t), _) => self.take_reservation(now, &t),
+            (None, Some(reserve)) => {
+                self.bind_even(now, primary_v4, reserve, from, relays)
+                    .map(|(r, t)| {
+                        token = t;
+                        r
+                    })
+            }
+            (None, None) => self.bind_relay(primary_v4, from, relays),
+        };
+        let primary = match bound {
             Ok(r) => r,
             Err(e) => {
                 let code = match e {
@@ -923,7 +982,7 @@ impl Server {
                 return self.error(ctx, code, out);
             }
         };
-        if primary_v4 {
+        if primary.is_ipv4() {
             addrs.v4 = Some(primary);
         } else {
             addrs.v6 = Some(primary);
@@ -949,9 +1008,10 @@ impl Server {
             lifetime,
         });
         let _ = idx;
-        self.allocate_success(ctx, from, addrs, lifetime, address_error, out)
+        self.allocate_success(ctx, from, addrs, lifetime, address_error, token, out)
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn allocate_success(
         &self,
         ctx: &Ctx,
@@ -959,6 +1019,7 @@ impl Server {
         addrs: RelayAddrs,
         lifetime: u32,
         address_error: Option<u16>,
+        token: Option<[u8; 8]>,
         out: &mut Vec<u8>,
     ) -> Reply {
         let relay_cfg = &self.config.relay;
@@ -969,6 +1030,9 @@ impl Server {
             }
             b.xor_address(attr::XOR_MAPPED_ADDRESS, from.client)
                 .u32(attr::LIFETIME, lifetime);
+            if let Some(t) = token {
+                b.attr(attr::RESERVATION_TOKEN, &t);
+            }
             if let Some(code) = address_error {
                 let v = [FAMILY_V6, 0, (code / 100) as u8, (code % 100) as u8];
                 b.attr(attr::ADDRESS_ERROR_CODE, &v);
@@ -997,7 +1061,29 @@ impl Server {
             .unwrap_or(a.lifetime)
             .min(a.lifetime);
         let addrs = a.relays;
-        self.allocate_success(ctx, from, addrs, lifetime, None, out)
+        self.allocate_success(ctx, from, addrs, lifetime, None, None, out)
+    }
+
+    /// The relay IP for a family (round-robin over `relay-ip`, else the local address).
+    fn relay_ip(&mut self, v4: bool, from: &ClientAddr) -> Result<IpAddr, RelayError> {
+        let ips = &self.config.relay.relay_ips;
+        let local = [from.local.ip()];
+        let pool: &[IpAddr] = if ips.is_empty() { &local } else { ips };
+        let usable = |i: &&IpAddr| i.is_ipv4() == v4 && !i.is_unspecified();
+        let n = pool.iter().filter(usable).count();
+        if n == 0 {
+            return Err(RelayError::FamilyNotSupported);
+        }
+        self.relay_rr = self.relay_rr.wrapping_add(1);
+        pool.iter()
+            .filter(usable)
+            .nth(self.relay_rr % n)
+            .copied()
+            .ok_or(RelayError::FamilyNotSupported)
+    }
+
+    fn in_use(&self, addr: SocketAddr) -> bool {
+        self.by_relay.contains_key(&addr) || self.reservations.iter().any(|r| r.relay == addr)
     }
 
     fn bind_relay(
@@ -1006,29 +1092,67 @@ impl Server {
         from: &ClientAddr,
         relays: &mut dyn RelayProvider,
     ) -> Result<SocketAddr, RelayError> {
-        let ips: Vec<IpAddr> = if self.config.relay.relay_ips.is_empty() {
-            let l = from.local.ip();
-            if l.is_unspecified() {
-                Vec::new()
-            } else {
-                vec![l]
-            }
-        } else {
-            self.config.relay.relay_ips.clone()
-        };
-        let fam: Vec<IpAddr> = ips.into_iter().filter(|i| i.is_ipv4() == v4).collect();
-        if fam.is_empty() {
-            return Err(RelayError::FamilyNotSupported);
-        }
-        self.relay_rr = self.relay_rr.wrapping_add(1);
-        let ip = fam[self.relay_rr % fam.len()];
+        let ip = self.relay_ip(v4, from)?;
         let addr = relays.allocate(ip, from)?;
-        if self.by_relay.contains_key(&addr) {
+        if self.in_use(addr) {
             return Err(RelayError::Failed(format!(
                 "relay address {addr} already in use"
             )));
         }
         Ok(addr)
+    }
+
+    /// EVEN-PORT: an even relay port, and with R set a reservation of port + 1.
+    fn bind_even(
+        &mut self,
+        now: Instant,
+        v4: bool,
+        reserve: bool,
+        from: &ClientAddr,
+        relays: &mut dyn RelayProvider,
+    ) -> Result<(SocketAddr, Option<[u8; 8]>), RelayError> {
+        let ip = self.relay_ip(v4, from)?;
+        let (addr, next) = relays.allocate_even(ip, from, reserve)?;
+        if self.in_use(addr) || next.is_some_and(|n| self.in_use(n)) {
+            return Err(RelayError::Failed(format!(
+                "relay address {addr} already in use"
+            )));
+        }
+        match (reserve, next) {
+            (true, Some(relay)) => {
+                let token: [u8; 8] = rand::random();
+                self.reservations.push(Reservation {
+                    token,
+                    relay,
+                    expires: now + RESERVATION_LIFETIME,
+                });
+                Ok((addr, Some(token)))
+            }
+            (true, None) => {
+                relays.release(addr);
+                Err(RelayError::NoPort)
+            }
+            (false, extra) => {
+                if let Some(x) = extra {
+                    relays.release(x);
+                }
+                Ok((addr, None))
+            }
+        }
+    }
+
+    /// RESERVATION-TOKEN: the reserved socket, or 508 if the token is unknown or expired.
+    fn take_reservation(
+        &mut self,
+        now: Instant,
+        token: &[u8; 8],
+    ) -> Result<SocketAddr, RelayError> {
+        let pos = self
+            .reservations
+            .iter()
+            .position(|r| &r.token == token && r.expires > now)
+            .ok_or(RelayError::NoPort)?;
+        Ok(self.reservations.swap_remove(pos).relay)
     }
 
     #[allow(clippy::too_many_arguments)]

@@ -32,6 +32,27 @@ impl RelayProvider for TestRelays {
     fn release(&mut self, relay: SocketAddr) {
         self.released.push(relay);
     }
+
+    fn allocate_even(
+        &mut self,
+        ip: IpAddr,
+        _client: &ClientAddr,
+        reserve_next: bool,
+    ) -> Result<(SocketAddr, Option<SocketAddr>), RelayError> {
+        if let Some(e) = &self.fail {
+            return Err(e.clone());
+        }
+        self.next_port += 2 - self.next_port % 2;
+        let a = SocketAddr::new(ip, 50000 + self.next_port);
+        self.bound.push(a);
+        let b = reserve_next.then(|| {
+            self.next_port += 1;
+            let b = SocketAddr::new(ip, 50000 + self.next_port);
+            self.bound.push(b);
+            b
+        });
+        Ok((a, b))
+    }
 }
 
 /// An owned copy of a [`Transmit`].
@@ -627,24 +648,6 @@ fn unknown_comprehension_required_attributes_420() {
         r.get(attr::UNKNOWN_ATTRIBUTES),
         Some(&[0x00, 0x31, 0x70, 0x01][..])
     );
-    // EVEN-PORT and RESERVATION-TOKEN are not supported: rejected cleanly with 420.
-    let r = h.authed(
-        from,
-        &alice(),
-        Req::new(method::ALLOCATE)
-            .transport_udp()
-            .attr(attr::EVEN_PORT, vec![0x80]),
-    );
-    assert_eq!(r.code, Some(420));
-    assert_eq!(r.get(attr::UNKNOWN_ATTRIBUTES), Some(&[0x00, 0x18][..]));
-    let r = h.authed(
-        from,
-        &alice(),
-        Req::new(method::ALLOCATE)
-            .transport_udp()
-            .attr(attr::RESERVATION_TOKEN, vec![0; 8]),
-    );
-    assert_eq!(r.code, Some(420));
     // Unknown comprehension-optional attributes are ignored; DONT-FRAGMENT is accepted.
     let r = h.authed(
         from,
@@ -1089,7 +1092,7 @@ fn channel_rules_400() {
     let mut h = H::new(base_config());
     let from = udp("192.0.2.7:40000");
     h.allocate(from, &alice());
-    for bad in [0x0000, 0x3FFF, 0x5000, 0x7FFF, 0xFFFF] {
+    for bad in [0x0000, 0x3FFF, 0x8000, 0xFFFF] {
         let r = h.authed(
             from,
             &alice(),
@@ -1099,8 +1102,8 @@ fn channel_rules_400() {
         );
         assert_eq!(r.code, Some(400), "channel {bad:#x}");
     }
-    for ok in [0x4000, 0x4FFF] {
-        let peer = format!("8.8.8.{}:1", ok & 0xff);
+    for (i, ok) in [0x4000, 0x4FFF, 0x5000, 0x7FFF].into_iter().enumerate() {
+        let peer = format!("8.8.8.{i}:1");
         let r = h.authed(
             from,
             &alice(),
@@ -1690,4 +1693,114 @@ fn event_queue_is_bounded() {
     }
     assert_eq!(h.events().len(), MAX_QUEUED_EVENTS);
     assert_eq!(h.server.counters().events_dropped, 10);
+}
+
+/// EVEN-PORT and RESERVATION-TOKEN, the way `turnutils_uclient` uses them (RTP allocation
+/// with R=1, then the RTCP allocation from another socket with the token).
+#[test]
+fn even_port_and_reservation_token() {
+    let mut h = H::new(base_config());
+    let rtp = udp("192.0.2.7:40000");
+    let rtcp = udp("192.0.2.7:40001");
+    let r = h.authed(
+        rtp,
+        &alice(),
+        Req::new(method::ALLOCATE)
+            .transport_udp()
+            .attr(attr::EVEN_PORT, vec![0x80])
+            .attr(attr::REQUESTED_ADDRESS_FAMILY, vec![1, 0, 0, 0])
+            .fp(),
+    );
+    assert_eq!(r.class, Class::Success, "{:?}", r.code);
+    let relay = r.addr(attr::XOR_RELAYED_ADDRESS).unwrap();
+    assert_eq!(relay.port() % 2, 0);
+    let token = r.get(attr::RESERVATION_TOKEN).unwrap().to_vec();
+    assert_eq!(token.len(), 8);
+    // The reserved socket drops peer data until it is allocated.
+    let reserved = SocketAddr::new(relay.ip(), relay.port() + 1);
+    assert_eq!(h.peer(reserved, "8.8.8.8:1".parse().unwrap(), b"x"), None);
+    // RESERVATION-TOKEN with REQUESTED-ADDRESS-FAMILY: 400.
+    let r = h.authed(
+        rtcp,
+        &alice(),
+        Req::new(method::ALLOCATE)
+            .transport_udp()
+            .attr(attr::RESERVATION_TOKEN, token.clone())
+            .attr(attr::REQUESTED_ADDRESS_FAMILY, vec![1, 0, 0, 0]),
+    );
+    assert_eq!(r.code, Some(400));
+    // The token gives port + 1.
+    let r = h.authed(
+        rtcp,
+        &alice(),
+        Req::new(method::ALLOCATE)
+            .transport_udp()
+            .attr(attr::RESERVATION_TOKEN, token.clone()),
+    );
+    assert_eq!(r.class, Class::Success);
+    assert_eq!(r.addr(attr::XOR_RELAYED_ADDRESS), Some(reserved));
+    // A token works once; an unknown token: 508.
+    let r = h.authed(
+        udp("192.0.2.7:40002"),
+        &alice(),
+        Req::new(method::ALLOCATE)
+            .transport_udp()
+            .attr(attr::RESERVATION_TOKEN, token),
+    );
+    assert_eq!(r.code, Some(508));
+    // EVEN-PORT R=0: even port, no token.
+    let r = h.authed(
+        udp("192.0.2.7:40003"),
+        &alice(),
+        Req::new(method::ALLOCATE)
+            .transport_udp()
+            .attr(attr::EVEN_PORT, vec![0x00]),
+    );
+    assert_eq!(r.addr(attr::XOR_RELAYED_ADDRESS).unwrap().port() % 2, 0);
+    assert!(r.get(attr::RESERVATION_TOKEN).is_none());
+    // An unused reservation is released after 30 s.
+    let r = h.authed(
+        udp("192.0.2.7:40004"),
+        &alice(),
+        Req::new(method::ALLOCATE)
+            .transport_udp()
+            .attr(attr::EVEN_PORT, vec![0x80]),
+    );
+    let relay = r.addr(attr::XOR_RELAYED_ADDRESS).unwrap();
+    let reserved = SocketAddr::new(relay.ip(), relay.port() + 1);
+    assert!(h.server.poll_timeout().unwrap() <= h.now + Duration::from_secs(30));
+    h.advance(29);
+    assert!(!h.relays.released.contains(&reserved));
+    h.advance(1);
+    assert!(h.relays.released.contains(&reserved));
+    // EVEN-PORT with a dual allocation: 400.
+    let r = h.authed(
+        udp("192.0.2.7:40005"),
+        &alice(),
+        Req::new(method::ALLOCATE)
+            .transport_udp()
+            .attr(attr::EVEN_PORT, vec![0])
+            .attr(attr::ADDITIONAL_ADDRESS_FAMILY, vec![2, 0, 0, 0]),
+    );
+    assert_eq!(r.code, Some(400));
+}
+
+/// The exact first Allocate `turnutils_uclient` 4.6.1 sends (captured on loopback): 60 bytes
+/// with LIFETIME, EVEN-PORT (R), REQUESTED-ADDRESS-FAMILY and FINGERPRINT.
+#[test]
+fn uclient_first_allocate_gets_a_bounded_challenge() {
+    let hex = "000300282112a44215f4acef6ab70e6eff93b4f90019000411000000000d0004000003090018000180000000001700040100000080280004f5b91eca";
+    let bytes: Vec<u8> = (0..hex.len() / 2)
+        .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap())
+        .collect();
+    let mut h = H::new(base_config());
+    let r = decode(&h.client(udp("127.0.0.1:5555"), &bytes).unwrap());
+    assert_eq!(r.code, Some(401));
+    assert!(r.get(attr::FINGERPRINT).is_some());
+    // The challenge is the documented exception to "never larger than the request": it
+    // carries REALM and NONCE, which no client can do without. Exactly 20 + 8 (ERROR-CODE)
+    // + 16 (REALM "example.org") + 20 (NONCE) + 8 (FINGERPRINT) = 72 bytes for this 60-byte
+    // request: 1.2x, bounded by 64 + realm length whatever the request.
+    assert_eq!(r.raw.len(), 72);
+    assert!(r.raw.len() <= 64 + REALM.len() + 8);
 }

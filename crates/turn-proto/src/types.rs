@@ -80,8 +80,39 @@ pub trait RelayProvider {
     /// received on it.
     fn allocate(&mut self, ip: IpAddr, client: &ClientAddr) -> Result<SocketAddr, RelayError>;
 
-    /// Close the relay socket bound on `relay` (allocation deleted or expired).
+    /// Close the relay socket bound on `relay` (allocation deleted or expired, or an unused
+    /// reservation timed out).
     fn release(&mut self, relay: SocketAddr);
+
+    /// EVEN-PORT (RFC 8656 §7.2; coturn's `turnutils_uclient` sends it with R=1 on its RTP
+    /// allocation unless run with `-c`, and R=0 at random with `-c`): bind a relay socket on an
+    /// **even** port on `ip`; if `reserve_next`, also bind **port + 1** and return it second.
+    /// The server keeps that second socket reserved for 30 s (RESERVATION-TOKEN) and either
+    /// hands it to a later Allocate carrying the token or calls [`release`](Self::release).
+    /// Datagrams arriving on a reserved socket before that are dropped by
+    /// [`Server::handle_peer`](crate::Server::handle_peer).
+    ///
+    /// The default implementation retries [`allocate`](Self::allocate) up to 16 times until
+    /// the port is even (releasing odd ones) and cannot reserve (`NoPort` when
+    /// `reserve_next`); I/O layers should override it to pick an even/odd pair directly.
+    fn allocate_even(
+        &mut self,
+        ip: IpAddr,
+        client: &ClientAddr,
+        reserve_next: bool,
+    ) -> Result<(SocketAddr, Option<SocketAddr>), RelayError> {
+        if reserve_next {
+            return Err(RelayError::NoPort);
+        }
+        for _ in 0..16 {
+            let a = self.allocate(ip, client)?;
+            if a.port() % 2 == 0 {
+                return Ok((a, None));
+            }
+            self.release(a);
+        }
+        Err(RelayError::NoPort)
+    }
 }
 
 /// Why a relay socket could not be bound.
