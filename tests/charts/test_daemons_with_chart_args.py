@@ -10,6 +10,7 @@ import http.client
 import secrets
 import signal
 import socket
+import ssl
 import subprocess
 import time
 from pathlib import Path
@@ -52,7 +53,14 @@ def wait_for(what: str, check: Callable[[], bool], proc: subprocess.Popen[bytes]
     pytest.fail(f"timed out after {timeout}s waiting for {what}:\n{log.read_text()[-4000:]}")
 
 
-def run_like_kubelet(argv: list[str], agent: dict[str, Any], admin_port: int, grace: int, tmp: Path) -> None:
+def run_like_kubelet(
+    argv: list[str],
+    agent: dict[str, Any],
+    admin_port: int,
+    grace: int,
+    tmp: Path,
+    when_ready: Callable[[], None] | None = None,
+) -> None:
     log = tmp / "daemon.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=tmp)
@@ -60,6 +68,8 @@ def run_like_kubelet(argv: list[str], agent: dict[str, Any], admin_port: int, gr
         live, ready = probe_path(agent, "livenessProbe"), probe_path(agent, "readinessProbe")
         wait_for("readiness", lambda: http_status(admin_port, ready) == 200, proc, log, START_TIMEOUT)
         assert http_status(admin_port, live) == 200
+        if when_ready is not None:
+            when_ready()
         signalled = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         # Readiness falls at once (or the process is already gone); liveness never falls.
@@ -112,7 +122,19 @@ TURN_EXTRA: dict[str, dict[str, Any]] = {
         },
         "gracefulTermination": {"drainMinAllocations": 0},
     },
+    # TLS from the mounted kubernetes.io/tls Secret (a self-signed pair made here).
+    "tls": {"tls": {"enabled": True, "existingSecret": "turn-tls"}},
 }
+
+
+def self_signed(directory: Path) -> None:
+    directory.mkdir()
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+         "-nodes", "-days", "2", "-subj", "/CN=turn.example.com",
+         "-keyout", str(directory / "tls.key"), "-out", str(directory / "tls.crt")],
+        check=True, capture_output=True, timeout=60,
+    )
 
 
 @pytest.mark.parametrize("extra", sorted(TURN_EXTRA))
@@ -130,16 +152,32 @@ def test_turn_runs_as_the_chart_starts_it(extra: str, tmp_path: Path) -> None:
     for key, sub in TURN_EXTRA[extra].items():
         values.setdefault(key, {}).update(sub)
     values.setdefault("turn", {}).update({"listeningPort": turn_port, "minPort": relay, "maxPort": relay + 20})
+    replace = {}
+    when_ready = None
+    if extra == "tls":
+        values["turn"]["tlsListeningPort"] = free_port()
+        self_signed(tmp_path / "tls")
+        replace["/etc/lastcall-turn/tls/"] = f"{tmp_path / 'tls'}/"
+
+        def when_ready() -> None:  # the TLS listener serves the mounted certificate
+            ctx = ssl.create_default_context(cafile=str(tmp_path / "tls" / "tls.crt"))
+            ctx.check_hostname = False
+            with socket.create_connection(("127.0.0.1", values["turn"]["tlsListeningPort"]), timeout=5) as raw:
+                with ctx.wrap_socket(raw) as tls:
+                    assert tls.version() in ("TLSv1.2", "TLSv1.3")
     rendered = render("lastcall-turn", values)
     turn = container(rendered.pod_spec(), "turn")
     conf = tmp_path / "turnserver.conf"
-    conf.write_text(rendered.one("ConfigMap")["data"]["turnserver.conf"])
+    text = rendered.one("ConfigMap")["data"]["turnserver.conf"]
+    for old, new in replace.items():
+        text = text.replace(old, new)
+    conf.write_text(text)
     env = {"POD_IP": "127.0.0.1", "TURN_STATIC_AUTH_SECRET": secrets.token_hex(16)}
     env.update({f"TURN_STATIC_AUTH_SECRET_{i}": secrets.token_hex(16) for i in range(4)})
     argv = [str(binary)] + kubelet_args(turn["args"], env, {"/etc/lastcall-turn/config/turnserver.conf": str(conf)})
     assert flag(argv, "admin-addr") == f"127.0.0.1:{admin_port}"
     assert not [a for a in argv if "$(" in a], "every $(VAR) the chart uses is defined in the pod"
-    run_like_kubelet(argv, turn, admin_port, rendered.grace(), tmp_path)
+    run_like_kubelet(argv, turn, admin_port, rendered.grace(), tmp_path, when_ready)
 
 
 @pytest.mark.parametrize("mode", ["standalone", "sidecar-native", "sidecar-classic"])
