@@ -78,10 +78,10 @@ async fn main() {
         }
     };
     let local = listener.local_addr().unwrap_or(cli.listen);
-    tracing::info!(
-        admin = ?admin.local_addr(),
-        "echo listening on {local}"
-    );
+    let admin = admin
+        .local_addr()
+        .map_or_else(|| "off".to_string(), |a| a.to_string());
+    tracing::info!("echo listening on {local} (admin {admin})");
     tokio::spawn(accept_loop(listener, handle.clone()));
 
     let outcome = lifecycle.run().await;

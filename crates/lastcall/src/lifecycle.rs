@@ -278,11 +278,14 @@ impl Lifecycle {
                         (Some((_, s)), Some(d)) => (s, d),
                         _ => (now, now + shared.config.drain_timeout),
                     };
+                    let started_at = wall
+                        .checked_sub(now.saturating_duration_since(started))
+                        .unwrap_or(wall);
                     let info = DrainInfo {
                         trigger: *trigger,
-                        started_at: wall,
+                        started_at,
                         started,
-                        deadline_at: wall + deadline.saturating_duration_since(now),
+                        deadline_at: started_at + deadline.saturating_duration_since(started),
                         deadline,
                     };
                     shared.state.send_modify(|s| s.drain = Some(info));

@@ -304,7 +304,7 @@ impl fmt::Display for Action {
                 if *phase == Phase::Lingering { "lingering" } else { "draining" },
                 count(*sessions, "session"),
                 count(*peers, "peer"),
-                to_deadline.as_secs()
+                (to_deadline.as_millis() + 500) / 1000
             ),
             Action::Exit(outcome) => outcome.fmt(f),
         }
