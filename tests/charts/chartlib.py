@@ -4,6 +4,7 @@ validation (kubernetes-validate) and accessors for the rendered objects."""
 from __future__ import annotations
 
 import copy
+import os
 import re
 import shutil
 import subprocess
@@ -156,9 +157,12 @@ def haproxy_check(haproxy_cfg: str, spoe_cfg: str, tmp: Path) -> subprocess.Comp
 
 
 def built_binary(name: str) -> Path | None:
-    """A daemon binary built in this checkout (debug first), if any."""
+    """A daemon binary built from this checkout (debug first), if any."""
+    target = Path(os.environ.get("CARGO_TARGET_DIR") or REPO / "target")
+    if not target.is_absolute():
+        target = REPO / target
     for profile in ("debug", "release"):
-        path = REPO / "target" / profile / name
+        path = target / profile / name
         if path.is_file():
             return path
     return None

@@ -152,8 +152,8 @@ def test_turn_runs_as_the_chart_starts_it(extra: str, tmp_path: Path) -> None:
     for key, sub in TURN_EXTRA[extra].items():
         values.setdefault(key, {}).update(sub)
     values.setdefault("turn", {}).update({"listeningPort": turn_port, "minPort": relay, "maxPort": relay + 20})
-    replace = {}
-    when_ready = None
+    replace: dict[str, str] = {}
+    when_ready: Callable[[], None] | None = None
     if extra == "tls":
         values["turn"]["tlsListeningPort"] = free_port()
         self_signed(tmp_path / "tls")

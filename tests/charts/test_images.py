@@ -6,7 +6,6 @@ delivered, no shell or init shim), and the charts' default ports exposed."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
