@@ -47,14 +47,24 @@ impl Nginx {
             .expect("addr");
         let conf = config(prefix, addr, origin);
         std::fs::write(prefix.join("nginx.conf"), conf).expect("write nginx.conf");
-        let mut cmd = Command::new(NGINX);
-        cmd.arg("-p")
-            .arg(prefix)
-            .arg("-c")
-            .arg(prefix.join("nginx.conf"))
-            .arg("-e")
-            .arg(prefix.join("error.log"));
-        let pod = Pod::spawn(cmd);
+        let command = || {
+            let mut cmd = Command::new(NGINX);
+            cmd.arg("-p")
+                .arg(prefix)
+                .arg("-c")
+                .arg(prefix.join("nginx.conf"))
+                .arg("-e")
+                .arg(prefix.join("error.log"));
+            cmd
+        };
+        // Check the configuration (and the rules) first, for a clear failure.
+        let check = command().arg("-t").output().expect("run nginx -t");
+        assert!(
+            check.status.success(),
+            "nginx -t failed: {}",
+            String::from_utf8_lossy(&check.stderr)
+        );
+        let pod = Pod::spawn(command());
         // CRS compiles in well under a second; the bound is for a busy machine.
         harness::wait_for_tcp(addr, WAIT);
         Nginx { pod, addr, dir }
@@ -63,6 +73,31 @@ impl Nginx {
     /// nginx's error log (ModSecurity's messages land here).
     pub fn error_log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("error.log")).unwrap_or_default()
+    }
+
+    /// What nginx appended to its error log since `*offset` (moved to the end).
+    pub fn error_log_since(&self, offset: &mut usize) -> String {
+        let log = self.error_log();
+        let new = log.get(*offset..).unwrap_or_default().to_owned();
+        *offset = log.len();
+        new
+    }
+
+    /// The rule ids (below 950000: request rules) in the ModSecurity lines nginx logged
+    /// since `*offset`, in order, without duplicates.
+    pub fn request_rules_since(&self, offset: &mut usize) -> Vec<u32> {
+        let mut ids = Vec::new();
+        for part in self.error_log_since(offset).split("[id \"").skip(1) {
+            let id = part
+                .split('"')
+                .next()
+                .and_then(|s| s.parse::<u32>().ok())
+                .unwrap_or(0);
+            if id != 0 && id < 950_000 && !ids.contains(&id) {
+                ids.push(id);
+            }
+        }
+        ids
     }
 
     /// The prefix directory.
@@ -228,6 +263,8 @@ pub struct Outcome {
     pub reached_origin: bool,
     /// Status the client got; 0 when the connection closed without a response.
     pub status: u16,
+    /// Request rule ids that matched (sorted), as the proxy's side reports them.
+    pub rules: Vec<u32>,
 }
 
 impl Outcome {
@@ -241,9 +278,28 @@ impl Outcome {
     }
 }
 
+/// A response as the raw client saw it.
+#[derive(Debug, Clone, Default)]
+pub struct RawReply {
+    /// Status; 0 when the connection closed without a response.
+    pub status: u16,
+    /// Headers, names lower-cased.
+    pub headers: Vec<(String, String)>,
+}
+
+impl RawReply {
+    /// First header named `name` (lower-case).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
 /// Sends raw request bytes and reads the whole response (the request says
-/// `Connection: close`). Returns the status (0 if none could be parsed).
-pub fn send_raw(addr: SocketAddr, raw: &[u8]) -> std::io::Result<u16> {
+/// `Connection: close`).
+pub fn send_raw(addr: SocketAddr, raw: &[u8]) -> std::io::Result<RawReply> {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
     s.set_read_timeout(Some(WAIT))?;
     s.set_write_timeout(Some(WAIT))?;
@@ -254,30 +310,62 @@ pub fn send_raw(addr: SocketAddr, raw: &[u8]) -> std::io::Result<u16> {
         Err(e) if !resp.is_empty() || e.kind() == std::io::ErrorKind::ConnectionReset => {}
         Err(e) => return Err(e),
     }
-    let status = std::str::from_utf8(resp.get(..resp.len().min(64)).unwrap_or_default())
-        .ok()
-        .and_then(|h| h.split_whitespace().nth(1).map(str::to_owned))
+    let head_end = resp
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .unwrap_or(resp.len());
+    let head = String::from_utf8_lossy(resp.get(..head_end).unwrap_or_default());
+    let mut lines = head.split("\r\n");
+    let status = lines
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1))
         .and_then(|s| s.parse().ok())
         .unwrap_or(0);
-    Ok(status)
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
+        .collect();
+    Ok(RawReply { status, headers })
 }
 
-/// Sends every entry, one at a time, to `proxy`, and reports whether `origin` saw each.
+/// Sends every entry, one at a time, to `proxy`, and reports whether `origin` saw each;
+/// `rules_of` tells which request rules matched (from the reply or the proxy's log).
 /// Requests are sequential, so the origin's counter tells which request reached it.
-pub fn run_corpus(proxy: SocketAddr, origin: &Origin, corpus: &[Entry]) -> Vec<Outcome> {
+pub fn run_corpus(
+    proxy: SocketAddr,
+    origin: &Origin,
+    corpus: &[Entry],
+    mut rules_of: impl FnMut(&RawReply) -> Vec<u32>,
+) -> Vec<Outcome> {
     corpus
         .iter()
         .map(|e| {
             let before = origin.served.load(Ordering::SeqCst);
-            let status = send_raw(proxy, &e.raw)
+            let reply = send_raw(proxy, &e.raw)
                 .unwrap_or_else(|err| panic!("{}: sending to {proxy}: {err}", e.name));
             // The origin counts a request before it answers, and the proxy answers the
             // client after the origin did: the count is final here.
             let after = origin.served.load(Ordering::SeqCst);
+            let mut rules = rules_of(&reply);
+            rules.sort_unstable();
+            rules.dedup();
             Outcome {
                 reached_origin: after > before,
-                status,
+                status: reply.status,
+                rules,
             }
         })
+        .collect()
+}
+
+/// The request rule ids HAProxy's documented configuration shows in `x-waf-rules-hit`
+/// (coraza-spoa's `rules_hit` variable).
+pub fn rules_from_header(reply: &RawReply) -> Vec<u32> {
+    reply
+        .header("x-waf-rules-hit")
+        .unwrap_or_default()
+        .split(',')
+        .filter_map(|s| s.trim().parse::<u32>().ok())
+        .filter(|id| *id < 950_000)
         .collect()
 }
