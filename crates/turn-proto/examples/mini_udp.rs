@@ -111,10 +111,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         let addrs: Vec<SocketAddr> = relays.socks.keys().copied().collect();
         for relay in addrs {
-            loop {
-                let Some(s) = relays.socks.get(&relay) else {
-                    break;
-                };
+            while let Some(s) = relays.socks.get(&relay) {
                 match s.recv_from(&mut buf) {
                     Ok((n, peer)) => {
                         busy = true;
