@@ -276,7 +276,10 @@ def test_standalone_objects(case: Any) -> None:
     if values["admin"]["tokenSecret"]["name"]:
         agent = _agent(rendered)
         token_file = flag(agent["args"], "admin-token-file")
-        assert token_file == f"/etc/lastcall-spoa/admin/{values['admin']['tokenSecret']['key']}"
+        assert token_file == f"/etc/lastcall-spoa-admin/{values['admin']['tokenSecret']['key']}"
+        # Not nested inside the read-only config volume's mount.
+        mounts = {m["name"]: m["mountPath"] for m in agent["volumeMounts"]}
+        assert not mounts["admin-token"].startswith(mounts["agent-config"] + "/")
 
 
 def test_sidecar_haproxy_config(case: Any, tmp_path: Path) -> None:

@@ -118,7 +118,7 @@ The termination budget, in whole seconds. Everything below is derived from it.
 {{- end }}
 - --admin-addr={{ .Values.admin.address }}:{{ int .Values.admin.port }}
 {{- if .Values.admin.tokenSecret.name }}
-- --admin-token-file=/etc/lastcall-spoa/admin/{{ .Values.admin.tokenSecret.key }}
+- --admin-token-file=/etc/lastcall-spoa-admin/{{ .Values.admin.tokenSecret.key }}
 {{- end }}
 - --log-format={{ .Values.agent.logFormat }}
 - --log-level={{ .Values.agent.logLevel }}
@@ -189,7 +189,7 @@ volumeMounts:
     mountPath: /tmp
 {{- if .Values.admin.tokenSecret.name }}
   - name: admin-token
-    mountPath: /etc/lastcall-spoa/admin
+    mountPath: /etc/lastcall-spoa-admin
     readOnly: true
 {{- end }}
 {{- end }}
