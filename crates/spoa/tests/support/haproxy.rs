@@ -41,7 +41,31 @@ impl Haproxy {
     /// Starts HAProxy in front of `origin`, with agent servers `spoa1` and `spoa2`, and waits
     /// until a benign request passes through an agent.
     pub fn start(origin: SocketAddr, spoa1: SocketAddr, spoa2: SocketAddr) -> Haproxy {
+        Self::start_with(origin, spoa1, spoa2, false)
+    }
+
+    /// Like [`Haproxy::start`]; `quiet` runs a copy of the documented file without its
+    /// `log stdout` line (for load measurements, where per-request logs cost CPU).
+    pub fn start_with(
+        origin: SocketAddr,
+        spoa1: SocketAddr,
+        spoa2: SocketAddr,
+        quiet: bool,
+    ) -> Haproxy {
         let dir = tempfile::tempdir().expect("tempdir");
+        let config = if quiet {
+            let text = std::fs::read_to_string(config_path()).expect("read haproxy.cfg");
+            let quiet_text: String = text
+                .lines()
+                .filter(|l| !l.trim_start().starts_with("log stdout"))
+                .map(|l| format!("{l}\n"))
+                .collect();
+            let path = dir.path().join("haproxy.cfg");
+            std::fs::write(&path, quiet_text).expect("write haproxy.cfg");
+            path
+        } else {
+            config_path()
+        };
         let stats = dir.path().join("admin.sock");
         let addr: SocketAddr = format!("127.0.0.1:{}", harness::free_port())
             .parse()
@@ -49,7 +73,7 @@ impl Haproxy {
         let mut cmd = Command::new(HAPROXY);
         cmd.arg("-db")
             .arg("-f")
-            .arg(config_path())
+            .arg(&config)
             .env("FRONTEND_ADDR", addr.to_string())
             .env("ORIGIN_ADDR", origin.to_string())
             .env("SPOA1_ADDR", spoa1.to_string())

@@ -312,6 +312,8 @@ pub struct StackOptions {
     pub agents: usize,
     /// Extra agent arguments.
     pub agent_args: Vec<String>,
+    /// Run HAProxy without per-request logs (load measurements).
+    pub quiet_haproxy: bool,
 }
 
 /// Origin + agent(s) + HAProxy, all on loopback.
@@ -334,7 +336,7 @@ impl Stack {
             .collect();
         let a1 = agents[0].addr;
         let a2 = agents.get(1).map_or(a1, |a| a.addr);
-        let haproxy = Haproxy::start(origin.addr, a1, a2);
+        let haproxy = Haproxy::start_with(origin.addr, a1, a2, opts.quiet_haproxy);
         Stack {
             haproxy,
             agents,
