@@ -330,3 +330,44 @@ fn transaction_outlives_the_callers_handles() {
     let it = drive_response(&mut tx, 500, &[], b"");
     assert_eq!(it.map(|i| i.status), Some(503));
 }
+
+#[test]
+fn redirect_intervention_carries_the_url() {
+    let (ms, rules) = engine_with(concat!(
+        "SecRuleEngine On\n",
+        "SecRule ARGS:go \"@streq away\" \"id:10010,phase:1,redirect:https://example.org/blocked,log,msg:'go away'\"\n",
+    ));
+    let (v, tx) = run_request(&ms, &rules, &Req::get("/?go=away"));
+    let it = v.expect("intervention");
+    assert_eq!(it.url.as_deref(), Some("https://example.org/blocked"));
+    assert_eq!(it.status, 302);
+    assert_eq!(tx.report().rule_ids(), &[10010]);
+    // Each intervention is reported once.
+    let (v, mut tx) = run_request(&ms, &rules, &Req::get("/?go=away"));
+    assert!(v.is_some());
+    assert_eq!(tx.intervention(), None);
+}
+
+#[test]
+fn response_body_over_limit_with_process_partial_is_marked() {
+    let (ms, rules) = engine_with(concat!(
+        "SecRuleEngine On\n",
+        "SecResponseBodyAccess On\n",
+        "SecResponseBodyMimeType text/html\n",
+        "SecResponseBodyLimit 100\n",
+        "SecResponseBodyLimitAction ProcessPartial\n",
+        "SecRule RESPONSE_BODY \"@contains needle\" \"id:10020,phase:4,deny,status:502,log\"\n",
+    ));
+    let html = [("Content-Type", "text/html; charset=utf-8")];
+    // The needle within the first 100 bytes is seen...
+    let (_, mut tx) = run_request(&ms, &rules, &Req::get("/"));
+    let body = format!("needle{}", "x".repeat(300));
+    let it = drive_response(&mut tx, 200, &html, body.as_bytes());
+    assert_eq!(it.map(|i| i.status), Some(502));
+    assert!(tx.report().response_body_truncated());
+    // ... after them it is not.
+    let (_, mut tx) = run_request(&ms, &rules, &Req::get("/"));
+    let body = format!("{}needle", "x".repeat(300));
+    assert_eq!(drive_response(&mut tx, 200, &html, body.as_bytes()), None);
+    assert!(tx.report().response_body_truncated());
+}
