@@ -166,3 +166,12 @@ def built_binary(name: str) -> Path | None:
         if path.is_file():
             return path
     return None
+
+
+def assert_no_nested_mounts(rendered: Rendered) -> None:
+    """No volume mounted inside another (a ConfigMap or Secret volume is read-only)."""
+    for c in all_containers(rendered.pod_spec()):
+        paths = [m["mountPath"].rstrip("/") for m in c.get("volumeMounts", [])]
+        for a in paths:
+            for b in paths:
+                assert not b.startswith(a + "/"), f"container {c['name']}: {b} is inside {a}"

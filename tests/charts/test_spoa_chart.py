@@ -17,6 +17,7 @@ from chartlib import (
     K8S_VERSIONS,
     OLDEST,
     all_containers,
+    assert_no_nested_mounts,
     assert_no_prestop,
     built_binary,
     container,
@@ -181,6 +182,7 @@ def test_grace_covers_the_drain(case: Any) -> None:
 def test_no_prestop_anywhere(case: Any) -> None:
     _, _, rendered = case
     assert_no_prestop(rendered)
+    assert_no_nested_mounts(rendered)
 
 
 def test_sidecar_ordering(case: Any) -> None:

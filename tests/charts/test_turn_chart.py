@@ -15,6 +15,7 @@ from chartlib import (
     CHARTS,
     K8S_VERSIONS,
     OLDEST,
+    assert_no_nested_mounts,
     assert_no_prestop,
     built_binary,
     container,
@@ -169,6 +170,7 @@ def test_grace_covers_the_drain(case: Any) -> None:
 def test_no_prestop_anywhere(case: Any) -> None:
     _, _, rendered = case
     assert_no_prestop(rendered)
+    assert_no_nested_mounts(rendered)
 
 
 def test_secret_never_in_configmap(case: Any) -> None:
