@@ -69,7 +69,17 @@ pub struct ExitReport {
     pub killed: bool,
 }
 
-type Lines = Arc<(Mutex<Vec<String>>, Condvar)>;
+/// Captured output: the lines so far and how many of the two streams reached EOF.
+#[derive(Debug, Default)]
+struct Captured {
+    lines: Vec<String>,
+    closed: usize,
+}
+
+type Lines = Arc<(Mutex<Captured>, Condvar)>;
+
+/// How long [`Pod::wait_exit`] waits for the last output after the exit.
+const OUTPUT_DRAIN: Duration = Duration::from_secs(5);
 
 /// A running daemon process with its stdout and stderr lines captured (and copied to the
 /// test's stderr, prefixed with the pod's name, for debugging). Killed when dropped.
@@ -94,7 +104,7 @@ impl Pod {
         let mut child = cmd
             .spawn()
             .unwrap_or_else(|err| panic!("cannot start {:?}: {err}", cmd));
-        let lines: Lines = Arc::new((Mutex::new(Vec::new()), Condvar::new()));
+        let lines: Lines = Arc::new((Mutex::new(Captured::default()), Condvar::new()));
         let tag = format!("{name}[{}]", child.id());
         if let Some(out) = child.stdout.take() {
             capture(out, format!("{tag} out"), lines.clone());
@@ -169,9 +179,26 @@ impl Pod {
             elapsed_since_signal: elapsed,
             killed,
         };
+        self.wait_output_closed();
         eprintln!("harness: {} exited: {report:?}", self.name);
         self.exit = Some(report);
         report
+    }
+
+    /// After the exit: waits (bounded) until stdout and stderr reached EOF, so that
+    /// [`logs`](Self::logs) holds every line the process wrote.
+    fn wait_output_closed(&self) {
+        let end = Instant::now() + OUTPUT_DRAIN;
+        let (_, cond) = &*self.lines;
+        let mut captured = self.lock();
+        while captured.closed < 2 {
+            let Some(left) = end.checked_duration_since(Instant::now()) else {
+                return;
+            };
+            captured = cond
+                .wait_timeout(captured, left)
+                .map_or_else(|e| e.into_inner().0, |(guard, _)| guard);
+        }
     }
 
     /// SIGTERM, then [`wait_exit`](Self::wait_exit) with `grace`.
@@ -182,12 +209,12 @@ impl Pod {
 
     /// Every captured line so far (stdout and stderr, in arrival order).
     pub fn logs(&self) -> Vec<String> {
-        self.lock().clone()
+        self.lock().lines.clone()
     }
 
     /// How many lines were captured so far (a mark for [`wait_for_log_after`](Self::wait_for_log_after)).
     pub fn log_len(&self) -> usize {
-        self.lock().len()
+        self.lock().lines.len()
     }
 
     /// Waits for a line containing `needle`; returns it. Panics (showing the log) on timeout.
@@ -215,24 +242,29 @@ impl Pod {
     ) -> Option<String> {
         let end = Instant::now() + timeout;
         let (_, cond) = &*self.lines;
-        let mut lines = self.lock();
+        let mut captured = self.lock();
         loop {
-            if let Some(line) = lines.iter().skip(mark).find(|l| l.contains(needle)) {
+            if let Some(line) = captured
+                .lines
+                .iter()
+                .skip(mark)
+                .find(|l| l.contains(needle))
+            {
                 return Some(line.clone());
             }
             let left = end.checked_duration_since(Instant::now())?;
-            lines = cond
-                .wait_timeout(lines, left.min(Duration::from_millis(100)))
+            captured = cond
+                .wait_timeout(captured, left.min(Duration::from_millis(100)))
                 .map_or_else(|e| e.into_inner().0, |(guard, _)| guard);
         }
     }
 
     /// Whether a line containing `needle` was captured so far.
     pub fn has_log(&self, needle: &str) -> bool {
-        self.lock().iter().any(|l| l.contains(needle))
+        self.lock().lines.iter().any(|l| l.contains(needle))
     }
 
-    fn lock(&self) -> MutexGuard<'_, Vec<String>> {
+    fn lock(&self) -> MutexGuard<'_, Captured> {
         self.lines.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
@@ -253,12 +285,20 @@ fn capture<R: Read + Send + 'static>(stream: R, tag: String, lines: Lines) {
         loop {
             buf.clear();
             match reader.read_until(b'\n', &mut buf) {
-                Ok(0) | Err(_) => break,
+                Ok(0) | Err(_) => {
+                    let (lock, cond) = &*lines;
+                    lock.lock().unwrap_or_else(|e| e.into_inner()).closed += 1;
+                    cond.notify_all();
+                    break;
+                }
                 Ok(_) => {
                     let line = String::from_utf8_lossy(&buf).trim_end().to_string();
                     eprintln!("[{tag}] {line}");
                     let (lock, cond) = &*lines;
-                    lock.lock().unwrap_or_else(|e| e.into_inner()).push(line);
+                    lock.lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .lines
+                        .push(line);
                     cond.notify_all();
                 }
             }

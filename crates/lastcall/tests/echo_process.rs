@@ -452,3 +452,27 @@ fn impossible_options_exit_64_naming_both() {
         .unwrap();
     assert_eq!(out.status.code(), Some(lastcall::exit::CONFIG));
 }
+
+#[test]
+fn json_logs_are_one_object_per_line() {
+    let mut echo = Echo::start(&["--shutdown-delay", "0", "--log-format", "json"]);
+    let open = echo.connect();
+    echo.pod.signal(Signal::Term);
+    echo.pod.wait_for_log("refusing", START);
+    drop(open);
+    assert_eq!(echo.pod.wait_exit(GRACE).code, Some(0));
+    let logs = echo.pod.logs();
+    assert!(logs.len() >= 5, "{logs:?}");
+    for line in &logs {
+        let json: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+        assert!(json["message"].is_string(), "{line}");
+        assert!(json["level"].is_string(), "{line}");
+    }
+    let last = logs
+        .iter()
+        .rfind(|l| l.contains("drain ended"))
+        .expect("last line");
+    let json: serde_json::Value = serde_json::from_str(last).unwrap();
+    assert_eq!(json["status"], 0);
+}

@@ -122,6 +122,52 @@ async fn drain_phases_readiness_and_exit_when_the_last_session_ends() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn metrics_follow_the_lifecycle() {
+    let lifecycle =
+        Lifecycle::without_signals(TerminationConfig::new(OnSigterm::Drain, s(2), s(30)));
+    let mut registry = prometheus_client::registry::Registry::default();
+    lifecycle.register_metrics(&mut registry);
+    let h = lifecycle.handle();
+    let (tx, rx) = unbounded();
+    let task = tokio::spawn(lifecycle.run_with(rx));
+    let encode = |registry: &prometheus_client::registry::Registry| {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, registry).unwrap();
+        out
+    };
+    let g1 = h.session(peer(1));
+    let g2 = h.session(peer(2));
+    h.record_refused();
+    let text = encode(&registry);
+    for line in [
+        "lastcall_drain_phase 0",
+        "lastcall_sessions 2",
+        "lastcall_peers 2",
+        "lastcall_sessions_refused_total 1",
+        "lastcall_drain_duration_seconds 0.0",
+    ] {
+        assert!(text.contains(line), "{line} not in {text}");
+    }
+    tx.unbounded_send(Trigger::Sigterm).unwrap();
+    settle().await;
+    assert!(encode(&registry).contains("lastcall_drain_phase 1"));
+    h.refusing().await;
+    assert!(encode(&registry).contains("lastcall_drain_phase 2"));
+    drop(g1);
+    tokio::time::sleep(Duration::from_millis(1250)).await;
+    drop(g2);
+    task.await.unwrap();
+    let text = encode(&registry);
+    for line in [
+        "lastcall_sessions 0",
+        "lastcall_peers 0",
+        "lastcall_drain_duration_seconds 3.25",
+    ] {
+        assert!(text.contains(line), "{line} not in {text}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
 async fn zero_delay_goes_straight_to_refusing() {
     let rig = Rig::start(OnSigterm::Drain, 0, 30, 0);
     let g = rig.handle.session(peer(1));
