@@ -721,37 +721,97 @@ struct Relays<'a> {
     relay_tasks: &'a mut HashMap<SocketAddr, AbortHandle>,
 }
 
+impl Relays<'_> {
+    /// Binds `ip:port` unless the port is ours already or taken by someone else (`Ok(None)`).
+    fn try_bind(
+        &self,
+        ip: IpAddr,
+        port: u16,
+    ) -> Result<Option<(SocketAddr, UdpSocket)>, RelayError> {
+        if self.ports.used.get(&ip).is_some_and(|u| u.contains(&port)) {
+            return Ok(None);
+        }
+        let addr = SocketAddr::new(ip, port);
+        let std_sock = match bind_udp(addr) {
+            Ok(s) => s,
+            Err(e) if e.kind() == io::ErrorKind::AddrInUse => return Ok(None),
+            Err(e) if e.kind() == io::ErrorKind::AddrNotAvailable => {
+                return Err(RelayError::FamilyNotSupported)
+            }
+            Err(e) => return Err(RelayError::Failed(e.to_string())),
+        };
+        match UdpSocket::from_std(std_sock) {
+            Ok(s) => Ok(Some((addr, s))),
+            Err(e) => Err(RelayError::Failed(e.to_string())),
+        }
+    }
+
+    /// Makes a bound socket a relay: marks its port used and starts its reader.
+    fn register(&mut self, addr: SocketAddr, sock: UdpSocket) {
+        let sock = Arc::new(sock);
+        self.ports
+            .used
+            .entry(addr.ip())
+            .or_default()
+            .insert(addr.port());
+        write(&self.shared.relay_sockets).insert(addr, Arc::clone(&sock));
+        let task = tokio::spawn(relay_loop(Arc::clone(self.shared), sock, addr));
+        self.relay_tasks.insert(addr, task.abort_handle());
+    }
+
+    /// The next candidate port (cycling through the range from a random start).
+    fn next_port(&mut self) -> Option<u16> {
+        let span = self.ports.span();
+        let offset = self.ports.cursor % span;
+        self.ports.cursor = self.ports.cursor.wrapping_add(1);
+        u16::try_from(u32::from(self.ports.min) + offset).ok()
+    }
+}
+
 impl RelayProvider for Relays<'_> {
     fn allocate(&mut self, ip: IpAddr, _client: &ClientAddr) -> Result<SocketAddr, RelayError> {
-        let span = self.ports.span();
-        let min = u32::from(self.ports.min);
-        for _ in 0..span {
-            let offset = self.ports.cursor % span;
-            self.ports.cursor = self.ports.cursor.wrapping_add(1);
-            let Ok(port) = u16::try_from(min + offset) else {
+        for _ in 0..self.ports.span() {
+            let Some(port) = self.next_port() else {
                 continue;
             };
-            if self.ports.used.get(&ip).is_some_and(|u| u.contains(&port)) {
+            if let Some((addr, sock)) = self.try_bind(ip, port)? {
+                self.register(addr, sock);
+                return Ok(addr);
+            }
+        }
+        Err(RelayError::NoPort)
+    }
+
+    fn allocate_even(
+        &mut self,
+        ip: IpAddr,
+        _client: &ClientAddr,
+        reserve_next: bool,
+    ) -> Result<(SocketAddr, Option<SocketAddr>), RelayError> {
+        for _ in 0..self.ports.span() {
+            let Some(port) = self.next_port() else {
+                continue;
+            };
+            if port % 2 != 0 {
                 continue;
             }
-            let addr = SocketAddr::new(ip, port);
-            let std_sock = match bind_udp(addr) {
-                Ok(s) => s,
-                Err(e) if e.kind() == io::ErrorKind::AddrInUse => continue,
-                Err(e) if e.kind() == io::ErrorKind::AddrNotAvailable => {
-                    return Err(RelayError::FamilyNotSupported)
-                }
-                Err(e) => return Err(RelayError::Failed(e.to_string())),
+            let Some((addr, sock)) = self.try_bind(ip, port)? else {
+                continue;
             };
-            let sock = match UdpSocket::from_std(std_sock) {
-                Ok(s) => Arc::new(s),
-                Err(e) => return Err(RelayError::Failed(e.to_string())),
+            if !reserve_next {
+                self.register(addr, sock);
+                return Ok((addr, None));
+            }
+            let Some(next) = port.checked_add(1).filter(|p| *p <= self.ports.max) else {
+                continue;
             };
-            self.ports.used.entry(ip).or_default().insert(port);
-            write(&self.shared.relay_sockets).insert(addr, Arc::clone(&sock));
-            let task = tokio::spawn(relay_loop(Arc::clone(self.shared), sock, addr));
-            self.relay_tasks.insert(addr, task.abort_handle());
-            return Ok(addr);
+            // Both or neither: dropping `sock` frees the even port again.
+            let Some((addr2, sock2)) = self.try_bind(ip, next)? else {
+                continue;
+            };
+            self.register(addr, sock);
+            self.register(addr2, sock2);
+            return Ok((addr, Some(addr2)));
         }
         Err(RelayError::NoPort)
     }

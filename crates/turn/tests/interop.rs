@@ -2,8 +2,9 @@
 //! with channels and with Send indications, with TURN REST credentials and a static user,
 //! against `turnutils_peer` and client-to-client. Every message must come back, none lost.
 //!
-//! uclient's `-c` ("no RTCP") is used throughout: without it uclient asks for RTP/RTCP port
-//! pairs (EVEN-PORT with the reservation bit, then RESERVATION-TOKEN).
+//! Most runs use uclient's `-c` ("no RTCP": one allocation per client, with EVEN-PORT R=0 at
+//! random); the `rtp_rtcp_*` tests run its default mode, where each client allocates an RTP
+//! relay with EVEN-PORT R=1 and its RTCP relay with the RESERVATION-TOKEN it got.
 
 mod common;
 
@@ -16,11 +17,17 @@ const CLIENTS: u64 = 2;
 const LIMIT: Duration = Duration::from_secs(60);
 
 fn run(turn: &Turn, peer: Option<&Peer>, mode: &[&str], auth: &[&str]) -> common::Report {
+    let mut with_c = vec!["-c"];
+    with_c.extend(mode);
+    run_mode(turn, peer, &with_c, auth)
+}
+
+fn run_mode(turn: &Turn, peer: Option<&Peer>, mode: &[&str], auth: &[&str]) -> common::Report {
     let port = turn.port.to_string();
     let peer_port = peer.map(|p| p.port.to_string());
     let n = MSGS.to_string();
     let m = CLIENTS.to_string();
-    let mut args: Vec<&str> = vec!["-c", "-X", "-g", "-n", &n, "-m", &m, "-z", "5", "-p", &port];
+    let mut args: Vec<&str> = vec!["-X", "-g", "-n", &n, "-m", &m, "-z", "5", "-p", &port];
     if let Some(pp) = &peer_port {
         args.extend(["-e", "127.0.0.1", "-r", pp]);
     }
@@ -125,4 +132,20 @@ fn wrong_secret_is_refused_and_counted() {
         turn.metric("turn_total_allocations{type=\"UDP\"}"),
         Some(0.0)
     );
+}
+
+#[test]
+fn rtp_rtcp_pairs_udp_peer_and_client_to_client() {
+    let turn = Turn::start(&[]);
+    let peer = Peer::start();
+    run_mode(&turn, Some(&peer), &[], &rest()).assert_all_echoed(MSGS * CLIENTS);
+    // Client-to-client with RTCP: every client sends on both its RTP and RTCP relays.
+    run_mode(&turn, None, &["-y"], &rest()).assert_all_echoed(2 * MSGS * CLIENTS);
+}
+
+#[test]
+fn rtp_rtcp_pairs_tcp_send_indications() {
+    let turn = Turn::start(&[]);
+    let peer = Peer::start();
+    run_mode(&turn, Some(&peer), &["-t", "-s"], &rest()).assert_all_echoed(MSGS * CLIENTS);
 }
