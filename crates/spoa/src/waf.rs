@@ -532,3 +532,139 @@ impl Handler for Waf {
         out
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+
+    const RULES: &str = "\
+SecRuleEngine On
+SecRequestBodyAccess On
+SecResponseBodyAccess On
+SecResponseBodyMimeType text/html
+SecRule ARGS \"@contains evil\" \"id:1001,phase:2,deny,status:403,log,msg:'evil arg'\"
+SecRule RESPONSE_HEADERS:X-Leak \"@streq yes\" \"id:1002,phase:3,deny,status:403,log\"
+";
+
+    fn waf(yaml_extra: &str) -> (Waf, Arc<Metrics>) {
+        let yaml = format!(
+            "default_application: a\napplications:\n  - name: a\n    directives: |\n{}{yaml_extra}",
+            RULES
+                .lines()
+                .map(|l| format!("      {l}\n"))
+                .collect::<String>()
+        );
+        let cfg = Config::parse(&yaml).unwrap();
+        let apps = Apps::compile(&cfg).unwrap();
+        let metrics = Arc::new(Metrics::default());
+        let engine = ModSecurity::new().unwrap();
+        (Waf::new(engine, apps, Arc::clone(&metrics)), metrics)
+    }
+
+    fn req(query: &str) -> Request {
+        Request {
+            app: "a".into(),
+            method: "GET".into(),
+            path: "/p".into(),
+            query: Some(query.into()),
+            version: "1.1".into(),
+            headers: vec![("Host".into(), "x".into())],
+            ..Request::default()
+        }
+    }
+
+    fn var<'a>(vars: &'a Vars, name: &str) -> Option<&'a TypedData> {
+        vars.iter().find(|(k, _)| *k == name).map(|(_, v)| v)
+    }
+
+    #[test]
+    fn deny_sets_coraza_variables() {
+        let (w, _) = waf("");
+        let (v, vars) = w.evaluate_request(&req("q=evil"));
+        assert_eq!(v, Verdict::Deny);
+        assert_eq!(
+            var(&vars, "action"),
+            Some(&TypedData::String("deny".into()))
+        );
+        assert_eq!(var(&vars, "status"), Some(&TypedData::Int64(403)));
+        assert_eq!(var(&vars, "ruleid"), Some(&TypedData::Int64(1001)));
+        assert_eq!(
+            var(&vars, "rules_hit"),
+            Some(&TypedData::String("1001".into()))
+        );
+        let (v, vars) = w.evaluate_request(&req("q=good"));
+        assert_eq!(v, Verdict::Allow);
+        assert!(var(&vars, "action").is_none());
+        assert!(matches!(var(&vars, "id"), Some(TypedData::String(s)) if s.len() == 16));
+    }
+
+    #[test]
+    fn response_check_uses_the_kept_transaction_once() {
+        let (w, m) = waf("    response_check: true\n    transaction_ttl_ms: 60000\n");
+        let mut r = req("q=good");
+        r.id = Some("TX1".into());
+        assert_eq!(w.evaluate_request(&r).0, Verdict::Allow);
+        assert_eq!(m.transactions_cached.get(), 1);
+        let res = Response {
+            app: "a".into(),
+            id: "TX1".into(),
+            version: "1.1".into(),
+            status: 200,
+            headers: vec![("X-Leak".into(), "yes".into())],
+            ..Response::default()
+        };
+        let (v, vars) = w.evaluate_response(&res).unwrap();
+        assert_eq!(v, Verdict::Deny);
+        assert_eq!(var(&vars, "ruleid"), Some(&TypedData::Int64(1002)));
+        // The transaction was consumed: a second response for it is an error.
+        let (v, vars) = w.evaluate_response(&res).unwrap();
+        assert_eq!(v, Verdict::Error);
+        assert_eq!(var(&vars, "error"), Some(&TypedData::Int64(AGENT_ERROR)));
+    }
+
+    #[test]
+    fn kept_transactions_expire_and_are_bounded() {
+        let (w, m) = waf(
+            "    response_check: true\n    transaction_ttl_ms: 0\n    transaction_active_limit: 2\n",
+        );
+        for i in 0..3 {
+            let mut r = req("q=good");
+            r.id = Some(format!("T{i}"));
+            w.evaluate_request(&r);
+        }
+        assert_eq!(m.transactions_cached.get(), 2, "bounded at 2");
+        assert_eq!(m.transactions_expired.get(), 1);
+        w.expire();
+        assert_eq!(m.transactions_cached.get(), 0, "TTL 0: all freed");
+        assert_eq!(m.transactions_expired.get(), 3);
+    }
+
+    #[test]
+    fn truncated_body_rejected_with_413() {
+        let (w, _) = waf("");
+        let mut r = req("q=good");
+        r.method = "POST".into();
+        r.body = b"a=1".to_vec();
+        r.body_size = Some(100_000);
+        let (v, vars) = w.evaluate_request(&r);
+        assert_eq!(v, Verdict::Deny);
+        assert_eq!(var(&vars, "status"), Some(&TypedData::Int64(413)));
+    }
+
+    #[test]
+    fn unknown_app_without_default_is_an_error() {
+        let cfg = Config::parse("applications:\n  - name: a\n    directives: SecRuleEngine On\n")
+            .unwrap();
+        let w = Waf::new(
+            ModSecurity::new().unwrap(),
+            Apps::compile(&cfg).unwrap(),
+            Arc::new(Metrics::default()),
+        );
+        let mut r = req("q=1");
+        r.app = "other".into();
+        let (v, vars) = w.evaluate_request(&r);
+        assert_eq!(v, Verdict::Error);
+        assert_eq!(var(&vars, "error"), Some(&TypedData::Int64(AGENT_ERROR)));
+    }
+}

@@ -296,3 +296,46 @@ fn healthcheck_disconnect_and_pipelining() {
     c.send(&v);
     c.expect_disconnect(0);
 }
+
+#[test]
+fn unix_socket_listener() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sock = dir.path().join("spoa.sock");
+    let admin = format!("127.0.0.1:{}", lastcall::harness::free_port());
+    let mut cmd = std::process::Command::new(support::agent_bin());
+    cmd.args([
+        "--bind",
+        &format!("unix://{}", sock.display()),
+        "--admin-addr",
+        &admin,
+    ]);
+    cmd.args(["--shutdown-delay", "0s"]);
+    let mut pod = lastcall::harness::Pod::spawn(cmd);
+    pod.wait_for_log("listening on unix://", WAIT);
+
+    let mut s = std::os::unix::net::UnixStream::connect(&sock).expect("connect unix socket");
+    s.set_read_timeout(Some(WAIT)).expect("timeout");
+    let mut v = Vec::new();
+    frame::encode_haproxy_hello(16380, false, &mut v);
+    v.extend_from_slice(&notify(1, 1));
+    s.write_all(&v).expect("write");
+    let mut buf = BytesMut::new();
+    let mut frames = Vec::new();
+    while frames.len() < 2 {
+        if let Some(f) = frame::decode_agent_frame(&mut buf).expect("frame") {
+            frames.push(f);
+            continue;
+        }
+        let mut chunk = [0u8; 4096];
+        let n = s.read(&mut chunk).expect("read");
+        assert!(n > 0, "closed early: {frames:?}");
+        buf.extend_from_slice(&chunk[..n]);
+    }
+    assert!(matches!(frames[0], AgentFrame::Hello(_)));
+    assert!(matches!(frames[1], AgentFrame::Ack(1, 1, _)));
+    drop(s);
+    pod.signal(lastcall::harness::Signal::Term);
+    let report = pod.wait_exit(Duration::from_secs(30));
+    assert_eq!(report.code, Some(0), "{report:?}");
+    assert!(!sock.exists(), "the socket file is removed at exit");
+}
