@@ -350,7 +350,7 @@ fn check_durations(delay: Duration, timeout: Duration, problems: &mut Vec<String
 /// daemon's defaults shown in `--help`. `--help`/`--version` exit 0; usage errors print
 /// clap's message and exit 64 (not clap's usual 2), like the other configuration errors.
 pub fn parse_cli<C: clap::Parser>(defaults: &Defaults) -> C {
-    parse_cli_from(std::env::args_os(), defaults)
+    parse_cli_with(std::env::args_os(), defaults, |cmd| cmd)
 }
 
 /// [`parse_cli`] from an explicit argument list (the first item is the program name).
@@ -360,7 +360,42 @@ where
     I: IntoIterator<Item = T>,
     T: Into<std::ffi::OsString> + Clone,
 {
-    match try_parse_cli_from(args, defaults) {
+    parse_cli_with(args, defaults, |cmd| cmd)
+}
+
+/// [`parse_cli_from`] with a last change to the command, e.g. an extra alias:
+///
+/// ```
+/// # use clap::Parser;
+/// #[derive(Parser)]
+/// struct Cli {
+///     #[command(flatten)]
+///     term: lastcall::TerminationArgs,
+/// }
+/// let defaults = lastcall::Defaults {
+///     shutdown_delay: std::time::Duration::from_secs(5),
+///     drain_timeout: std::time::Duration::from_secs(30),
+///     drain_min_sessions: 0,
+///     admin_addr: None,
+/// };
+/// let cli: Cli = lastcall::config::parse_cli_with(
+///     ["turn", "--drain-min-allocations", "3"],
+///     &defaults,
+///     |cmd| cmd.mut_arg("drain_min_sessions", |a| a.visible_alias("drain-min-allocations")),
+/// );
+/// assert_eq!(cli.term.resolve(&defaults).unwrap().drain_min_sessions, 3);
+/// ```
+pub fn parse_cli_with<C, I, T>(
+    args: I,
+    defaults: &Defaults,
+    customize: impl FnOnce(clap::Command) -> clap::Command,
+) -> C
+where
+    C: clap::Parser,
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    match try_parse_cli_with(args, defaults, customize) {
         Ok(cli) => cli,
         Err(err) => {
             let code = if err.use_stderr() { exit::CONFIG } else { 0 };
@@ -378,7 +413,21 @@ where
     I: IntoIterator<Item = T>,
     T: Into<std::ffi::OsString> + Clone,
 {
-    let cmd = TerminationArgs::augment_help(C::command(), defaults);
+    try_parse_cli_with(args, defaults, |cmd| cmd)
+}
+
+/// [`parse_cli_with`] returning clap's error instead of exiting.
+pub fn try_parse_cli_with<C, I, T>(
+    args: I,
+    defaults: &Defaults,
+    customize: impl FnOnce(clap::Command) -> clap::Command,
+) -> Result<C, clap::Error>
+where
+    C: clap::Parser,
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    let cmd = customize(TerminationArgs::augment_help(C::command(), defaults));
     let mut matches = cmd.try_get_matches_from(args)?;
     C::from_arg_matches_mut(&mut matches)
 }

@@ -1,7 +1,7 @@
 //! Durations as operators write them: `30s`, `5m`, `1h30m`, `250ms`, or bare seconds (`30`).
 //!
 //! Units are `ms`, `s`, `m`, `h` and `d`; components may be chained from the largest to the
-//! smallest (`1h30m`, `1m30s`, `2s500ms`). Whole numbers only. [`format`] writes the same
+//! smallest (`1h30m`, `1m30s`, `2s500ms`). Whole numbers only. [`format()`] writes the same
 //! syntax back, so `parse(&format(d)) == Ok(d)` for whole milliseconds.
 
 use std::time::Duration;

@@ -29,8 +29,8 @@ pub mod machine;
 mod metrics;
 
 pub use config::{
-    parse_cli, parse_cli_from, render_help, try_parse_cli_from, ConfigError, Defaults, OnSigterm,
-    TerminationArgs, TerminationConfig,
+    parse_cli, parse_cli_from, parse_cli_with, render_help, try_parse_cli_from, try_parse_cli_with,
+    ConfigError, Defaults, OnSigterm, TerminationArgs, TerminationConfig,
 };
 pub use lifecycle::{DrainStatus, Handle, Lifecycle, PeerId, SessionGuard};
 pub use logging::{LogArgs, LogFormat};
