@@ -96,3 +96,41 @@ fn sigterm_drains_one_agent_without_failing_requests() {
         "{failed} requests failed during the drain ({ok} ok)"
     );
 }
+
+#[test]
+fn linger_refuses_nothing_and_leaves_when_haproxy_is_gone() {
+    let mut stack = Stack::start(StackOptions {
+        agents: 1,
+        agent_args: vec![
+            "--on-sigterm".into(),
+            "linger".into(),
+            "--shutdown-delay".into(),
+            "1s".into(),
+            "--drain-timeout".into(),
+            "60s".into(),
+        ],
+        ..StackOptions::default()
+    });
+    let http = stack.http();
+    let agent = &mut stack.agents[0];
+    let mark = agent.pod.log_len();
+    agent.pod.signal(Signal::Term);
+    agent.pod.wait_for_log_after(mark, "linger", WAIT);
+    // Well past the delay and several health checks: still served, never DOWN.
+    let end = Instant::now() + Duration::from_secs(4);
+    let mut served = 0;
+    while Instant::now() < end {
+        let r = support::get(http, "/still-here");
+        assert_eq!(r.status, 200, "{}", r.text());
+        served += 1;
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(served > 10);
+    assert!(stack.haproxy.agent_server_status("spoa1").starts_with("UP"));
+    assert!(stack.agents[0].pod.is_running());
+
+    // HAProxy leaves (it closes its connections): the agent follows, exit 0.
+    stack.haproxy.pod.signal(Signal::Kill);
+    let report = stack.agents[0].pod.wait_exit(Duration::from_secs(40));
+    assert_eq!(report.code, Some(0), "{report:?}");
+}
