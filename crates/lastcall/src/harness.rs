@@ -69,6 +69,17 @@ pub struct ExitReport {
     pub killed: bool,
 }
 
+/// What [`Pod::terminate_under_load`] saw.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RolloutReport {
+    /// How the pod ended.
+    pub exit: ExitReport,
+    /// Pieces of new work that succeeded after SIGTERM.
+    pub succeeded: u64,
+    /// Pieces of new work that failed after SIGTERM (the goal is zero).
+    pub failed: u64,
+}
+
 /// Captured output: the lines so far and how many of the two streams reached EOF.
 #[derive(Debug, Default)]
 struct Captured {
@@ -183,6 +194,34 @@ impl Pod {
         eprintln!("harness: {} exited: {report:?}", self.name);
         self.exit = Some(report);
         report
+    }
+
+    /// A kubelet-like termination under load: sends SIGTERM, keeps calling `work` (one
+    /// piece of new work per call, `true` if it succeeded) for `propagation` — the time
+    /// endpoint removal takes to reach every client — then stops sending ("the load moved
+    /// elsewhere") and waits for the exit, with SIGKILL at `grace` after the signal.
+    pub fn terminate_under_load(
+        &mut self,
+        propagation: Duration,
+        grace: Duration,
+        mut work: impl FnMut() -> bool,
+    ) -> RolloutReport {
+        self.signal(Signal::Term);
+        let since = Instant::now();
+        let (mut succeeded, mut failed) = (0, 0);
+        while since.elapsed() < propagation {
+            if work() {
+                succeeded += 1;
+            } else {
+                failed += 1;
+            }
+        }
+        let exit = self.wait_exit(grace);
+        RolloutReport {
+            exit,
+            succeeded,
+            failed,
+        }
     }
 
     /// After the exit: waits (bounded) until stdout and stderr reached EOF, so that

@@ -476,3 +476,30 @@ fn json_logs_are_one_object_per_line() {
     let json: serde_json::Value = serde_json::from_str(last).unwrap();
     assert_eq!(json["status"], 0);
 }
+
+#[test]
+fn kubelet_rollout_loses_no_new_connection_during_endpoint_propagation() {
+    let mut echo = Echo::start(&["--shutdown-delay", "2s", "--drain-timeout", "20s"]);
+    let listen = echo.listen;
+    // New connections keep coming for 1 s after SIGTERM (shorter than the 2 s delay).
+    let report = echo
+        .pod
+        .terminate_under_load(Duration::from_secs(1), GRACE, || {
+            let Ok(mut stream) = TcpStream::connect_timeout(&listen, Duration::from_secs(2)) else {
+                return false;
+            };
+            let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+            let mut back = [0u8; 5];
+            stream.write_all(b"ping\n").is_ok()
+                && stream.read_exact(&mut back).is_ok()
+                && &back == b"ping\n"
+        });
+    println!("rollout: {report:?}");
+    assert!(report.succeeded > 10, "{report:?}");
+    assert_eq!(report.failed, 0, "{report:?}");
+    // Nothing open once the load moved: the pod leaves at the end of the 2 s delay.
+    assert_eq!(report.exit.code, Some(0));
+    assert!(!report.exit.killed);
+    assert!(report.exit.elapsed_since_signal >= Duration::from_secs(2));
+    assert!(report.exit.elapsed_since_signal < Duration::from_secs(2) + ONE_SECOND_BOUND);
+}
