@@ -273,4 +273,20 @@ mod tests {
             assert_eq!(m.id, 0);
         }
     }
+
+    proptest::proptest! {
+        /// Log lines carry request bytes (`[data "…"]`, `[uri "…"]`): any text parses
+        /// without panicking, and ids stay unique.
+        #[test]
+        fn any_line_parses(line in ".{0,300}", prefix in "(\\[(id|msg|data|severity|tag) \"){0,3}") {
+            let mut r = MatchReport::default();
+            r.record_line(&format!("{prefix}{line}"), false);
+            r.record_line(&format!("{line}{prefix}"), true);
+            let mut ids = r.rule_ids().to_vec();
+            ids.sort_unstable();
+            ids.dedup();
+            proptest::prop_assert_eq!(ids.len(), r.rule_ids().len());
+            let _ = r.estimated_inbound_score();
+        }
+    }
 }
