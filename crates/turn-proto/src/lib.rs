@@ -23,6 +23,7 @@
 pub mod auth;
 pub mod config;
 pub mod frame;
+mod hash;
 pub mod policy;
 pub mod server;
 pub mod stun;

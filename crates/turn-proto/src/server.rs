@@ -23,6 +23,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use crate::auth::{keys_for, make_nonce, nonce_valid, Keys};
 use crate::config::ServerConfig;
 use crate::frame::{channel_in_range, parse_channel_data, write_channel_data};
+use crate::hash::Seeded;
 use crate::stun::{attr, decode_address, method, Attr, Builder, Class, Message};
 use crate::types::{
     AuthFailure, ClientAddr, Counters, DeleteReason, DrainMode, Event, RelayAddrs, RelayError,
@@ -50,8 +51,8 @@ pub struct Server {
     epoch: (Instant, u64),
     allocs: Vec<Option<Allocation>>,
     free: Vec<usize>,
-    by_client: HashMap<ClientAddr, usize>,
-    by_relay: HashMap<SocketAddr, usize>,
+    by_client: HashMap<ClientAddr, usize, Seeded>,
+    by_relay: HashMap<SocketAddr, usize, Seeded>,
     per_user: HashMap<String, u32>,
     live: usize,
     timers: BinaryHeap<Reverse<(Instant, usize, u64)>>,
@@ -236,8 +237,8 @@ impl Server {
             epoch: (now, 0),
             allocs: Vec::new(),
             free: Vec::new(),
-            by_client: HashMap::new(),
-            by_relay: HashMap::new(),
+            by_client: HashMap::with_hasher(Seeded::random()),
+            by_relay: HashMap::with_hasher(Seeded::random()),
             per_user: HashMap::new(),
             live: 0,
             timers: BinaryHeap::new(),
@@ -404,7 +405,7 @@ impl Server {
             return None;
         };
         let found = self.by_client.get(from).and_then(|&i| {
-            let a = self.allocs.get(i)?.as_ref()?;
+            let a = self.allocs.get(i)?.as_ref().filter(|a| a.expires > now)?;
             let ch = a
                 .channels
                 .iter()
@@ -434,7 +435,7 @@ impl Server {
             return None;
         }
         let found = self.by_client.get(from).and_then(|&i| {
-            let a = self.allocs.get(i)?.as_ref()?;
+            let a = self.allocs.get(i)?.as_ref().filter(|a| a.expires > now)?;
             let permitted = a
                 .perms
                 .iter()
@@ -697,7 +698,19 @@ impl Server {
         if attrs.malformed {
             return self.error(&ctx, 400, out);
         }
-        let existing = self.by_client.get(from).copied();
+        let mut existing = self.by_client.get(from).copied();
+        if let Some(idx) = existing {
+            // Expired but not yet swept by handle_timeout: it is gone.
+            if self
+                .allocs
+                .get(idx)
+                .and_then(Option::as_ref)
+                .is_some_and(|a| a.expires <= now)
+            {
+                self.delete(idx, DeleteReason::Expired, relays);
+                existing = None;
+            }
+        }
         if let (Some(idx), Some(a)) = (existing, &authed) {
             let same_user = self
                 .allocs

@@ -1804,3 +1804,23 @@ fn uclient_first_allocate_gets_a_bounded_challenge() {
     assert_eq!(r.raw.len(), 72);
     assert!(r.raw.len() <= 64 + REALM.len() + 8);
 }
+
+/// An allocation past its lifetime is gone even if `handle_timeout` has not run yet.
+#[test]
+fn expired_allocation_is_gone_before_the_sweep() {
+    let mut h = H::new(base_config());
+    let from = udp("192.0.2.7:40000");
+    let relay = h.allocate(from, &alice());
+    h.authed(
+        from,
+        &alice(),
+        Req::new(method::CHANNEL_BIND).channel(0x4001).peer("8.8.8.8:5000"),
+    );
+    h.now += Duration::from_secs(600); // no handle_timeout
+    assert_eq!(h.client(from, &[0x40, 0x01, 0, 1, b'a']), None);
+    assert_eq!(h.peer(relay, "8.8.8.8:5000".parse().unwrap(), b"a"), None);
+    let r = h.authed(from, &alice(), Req::new(method::REFRESH));
+    assert_eq!(r.code, Some(437));
+    assert_eq!(h.relays.released, vec![relay]);
+    assert_eq!(h.server.allocation_count(), 0);
+}
