@@ -8,15 +8,87 @@
 //!   client, or a payload to send from a relay socket to a peer;
 //! - a datagram received on a relay socket goes to [`Server::handle_peer`], which returns at
 //!   most one ChannelData or Data indication for the client;
-//! - relay sockets are bound and closed through the [`RelayProvider`] the caller passes in;
-//! - timers: call [`Server::handle_timeout`] at [`Server::poll_timeout`];
-//! - [`Server::poll_event`] reports allocations created/deleted, auth failures and drain
-//!   refusals (for metrics and session guards); [`Server::counters`] are cumulative counters;
+//! - relay sockets are bound and closed through the [`RelayProvider`] the caller passes in
+//!   (including [`RelayProvider::allocate_even`] for EVEN-PORT);
+//! - timers: call [`Server::handle_timeout`] at [`Server::poll_timeout`]; a TCP/TLS
+//!   connection that closes goes to [`Server::close_client`]; at the shutdown deadline
+//!   [`Server::clear`] ends every allocation;
+//! - [`Server::poll_event`] reports allocations created/deleted, auth failures, refused
+//!   peers and refused Allocates (for metrics and session guards); [`Server::counters`] are
+//!   cumulative counters;
 //! - [`Server::set_drain`] makes new Allocates get 300 Try Alternate or 403 while existing
 //!   allocations keep working.
 //!
 //! The data paths (ChannelData and Send from clients, datagrams from peers) are parsed by hand
-//! and write into caller-provided buffers: no heap allocation per packet.
+//! (the [`stun`] codec borrows, validates lengths once and never allocates) and write into
+//! caller-provided buffers: no heap allocation per packet. The full request handling (with
+//! its `Vec`s and HMACs) runs only for control messages.
+//!
+//! ```
+//! use std::net::{IpAddr, SocketAddr};
+//! use std::time::{Instant, SystemTime};
+//! use lastcall_turn_proto::*;
+//!
+//! struct Sockets; // the I/O layer's relay sockets
+//! impl RelayProvider for Sockets {
+//!     fn allocate(&mut self, ip: IpAddr, _: &ClientAddr) -> Result<SocketAddr, RelayError> {
+//!         Ok(SocketAddr::new(ip, 50000)) // bind a UDP socket in min-port..=max-port here
+//!     }
+//!     fn release(&mut self, _relay: SocketAddr) {} // close it here
+//! }
+//!
+//! let mut config = ServerConfig::new("example.org");
+//! config.auth.rest_secrets.push(b"secret".to_vec());
+//! config.relay.relay_ips = vec!["192.0.2.1".parse().unwrap()];
+//! let mut server = Server::new(config, Instant::now(), SystemTime::now());
+//! let from = ClientAddr {
+//!     transport: Transport::Udp,
+//!     client: "198.51.100.7:40000".parse().unwrap(),
+//!     local: "192.0.2.1:3478".parse().unwrap(),
+//! };
+//! // A STUN Binding request (20 bytes) from the client:
+//! let binding = [0, 1, 0, 0, 0x21, 0x12, 0xa4, 0x42, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12];
+//! let mut out = Vec::new();
+//! match server.handle_client(Instant::now(), from, &binding, &mut Sockets, &mut out) {
+//!     Some(Transmit::Client { to, data }) => assert_eq!((to, data.len()), (from, 32)),
+//!     other => panic!("{other:?}"),
+//! }
+//! while let Some(event) = server.poll_event() { /* metrics, session guards */ }
+//! ```
+//!
+//! # Decisions (where the RFCs leave room or real clients disagree with them)
+//!
+//! - **No amplification.** A response to an *unauthenticated* request that would be larger
+//!   than the request is dropped (counted in [`Counters::suppressed_responses`]), except two
+//!   answers no client can do without: the Binding success (at most 52 bytes) and the 401/438
+//!   challenge carrying REALM and NONCE (exactly `20 + 8 + 4 + pad4(realm) + 20` bytes, plus
+//!   8 if the request had FINGERPRINT; 72 bytes for realm `example.org`, against 60 bytes for
+//!   `turnutils_uclient`'s first Allocate). Error responses carry no reason phrase and no
+//!   SOFTWARE. Responses to authenticated requests are not limited: nonces are bound to the
+//!   client's IP address, so a spoofed source can never produce an authenticated request.
+//! - **Stateless nonces**: 16 characters, base64url(32-bit time || first 8 bytes of
+//!   HMAC-SHA1(secret, time || client IP)). Older than `stale-nonce`, from another IP, or made
+//!   by another secret (restart): 438 with a fresh nonce.
+//! - **Drain**: the 300 Try Alternate / 403 comes *after* authentication (RFC 5766/8656 list
+//!   authentication first; RFC 8489 §10 wants the 300 integrity-protected when the request
+//!   was): a new client first gets the usual 401, then 300 with ALTERNATE-SERVER and
+//!   MESSAGE-INTEGRITY (libwebrtc and `turnutils_uclient` follow it; uclient verifies its
+//!   integrity) or 403. ALTERNATE-DOMAIN is not sent.
+//! - **Channel numbers 0x4000..=0x7FFF** (RFC 5766's range) are accepted, not only RFC 8656's
+//!   0x4000..=0x4FFF: `turnutils_uclient` and coturn use the whole range.
+//! - **EVEN-PORT** (with or without R) and **RESERVATION-TOKEN** are supported (uclient sends
+//!   them by default); reservations last 30 s.
+//! - **DONT-FRAGMENT** is accepted (the relay does not set DF on its own).
+//! - **Lifetimes**: requested lifetimes below the default get the default, above
+//!   `max-allocate-lifetime` the maximum, and never beyond a REST credential's expiry.
+//! - **Peer policy**: see [`policy`]; 403 on CreatePermission (all-or-nothing) and ChannelBind.
+//! - **Channel rebinding**: a channel is bound to one peer and a peer to one channel for the
+//!   channel's lifetime plus 5 minutes after it expires (400 otherwise); rebinding the same
+//!   pair refreshes it and its permission.
+//! - Not implemented: TCP relays (RFC 6062; REQUESTED-TRANSPORT TCP gets 442), mobility
+//!   (RFC 8016), third-party authorization, USERHASH / PASSWORD-ALGORITHMS negotiation
+//!   (MD5 long-term keys only; a request with MESSAGE-INTEGRITY-SHA256 is verified with the
+//!   same key), SASLprep of passwords.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 

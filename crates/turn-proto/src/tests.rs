@@ -1814,7 +1814,9 @@ fn expired_allocation_is_gone_before_the_sweep() {
     h.authed(
         from,
         &alice(),
-        Req::new(method::CHANNEL_BIND).channel(0x4001).peer("8.8.8.8:5000"),
+        Req::new(method::CHANNEL_BIND)
+            .channel(0x4001)
+            .peer("8.8.8.8:5000"),
     );
     h.now += Duration::from_secs(600); // no handle_timeout
     assert_eq!(h.client(from, &[0x40, 0x01, 0, 1, b'a']), None);
