@@ -19,6 +19,8 @@
 //!    both run, the later `setvar` stays).
 //! 4. `REQUEST-900-EXCLUSION-RULES-BEFORE-CRS.conf` (if present), `rules/*.conf`,
 //!    `RESPONSE-999-EXCLUSION-RULES-AFTER-CRS.conf` (if present).
+//! 5. Two pass-only rules ([`SCORE_RULE_INBOUND`], [`SCORE_RULE_OUTBOUND`]) that log CRS's
+//!    anomaly totals when they are above 0, so scores of allowed traffic are known.
 //!
 //! `owasp-crs.load` itself cannot be included: it uses `IncludeOptional`, which
 //! libmodsecurity 3.0.9 does not know ("Invalid input"). The optional files are checked
@@ -196,6 +198,32 @@ fn crs(s: &mut String, o: &CrsOptions) {
     include_if_present(s, o.crs_exclusions_before.as_deref());
     let _ = writeln!(s, "Include {}", o.crs_rules);
     include_if_present(s, o.crs_exclusions_after.as_deref());
+    score_rules(s);
+}
+
+/// Id of the rule that logs CRS's inbound anomaly score at the end of phase 2.
+pub const SCORE_RULE_INBOUND: u32 = 9_990_110;
+/// Id of the rule that logs CRS's outbound anomaly score at the end of phase 4.
+pub const SCORE_RULE_OUTBOUND: u32 = 9_990_120;
+/// How the score rules' messages start; [`crate::MatchReport`] reads the number after it
+/// and keeps these rules out of its rule ids and matches.
+pub const SCORE_MESSAGE_PREFIX: &str = "lastcall anomaly score: ";
+
+/// The C API cannot read TX variables, and CRS logs its total only when a threshold is
+/// reached. These two pass-only rules, after all of CRS, log the totals of requests and
+/// responses that scored but passed, so the reported `anomaly_score` is CRS's own number
+/// (not an estimate) for allowed traffic too.
+fn score_rules(s: &mut String) {
+    let _ = writeln!(
+        s,
+        "SecRule TX:ANOMALY_SCORE \"@gt 0\" \"id:{SCORE_RULE_INBOUND},phase:2,pass,t:none,log,\
+         msg:'{SCORE_MESSAGE_PREFIX}inbound %{{TX.ANOMALY_SCORE}}'\""
+    );
+    let _ = writeln!(
+        s,
+        "SecRule TX:OUTBOUND_ANOMALY_SCORE \"@gt 0\" \"id:{SCORE_RULE_OUTBOUND},phase:4,pass,t:none,log,\
+         msg:'{SCORE_MESSAGE_PREFIX}outbound %{{TX.OUTBOUND_ANOMALY_SCORE}}'\""
+    );
 }
 
 fn include_if_present(s: &mut String, path: Option<&str>) {
@@ -226,6 +254,8 @@ mod tests {
         assert!(pos("crs-setup.conf") < pos("id:900000"));
         assert!(pos("id:900000") < pos("Include /usr/share/modsecurity-crs/rules/*.conf"));
         assert!(!d.contains("IncludeOptional"));
+        assert!(pos("Include /usr/share/modsecurity-crs/rules/*.conf") < pos("id:9990110"));
+        assert!(pos("id:9990110") < pos("id:9990120"));
         assert!(!d.contains("SecDefaultAction"));
     }
 }

@@ -48,10 +48,12 @@ impl MatchReport {
         &self.matches
     }
 
-    /// The inbound anomaly score that CRS reported in a message (949110 "Inbound Anomaly
-    /// Score Exceeded (Total Score: N)", or the 980 correlation rules in the logging
-    /// phase). `None` when no such message was logged (e.g. the score stayed below the
-    /// threshold); see [`MatchReport::estimated_inbound_score`].
+    /// The inbound anomaly score that CRS reported in a message: 949110 "Inbound Anomaly
+    /// Score Exceeded (Total Score: N)" when blocking, the score rule of
+    /// [`crate::crs::debian_default_directives`] when the request scored but passed, or
+    /// the 980 correlation rules in the logging phase. `None` when nothing was logged
+    /// (no score, or rules without our score rule and below the threshold); see
+    /// [`MatchReport::estimated_inbound_score`].
     pub fn inbound_anomaly_score(&self) -> Option<u32> {
         self.inbound_score
     }
@@ -64,9 +66,21 @@ impl MatchReport {
     /// The reported inbound score, or else the sum of CRS's severity points (CRITICAL 5,
     /// ERROR 4, WARNING 3, NOTICE 2) over the matched request rules (ids 910000-948999),
     /// which is how CRS 3.x accumulates `tx.anomaly_score` in anomaly-scoring mode.
+    ///
+    /// The sum is a lower bound: libmodsecurity 3.0.9 runs a rule's `setvar` once per
+    /// matching variable but logs the rule once (e.g. a path traversal in the URI and in an
+    /// argument counts twice in CRS's total). With the default thresholds the bound is
+    /// only used when no score was reported (rule sets without the score rules of
+    /// [`crate::crs::debian_default_directives`]).
     pub fn estimated_inbound_score(&self) -> u32 {
         self.inbound_score
-            .unwrap_or_else(|| self.severity_sum(|id| (910_000..949_000).contains(&id)))
+            .unwrap_or_else(|| self.severity_inbound_score())
+    }
+
+    /// The severity-point sum over matched request rules (ids 910000-948999), ignoring any
+    /// reported score.
+    pub fn severity_inbound_score(&self) -> u32 {
+        self.severity_sum(|id| (910_000..949_000).contains(&id))
     }
 
     /// The reported outbound score, or else the severity sum over response rules
@@ -108,6 +122,21 @@ impl MatchReport {
     /// Records one log line (from the callback or an intervention).
     pub(crate) fn record_line(&mut self, line: &str, disruptive: bool) {
         let m = parse_line(line, disruptive);
+        if let Some(rest) = m.msg.strip_prefix(crate::crs::SCORE_MESSAGE_PREFIX) {
+            // Our own score rules (crs.rs): a number, not a match.
+            if let Some(n) = rest
+                .strip_prefix("inbound ")
+                .and_then(|n| n.trim().parse().ok())
+            {
+                self.inbound_score = Some(n);
+            } else if let Some(n) = rest
+                .strip_prefix("outbound ")
+                .and_then(|n| n.trim().parse().ok())
+            {
+                self.outbound_score = Some(n);
+            }
+            return;
+        }
         if let Some(score) = inbound_score_of(&m.msg) {
             self.inbound_score = Some(score);
         }

@@ -371,3 +371,82 @@ fn response_body_over_limit_with_process_partial_is_marked() {
     assert_eq!(drive_response(&mut tx, 200, &html, body.as_bytes()), None);
     assert!(tx.report().response_body_truncated());
 }
+
+/// The severity-point estimate (used for requests below the threshold, where CRS reports
+/// no score) against the score CRS computes, checked with a threshold of 1 so that CRS
+/// reports its total for every request that matched anything: never above it, usually
+/// equal (below when a rule matched several variables: points per match, one log line).
+#[test]
+fn severity_estimate_matches_crs_score() {
+    let (ms, rules) = crs_engine(&CrsOptions {
+        detect_only: true,
+        inbound_anomaly_threshold: Some(1),
+        ..CrsOptions::default()
+    });
+    let requests = [
+        Req::get("/?id=1'%20OR%20'1'='1"),
+        Req::get("/search?q=%3Cscript%3Ealert(1)%3C%2Fscript%3E"),
+        Req::get("/download?file=..%2F..%2F..%2Fetc%2Fpasswd"),
+        Req::get("/ping?host=%3B%20cat%20%2Fetc%2Fpasswd"),
+        Req::get("/backup/db.sql"),
+        Req::get("/search?q=%G1%ZZ"),
+        Req::post_form(
+            "/c",
+            b"a=%3Csvg%20onload%3Dalert(1)%3E&b=1%20UNION%20SELECT%201",
+        ),
+    ];
+    let (mut checked, mut exact) = (0, 0);
+    for req in &requests {
+        let (v, tx) = run_request(&ms, &rules, req);
+        assert_eq!(v, None, "detect-only");
+        let r = tx.report();
+        let Some(score) = r.inbound_anomaly_score() else {
+            assert_eq!(
+                r.severity_inbound_score(),
+                0,
+                "{}: {:?}",
+                req.uri,
+                r.rule_ids()
+            );
+            continue;
+        };
+        let estimate = r.severity_inbound_score();
+        assert!(
+            estimate > 0 && estimate <= score,
+            "{}: estimate {estimate}, CRS {score}, {:?}",
+            req.uri,
+            r.rule_ids()
+        );
+        checked += 1;
+        exact += usize::from(estimate == score);
+    }
+    assert!(checked >= 5, "only {checked} requests scored");
+    assert!(
+        exact * 2 >= checked,
+        "estimate exact for {exact} of {checked}"
+    );
+}
+
+#[test]
+fn scores_of_allowed_requests_are_reported_exactly() {
+    // 920440-ish policy hits alone and a lone 942 notice stay below the threshold of 5.
+    let (ms, rules) = crs_engine(&CrsOptions::default());
+    let (v, tx) = run_request(&ms, &rules, &Req::get("/search?q=%G1%ZZ"));
+    assert_eq!(v, None);
+    let r = tx.report();
+    let score = r
+        .inbound_anomaly_score()
+        .expect("score of an allowed request");
+    assert!(score > 0 && score < 5, "{score}");
+    assert!(
+        !r.rule_ids()
+            .contains(&lastcall_modsec::crs::SCORE_RULE_INBOUND),
+        "the score rule is not a match: {:?}",
+        r.rule_ids()
+    );
+    assert!(!r.is_empty());
+    // Benign: nothing at all.
+    let (_, tx) = run_request(&ms, &rules, &Req::get("/"));
+    assert_eq!(tx.report().inbound_anomaly_score(), None);
+    assert!(tx.report().is_empty());
+}
