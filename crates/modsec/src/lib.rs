@@ -4,7 +4,7 @@
 //! 3.0.9, so this crate declares the small part of the C API it needs (`ffi`) and wraps
 //! it:
 //!
-//! - [`ModSecurity`]: the engine (`msc_init`), with our server log callback installed.
+//! - [`ModSecurity`]: the process-wide engine (`msc_init`), with our server log callback.
 //! - [`RuleSet`]: rules compiled once and shared read-only across threads (`Arc`).
 //! - [`Transaction`]: one HTTP exchange. It holds both `Arc`s, so it can outlive the
 //!   request (for a later response check) and be moved between threads. Its
@@ -146,10 +146,30 @@ unsafe impl Send for ModSecurity {}
 // SAFETY: see `Send`: shared use is read-only apart from the collections' own locking.
 unsafe impl Sync for ModSecurity {}
 
+/// The process-wide engine (see [`ModSecurity::new`]).
+static ENGINE: Mutex<Option<Arc<ModSecurity>>> = Mutex::new(None);
+
 impl ModSecurity {
-    /// `msc_init`, connector information `lastcall-modsec/<version>`, and the server log
-    /// callback (text lines, routed to each transaction's [`MatchReport`]).
+    /// The process-wide engine: created on first use (`msc_init`, connector information
+    /// `lastcall-modsec/<version>`, the server log callback routing text lines to each
+    /// transaction's [`MatchReport`]) and then shared; every call returns the same one.
+    ///
+    /// One engine per process, kept until exit, because libmodsecurity 3.0.9's engine
+    /// constructor and destructor set up and tear down process-global libraries
+    /// (`curl_global_init`/`curl_global_cleanup`, `xmlInitParser`/`xmlCleanupParser`):
+    /// destroying one engine while another engine's transactions parse XML in another
+    /// thread is a use-after-free inside libxml2.
     pub fn new() -> Result<Arc<Self>> {
+        let mut slot = ENGINE.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(engine) = slot.as_ref() {
+            return Ok(Arc::clone(engine));
+        }
+        let engine = Arc::new(Self::init()?);
+        *slot = Some(Arc::clone(&engine));
+        Ok(engine)
+    }
+
+    fn init() -> Result<Self> {
         let guard = parser_lock();
         // SAFETY: msc_init has no preconditions; it returns an owned object or NULL.
         let raw = unsafe { ffi::msc_init() };
@@ -164,7 +184,7 @@ impl ModSecurity {
         // SAFETY: `ptr` is live; `log_callback` is a plain function valid for the whole
         // program and never unwinds.
         unsafe { ffi::msc_set_log_cb(ms.ptr.as_ptr(), Some(log_callback)) };
-        Ok(Arc::new(ms))
+        Ok(ms)
     }
 
     /// `msc_who_am_i`: libmodsecurity's version string, e.g. "ModSecurity v3.0.9 (Linux)".
@@ -182,8 +202,9 @@ impl ModSecurity {
 
 impl Drop for ModSecurity {
     fn drop(&mut self) {
-        // SAFETY: we own the engine; every Transaction holds an Arc<ModSecurity>, so none
-        // is alive when the last Arc drops.
+        // Runs only for an engine that failed half-way through `init` (the process-wide
+        // one lives in `ENGINE` until exit).
+        // SAFETY: we own the engine and no transaction refers to it (each holds an Arc).
         unsafe { ffi::msc_cleanup(self.ptr.as_ptr()) };
     }
 }

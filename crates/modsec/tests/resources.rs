@@ -101,6 +101,10 @@ fn engines_and_rules_can_be_created_from_many_threads() {
     for h in handles {
         h.join().expect("thread");
     }
+    // One engine per process (its destructor tears down libxml2 and curl globals).
+    let a = ModSecurity::new().expect("engine");
+    let b = ModSecurity::new().expect("engine");
+    assert!(Arc::ptr_eq(&a, &b));
 }
 
 fn rss_kib() -> u64 {
