@@ -115,6 +115,8 @@ pub use types::{
 };
 
 #[cfg(test)]
+mod oracle;
+#[cfg(test)]
 mod proptests;
 #[cfg(test)]
 mod tests;
