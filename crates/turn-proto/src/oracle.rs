@@ -196,7 +196,7 @@ fn full_session_encoded_by_stun_rs_decoded_by_stun_rs() {
     let send = encode(
         &StunMessageBuilder::new(stun_rs::methods::SEND, MessageClass::Indication)
             .with_attribute(XorPeerAddress::from(peer))
-            .with_attribute(Data::new(b"hello".to_vec()))
+            .with_attribute(Data::new(b"hello"))
             .build(),
     );
     assert_eq!(
