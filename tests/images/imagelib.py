@@ -96,6 +96,13 @@ def user(stage: list[tuple[str, str]]) -> tuple[int, int]:
     return int(uid), int(gid)
 
 
+def cmd(stage: list[tuple[str, str]]) -> list[str]:
+    """The exec-form CMD of a stage (the image's default arguments)."""
+    found = [json.loads(a) for i, a in stage if i == "CMD"]
+    assert len(found) == 1, f"CMD appears {len(found)} times"
+    return found[0]
+
+
 def entrypoint(stage: list[tuple[str, str]]) -> list[str]:
     found = [json.loads(a) for i, a in stage if i == "ENTRYPOINT"]
     assert len(found) == 1, f"ENTRYPOINT appears {len(found)} times"
@@ -422,14 +429,17 @@ class TurnClient:
             mac = hmac.new(key, head + attrs, hashlib.sha1).digest()
             attrs += _attr(A_MI, mac)
         msg = struct.pack(">HHI", method, len(attrs), MAGIC) + txid + attrs
-        for _ in range(10):  # UDP: retransmit, bounded
+        wait = 0.25
+        for _ in range(12):  # UDP: retransmit with backoff (0.25 s doubling to 2 s), bounded
             try:
                 self.sock.send(msg)
             except ConnectionRefusedError:
                 raise ServerGone() from None
-            deadline = time.monotonic() + 1.0
+            deadline = time.monotonic() + wait
+            wait = min(2 * wait, 2.0)
             while time.monotonic() < deadline:
                 try:
+                    self.sock.settimeout(max(0.01, deadline - time.monotonic()))
                     data = self.sock.recv(2048)
                 except socket.timeout:
                     break
