@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# Installs what is missing, builds in release mode and runs the demo.
+# The two-minute demo (README's first command): installs the missing Debian packages, builds
+# the daemons and the demo in release mode, then runs it on 127.0.0.1 (nothing to configure).
+# Extra arguments go to the demo: `bash scripts/demo.sh --fast`, `--keep`, `--help`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-cargo build --release --workspace --bins --examples --locked
-exec cargo run --release --locked -p lastcall --example echo -- --help
+cargo build --release --locked -p lastcall-spoa -p lastcall-turn -p lastcall-demo
+target_dir="${CARGO_TARGET_DIR:-target}"
+exec "$target_dir/release/lastcall-demo" "$@"

@@ -1,0 +1,332 @@
+//! The network pieces the demo needs in-process: an origin server, a tiny HTTP/1.1 client,
+//! a paced load generator, and readers for the daemons' admin endpoints and HAProxy's stats
+//! socket.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+
+const IO_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A port that was free a moment ago on 127.0.0.1, for both TCP and UDP.
+pub fn free_port() -> Result<u16> {
+    for _ in 0..100 {
+        let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        if UdpSocket::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+    }
+    bail!("no free port on 127.0.0.1")
+}
+
+/// A loopback address with a free port.
+pub fn free_addr() -> Result<SocketAddr> {
+    Ok(SocketAddr::from(([127, 0, 0, 1], free_port()?)))
+}
+
+/// Whether `addr` accepts TCP connections.
+pub fn tcp_open(addr: SocketAddr) -> bool {
+    TcpStream::connect_timeout(&addr, Duration::from_millis(500)).is_ok()
+}
+
+/// The origin: HTTP/1.1 on 127.0.0.1, keep-alive, answers every request with 200.
+pub struct Origin {
+    pub addr: SocketAddr,
+    pub served: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Origin {
+    pub fn start() -> Result<Origin> {
+        let listener = TcpListener::bind("127.0.0.1:0").context("origin: bind")?;
+        let addr = listener.local_addr()?;
+        let served = Arc::new(AtomicU64::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (n, s) = (served.clone(), stop.clone());
+        thread::spawn(move || {
+            for conn in listener.incoming() {
+                if s.load(Ordering::SeqCst) {
+                    return;
+                }
+                if let Ok(conn) = conn {
+                    let n = n.clone();
+                    thread::spawn(move || serve_origin(conn, &n));
+                }
+            }
+        });
+        Ok(Origin { addr, served, stop })
+    }
+}
+
+impl Drop for Origin {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_millis(200));
+    }
+}
+
+fn serve_origin(conn: TcpStream, served: &AtomicU64) {
+    let _ = conn.set_read_timeout(Some(Duration::from_secs(60)));
+    let Ok(mut writer) = conn.try_clone() else {
+        return;
+    };
+    let mut reader = BufReader::new(conn);
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+            return;
+        }
+        let path = line.split_whitespace().nth(1).unwrap_or("/").to_string();
+        let mut len = 0usize;
+        let mut close = false;
+        loop {
+            let mut h = String::new();
+            if reader.read_line(&mut h).unwrap_or(0) == 0 {
+                return;
+            }
+            let h = h.trim_end();
+            if h.is_empty() {
+                break;
+            }
+            if let Some((k, v)) = h.split_once(':') {
+                let v = v.trim();
+                if k.eq_ignore_ascii_case("content-length") {
+                    len = v.parse().unwrap_or(0);
+                } else if k.eq_ignore_ascii_case("connection") && v.eq_ignore_ascii_case("close") {
+                    close = true;
+                }
+            }
+        }
+        let mut body = vec![0; len.min(1 << 20)];
+        if reader.read_exact(&mut body).is_err() {
+            return;
+        }
+        served.fetch_add(1, Ordering::Relaxed);
+        let text = format!("hello from the origin: {path}\n");
+        let resp = format!(
+            "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n\r\n{text}",
+            text.len()
+        );
+        if writer.write_all(resp.as_bytes()).is_err() || close {
+            return;
+        }
+    }
+}
+
+/// An HTTP response.
+#[derive(Debug, Clone)]
+pub struct Reply {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: String,
+}
+
+impl Reply {
+    /// The first header named `name` (lower-case).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// One `GET target` with `Connection: close`.
+pub fn get(addr: SocketAddr, target: &str) -> Result<Reply> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))
+        .with_context(|| format!("connect {addr}"))?;
+    s.set_read_timeout(Some(IO_TIMEOUT))?;
+    s.set_write_timeout(Some(IO_TIMEOUT))?;
+    write!(
+        s,
+        "GET {target} HTTP/1.1\r\nHost: shop.example\r\nUser-Agent: lastcall-demo/1.0\r\nAccept: */*\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw)
+        .with_context(|| format!("read the response from {addr}"))?;
+    let text = String::from_utf8_lossy(&raw);
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| anyhow!("no HTTP response ({} bytes)", raw.len()))?;
+    let mut lines = head.split("\r\n");
+    let status = lines
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| anyhow!("bad status line in {head:?}"))?;
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .collect();
+    Ok(Reply {
+        status,
+        headers,
+        body: body.to_string(),
+    })
+}
+
+/// `GET /drain` of a daemon's admin listener, as JSON.
+pub fn drain_state(admin: SocketAddr) -> Result<serde_json::Value> {
+    let r = get(admin, "/drain")?;
+    if r.status != 200 {
+        bail!("GET /drain on {admin}: status {}", r.status);
+    }
+    serde_json::from_str(&r.body).with_context(|| format!("GET /drain on {admin}: not JSON"))
+}
+
+/// The value of metric series `series` (`name{labels}` exactly as exported), if present.
+pub fn metric(admin: SocketAddr, series: &str) -> Result<Option<f64>> {
+    let r = get(admin, "/metrics")?;
+    Ok(r.body.lines().find_map(|l| {
+        l.strip_prefix(series)?
+            .strip_prefix(' ')?
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()
+    }))
+}
+
+/// HAProxy's admin socket.
+pub struct Stats(pub PathBuf);
+
+impl Stats {
+    fn command(&self, command: &str) -> Result<String> {
+        let mut s = UnixStream::connect(&self.0)
+            .with_context(|| format!("HAProxy stats socket {}", self.0.display()))?;
+        s.set_read_timeout(Some(IO_TIMEOUT))?;
+        s.write_all(format!("{command}\n").as_bytes())?;
+        let mut out = String::new();
+        s.read_to_string(&mut out)?;
+        Ok(out)
+    }
+
+    /// Status ("UP", "DOWN", ...) of server `name` of backend `backend`, from `show stat`.
+    pub fn server_status(&self, backend: &str, name: &str) -> Result<String> {
+        let stat = self.command("show stat")?;
+        Ok(stat
+            .lines()
+            .map(|l| l.split(',').collect::<Vec<_>>())
+            .find(|f| f.first() == Some(&backend) && f.get(1) == Some(&name))
+            .and_then(|f| f.get(17).map(|s| s.to_string()))
+            .unwrap_or_default())
+    }
+}
+
+/// Counters of the load generator.
+#[derive(Default)]
+pub struct LoadCounters {
+    pub sent: AtomicU64,
+    pub passed: AtomicU64,
+    pub blocked: AtomicU64,
+    pub failed: AtomicU64,
+    pub failures: Mutex<Vec<String>>,
+}
+
+/// Steady HTTP load through HAProxy: `workers` threads, each sending about `rate` requests
+/// per second; every fifth request is an attack that must be blocked (403), the others must
+/// pass (200). Anything else is a failure.
+pub struct Load {
+    pub counters: Arc<LoadCounters>,
+    stop: Arc<AtomicBool>,
+    threads: Vec<thread::JoinHandle<()>>,
+}
+
+/// The attack the demo sends (SQL injection in a query parameter).
+pub const ATTACK: &str = "/products?id=1%27%20OR%20%271%27=%271";
+
+impl Load {
+    pub fn start(addr: SocketAddr, workers: usize, rate: u32) -> Load {
+        let counters = Arc::new(LoadCounters::default());
+        let stop = Arc::new(AtomicBool::new(false));
+        let period = Duration::from_secs(1) / rate.max(1);
+        let threads = (0..workers)
+            .map(|w| {
+                let (c, stop) = (counters.clone(), stop.clone());
+                thread::spawn(move || {
+                    let mut i = 0u64;
+                    let mut next = Instant::now();
+                    while !stop.load(Ordering::SeqCst) {
+                        i += 1;
+                        let attack = i % 5 == 0;
+                        let target = if attack {
+                            format!("{ATTACK}&w={w}&n={i}")
+                        } else {
+                            format!("/products/{i}?worker={w}")
+                        };
+                        let want = if attack { 403 } else { 200 };
+                        c.sent.fetch_add(1, Ordering::SeqCst);
+                        match get(addr, &target) {
+                            Ok(r) if r.status == want => {
+                                let n = if attack { &c.blocked } else { &c.passed };
+                                n.fetch_add(1, Ordering::SeqCst);
+                            }
+                            other => {
+                                c.failed.fetch_add(1, Ordering::SeqCst);
+                                let what = match other {
+                                    Ok(r) => format!("status {} (wanted {want})", r.status),
+                                    Err(e) => format!("{e:#}"),
+                                };
+                                let mut f =
+                                    c.failures.lock().unwrap_or_else(PoisonError::into_inner);
+                                if f.len() < 10 {
+                                    f.push(format!("GET {target}: {what}"));
+                                }
+                            }
+                        }
+                        next += period;
+                        let now = Instant::now();
+                        if next > now {
+                            thread::sleep(next - now);
+                        } else {
+                            next = now;
+                        }
+                    }
+                })
+            })
+            .collect();
+        Load {
+            counters,
+            stop,
+            threads,
+        }
+    }
+
+    /// Requests answered so far (as wanted or not).
+    pub fn answered(&self) -> u64 {
+        let c = &self.counters;
+        c.passed.load(Ordering::SeqCst)
+            + c.blocked.load(Ordering::SeqCst)
+            + c.failed.load(Ordering::SeqCst)
+    }
+
+    /// Stops the workers and waits for their last requests.
+    pub fn stop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Load {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+    }
+}
+
+/// Waits until the UDP echo server at `addr` echoes.
+pub fn udp_echoes(addr: SocketAddr) -> Result<bool> {
+    let probe = UdpSocket::bind("127.0.0.1:0")?;
+    probe.set_read_timeout(Some(Duration::from_millis(100)))?;
+    probe.send_to(b"ping", addr)?;
+    let mut buf = [0u8; 16];
+    Ok(matches!(probe.recv_from(&mut buf), Ok((4, _))))
+}

@@ -1,0 +1,90 @@
+//! Output: plain lines, and a live progress line (rewritten in place on a terminal, printed
+//! every few seconds otherwise, e.g. in CI). Write errors (a closed pipe) are ignored.
+
+use std::io::{IsTerminal, Write};
+use std::time::{Duration, Instant};
+
+/// Prints a line to stdout, ignoring write errors.
+#[macro_export]
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, $($arg)*);
+        let _ = out.flush();
+    }};
+}
+
+/// The live progress line.
+pub struct Ticker {
+    tty: bool,
+    every: Duration,
+    last: Option<Instant>,
+    shown: bool,
+    origin: Instant,
+}
+
+impl Ticker {
+    /// `origin` is the demo's start (the line shows seconds since then).
+    pub fn new(origin: Instant, fast: bool) -> Ticker {
+        let tty = std::io::stdout().is_terminal();
+        let every = if tty {
+            Duration::from_millis(200)
+        } else if fast {
+            Duration::from_secs(1)
+        } else {
+            Duration::from_secs(2)
+        };
+        Ticker {
+            tty,
+            every,
+            last: None,
+            shown: false,
+            origin,
+        }
+    }
+
+    /// Whether a progress line is due now.
+    pub fn due(&self) -> bool {
+        self.last.map_or(true, |l| l.elapsed() >= self.every)
+    }
+
+    /// Shows `line` if a progress line is due.
+    pub fn tick(&mut self, line: impl FnOnce() -> String) {
+        if !self.due() {
+            return;
+        }
+        self.last = Some(Instant::now());
+        let text = format!(
+            "  [{:5.1}s] {}",
+            self.origin.elapsed().as_secs_f64(),
+            line()
+        );
+        let mut out = std::io::stdout().lock();
+        if self.tty {
+            let _ = write!(out, "\r\x1b[2K{text}");
+            self.shown = true;
+        } else {
+            let _ = writeln!(out, "{text}");
+        }
+        let _ = out.flush();
+    }
+
+    /// Prints an event on its own line (above the progress line on a terminal).
+    pub fn event(&mut self, msg: &str) {
+        self.clear();
+        say!("  [{:5.1}s] {msg}", self.origin.elapsed().as_secs_f64());
+        // The next progress line comes one interval after the event.
+        self.last = Some(Instant::now());
+    }
+
+    /// Removes the progress line (on a terminal).
+    pub fn clear(&mut self) {
+        if self.tty && self.shown {
+            let mut out = std::io::stdout().lock();
+            let _ = write!(out, "\r\x1b[2K");
+            let _ = out.flush();
+            self.shown = false;
+        }
+    }
+}
