@@ -1826,3 +1826,66 @@ fn expired_allocation_is_gone_before_the_sweep() {
     assert_eq!(h.relays.released, vec![relay]);
     assert_eq!(h.server.allocation_count(), 0);
 }
+
+/// A TCP byte stream cut at every possible point: frames come out whole, in order, and the
+/// server answers each (Binding, then ChannelData to the peer).
+#[test]
+fn tcp_stream_framing_end_to_end() {
+    let mut h = H::new(base_config());
+    let from = ClientAddr {
+        transport: Transport::Tcp,
+        client: "192.0.2.7:40000".parse().unwrap(),
+        local: "198.51.100.1:3478".parse().unwrap(),
+    };
+    let relay = h.allocate(from, &alice());
+    h.authed(
+        from,
+        &alice(),
+        Req::new(method::CHANNEL_BIND)
+            .channel(0x4001)
+            .peer("8.8.8.8:5000"),
+    );
+    let mut stream = Req::new(method::BINDING).bytes();
+    stream.extend_from_slice(&[
+        0x40, 0x01, 0x00, 0x05, b'h', b'e', b'l', b'l', b'o', 0, 0, 0,
+    ]);
+    stream.extend_from_slice(&Req::new(method::BINDING).fp().bytes());
+    for cut in 1..stream.len() {
+        let mut buf: Vec<u8> = Vec::new();
+        let mut got = Vec::new();
+        for chunk in [&stream[..cut], &stream[cut..]] {
+            buf.extend_from_slice(chunk);
+            while let Ok(Some(n)) = stream_frame_len(&buf) {
+                let frame: Vec<u8> = buf.drain(..n).collect();
+                got.push(h.client(from, &frame).expect("an answer per frame"));
+            }
+            assert!(stream_frame_len(&buf).is_ok());
+        }
+        assert!(buf.is_empty());
+        assert_eq!(got.len(), 3, "cut at {cut}");
+        assert_eq!(
+            got[1],
+            Sent::Peer(relay, "8.8.8.8:5000".parse().unwrap(), b"hello".to_vec())
+        );
+        assert_eq!(
+            decode(&got[2]).addr(attr::XOR_MAPPED_ADDRESS),
+            Some(from.client)
+        );
+    }
+}
+
+#[test]
+fn binding_for_ipv6_client_is_within_the_bound() {
+    let mut h = H::new(base_config());
+    let from = ClientAddr {
+        transport: Transport::Udp,
+        client: "[2001:db8:1::7]:40000".parse().unwrap(),
+        local: "[2001:db8::1]:3478".parse().unwrap(),
+    };
+    let r = decode(
+        &h.client(from, &Req::new(method::BINDING).fp().bytes())
+            .unwrap(),
+    );
+    assert_eq!(r.addr(attr::XOR_MAPPED_ADDRESS), Some(from.client));
+    assert_eq!(r.raw.len(), 52);
+}
