@@ -98,10 +98,7 @@ fn load_latency_and_rss() {
     let concurrency = env_usize("LOAD_CONCURRENCY", 16);
     let stack = Stack::start(StackOptions {
         agents: 1,
-        agent_args: vec![
-            "--log-level".into(),
-            "info,lastcall_spoa::waf=warn".into(),
-        ],
+        agent_args: vec!["--log-level".into(), "info,lastcall_spoa::waf=warn".into()],
         quiet_haproxy: true,
         ..StackOptions::default()
     });
@@ -149,6 +146,15 @@ fn load_latency_and_rss() {
             })
         })
         .collect();
+    // RSS at every fifth of the run, to see a trend rather than one number.
+    let mut marks = Vec::new();
+    for fifth in 1..=4u64 {
+        let at = total as u64 * fifth / 5;
+        while next.load(Ordering::SeqCst) < at && !threads.iter().all(|t| t.is_finished()) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        marks.push(format!("{}k={} KiB", at / 1000, rss_kib(pid)));
+    }
     let mut lat: Vec<Duration> = threads
         .into_iter()
         .flat_map(|t| t.join().expect("client thread"))
@@ -176,7 +182,10 @@ fn load_latency_and_rss() {
         pct(0.99).as_secs_f64() * 1e3,
         lat.last().copied().unwrap_or_default().as_secs_f64() * 1e3
     );
-    println!("agent RSS: before={rss_before} KiB after={rss_after} KiB");
+    println!(
+        "agent RSS: before={rss_before} KiB, {}, after={rss_after} KiB",
+        marks.join(", ")
+    );
     let m = stack.agents[0].metrics();
     for l in m.lines().filter(|l| l.starts_with("spoa_requests_total")) {
         println!("{l}");
