@@ -179,8 +179,9 @@ impl DeleteReason {
     }
 }
 
-/// Why authentication failed (each counts as an auth failure; the first two are the normal
-/// challenge of a client that has no nonce yet and are *not* counted as failures).
+/// Why authentication failed. Each is an [`Event::AuthFailed`] and counts in
+/// [`Counters::auth_failures`]; the normal 401 challenge of a request without credentials and
+/// the 438 for a stale nonce are not failures.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AuthFailure {
     /// Unknown username (401).
