@@ -210,6 +210,7 @@ class Pid1:
                 cwd=log.parent,
                 start_new_session=True,
             )
+        self.started_at = time.monotonic()
         self.host_pid = self._find_child()
         self.signalled_at: float | None = None
 
@@ -235,6 +236,18 @@ class Pid1:
             if line.startswith(key + ":"):
                 return [int(p) for p in line.split()[1:]]
         raise AssertionError(f"no {key} line in /proc/PID/status")
+
+    def caught(self) -> set[int]:
+        """Signals the daemon has handlers for (`SigCgt:` of /proc/PID/status); empty once gone."""
+        try:
+            text = Path(f"/proc/{self.host_pid}/status").read_text()
+        except OSError:
+            return set()
+        for line in text.splitlines():
+            if line.startswith("SigCgt:"):
+                mask = int(line.split()[1], 16)
+                return {n for n in range(1, 65) if mask >> (n - 1) & 1}
+        return set()
 
     def nspid(self) -> list[int]:
         return self.status_line("NSpid")

@@ -56,6 +56,30 @@ START_TIMEOUT = 60.0  # the CRS compiles at start; the machine is busy
 AT_ONCE = 3.0  # "at once", on a loaded 2-core machine
 DELAY = 2.0  # --shutdown-delay used below (seconds)
 DRAIN_TIMEOUT = 30.0  # --drain-timeout used below (seconds)
+POLL_MS = 20  # imagelib.POLL
+
+
+# The signals docs/termination.md gives a meaning to: each needs a handler, or PID 1 drops it.
+HANDLED = {signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGUSR1, signal.SIGTERM}
+
+
+def wait_ready(p: Pid1, admin: int, name: str) -> None:
+    """Wait for readiness, noting when the signal handlers appeared (from the spawn); then
+    every signal of the map has a handler. Before that moment, as PID 1, a SIGTERM would
+    be dropped (outside a container it would kill the starting process instead)."""
+    handlers_at: list[float] = []
+
+    def ready() -> bool:
+        if not handlers_at and HANDLED <= p.caught():
+            handlers_at.append(time.monotonic())
+        return status(admin, "/readyz") == 200
+
+    ready_at = p.wait_for("readiness", ready, START_TIMEOUT)
+    missing = sorted(signal.Signals(s).name for s in HANDLED - p.caught())
+    assert not missing, f"{name} is ready as PID 1 without handlers for {missing}: those signals are dropped"
+    when = handlers_at[0] if handlers_at else ready_at
+    measured(f"{name} PID 1 start: all signal handlers seen {(when - p.started_at) * 1000:.0f} ms "
+             f"after spawn (polled every {POLL_MS} ms), ready {(ready_at - p.started_at) * 1000:.0f} ms after spawn")
 
 
 def status(port: int, path: str) -> int | None:
@@ -96,7 +120,7 @@ def start_spoa(tmp: Path) -> tuple[Pid1, Path, int, int]:
             "--shutdown-delay", f"{int(DELAY)}s", "--drain-timeout", f"{int(DRAIN_TIMEOUT)}s"]
     p = Pid1(argv, tmp / "spoa.log", user(stages()["spoa"]))
     try:
-        p.wait_for("readiness", lambda: status(admin, "/readyz") == 200, START_TIMEOUT)
+        wait_ready(p, admin, "lastcall-spoa")
         p.assert_pid1(binary)
     except BaseException:
         p.close()
@@ -197,7 +221,7 @@ def start_turn(tmp: Path, request: pytest.FixtureRequest) -> tuple[Pid1, int, in
             f"--shutdown-delay={int(DELAY)}s", f"--drain-timeout={int(DRAIN_TIMEOUT)}s"]
     p = Pid1(argv, tmp / "turn.log", user(stages()["turn"]))
     try:
-        p.wait_for("readiness", lambda: status(admin, "/readyz") == 200, START_TIMEOUT)
+        wait_ready(p, admin, "lastcall-turn")
         p.assert_pid1(binary)
         # The daemon's own view: getpid() is 1.
         p.wait_for("the pidfile", lambda: pidfile.is_file() and pidfile.read_text().strip() != "", 10)
