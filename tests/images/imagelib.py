@@ -197,6 +197,8 @@ class Pid1:
     def __init__(self, argv: list[str], log: Path, user: tuple[int, int] | None = None):
         unshare, setpriv = shutil.which("unshare"), shutil.which("setpriv")
         assert unshare and setpriv, "unshare and setpriv (util-linux) are not installed"
+        if os.geteuid() != 0:
+            pytest.fail("the PID 1 tests need root: unshare --pid and setpriv --reuid (run them as root, as CI does)")
         self.log = log
         self.argv = argv
         self.user = user
