@@ -5,6 +5,9 @@
 //! cargo run -p lastcall-turn-proto --example mini_udp -- 127.0.0.1:3478 SECRET
 //! turnutils_uclient -e 127.0.0.1 -X -g -u user -W SECRET -p 3478 127.0.0.1
 //! ```
+//!
+//! A third argument starts it draining: `drain` (new Allocates get 403) or
+//! `drain=ADDR,ADDR` (300 Try Alternate with those ALTERNATE-SERVERs).
 
 use std::collections::HashMap;
 use std::io::ErrorKind;
@@ -77,6 +80,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let local = sock.local_addr()?;
     eprintln!("listening on {local}");
     let mut server = Server::new(config, Instant::now(), SystemTime::now());
+    if let Some(d) = args.next() {
+        let alternates = match d.strip_prefix("drain=") {
+            Some(list) => list
+                .split(',')
+                .map(str::parse)
+                .collect::<Result<Vec<_>, _>>()?,
+            None => Vec::new(),
+        };
+        server.set_drain(lastcall_turn_proto::DrainMode::Refuse { alternates });
+    }
     let mut relays = Relays::default();
     let mut buf = vec![0u8; 65536];
     let mut out = Vec::with_capacity(65536);

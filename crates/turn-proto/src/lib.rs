@@ -72,8 +72,10 @@
 //! - **Drain**: the 300 Try Alternate / 403 comes *after* authentication (RFC 5766/8656 list
 //!   authentication first; RFC 8489 §10 wants the 300 integrity-protected when the request
 //!   was): a new client first gets the usual 401, then 300 with ALTERNATE-SERVER and
-//!   MESSAGE-INTEGRITY (libwebrtc and `turnutils_uclient` follow it; uclient verifies its
-//!   integrity) or 403. ALTERNATE-DOMAIN is not sent.
+//!   MESSAGE-INTEGRITY or 403. `turnutils_uclient` verifies the 300's integrity and moves to
+//!   the alternate server (checked with `examples/mini_udp.rs ... drain=ADDR`: every message
+//!   echoed through the alternate); on 403 it exits 255 at once. ALTERNATE-DOMAIN is not
+//!   sent.
 //! - **Channel numbers 0x4000..=0x7FFF** (RFC 5766's range) are accepted, not only RFC 8656's
 //!   0x4000..=0x4FFF: `turnutils_uclient` and coturn use the whole range.
 //! - **EVEN-PORT** (with or without R) and **RESERVATION-TOKEN** are supported (uclient sends
