@@ -443,3 +443,265 @@ impl PhaseWatch {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! In-process tests of the connection engine over `tokio::io::duplex`, with a trivial
+    //! handler (the WAF itself is tested in `waf` and end to end through HAProxy).
+    use super::*;
+    use crate::frame::{decode_agent_frame, AgentFrame};
+    use lastcall::{Lifecycle, OnSigterm, TerminationConfig, Trigger};
+    use std::sync::Mutex;
+    use tokio::io::DuplexStream;
+
+    /// Answers `verdict=ok`; blocks while the gate is closed.
+    struct Gated(Mutex<std::sync::mpsc::Receiver<()>>);
+
+    impl Handler for Gated {
+        fn handle(&self, _: &[Message]) -> crate::waf::Vars {
+            if let Ok(rx) = self.0.lock() {
+                let _ = rx.recv_timeout(Duration::from_secs(20));
+            }
+            vec![("verdict", TypedData::String("ok".into()))]
+        }
+    }
+
+    struct Open;
+    impl Handler for Open {
+        fn handle(&self, _: &[Message]) -> crate::waf::Vars {
+            Vec::new()
+        }
+    }
+
+    fn shared(handler: Arc<dyn Handler>, handle: &Handle) -> Arc<Shared> {
+        Shared::new(
+            handler,
+            Arc::new(Metrics::default()),
+            handle.clone(),
+            2,
+            Limits::default(),
+        )
+    }
+
+    fn connect(shared: &Arc<Shared>) -> DuplexStream {
+        connect_counting(shared).0
+    }
+
+    /// Also returns the size of every `poll_write` the agent made on this connection.
+    fn connect_counting(shared: &Arc<Shared>) -> (DuplexStream, Arc<Mutex<Vec<usize>>>) {
+        let (client, server) = tokio::io::duplex(1 << 16);
+        let writes = Arc::new(Mutex::new(Vec::new()));
+        let io = Counting {
+            inner: server,
+            writes: Arc::clone(&writes),
+        };
+        tokio::spawn(serve_conn(
+            io,
+            Some([127, 0, 0, 1].into()),
+            Arc::clone(shared),
+        ));
+        (client, writes)
+    }
+
+    struct Counting {
+        inner: DuplexStream,
+        writes: Arc<Mutex<Vec<usize>>>,
+    }
+
+    impl AsyncRead for Counting {
+        fn poll_read(
+            mut self: Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+            buf: &mut tokio::io::ReadBuf<'_>,
+        ) -> std::task::Poll<io::Result<()>> {
+            Pin::new(&mut self.inner).poll_read(cx, buf)
+        }
+    }
+
+    impl AsyncWrite for Counting {
+        fn poll_write(
+            mut self: Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+            buf: &[u8],
+        ) -> std::task::Poll<io::Result<usize>> {
+            let r = Pin::new(&mut self.inner).poll_write(cx, buf);
+            if let std::task::Poll::Ready(Ok(n)) = &r {
+                self.writes.lock().unwrap().push(*n);
+            }
+            r
+        }
+        fn poll_flush(
+            mut self: Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<io::Result<()>> {
+            Pin::new(&mut self.inner).poll_flush(cx)
+        }
+        fn poll_shutdown(
+            mut self: Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<io::Result<()>> {
+            Pin::new(&mut self.inner).poll_shutdown(cx)
+        }
+    }
+
+    /// Reads frames until `n` are decoded or EOF; also returns how many reads it took.
+    async fn read_frames(c: &mut DuplexStream, n: usize) -> (Vec<AgentFrame>, usize, bool) {
+        let mut buf = BytesMut::with_capacity(1 << 16);
+        let mut out = Vec::new();
+        let mut reads = 0;
+        loop {
+            while let Some(f) = decode_agent_frame(&mut buf).unwrap() {
+                out.push(f);
+            }
+            if out.len() >= n {
+                return (out, reads, false);
+            }
+            // Longer than the agent's 30 s partial-frame timeout (the clock may be paused).
+            let got = tokio::time::timeout(Duration::from_secs(60), c.read_buf(&mut buf))
+                .await
+                .expect("agent answered in time")
+                .unwrap();
+            reads += 1;
+            if got == 0 {
+                return (out, reads, true);
+            }
+        }
+    }
+
+    async fn hello(c: &mut DuplexStream, healthcheck: bool) -> Vec<AgentFrame> {
+        let mut v = Vec::new();
+        frame::encode_haproxy_hello(16380, healthcheck, &mut v);
+        c.write_all(&v).await.unwrap();
+        read_frames(c, 1).await.0
+    }
+
+    fn notify(sid: u64) -> Vec<u8> {
+        let mut v = Vec::new();
+        let msg = Message {
+            name: "coraza-req".into(),
+            args: vec![],
+        };
+        frame::encode_notify(sid, 1, &msg, &mut v);
+        v
+    }
+
+    #[tokio::test]
+    async fn refusing_closes_with_last_ack_and_disconnect_in_one_write() {
+        let lc = Lifecycle::without_signals(TerminationConfig::new(
+            OnSigterm::Drain,
+            Duration::ZERO,
+            Duration::from_secs(30),
+        ));
+        let handle = lc.handle();
+        tokio::spawn(lc.run_with(futures_never()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let s = shared(Arc::new(Gated(Mutex::new(rx))), &handle);
+
+        let (mut busy, busy_writes) = connect_counting(&s);
+        assert!(matches!(
+            hello(&mut busy, false).await[..],
+            [AgentFrame::Hello(_)]
+        ));
+        let mut idle = connect(&s);
+        assert!(matches!(
+            hello(&mut idle, false).await[..],
+            [AgentFrame::Hello(_)]
+        ));
+        busy.write_all(&notify(7)).await.unwrap();
+        // Wait until the evaluation is in flight.
+        while s.metrics.inflight.get() == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+
+        handle.start_drain(Trigger::Sigterm);
+        handle.refusing().await;
+
+        // The idle connection says goodbye at once.
+        let (frames, _, eof) = read_frames(&mut idle, 2).await;
+        assert!(
+            matches!(frames[..], [AgentFrame::Disconnect(0, _)]),
+            "{frames:?}"
+        );
+        assert!(eof);
+
+        // New connections and health checks are refused politely.
+        let mut late = connect(&s);
+        assert!(matches!(
+            hello(&mut late, false).await[..],
+            [AgentFrame::Disconnect(0, _)]
+        ));
+
+        // The busy one finishes its evaluation: ACK + DISCONNECT arrive in one read.
+        tx.send(()).unwrap();
+        let (frames, _, _) = read_frames(&mut busy, 2).await;
+        match &frames[..] {
+            [AgentFrame::Ack(7, 1, vars), AgentFrame::Disconnect(0, _)] => {
+                assert_eq!(vars[0].0, "verdict");
+            }
+            other => panic!("{other:?}"),
+        }
+        // Writes on this connection: AGENT-HELLO, then ACK + DISCONNECT together.
+        let writes = busy_writes.lock().unwrap().clone();
+        assert_eq!(writes.len(), 2, "one write per frame group: {writes:?}");
+        let (rest, _, eof) = read_frames(&mut busy, 1).await;
+        assert!(
+            rest.is_empty() && eof,
+            "closed after the DISCONNECT: {rest:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn announcing_refuses_only_health_checks() {
+        let lc = Lifecycle::without_signals(TerminationConfig::new(
+            OnSigterm::Drain,
+            Duration::from_secs(60),
+            Duration::from_secs(120),
+        ));
+        let handle = lc.handle();
+        tokio::spawn(lc.run_with(futures_never()));
+        let s = shared(Arc::new(Open), &handle);
+        let mut hc = connect(&s);
+        assert!(matches!(
+            hello(&mut hc, true).await[..],
+            [AgentFrame::Hello(_)]
+        ));
+
+        handle.start_drain(Trigger::Sigterm);
+        handle.drain_started().await;
+        let mut hc = connect(&s);
+        assert!(matches!(
+            hello(&mut hc, true).await[..],
+            [AgentFrame::Disconnect(0, _)]
+        ));
+        let mut normal = connect(&s);
+        assert!(matches!(
+            hello(&mut normal, false).await[..],
+            [AgentFrame::Hello(_)]
+        ));
+        normal.write_all(&notify(1)).await.unwrap();
+        let (frames, _, _) = read_frames(&mut normal, 1).await;
+        assert!(matches!(frames[..], [AgentFrame::Ack(1, 1, _)]));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn unfinished_frame_times_out_with_status_2() {
+        let lc = Lifecycle::without_signals(TerminationConfig::new(
+            OnSigterm::Drain,
+            Duration::ZERO,
+            Duration::from_secs(30),
+        ));
+        let s = shared(Arc::new(Open), &lc.handle());
+        let mut c = connect(&s);
+        c.write_all(&[0, 0, 0, 50, 1]).await.unwrap();
+        let (frames, _, eof) = read_frames(&mut c, 1).await;
+        assert!(
+            matches!(frames[..], [AgentFrame::Disconnect(2, _)]),
+            "{frames:?}"
+        );
+        let _ = eof;
+    }
+
+    fn futures_never() -> impl futures::Stream<Item = Trigger> + Send + 'static {
+        futures::stream::pending()
+    }
+}
