@@ -123,7 +123,10 @@ def built(name: str, profiles: tuple[str, ...] = ("debug", "release")) -> list[P
 
 
 def binary_or_skip(name: str) -> Path:
-    found = built(name)
+    """The binary to run: debug first (what CI has just built), or the profile named by
+    LASTCALL_TEST_PROFILE (e.g. `release`, the build the image ships)."""
+    profile = os.environ.get("LASTCALL_TEST_PROFILE")
+    found = built(name, (profile,)) if profile else built(name)
     if not found:
         pytest.skip(f"{name} is not built (cargo build -p {name})")
     return found[0]
