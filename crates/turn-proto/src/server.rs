@@ -218,12 +218,26 @@ struct Ctx {
     auth: Option<([u8; 16], bool)>,
 }
 
+impl Ctx {
+    /// Responses to authenticated requests are not size-limited (see the module docs).
+    fn reply_kind(&self) -> Reply {
+        if self.auth.is_some() {
+            Reply::Authenticated
+        } else {
+            Reply::Normal
+        }
+    }
+}
+
 /// What a request handler produced in `out`.
 enum Reply {
     /// A response, subject to the amplification guard.
     Normal,
     /// A response exempt from the guard (Binding success, 401/438 challenge).
     Exempt,
+    /// A response to an authenticated request (not limited: a spoofed source cannot produce
+    /// one, nonces being bound to the client's IP address).
+    Authenticated,
 }
 
 impl Server {
@@ -380,7 +394,7 @@ impl Server {
                         self.counters.suppressed_responses += 1;
                         None
                     }
-                    Reply::Normal | Reply::Exempt => {
+                    Reply::Normal | Reply::Exempt | Reply::Authenticated => {
                         self.counters.client_packets_out += 1;
                         self.counters.client_bytes_out += out.len() as u64;
                         Some(Transmit::Client {
@@ -865,7 +879,7 @@ impl Server {
         b.error_code(code);
         f(&mut b);
         self.finish(ctx, &mut b);
-        Reply::Normal
+        ctx.reply_kind()
     }
 
     fn unknown_attributes(&self, ctx: &Ctx, attrs: &Attrs<'_>, out: &mut Vec<u8>) -> Reply {
@@ -883,7 +897,7 @@ impl Server {
         let mut b = Builder::new(out, ctx.method, Class::Success, ctx.txid);
         f(&mut b);
         self.finish(ctx, &mut b);
-        Reply::Normal
+        ctx.reply_kind()
     }
 
     fn lifetime(&self, requested: Option<u32>, cred: Option<Instant>, now: Instant) -> Duration {

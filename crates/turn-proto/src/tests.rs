@@ -1889,3 +1889,27 @@ fn binding_for_ipv6_client_is_within_the_bound() {
     assert_eq!(r.addr(attr::XOR_MAPPED_ADDRESS), Some(from.client));
     assert_eq!(r.raw.len(), 52);
 }
+
+/// A response to an authenticated request may be larger than the request (here a dual
+/// allocation for an IPv6 client with a one-letter user): it is sent, not suppressed.
+#[test]
+fn authenticated_responses_are_not_size_limited() {
+    let mut c = base_config();
+    c.auth.add_coturn_user("u:p").unwrap();
+    let mut h = H::new(c);
+    let from = ClientAddr {
+        transport: Transport::Udp,
+        client: "[2001:db8:1::7]:40000".parse().unwrap(),
+        local: "[2001:db8::1]:3478".parse().unwrap(),
+    };
+    let nonce = h.nonce(from);
+    let req = Req::new(method::ALLOCATE)
+        .transport_udp()
+        .attr(attr::ADDITIONAL_ADDRESS_FAMILY, vec![2, 0, 0, 0])
+        .auth(&Creds::password("u", "p"), &nonce)
+        .bytes();
+    let r = decode(&h.client(from, &req).expect("the success is sent"));
+    assert_eq!(r.class, Class::Success);
+    assert!(r.raw.len() > req.len(), "{} <= {}", r.raw.len(), req.len());
+    assert_eq!(h.server.counters().suppressed_responses, 0);
+}
