@@ -13,10 +13,8 @@ echo "== cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "== build binaries used by the process-level tests"
 cargo build --workspace --bins --examples --locked
-if [ -d charts ] && [ -f scripts/test_charts.sh ]; then
-  echo "== chart tests"
-  bash scripts/test_charts.sh
-fi
+echo "== Python tests (charts, images)"
+bash scripts/test_python.sh
 echo "== doc tests"
 cargo test --workspace --locked --doc
 echo "== cargo test"
