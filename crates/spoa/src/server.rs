@@ -206,109 +206,193 @@ pub async fn serve_conn<S>(io: S, peer: Option<IpAddr>, shared: Arc<Shared>)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let (mut rd, mut wr) = tokio::io::split(io);
-    let mut conn = Conn::new(shared.limits.max_frame_size);
-    let mut buf = BytesMut::with_capacity(16 * 1024);
-    let mut inflight: JoinSet<Vec<u8>> = JoinSet::new();
-    let mut _session: Option<(lastcall::SessionGuard, ConnGauge)> = None;
-    let mut partial_since: Option<Instant> = None;
-    let mut state_rx = PhaseWatch::new(&shared.handle);
-    let per_conn = shared.limits.max_inflight_per_connection.max(1);
-    let mut eof = false;
+    let (rd, wr) = tokio::io::split(io);
+    let mut task = ConnTask {
+        conn: Conn::new(shared.limits.max_frame_size),
+        buf: BytesMut::with_capacity(16 * 1024),
+        inflight: JoinSet::new(),
+        session: None,
+        partial_since: None,
+        eof: false,
+        rd,
+        wr,
+        peer,
+        shared,
+    };
+    task.run().await;
+}
 
-    loop {
-        // Turn buffered bytes into events while there is room for more evaluations.
-        while inflight.len() < per_conn {
-            let Some(ev) = conn.poll(&mut buf, shared.policy()) else {
+/// What one connection task owns.
+struct ConnTask<R, W> {
+    conn: Conn,
+    buf: BytesMut,
+    inflight: JoinSet<Vec<u8>>,
+    /// Held from the HELLO on: the lifecycle session and the `spoa_connections` gauge.
+    session: Option<(lastcall::SessionGuard, ConnGauge)>,
+    partial_since: Option<Instant>,
+    eof: bool,
+    rd: R,
+    wr: W,
+    peer: Option<IpAddr>,
+    shared: Arc<Shared>,
+}
+
+/// Whether the connection task goes on.
+enum Flow {
+    Continue,
+    Done,
+}
+
+impl<R, W> ConnTask<R, W>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    async fn run(&mut self) {
+        let mut phase = PhaseWatch::new(&self.shared.handle);
+        loop {
+            if let Flow::Done = self.pump().await {
+                return;
+            }
+            if self.eof && self.inflight.is_empty() {
+                if let Some(Event::Close { reply, reason }) = self.conn.on_eof(&self.buf) {
+                    self.close(reply, &reason).await;
+                }
+                return;
+            }
+            if self.idle_while_refusing() {
+                if nothing_unread(&mut self.rd, &mut self.buf).await {
+                    self.goodbye(Vec::new(), "draining").await;
+                    return;
+                }
+                continue;
+            }
+            if let Flow::Done = self.wait(&mut phase).await {
+                return;
+            }
+        }
+    }
+
+    /// Turns buffered bytes into events while there is room for more evaluations.
+    async fn pump(&mut self) -> Flow {
+        while self.inflight.len() < self.per_conn() {
+            let Some(ev) = self.conn.poll(&mut self.buf, self.shared.policy()) else {
                 break;
             };
             match ev {
                 Event::Ready { reply, negotiated } => {
-                    tracing::debug!(?peer, max_frame_size = negotiated.max_frame_size, engine = ?negotiated.engine_id, "SPOP connection ready");
-                    if wr.write_all(&reply).await.is_err() {
-                        return;
+                    tracing::debug!(peer = ?self.peer, max_frame_size = negotiated.max_frame_size, engine = ?negotiated.engine_id, "SPOP connection ready");
+                    if self.wr.write_all(&reply).await.is_err() {
+                        return Flow::Done;
                     }
-                    let id = peer.map_or_else(|| PeerId::named("unix"), PeerId::from);
-                    _session = Some((shared.handle.session(id), ConnGauge::new(&shared.metrics)));
+                    let id = self
+                        .peer
+                        .map_or_else(|| PeerId::named("unix"), PeerId::from);
+                    let guard = self.shared.handle.session(id);
+                    self.session = Some((guard, ConnGauge::new(&self.shared.metrics)));
                 }
                 Event::Notify {
                     stream_id,
                     frame_id,
                     messages,
                 } => {
-                    inflight.spawn(evaluate(
-                        Arc::clone(&shared),
-                        stream_id,
-                        frame_id,
-                        messages,
-                        conn.max_frame_size(),
-                    ));
+                    let max = self.conn.max_frame_size();
+                    let shared = Arc::clone(&self.shared);
+                    self.inflight
+                        .spawn(evaluate(shared, stream_id, frame_id, messages, max));
                 }
                 Event::Close { reply, reason } => {
-                    close(&shared, &mut wr, reply, &reason, peer).await;
-                    return;
+                    self.close(reply, &reason).await;
+                    return Flow::Done;
                 }
             }
         }
-        partial_since = match (buf.is_empty(), partial_since) {
+        self.partial_since = match (self.buf.is_empty(), self.partial_since) {
             (true, _) => None,
             (false, None) => Some(Instant::now()),
             (false, since) => since,
         };
-        if eof && inflight.is_empty() {
-            if let Some(Event::Close { reply, reason }) = conn.on_eof(&buf) {
-                close(&shared, &mut wr, reply, &reason, peer).await;
-            }
-            return;
-        }
-        // Refusing: an idle connection says goodbye now.
-        if shared.refusing() && conn.is_ready() && inflight.is_empty() && buf.is_empty() {
-            if nothing_unread(&mut rd, &mut buf).await {
-                let bye = conn.goodbye("draining");
-                let _ = wr.write_all(&bye).await;
-                let _ = wr.shutdown().await;
-                return;
-            }
-            continue;
-        }
-        let can_read = !eof && inflight.len() < per_conn;
-        let timeout_at = partial_since.map(|s| s + shared.limits.partial_frame_timeout);
+        Flow::Continue
+    }
+
+    /// Waits for the next thing to do: the deadline, a finished evaluation, bytes, a stalled
+    /// frame, or a phase change.
+    async fn wait(&mut self, phase: &mut PhaseWatch) -> Flow {
+        let can_read = !self.eof && self.inflight.len() < self.per_conn();
+        let timeout_at = self
+            .partial_since
+            .map(|s| s + self.shared.limits.partial_frame_timeout);
         tokio::select! {
             biased;
-            () = shared.handle.exiting() => {
-                let bye = conn.goodbye("shutting down");
-                let _ = wr.write_all(&bye).await;
-                let _ = wr.shutdown().await;
-                return;
+            () = self.shared.handle.exiting() => {
+                self.goodbye(Vec::new(), "shutting down").await;
+                Flow::Done
             }
-            Some(done) = inflight.join_next(), if !inflight.is_empty() => {
-                let mut out = done.unwrap_or_default();
-                // The last ACK of an idle connection while refusing carries the goodbye in
-                // the same write.
-                if shared.refusing() && conn.is_ready() && inflight.is_empty() && buf.is_empty()
-                    && nothing_unread(&mut rd, &mut buf).await
-                {
-                    out.extend_from_slice(&conn.goodbye("draining"));
-                    let _ = wr.write_all(&out).await;
-                    let _ = wr.shutdown().await;
-                    return;
-                }
-                if !out.is_empty() && wr.write_all(&out).await.is_err() {
-                    return;
-                }
+            Some(done) = self.inflight.join_next(), if !self.inflight.is_empty() => {
+                self.on_ack(done.unwrap_or_default()).await
             }
-            read = rd.read_buf(&mut buf), if can_read => match read {
-                Ok(0) | Err(_) => eof = true,
-                Ok(_) => {}
-            },
+            read = self.rd.read_buf(&mut self.buf), if can_read => {
+                if !matches!(read, Ok(n) if n > 0) {
+                    self.eof = true;
+                }
+                Flow::Continue
+            }
             () = sleep_until(timeout_at), if timeout_at.is_some() => {
-                if let Event::Close { reply, reason } = conn.on_read_timeout() {
-                    close(&shared, &mut wr, reply, &reason, peer).await;
+                if let Event::Close { reply, reason } = self.conn.on_read_timeout() {
+                    self.close(reply, &reason).await;
                 }
-                return;
+                Flow::Done
             }
-            () = state_rx.changed() => {}
+            () = phase.changed() => Flow::Continue,
         }
+    }
+
+    /// Writes an ACK. The last ACK of a connection that is idle while refusing carries the
+    /// goodbye in the same write.
+    async fn on_ack(&mut self, ack: Vec<u8>) -> Flow {
+        if self.idle_while_refusing() && nothing_unread(&mut self.rd, &mut self.buf).await {
+            self.goodbye(ack, "draining").await;
+            return Flow::Done;
+        }
+        if !ack.is_empty() && self.wr.write_all(&ack).await.is_err() {
+            return Flow::Done;
+        }
+        Flow::Continue
+    }
+
+    fn idle_while_refusing(&self) -> bool {
+        self.shared.refusing()
+            && self.conn.is_ready()
+            && self.inflight.is_empty()
+            && self.buf.is_empty()
+    }
+
+    fn per_conn(&self) -> usize {
+        self.shared.limits.max_inflight_per_connection.max(1)
+    }
+
+    /// Writes `before` (an ACK, or nothing) and AGENT-DISCONNECT status 0 in one write, then
+    /// closes.
+    async fn goodbye(&mut self, mut before: Vec<u8>, message: &str) {
+        before.extend_from_slice(&self.conn.goodbye(message));
+        let _ = self.wr.write_all(&before).await;
+        let _ = self.wr.shutdown().await;
+    }
+
+    async fn close(&mut self, reply: Vec<u8>, reason: &CloseReason) {
+        match reason {
+            CloseReason::HealthCheck => {}
+            CloseReason::Refused => self.shared.handle.record_refused(),
+            CloseReason::PeerDisconnect(status) => {
+                tracing::debug!(peer = ?self.peer, status, "HAPROXY-DISCONNECT answered");
+            }
+            CloseReason::Protocol(e) => {
+                self.shared.metrics.rejected(e.metric_reason());
+                tracing::warn!(peer = ?self.peer, status = e.status.to_u32(), "closing connection: {}", e.reason);
+            }
+        }
+        let _ = self.wr.write_all(&reply).await;
+        let _ = self.wr.shutdown().await;
     }
 }
 
@@ -330,33 +414,6 @@ async fn nothing_unread<R: AsyncRead + Unpin>(rd: &mut R, buf: &mut BytesMut) ->
         Poll::Ready(Ok(_)) => Poll::Ready(false),
     })
     .await
-}
-
-async fn close<W: AsyncWrite + Unpin>(
-    shared: &Shared,
-    wr: &mut W,
-    reply: Vec<u8>,
-    reason: &CloseReason,
-    peer: Option<IpAddr>,
-) {
-    match reason {
-        CloseReason::HealthCheck => {}
-        CloseReason::Refused => shared.handle.record_refused(),
-        CloseReason::PeerDisconnect(status) => {
-            tracing::debug!(?peer, status, "HAPROXY-DISCONNECT answered");
-        }
-        CloseReason::Protocol(e) => {
-            shared.metrics.rejected(e.metric_reason());
-            tracing::warn!(
-                ?peer,
-                status = e.status.to_u32(),
-                "closing connection: {}",
-                e.reason
-            );
-        }
-    }
-    let _ = wr.write_all(&reply).await;
-    let _ = wr.shutdown().await;
 }
 
 fn evaluate(
