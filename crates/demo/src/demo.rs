@@ -165,14 +165,18 @@ pub fn main(opts: &Opts, registry: &Registry, started: Instant) -> i32 {
         turn_admin: None,
         finished: Vec::new(),
         totals: Totals::default(),
-        ticker: Ticker::new(started, opts.fast),
+        ticker: Ticker::new(started),
     };
     let result = demo.run();
     demo.ticker.clear();
     let failed = result.is_err();
     if let Err(e) = &result {
         say!("");
-        say!("lastcall-demo FAILED: {e:#}");
+        if procs::INTERRUPTED.load(Ordering::SeqCst) {
+            say!("lastcall-demo interrupted: {e:#}; stopping everything it started");
+        } else {
+            say!("lastcall-demo FAILED: {e:#}");
+        }
     }
     let stopped = demo.stop_everything();
     let left = match stopped {
@@ -185,14 +189,15 @@ pub fn main(opts: &Opts, registry: &Registry, started: Instant) -> i32 {
             true
         }
     };
-    if failed || left || opts.keep {
+    let interrupted = procs::INTERRUPTED.load(Ordering::SeqCst);
+    // Kept to look into a failure (not after a Ctrl-C, unless asked).
+    if ((failed || left) && !interrupted) || opts.keep {
         let kept = workdir.keep();
         say!(
             "configurations and logs kept in {} (rm -r it when done)",
             kept.display()
         );
     }
-    let interrupted = procs::INTERRUPTED.load(Ordering::SeqCst);
     if interrupted {
         130
     } else if failed || left {
@@ -699,7 +704,7 @@ impl Demo<'_> {
         }
         let c = &load.counters;
         let mut line = format!(
-            "http: {} sent, {} passed, {} blocked, {} failed | spoa1 {}, spoa2 {}",
+            "http {} sent, {} passed, {} blocked, {} failed | spoa1 {}, spoa2 {}",
             c.sent.load(Ordering::SeqCst),
             c.passed.load(Ordering::SeqCst),
             c.blocked.load(Ordering::SeqCst),
@@ -709,7 +714,7 @@ impl Demo<'_> {
         );
         if let Some((name, state)) = draining {
             line.push_str(&format!(
-                " | {name}: {}, {} SPOP connections",
+                " | {name}: {}, {} SPOP conn.",
                 state
                     .get("phase")
                     .and_then(|v| v.as_str())
@@ -797,6 +802,11 @@ impl Demo<'_> {
                 a.proc.tail(10)
             );
         }
+        if !seen_down {
+            self.event(&format!(
+                "(HAProxy had not marked {server} DOWN yet when {old} left: the busy host delayed its checks; requests on refused connections are retried on the other agent)"
+            ));
+        }
         let (after_last, exact) = tracker.after_last(exit.at);
         let drained = Drained {
             what: format!("{old} (lastcall-spoa, {server})"),
@@ -855,6 +865,9 @@ impl Demo<'_> {
     fn drain_turn(&mut self) -> Result<()> {
         let admin = self.turn_admin()?;
         let n = self.plan.call_packets;
+        // Packets relayed before this call (the first call's), so that the signal is sent
+        // only once this call relays.
+        let before = self.turn_metric("turn_total_traffic_peer_sentp");
         let mut call = self.spawn_call("call-2", "caller", n)?;
         let call_started = Instant::now();
         self.event(&format!(
@@ -873,7 +886,7 @@ impl Demo<'_> {
                 let alloc =
                     net::metric(admin, "turn_total_allocations{type=\"TCP\"}")?.unwrap_or(0.0);
                 let relayed = net::metric(admin, "turn_total_traffic_peer_sentp")?.unwrap_or(0.0);
-                Ok((alloc >= 1.0 && relayed >= 10.0).then_some(()))
+                Ok((alloc >= 1.0 && relayed >= before + 10.0).then_some(()))
             },
         )?;
         let turn = self
@@ -968,9 +981,9 @@ impl Demo<'_> {
                 }
             }
             if self.ticker.due() {
-                let relayed = self.turn_metric("turn_total_traffic_peer_sentp");
+                let relayed = self.turn_metric("turn_total_traffic_peer_sentp") - before;
                 let line = format!(
-                    "lastcall-turn: {phase}, {} allocation(s), {relayed} packets relayed to the peer, {:.1} s since SIGTERM",
+                    "lastcall-turn: {phase}, {} allocation(s), {relayed} of the call's packets relayed to the peer, {:.1} s since SIGTERM",
                     state
                         .as_ref()
                         .and_then(|s| s.get("sessions"))

@@ -18,6 +18,8 @@ macro_rules! say {
 /// The live progress line.
 pub struct Ticker {
     tty: bool,
+    /// Terminal width (progress lines are cut to fit, so `\r` can rewrite them).
+    columns: usize,
     every: Duration,
     last: Option<Instant>,
     shown: bool,
@@ -26,17 +28,16 @@ pub struct Ticker {
 
 impl Ticker {
     /// `origin` is the demo's start (the line shows seconds since then).
-    pub fn new(origin: Instant, fast: bool) -> Ticker {
+    pub fn new(origin: Instant) -> Ticker {
         let tty = std::io::stdout().is_terminal();
         let every = if tty {
             Duration::from_millis(200)
-        } else if fast {
-            Duration::from_secs(1)
         } else {
-            Duration::from_secs(2)
+            Duration::from_secs(1)
         };
         Ticker {
             tty,
+            columns: if tty { columns() } else { usize::MAX },
             every,
             last: None,
             shown: false,
@@ -62,6 +63,7 @@ impl Ticker {
         );
         let mut out = std::io::stdout().lock();
         if self.tty {
+            let text: String = text.chars().take(self.columns.saturating_sub(1)).collect();
             let _ = write!(out, "\r\x1b[2K{text}");
             self.shown = true;
         } else {
@@ -87,4 +89,29 @@ impl Ticker {
             self.shown = false;
         }
     }
+}
+
+/// The terminal's width: `$COLUMNS`, else `stty size`, else 80.
+fn columns() -> usize {
+    if let Some(c) = std::env::var("COLUMNS").ok().and_then(|c| c.parse().ok()) {
+        return c;
+    }
+    std::fs::File::open("/dev/tty")
+        .ok()
+        .and_then(|tty| {
+            std::process::Command::new("stty")
+                .arg("size")
+                .stdin(tty)
+                .stderr(std::process::Stdio::null())
+                .output()
+                .ok()
+        })
+        .and_then(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .split_whitespace()
+                .nth(1)
+                .and_then(|c| c.parse().ok())
+        })
+        .filter(|c: &usize| *c >= 20)
+        .unwrap_or(80)
 }
