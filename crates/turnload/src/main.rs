@@ -1,0 +1,2 @@
+//! `lastcall-turnload`: a microsecond-resolution TURN load generator.
+fn main() {}
