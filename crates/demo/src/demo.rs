@@ -612,6 +612,20 @@ impl Demo<'_> {
             .origin
             .as_ref()
             .map_or(0, |o| o.served.load(Ordering::SeqCst));
+        if outcome.is_err() {
+            let failures = c.failures.lock().unwrap_or_else(PoisonError::into_inner);
+            self.event(&format!(
+                "load stopped: {} requests sent, {} failed{}{}",
+                self.totals.http_sent,
+                self.totals.http_failed,
+                if failures.is_empty() {
+                    ""
+                } else {
+                    ", e.g.:\n    "
+                },
+                failures.join("\n    ")
+            ));
+        }
         outcome?;
         self.event(&format!(
             "load stopped: {} requests sent, {} passed, {} blocked (attacks), {} failed",

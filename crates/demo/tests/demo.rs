@@ -46,6 +46,10 @@ struct Run {
 impl Run {
     fn start() -> Run {
         let (spoa, turn) = daemons();
+        Run::start_with(&spoa, &turn)
+    }
+
+    fn start_with(spoa: &Path, turn: &Path) -> Run {
         let mut child = Command::new(DEMO)
             .arg("--fast")
             .arg("--spoa-bin")
@@ -218,4 +222,43 @@ fn ctrl_c_during_the_rollout_stops_everything() {
     assert!(pids.len() >= 6, "pids {pids:?}");
     let left: Vec<u32> = pids.into_iter().filter(|p| alive(*p)).collect();
     assert!(left.is_empty(), "still running after Ctrl-C: {left:?}");
+}
+
+#[test]
+fn an_agent_that_quits_at_once_fails_the_demo_loudly() {
+    // The old behaviour (leave at once on SIGTERM, as coraza-spoa does): the demo must fail,
+    // naming the step and the daemon, and still stop everything.
+    let (spoa, turn) = daemons();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let wrapper = dir.path().join("lastcall-spoa-exit-at-once");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\nexec '{}' \"$@\" --on-sigterm exit\n",
+            spoa.display()
+        ),
+    )
+    .expect("write wrapper");
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let mut run = Run::start_with(&wrapper, &turn);
+    let code = run.finish(LIMIT);
+    let out = run.output();
+    assert_eq!(code, Some(1), "{out}");
+    assert!(
+        out.contains("lastcall-demo FAILED: step 3a (roll the agents under load)"),
+        "{out}"
+    );
+    assert!(out.contains("agent A exited with exit 76"), "{out}");
+    assert!(out.contains("nothing left running"), "{out}");
+    let left: Vec<u32> = pids(&out).into_iter().filter(|p| alive(*p)).collect();
+    assert!(left.is_empty(), "still running after the failure: {left:?}");
+    // The work directory is kept for a look at the logs; remove it.
+    if let Some(kept) = out
+        .lines()
+        .find_map(|l| l.strip_prefix("configurations and logs kept in "))
+        .and_then(|l| l.split(" (").next())
+    {
+        let _ = std::fs::remove_dir_all(kept);
+    }
 }
