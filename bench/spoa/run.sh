@@ -1,0 +1,441 @@
+#!/usr/bin/env bash
+# lastcall-spoa against nginx + ModSecurity, side by side (docs/benchmarks.md, ## lastcall-spoa).
+#
+# Three stacks in front of the same origin (a separate nginx answering `return 200`):
+#   (a) haproxy  HAProxy 2.6, no WAF: the ceiling
+#   (b) spoa     HAProxy 2.6 + lastcall-spoa (crates/spoa/examples/haproxy/*.cfg, the documented
+#                fail-closed configuration, with its per-request `log stdout` line removed)
+#   (c) nginx    nginx + libnginx-mod-http-modsecurity
+# (b) and (c) load the same rules file: the engine settings and Debian's CRS 3.3.4 at paranoia
+# level 1 exactly as lastcall-spoa's built-in application writes them (checked at start: the
+# agent compiles the same number of rules from the file as from its built-in application).
+# Equal workers: nginx worker_processes 2 = the agent's `workers: 2` (concurrent evaluations)
+# = HAProxy's nbthread (2, its default here) = the number of cores.
+# Pinning: the load generator (wrk, one thread) runs on CPU 1 (taskset -c 1); the servers
+# are not pinned (both cores). Client and servers share the 2 cores.
+#
+# Usage: bash bench/spoa/run.sh [full|smoke|soak|profile]
+#   full     (default) rounds x {benign, mixed} x concurrency {1,8,32,128} x {a,b,c};
+#            the three stacks alternate inside every cell; medians over rounds
+#   smoke    every stack, both traffic kinds, concurrency 8, 2 s each; checks the verdicts
+#            (benign: all 200; mixed: 403s from (b) and (c), no 5xx, no socket errors)
+#   soak     (b) under steady mixed load at concurrency 32 for SOAK_SECONDS (600); the
+#            agent's RSS sampled every 10 s
+#   profile  (b) under mixed load at concurrency 32; `perf record` of the agent; splits its
+#            CPU time into inside libmodsecurity and outside (bench/spoa/perf_split.py)
+# Environment: OUT (results directory; default target/bench-spoa/<mode>), DURATION (s per
+# cell, full: 10), WARMUP (s, full: 2), ROUNDS (full: 3), CONCURRENCY ("1 8 32 128"),
+# PLOT (PNG to write, full: docs/img/bench-spoa.png), SOAK_SECONDS (600),
+# LASTCALL_SPOA_BIN (agent binary; default: release build, debug build for smoke).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
+BENCH=$ROOT/bench/spoa
+MODE=${1:-full}
+case "$MODE" in full | smoke | soak | profile) ;; *)
+  echo "usage: $0 [full|smoke|soak|profile]" >&2
+  exit 64
+  ;;
+esac
+
+OUT=${OUT:-$ROOT/target/bench-spoa/$MODE}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+WORK=$(mktemp -d /tmp/bench-spoa.XXXXXX)
+PIDS=()
+
+cleanup() {
+  for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+  for p in "${PIDS[@]}"; do
+    for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$p" 2>/dev/null || true
+  done
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+log() { echo "[bench $(date -u +%H:%M:%S)] $*" >&2; }
+die() {
+  echo "bench: $*" >&2
+  exit 1
+}
+
+# ---- tools -------------------------------------------------------------------------------
+if ! command -v wrk >/dev/null; then
+  log "installing wrk (Debian)"
+  apt-get install -y wrk >/dev/null 2>&1 || { apt-get update >/dev/null && apt-get install -y wrk >/dev/null; }
+fi
+for t in wrk haproxy nginx curl taskset python3; do command -v "$t" >/dev/null || die "$t not found"; done
+MODSEC_MODULE=/usr/lib/nginx/modules/ngx_http_modsecurity_module.so
+[ -f "$MODSEC_MODULE" ] || die "$MODSEC_MODULE missing (apt-get install libnginx-mod-http-modsecurity)"
+[ -f /etc/modsecurity/crs/crs-setup.conf ] || die "Debian's modsecurity-crs is not installed"
+
+if [ -n "${LASTCALL_SPOA_BIN:-}" ]; then
+  AGENT=$LASTCALL_SPOA_BIN
+elif [ "$MODE" = smoke ]; then
+  log "cargo build -p lastcall-spoa (debug)"
+  cargo build -q -p lastcall-spoa
+  AGENT=$ROOT/target/debug/lastcall-spoa
+else
+  log "cargo build --release -p lastcall-spoa"
+  cargo build -q --release -p lastcall-spoa
+  AGENT=$ROOT/target/release/lastcall-spoa
+fi
+[ -x "$AGENT" ] || die "agent binary $AGENT missing"
+
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+
+# Waits (up to 30 s) until `curl` through $1 gets status 200.
+wait_200() {
+  local url=$1 end=$((SECONDS + 30))
+  until [ "$(curl -s -o /dev/null -w '%{http_code}' -H 'Host: shop.example.com' "$url" || true)" = 200 ]; do
+    [ $SECONDS -lt $end ] || die "$url did not answer 200 within 30 s"
+    sleep 0.1
+  done
+}
+
+# ---- configuration -----------------------------------------------------------------------
+# The rule text of lastcall-spoa's built-in application (lastcall_modsec::crs::
+# debian_default_directives with paranoia level 1, response check off): engine settings,
+# body processors, then Debian's CRS.
+write_rules() {
+  local f=$1
+  {
+    echo "# Written by lastcall-modsec: engine settings Debian does not ship, then CRS."
+    cat <<'EOF'
+SecRuleEngine On
+SecRequestBodyAccess On
+SecRequestBodyLimit 13107200
+SecRequestBodyNoFilesLimit 131072
+SecRequestBodyLimitAction Reject
+SecRequestBodyJsonDepthLimit 512
+SecResponseBodyAccess Off
+SecResponseBodyMimeType text/plain text/html text/xml application/json
+SecResponseBodyLimit 524288
+SecResponseBodyLimitAction ProcessPartial
+SecArgumentSeparator &
+SecCookieFormat 0
+SecAuditEngine Off
+SecRule REQUEST_HEADERS:Content-Type "^(?:application(?:/soap\+|/)|text/)xml" "id:200000,phase:1,t:none,t:lowercase,pass,nolog,ctl:requestBodyProcessor=XML"
+SecRule REQUEST_HEADERS:Content-Type "^application/json" "id:200001,phase:1,t:none,t:lowercase,pass,nolog,ctl:requestBodyProcessor=JSON"
+SecRule REQBODY_ERROR "!@eq 0" "id:200002,phase:2,t:none,log,deny,status:400,msg:'Failed to parse request body.',logdata:'%{reqbody_error_msg}',severity:2"
+SecRule MULTIPART_STRICT_ERROR "!@eq 0" "id:200003,phase:2,t:none,log,deny,status:400,msg:'Multipart request body failed strict validation.',severity:2"
+SecRule MULTIPART_UNMATCHED_BOUNDARY "@eq 1" "id:200004,phase:2,t:none,log,deny,msg:'Multipart parser detected a possible unmatched boundary.'"
+Include /etc/modsecurity/crs/crs-setup.conf
+SecAction "id:900000,phase:1,pass,t:none,nolog,setvar:tx.paranoia_level=1"
+EOF
+    local before=/etc/modsecurity/crs/REQUEST-900-EXCLUSION-RULES-BEFORE-CRS.conf
+    local after=/etc/modsecurity/crs/RESPONSE-999-EXCLUSION-RULES-AFTER-CRS.conf
+    [ -f "$before" ] && echo "Include $before"
+    echo "Include /usr/share/modsecurity-crs/rules/*.conf"
+    [ -f "$after" ] && echo "Include $after"
+    cat <<'EOF'
+SecRule TX:ANOMALY_SCORE "@gt 0" "id:9990110,phase:2,pass,t:none,log,msg:'lastcall anomaly score: inbound %{TX.ANOMALY_SCORE}'"
+SecRule TX:OUTBOUND_ANOMALY_SCORE "@gt 0" "id:9990120,phase:4,pass,t:none,log,msg:'lastcall anomaly score: outbound %{TX.OUTBOUND_ANOMALY_SCORE}'"
+EOF
+  } >"$f"
+}
+
+ORIGIN_PORT=$(free_port)
+AGENT_PORT=$(free_port)
+AGENT_ADMIN=$(free_port)
+PLAIN_PORT=$(free_port)
+SPOA_PORT=$(free_port)
+NGINX_PORT=$(free_port)
+
+write_rules "$WORK/rules.conf"
+cat >"$WORK/agent.yaml" <<EOF
+bind: 127.0.0.1:$AGENT_PORT
+workers: 2
+default_application: default
+applications:
+  - name: default
+    directives: |
+      Include $WORK/rules.conf
+EOF
+
+# Same rules as the built-in application? Compare the compiled rule counts.
+builtin_rules=$("$AGENT" --validate --admin-addr off | sed -n 's/.*, \([0-9]*\) rules,.*/\1/p')
+file_rules=$("$AGENT" -c "$WORK/agent.yaml" --validate --admin-addr off | sed -n 's/.*, \([0-9]*\) rules,.*/\1/p')
+[ -n "$builtin_rules" ] && [ "$builtin_rules" = "$file_rules" ] ||
+  die "rules file compiles to '$file_rules' rules, the built-in application to '$builtin_rules'"
+log "rules: $file_rules (same count as the agent's built-in application)"
+
+cat >"$WORK/origin.conf" <<EOF
+daemon off;
+master_process off;
+worker_processes 1;
+pid $WORK/origin.pid;
+error_log $WORK/origin-error.log;
+events { worker_connections 4096; }
+http {
+    access_log off;
+    client_body_temp_path $WORK/o_body;
+    proxy_temp_path $WORK/o_proxy;
+    fastcgi_temp_path $WORK/o_fcgi;
+    uwsgi_temp_path $WORK/o_uwsgi;
+    scgi_temp_path $WORK/o_scgi;
+    keepalive_requests 1000000;
+    server {
+        listen 127.0.0.1:$ORIGIN_PORT;
+        location / { return 200 "ok\n"; }
+    }
+}
+EOF
+
+cat >"$WORK/nginx-modsec.conf" <<EOF
+load_module $MODSEC_MODULE;
+daemon off;
+worker_processes 2;
+pid $WORK/nginx.pid;
+error_log $WORK/nginx-error.log;
+events { worker_connections 4096; }
+http {
+    access_log off;
+    client_body_temp_path $WORK/n_body;
+    proxy_temp_path $WORK/n_proxy;
+    fastcgi_temp_path $WORK/n_fcgi;
+    uwsgi_temp_path $WORK/n_uwsgi;
+    scgi_temp_path $WORK/n_scgi;
+    underscores_in_headers on;
+    ignore_invalid_headers off;
+    keepalive_requests 1000000;
+    client_max_body_size 20m;
+    client_body_buffer_size 1m;
+    modsecurity on;
+    modsecurity_rules_file $WORK/rules.conf;
+    upstream origin {
+        server 127.0.0.1:$ORIGIN_PORT;
+        keepalive 256;
+    }
+    server {
+        listen 127.0.0.1:$NGINX_PORT;
+        server_name _;
+        location / {
+            proxy_pass http://origin;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_set_header Host \$http_host;
+        }
+    }
+}
+EOF
+
+cat >"$WORK/haproxy-plain.cfg" <<EOF
+global
+    nbthread 2
+defaults
+    mode http
+    timeout connect 5s
+    timeout client 30s
+    timeout server 30s
+frontend web
+    bind 127.0.0.1:$PLAIN_PORT
+    option http-buffer-request
+    default_backend origin
+backend origin
+    server origin 127.0.0.1:$ORIGIN_PORT
+EOF
+
+# The documented configuration, without its per-request log line; nbthread stated.
+sed -e '/^[[:space:]]*log stdout/d' -e 's/^global$/global\n    nbthread 2/' \
+  crates/spoa/examples/haproxy/haproxy.cfg >"$WORK/haproxy-spoa.cfg"
+cp crates/spoa/examples/haproxy/coraza.cfg "$WORK/coraza.cfg"
+
+# ---- start -------------------------------------------------------------------------------
+start_origin() {
+  nginx -p "$WORK" -c "$WORK/origin.conf" -e "$WORK/origin-error.log" &
+  PIDS+=($!)
+  wait_200 "http://127.0.0.1:$ORIGIN_PORT/"
+}
+start_plain() {
+  haproxy -db -f "$WORK/haproxy-plain.cfg" >"$WORK/haproxy-plain.log" 2>&1 &
+  PIDS+=($!)
+  wait_200 "http://127.0.0.1:$PLAIN_PORT/"
+}
+start_spoa() {
+  "$AGENT" -c "$WORK/agent.yaml" --admin-addr "127.0.0.1:$AGENT_ADMIN" 2>"$WORK/agent.log" &
+  AGENT_PID=$!
+  PIDS+=($AGENT_PID)
+  FRONTEND_ADDR=127.0.0.1:$SPOA_PORT ORIGIN_ADDR=127.0.0.1:$ORIGIN_PORT \
+    SPOA1_ADDR=127.0.0.1:$AGENT_PORT SPOA2_ADDR=127.0.0.1:$AGENT_PORT \
+    CORAZA_SPOE_CFG=$WORK/coraza.cfg STATS_SOCKET=$WORK/haproxy-spoa.sock \
+    haproxy -db -f "$WORK/haproxy-spoa.cfg" >"$WORK/haproxy-spoa.log" 2>&1 &
+  PIDS+=($!)
+  wait_200 "http://127.0.0.1:$SPOA_PORT/"
+}
+start_nginx() {
+  nginx -p "$WORK" -c "$WORK/nginx-modsec.conf" -e "$WORK/nginx-error.log" -t -q ||
+    die "nginx -t failed: $(cat "$WORK/nginx-error.log")"
+  nginx -p "$WORK" -c "$WORK/nginx-modsec.conf" -e "$WORK/nginx-error.log" &
+  PIDS+=($!)
+  wait_200 "http://127.0.0.1:$NGINX_PORT/"
+}
+
+url_of() {
+  case $1 in
+    a) echo "http://127.0.0.1:$PLAIN_PORT/" ;;
+    b) echo "http://127.0.0.1:$SPOA_PORT/" ;;
+    c) echo "http://127.0.0.1:$NGINX_PORT/" ;;
+  esac
+}
+name_of() {
+  case $1 in
+    a) echo "haproxy" ;;
+    b) echo "haproxy+lastcall-spoa" ;;
+    c) echo "nginx+modsecurity" ;;
+  esac
+}
+
+# wrk_run SETUP TRAFFIC CONC SECONDS -> prints the RESULT json (without the prefix)
+wrk_run() {
+  local setup=$1 traffic=$2 conc=$3 secs=$4
+  TRAFFIC=$traffic taskset -c 1 wrk -t1 -c"$conc" -d"${secs}s" --timeout 10s \
+    -s "$BENCH/traffic.lua" "$(url_of "$setup")" >"$WORK/wrk.out" 2>&1 ||
+    die "wrk failed: $(cat "$WORK/wrk.out")"
+  sed -n 's/^RESULT //p' "$WORK/wrk.out"
+}
+
+load1() { cut -d' ' -f1 /proc/loadavg; }
+
+# measure ROUND SETUP TRAFFIC CONC: warm-up, measured run; appends a JSON line to results.
+measure() {
+  local round=$1 setup=$2 traffic=$3 conc=$4
+  [ "${WARMUP:-0}" -gt 0 ] && wrk_run "$setup" "$traffic" "$conc" "$WARMUP" >/dev/null
+  local l0 l1 r
+  l0=$(load1)
+  r=$(wrk_run "$setup" "$traffic" "$conc" "$DURATION")
+  l1=$(load1)
+  [ -n "$r" ] || die "no RESULT from wrk: $(cat "$WORK/wrk.out")"
+  printf '{"round":%s,"setup":"%s","name":"%s","traffic":"%s","conc":%s,"load1_before":%s,"load1_after":%s,"result":%s}\n' \
+    "$round" "$setup" "$(name_of "$setup")" "$traffic" "$conc" "$l0" "$l1" "$r" >>"$OUT/results.jsonl"
+  python3 - "$r" "$setup" "$traffic" "$conc" "$l1" <<'PY' >&2
+import json, sys
+r = json.loads(sys.argv[1])
+rps = r["requests"] / (r["duration_us"] / 1e6)
+print(f"  {sys.argv[2]} {sys.argv[3]:<6} c={sys.argv[4]:<4} {rps:9.0f} req/s  p50 {r['p50_us']/1e3:7.2f} ms  "
+      f"p99 {r['p99_us']/1e3:7.2f} ms  status {r['status']}  load1 {sys.argv[5]}")
+PY
+}
+
+machine_info() {
+  {
+    echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    echo "nproc: $(nproc)"
+    echo "cpu: $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)"
+    echo "kernel: $(uname -r)"
+    echo "haproxy: $(haproxy -v | head -1)"
+    echo "nginx: $(nginx -v 2>&1)"
+    echo "libmodsecurity: $(dpkg-query -W -f '${Version}' libmodsecurity3 2>/dev/null || true)"
+    echo "modsecurity-crs: $(dpkg-query -W -f '${Version}' modsecurity-crs 2>/dev/null || true)"
+    echo "nginx module: $(dpkg-query -W -f '${Version}' libnginx-mod-http-modsecurity 2>/dev/null || true)"
+    echo "wrk: $(dpkg-query -W -f '${Version}' wrk 2>/dev/null || true)"
+    echo "agent: $AGENT ($(git -C "$ROOT" rev-parse --short HEAD)$(git -C "$ROOT" diff --quiet -- crates/spoa crates/modsec || echo ', crates/spoa or crates/modsec modified in the work tree'))"
+    echo "rules: $file_rules"
+    echo "loadavg at start: $(cat /proc/loadavg)"
+  } >"$OUT/machine.txt"
+  cat "$OUT/machine.txt" >&2
+}
+
+rss_kib() { sed -n 's/^VmRSS:[[:space:]]*\([0-9]*\) kB/\1/p' "/proc/$1/status"; }
+
+# ---- modes -------------------------------------------------------------------------------
+start_origin
+case "$MODE" in
+  full | smoke)
+    start_plain
+    start_spoa
+    start_nginx
+    machine_info
+    : >"$OUT/results.jsonl"
+    if [ "$MODE" = smoke ]; then
+      DURATION=${DURATION:-2} WARMUP=${WARMUP:-0} ROUNDS=1 CONCURRENCY=${CONCURRENCY:-8}
+    else
+      DURATION=${DURATION:-10} WARMUP=${WARMUP:-2} ROUNDS=${ROUNDS:-3} CONCURRENCY=${CONCURRENCY:-"1 8 32 128"}
+    fi
+    log "$MODE: rounds $ROUNDS, ${DURATION}s per cell (+${WARMUP}s warm-up), concurrency $CONCURRENCY"
+    for round in $(seq "$ROUNDS"); do
+      for traffic in benign mixed; do
+        for conc in $CONCURRENCY; do
+          # Alternate the order of the stacks from round to round.
+          case $((round % 3)) in 1) order="a b c" ;; 2) order="c a b" ;; 0) order="b c a" ;; esac
+          for s in $order; do measure "$round" "$s" "$traffic" "$conc"; done
+        done
+      done
+    done
+    echo "agent RSS after the run: $(rss_kib "$AGENT_PID") KiB" >>"$OUT/machine.txt"
+    echo "loadavg at end: $(cat /proc/loadavg)" >>"$OUT/machine.txt"
+    cp "$WORK/agent.log" "$OUT/agent.log"
+    cp "$WORK/nginx-error.log" "$OUT/nginx-error.log"
+    if [ "$MODE" = smoke ]; then
+      python3 "$BENCH/report.py" --smoke "$OUT/results.jsonl"
+    else
+      PLOT=${PLOT:-$ROOT/docs/img/bench-spoa.png}
+      python3 "$BENCH/report.py" "$OUT/results.jsonl" | tee "$OUT/table.md"
+      VENV=${XDG_CACHE_HOME:-$HOME/.cache}/lastcall/bench-venv
+      if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c 'import matplotlib' 2>/dev/null; then
+        python3 -m venv "$VENV" && "$VENV/bin/pip" install -q --disable-pip-version-check matplotlib==3.11.2 ||
+          log "matplotlib not installed: no plot"
+      fi
+      if "$VENV/bin/python" -c 'import matplotlib' 2>/dev/null; then
+        mkdir -p "$(dirname "$PLOT")"
+        "$VENV/bin/python" "$BENCH/report.py" --plot "$PLOT" "$OUT/results.jsonl" >/dev/null
+        log "plot: $PLOT"
+      fi
+    fi
+    ;;
+  soak)
+    start_spoa
+    machine_info
+    SOAK_SECONDS=${SOAK_SECONDS:-600}
+    CONC=${CONC:-32}
+    log "soak: (b) mixed traffic, c=$CONC, ${SOAK_SECONDS}s; agent RSS every 10 s"
+    echo "t_s,rss_kib,load1" >"$OUT/rss.csv"
+    TRAFFIC=mixed taskset -c 1 wrk -t1 -c"$CONC" -d"${SOAK_SECONDS}s" --timeout 10s \
+      -s "$BENCH/traffic.lua" "$(url_of b)" >"$OUT/wrk.out" 2>&1 &
+    WRK_PID=$!
+    PIDS+=($WRK_PID)
+    t0=$SECONDS
+    while kill -0 "$WRK_PID" 2>/dev/null; do
+      echo "$((SECONDS - t0)),$(rss_kib "$AGENT_PID"),$(load1)" >>"$OUT/rss.csv"
+      for _ in $(seq 100); do kill -0 "$WRK_PID" 2>/dev/null || break; sleep 0.1; done
+    done
+    echo "$((SECONDS - t0)),$(rss_kib "$AGENT_PID"),$(load1)" >>"$OUT/rss.csv"
+    wait "$WRK_PID" || true
+    echo "loadavg at end: $(cat /proc/loadavg)" >>"$OUT/machine.txt"
+    curl -s "http://127.0.0.1:$AGENT_ADMIN/metrics" >"$OUT/agent-metrics.txt" || true
+    cp "$WORK/agent.log" "$OUT/agent.log"
+    PLOT=${PLOT:-$ROOT/docs/img/bench-spoa-soak.png}
+    VENV=${XDG_CACHE_HOME:-$HOME/.cache}/lastcall/bench-venv
+    if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c 'import matplotlib' 2>/dev/null; then
+      "$VENV/bin/python" "$BENCH/report.py" --soak "$OUT/rss.csv" --plot "$PLOT" "$OUT/wrk.out"
+    else
+      python3 "$BENCH/report.py" --soak "$OUT/rss.csv" "$OUT/wrk.out"
+    fi
+    ;;
+  profile)
+    start_spoa
+    machine_info
+    command -v perf >/dev/null || { apt-get install -y linux-perf >/dev/null 2>&1 || die "perf missing"; }
+    SECS=${PROFILE_SECONDS:-15}
+    CONC=${CONC:-32}
+    TRAFFIC_KIND=${TRAFFIC_KIND:-mixed}
+    log "profile: (b) $TRAFFIC_KIND c=$CONC; perf record of the agent for ${SECS}s"
+    TRAFFIC=$TRAFFIC_KIND taskset -c 1 wrk -t1 -c"$CONC" -d"$((SECS + 6))s" --timeout 10s \
+      -s "$BENCH/traffic.lua" "$(url_of b)" >"$OUT/wrk.out" 2>&1 &
+    WRK_PID=$!
+    PIDS+=($WRK_PID)
+    sleep 3 # warm-up (the load is already running; nothing to await)
+    perf stat -e task-clock,instructions -p "$AGENT_PID" -o "$OUT/perf-stat.txt" -- sleep 3 || true
+    perf record -F "${PERF_FREQ:-997}" --call-graph dwarf,16384 -p "$AGENT_PID" \
+      -o "$OUT/perf.data" -- sleep "$SECS" 2>"$OUT/perf-record.log"
+    wait "$WRK_PID" || true
+    sed -n 's/^RESULT //p' "$OUT/wrk.out" >"$OUT/wrk-result.json"
+    perf script -i "$OUT/perf.data" -F tid,period,ip,sym,dso 2>/dev/null >"$OUT/perf.script"
+    python3 "$BENCH/perf_split.py" "$OUT/perf.script" | tee "$OUT/split.txt"
+    ;;
+esac
+log "results in $OUT"
