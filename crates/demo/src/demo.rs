@@ -265,6 +265,16 @@ fn secs(d: Duration) -> String {
     format!("{:.2} s", d.as_secs_f64())
 }
 
+/// `0.02 s` when measured, `<= 0.02 s` when only bounded (the process left between two polls
+/// of its `/drain`, both of which still showed a session).
+fn within(d: Duration, exact: bool) -> String {
+    if exact {
+        secs(d)
+    } else {
+        format!("<= {}", secs(d))
+    }
+}
+
 impl Demo<'_> {
     fn run(&mut self) -> Result<()> {
         say!(
@@ -787,8 +797,9 @@ impl Demo<'_> {
                     a.proc.tail(10)
                 );
             }
+            let asked = Instant::now();
             if let Ok(s) = net::drain_state(admin) {
-                tracker.observe(&s);
+                tracker.observe(&s, asked);
                 state = s;
             }
             if !seen_down && self.server_status(server).starts_with("DOWN") {
@@ -834,7 +845,7 @@ impl Demo<'_> {
         self.event(&format!(
             "{old} exited 0, {} after SIGTERM, {} after its last SPOP connection closed ({})",
             secs(drained.drain),
-            secs(after_last),
+            within(after_last, exact),
             last_line.trim()
         ));
         if after_last > MAX_EXIT_AFTER_LAST {
@@ -959,9 +970,10 @@ impl Demo<'_> {
                     turn.tail(10)
                 );
             }
+            let asked = Instant::now();
             let state = net::drain_state(admin).ok();
             if let Some(s) = &state {
-                tracker.observe(s);
+                tracker.observe(s, asked);
             }
             let phase = state
                 .as_ref()
@@ -1031,7 +1043,7 @@ impl Demo<'_> {
         self.event(&format!(
             "lastcall-turn exited 0, {} after SIGTERM, {} after its last allocation ended ({})",
             secs(turn_exit.at.saturating_duration_since(signalled)),
-            secs(after_last),
+            within(after_last, exact),
             last_line.trim()
         ));
         self.totals.drained.push(Drained {
@@ -1125,11 +1137,7 @@ impl Demo<'_> {
                 d.pid,
                 d.exit.describe(),
                 secs(d.drain),
-                format!(
-                    "{}{}",
-                    if d.after_last_exact { "" } else { "<= " },
-                    secs(d.after_last)
-                )
+                within(d.after_last, d.after_last_exact)
             );
         }
         say!("");
@@ -1210,14 +1218,15 @@ impl SessionTracker {
         }
     }
 
-    fn observe(&mut self, state: &serde_json::Value) {
+    /// `state` is the answer to a request sent at `asked`.
+    fn observe(&mut self, state: &serde_json::Value, asked: Instant) {
         let sessions = state.get("sessions").and_then(serde_json::Value::as_u64);
         match sessions {
             Some(0) => {
-                self.first_idle.get_or_insert_with(Instant::now);
+                self.first_idle.get_or_insert(asked);
             }
             Some(_) => {
-                self.last_live = Instant::now();
+                self.last_live = asked;
                 self.first_idle = None;
             }
             None => {}
@@ -1326,13 +1335,13 @@ mod tests {
     fn tracker_exact_or_bound() {
         let t0 = Instant::now();
         let mut t = SessionTracker::new(t0);
-        t.observe(&serde_json::json!({"sessions": 2}));
+        t.observe(&serde_json::json!({"sessions": 2}), Instant::now());
         let (_, exact) = t.after_last(Instant::now());
         assert!(!exact);
-        t.observe(&serde_json::json!({"sessions": 0}));
+        t.observe(&serde_json::json!({"sessions": 0}), Instant::now());
         let (_, exact) = t.after_last(Instant::now());
         assert!(exact);
-        t.observe(&serde_json::json!({"sessions": 1}));
+        t.observe(&serde_json::json!({"sessions": 1}), Instant::now());
         assert!(t.first_idle.is_none());
     }
 }
