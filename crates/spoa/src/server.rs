@@ -758,6 +758,39 @@ mod tests {
         let _ = eof;
     }
 
+    #[tokio::test]
+    async fn deadline_closes_what_is_left() {
+        let lc = Lifecycle::without_signals(TerminationConfig::new(
+            OnSigterm::Drain,
+            Duration::ZERO,
+            Duration::from_millis(300),
+        ));
+        let handle = lc.handle();
+        let run = tokio::spawn(lc.run_with(futures_never()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let s = shared(Arc::new(Gated(Mutex::new(rx))), &handle);
+        let mut c = connect(&s);
+        assert!(matches!(
+            hello(&mut c, false).await[..],
+            [AgentFrame::Hello(_)]
+        ));
+        c.write_all(&notify(3)).await.unwrap();
+        while s.metrics.inflight.get() == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        handle.start_drain(Trigger::Sigterm);
+        // The evaluation never finishes: at the deadline the connection gets its goodbye.
+        let (frames, _, eof) = read_frames(&mut c, 2).await;
+        assert!(
+            matches!(frames[..], [AgentFrame::Disconnect(0, _)]),
+            "{frames:?}"
+        );
+        assert!(eof);
+        let outcome = run.await.unwrap();
+        assert_eq!(outcome.exit_code(), lastcall::exit::DEADLINE);
+        tx.send(()).unwrap();
+    }
+
     fn futures_never() -> impl futures::Stream<Item = Trigger> + Send + 'static {
         futures::stream::pending()
     }
