@@ -12,6 +12,8 @@
 //!
 //! Exit statuses: 0 success, 1 a step failed, 64 usage error, 130 interrupted.
 
+#![forbid(unsafe_code)]
+
 mod demo;
 mod net;
 mod procs;
