@@ -361,7 +361,7 @@ fn find_line(text: &str, key: &str, value: Option<&str>) -> Option<usize> {
             let t = l.trim_start().trim_start_matches("- ");
             t.strip_prefix(key)
                 .is_some_and(|r| r.trim_start().starts_with(':'))
-                && value.map_or(true, |v| l.contains(v))
+                && value.is_none_or(|v| l.contains(v))
         })
         .map(|i| i + 1)
 }

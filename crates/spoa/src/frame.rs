@@ -271,9 +271,7 @@ pub fn negotiate_hello(payload: &[u8], our_max: u32) -> Result<Negotiated, Proto
 fn version_is_2x(v: &str) -> bool {
     let mut parts = v.splitn(2, '.');
     let major = parts.next().and_then(|m| m.trim().parse::<u32>().ok());
-    let minor_ok = parts
-        .next()
-        .map_or(true, |m| m.trim().parse::<u32>().is_ok());
+    let minor_ok = parts.next().is_none_or(|m| m.trim().parse::<u32>().is_ok());
     major == Some(2) && minor_ok
 }
 

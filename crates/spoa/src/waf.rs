@@ -52,9 +52,23 @@ pub struct Apps {
 impl Apps {
     /// Compiles every application of `cfg`; all compile errors are returned together.
     pub fn compile(cfg: &Config) -> Result<Apps, Vec<String>> {
+        Self::compile_unless(cfg, &std::sync::atomic::AtomicBool::new(false))
+            .unwrap_or_else(|| Err(vec!["compilation cancelled".into()]))
+    }
+
+    /// Like [`compile`](Self::compile), but checks `cancel` before each application and
+    /// returns `None` once it is set (a signal during start-up: the process then exits
+    /// normally, never while libmodsecurity is compiling on another thread).
+    pub fn compile_unless(
+        cfg: &Config,
+        cancel: &std::sync::atomic::AtomicBool,
+    ) -> Option<Result<Apps, Vec<String>>> {
         let mut apps = Apps::default();
         let mut errors = Vec::new();
         for a in &cfg.applications {
+            if cancel.load(std::sync::atomic::Ordering::SeqCst) {
+                return None;
+            }
             let text = directives_for(a);
             match RuleSet::from_directives(&text, &format!("application {}", a.name)) {
                 Ok(rules) => {
@@ -68,13 +82,13 @@ impl Apps {
             }
         }
         if !errors.is_empty() {
-            return Err(errors);
+            return Some(Err(errors));
         }
         apps.default = cfg
             .default_application
             .as_ref()
             .and_then(|d| apps.by_name.get(d).cloned());
-        Ok(apps)
+        Some(Ok(apps))
     }
 
     fn find(&self, name: &str) -> Option<Arc<App>> {

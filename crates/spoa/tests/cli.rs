@@ -179,3 +179,65 @@ applications:
     assert_eq!(agent.metric("spoa_reloads_total{result=\"error\"}"), 1.0);
     assert!(agent.pod.is_running());
 }
+
+/// A configuration whose rules take seconds to compile (20 applications running CRS).
+fn slow_to_compile(bind: &str) -> String {
+    let apps: String = (0..20)
+        .map(|i| format!("  - name: app{i}\n    paranoia_level: {}\n", 1 + i % 4))
+        .collect();
+    format!("bind: {bind}\ndefault_application: app0\napplications:\n{apps}")
+}
+
+/// The signal handlers exist before the rules compile: a SIGTERM while they compile ends the
+/// process at once with status 0 (nothing is live), instead of being lost (PID 1) or waiting
+/// for the compilation. Deterministic: the log line is written after the handlers are
+/// installed, and the rules take seconds to compile.
+#[test]
+fn sigterm_while_the_rules_compile_exits_at_once_with_status_0() {
+    for (signal, policy) in [(Signal::Term, "drain"), (Signal::Quit, "drain")] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("c.yaml");
+        let port = lastcall::harness::free_port();
+        std::fs::write(&path, slow_to_compile(&format!("127.0.0.1:{port}"))).expect("write");
+        let admin = format!("127.0.0.1:{}", lastcall::harness::free_port());
+        let mut cmd = Command::new(agent_bin());
+        cmd.arg("--config")
+            .arg(&path)
+            .args(["--admin-addr", &admin, "--on-sigterm", policy]);
+        let mut pod = lastcall::harness::Pod::spawn(cmd);
+        pod.wait_for_log("compiling the rules of 20 application(s)", WAIT);
+        pod.signal(signal);
+        let report = pod.wait_exit(WAIT);
+        assert_eq!(report.code, Some(0), "{report:?}");
+        assert!(
+            report.elapsed_since_signal < Duration::from_secs(2),
+            "took {:?}",
+            report.elapsed_since_signal
+        );
+        assert!(pod.has_log("received during start-up: nothing is live yet"));
+        assert!(!pod.has_log("listening on"), "it should not have started");
+    }
+}
+
+/// Under `--on-sigterm ignore` a SIGTERM during start-up is ignored like any other: the
+/// agent starts and serves.
+#[test]
+fn ignored_sigterm_during_start_up_lets_the_agent_start() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("c.yaml");
+    let port = lastcall::harness::free_port();
+    std::fs::write(&path, slow_to_compile(&format!("127.0.0.1:{port}"))).expect("write");
+    let admin = format!("127.0.0.1:{}", lastcall::harness::free_port());
+    let mut cmd = Command::new(agent_bin());
+    cmd.arg("--config")
+        .arg(&path)
+        .args(["--admin-addr", &admin, "--on-sigterm", "ignore"]);
+    let mut pod = lastcall::harness::Pod::spawn(cmd);
+    pod.wait_for_log("compiling the rules of 20 application(s)", WAIT);
+    pod.signal(Signal::Term);
+    pod.wait_for_log("listening on", Duration::from_secs(60));
+    assert!(pod.has_log("SIGTERM received during start-up and ignored"));
+    assert!(pod.is_running());
+    pod.signal(Signal::Quit);
+    assert_eq!(pod.wait_exit(WAIT).code, Some(0));
+}
