@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# lastcall-turn against coturn 4.6.1 (Debian's turnserver), side by side, on loopback.
+#
+#   bash bench/turn/run.sh [full|smoke] [bench.py options...]
+#
+# full  (default): release builds, 6 alternating rounds (the first discarded), ~10 minutes.
+# smoke: debug builds, one short round, under a minute once built; checks every figure is
+#        produced for both servers (tests/bench/test_turn_smoke.py runs it).
+#
+# Figures (bench.py prints them per server and as a ratio lastcall-turn / coturn):
+#   server CPU seconds per million relayed datagrams at a fixed offered rate
+#   (utime+stime deltas of /proc/PID/stat), the highest rate with < 0.1 % loss (ladder +
+#   bisection), allocations per second, resident memory per allocation at 1,000 and 10,000
+#   live allocations (VmRSS delta / N), added latency p50/p99 over a direct echo.
+# With two or more CPUs the server runs on CPU 0 and the load generator on CPU 1 (taskset).
+# The plot goes to docs/img/turn-bench.png (matplotlib from a cached virtualenv).
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$ROOT"
+MODE=${1:-full}
+shift || true
+case "$MODE" in
+  full) PROFILE=release; FLAG=--release ;;
+  smoke) PROFILE=debug; FLAG= ;;
+  *) echo "usage: $0 [full|smoke] [options]" >&2; exit 64 ;;
+esac
+PROFILE=${LASTCALL_BENCH_PROFILE:-$PROFILE}
+[ "$PROFILE" = release ] && FLAG=--release
+command -v turnserver >/dev/null || { echo "run.sh: coturn's turnserver is not installed (apt-get install coturn)" >&2; exit 69; }
+# 10,000 allocations: a socket each in the generator and one or two in the server.
+ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
+echo "run.sh: cargo build $FLAG -p lastcall-turn -p lastcall-turnload" >&2
+cargo build $FLAG -q -p lastcall-turn -p lastcall-turnload
+PY=python3
+if ! python3 -c 'import matplotlib' 2>/dev/null; then
+  VENV="${XDG_CACHE_HOME:-$HOME/.cache}/lastcall/bench-venv"
+  if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c 'import matplotlib' 2>/dev/null; then
+    echo "run.sh: installing matplotlib into $VENV" >&2
+    { python3 -m venv "$VENV" && "$VENV/bin/pip" install -q --disable-pip-version-check matplotlib==3.10.9; } >&2 ||
+      echo "run.sh: no matplotlib; the plot is skipped" >&2
+  fi
+  [ -x "$VENV/bin/python" ] && PY="$VENV/bin/python"
+fi
+exec "$PY" bench/turn/bench.py --mode "$MODE" --bin-dir "target/$PROFILE" "$@"
