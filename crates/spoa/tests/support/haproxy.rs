@@ -16,6 +16,16 @@ use super::{crate_dir, http, WAIT};
 /// The HAProxy binary.
 pub const HAPROXY: &str = "/usr/sbin/haproxy";
 
+/// Variants of the documented configuration, for measurements.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Variant {
+    /// Without the `log stdout` line (no per-request log: load runs).
+    pub quiet: bool,
+    /// Without the safety net: no second `send-spoe-group` on `txn.coraza.error` (the lines
+    /// mentioning `retried`); `option continue-on-error` stays.
+    pub no_retry: bool,
+}
+
 /// A running HAProxy.
 pub struct Haproxy {
     /// The process (its log lines, one per request, are captured).
@@ -52,20 +62,40 @@ impl Haproxy {
         spoa2: SocketAddr,
         quiet: bool,
     ) -> Haproxy {
+        Self::start_variant(
+            origin,
+            spoa1,
+            spoa2,
+            &Variant {
+                quiet,
+                ..Variant::default()
+            },
+        )
+    }
+
+    /// Like [`Haproxy::start`], with a variant of the documented files (see [`Variant`]).
+    pub fn start_variant(
+        origin: SocketAddr,
+        spoa1: SocketAddr,
+        spoa2: SocketAddr,
+        variant: &Variant,
+    ) -> Haproxy {
         let dir = tempfile::tempdir().expect("tempdir");
-        let config = if quiet {
+        let config = if variant.quiet || variant.no_retry {
             let text = std::fs::read_to_string(config_path()).expect("read haproxy.cfg");
-            let quiet_text: String = text
+            let edited: String = text
                 .lines()
-                .filter(|l| !l.trim_start().starts_with("log stdout"))
+                .filter(|l| !(variant.quiet && l.trim_start().starts_with("log stdout")))
+                .filter(|l| !(variant.no_retry && l.contains("retried")))
                 .map(|l| format!("{l}\n"))
                 .collect();
             let path = dir.path().join("haproxy.cfg");
-            std::fs::write(&path, quiet_text).expect("write haproxy.cfg");
+            std::fs::write(&path, edited).expect("write haproxy.cfg");
             path
         } else {
             config_path()
         };
+        let spoe = spoe_path();
         let stats = dir.path().join("admin.sock");
         let addr: SocketAddr = format!("127.0.0.1:{}", harness::free_port())
             .parse()
@@ -78,7 +108,7 @@ impl Haproxy {
             .env("ORIGIN_ADDR", origin.to_string())
             .env("SPOA1_ADDR", spoa1.to_string())
             .env("SPOA2_ADDR", spoa2.to_string())
-            .env("CORAZA_SPOE_CFG", spoe_path())
+            .env("CORAZA_SPOE_CFG", &spoe)
             .env("STATS_SOCKET", &stats);
         let pod = Pod::spawn(cmd);
         harness::wait_for_tcp(addr, WAIT);
@@ -117,6 +147,12 @@ impl Haproxy {
         let mut out = String::new();
         let _ = s.read_to_string(&mut out);
         out
+    }
+
+    /// Soft stop (SIGUSR1, HAProxy's graceful stop): stops listening, finishes what it has,
+    /// closes its SPOE connections and exits.
+    pub fn soft_stop(&mut self) {
+        self.pod.signal(lastcall::harness::Signal::Usr1);
     }
 
     /// The operational state of backend `coraza-spoa`'s server `name` ("UP", "DOWN", ...),

@@ -7,6 +7,7 @@
 
 pub mod haproxy;
 pub mod nginx;
+pub mod traffic;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -245,6 +246,12 @@ impl Agent {
     pub fn start(config: Option<&str>, extra: &[&str]) -> Agent {
         let port = harness::free_port();
         let addr: SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
+        Self::start_at(addr, config, extra)
+    }
+
+    /// Like [`Agent::start`], on a given SPOP address (a restarted agent takes its
+    /// predecessor's address, as a new pod takes the Service's).
+    pub fn start_at(addr: SocketAddr, config: Option<&str>, extra: &[&str]) -> Agent {
         let admin: SocketAddr = format!("127.0.0.1:{}", harness::free_port())
             .parse()
             .expect("addr");
@@ -314,6 +321,8 @@ pub struct StackOptions {
     pub agent_args: Vec<String>,
     /// Run HAProxy without per-request logs (load measurements).
     pub quiet_haproxy: bool,
+    /// Run HAProxy without the retry safety net (measurements; see [`haproxy::Variant`]).
+    pub no_retry: bool,
 }
 
 /// Origin + agent(s) + HAProxy, all on loopback.
@@ -336,7 +345,15 @@ impl Stack {
             .collect();
         let a1 = agents[0].addr;
         let a2 = agents.get(1).map_or(a1, |a| a.addr);
-        let haproxy = Haproxy::start_with(origin.addr, a1, a2, opts.quiet_haproxy);
+        let haproxy = Haproxy::start_variant(
+            origin.addr,
+            a1,
+            a2,
+            &haproxy::Variant {
+                quiet: opts.quiet_haproxy,
+                no_retry: opts.no_retry,
+            },
+        );
         Stack {
             haproxy,
             agents,
