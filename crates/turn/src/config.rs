@@ -606,6 +606,7 @@ fn typed(
         "no-rfc5780",
         "no-stun-backward-compatibility",
         "response-origin-only-with-rfc5780",
+        "rfc5766-channel-numbers",
         "prometheus",
         "simple-log",
         "no-stdout-log",

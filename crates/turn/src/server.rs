@@ -157,12 +157,21 @@ fn host_addresses() -> Result<Vec<IpAddr>, StartError> {
     Ok(out)
 }
 
-fn bind_udp(addr: SocketAddr) -> io::Result<std::net::UdpSocket> {
+/// Socket buffer sizes asked for (the kernel caps them at net.core.rmem_max/wmem_max):
+/// a client listener carries every client's traffic, a relay socket one allocation's.
+const LISTENER_BUFFER: usize = 4 << 20;
+const RELAY_BUFFER: usize = 1 << 20;
+
+fn bind_udp(addr: SocketAddr, buffer: usize) -> io::Result<std::net::UdpSocket> {
     let domain = socket2::Domain::for_address(addr);
     let s = socket2::Socket::new(domain, socket2::Type::DGRAM, Some(socket2::Protocol::UDP))?;
     if addr.is_ipv6() {
         s.set_only_v6(true)?;
     }
+    // Larger buffers absorb bursts while a task waits for the core's lock; failure to
+    // enlarge them is not fatal.
+    let _ = s.set_recv_buffer_size(buffer);
+    let _ = s.set_send_buffer_size(buffer);
     s.set_nonblocking(true)?;
     s.bind(&addr.into())?;
     Ok(s.into())
@@ -195,11 +204,13 @@ pub fn start(
     for ip in ips {
         if !config.no_udp {
             let addr = SocketAddr::new(*ip, config.listening_port);
-            udp_std.push(bind_udp(addr).map_err(|source| StartError::Bind {
-                proto: "UDP",
-                addr,
-                source,
-            })?);
+            udp_std.push(
+                bind_udp(addr, LISTENER_BUFFER).map_err(|source| StartError::Bind {
+                    proto: "UDP",
+                    addr,
+                    source,
+                })?,
+            );
         }
         if !config.no_tcp {
             let addr = SocketAddr::new(*ip, config.listening_port);
@@ -732,7 +743,7 @@ impl Relays<'_> {
             return Ok(None);
         }
         let addr = SocketAddr::new(ip, port);
-        let std_sock = match bind_udp(addr) {
+        let std_sock = match bind_udp(addr, RELAY_BUFFER) {
             Ok(s) => s,
             Err(e) if e.kind() == io::ErrorKind::AddrInUse => return Ok(None),
             Err(e) if e.kind() == io::ErrorKind::AddrNotAvailable => {
