@@ -306,3 +306,89 @@ fn sigterm_keeps_live_allocation_relaying_and_refuses_new_ones() {
     let exit = turn.pod.wait_exit(WAIT);
     assert_eq!(exit.code, Some(lastcall::exit::FORCED), "{exit:?}");
 }
+
+#[test]
+fn draining_server_sends_new_clients_to_the_alternate_server() {
+    let b = Turn::start(&[]);
+    let mut a = Turn::start(&[
+        "--shutdown-delay=0s",
+        "--drain-timeout=120s",
+        &format!("--alternate-server=127.0.0.1:{}", b.port),
+    ]);
+    let peer = Peer::start();
+    let (a_port, peer_port) = (a.port.to_string(), peer.port.to_string());
+    // A live call keeps A draining (it would exit at once with nothing left).
+    let call = {
+        let (port, peer_port) = (a_port.clone(), peer_port.clone());
+        std::thread::spawn(move || {
+            uclient(
+                &[
+                    "-c",
+                    "-X",
+                    "-n",
+                    "250",
+                    "-m",
+                    "1",
+                    "-z",
+                    "20",
+                    "-p",
+                    &port,
+                    "-e",
+                    "127.0.0.1",
+                    "-r",
+                    &peer_port,
+                    "-u",
+                    "caller",
+                    "-W",
+                    SECRET,
+                ],
+                Duration::from_secs(90),
+            )
+        })
+    };
+    a.wait_metric_at_least("turn_total_allocations{type=\"UDP\"}", 1.0);
+    a.pod.signal(Signal::Term);
+    a.pod
+        .wait_for_log("refusing new allocations (300 Try Alternate)", WAIT);
+
+    // uclient's probe Allocate gets 300 with ALTERNATE-SERVER; its clients then use B.
+    let moved = uclient(
+        &[
+            "-c",
+            "-X",
+            "-n",
+            "20",
+            "-m",
+            "2",
+            "-z",
+            "5",
+            "-p",
+            &a_port,
+            "-e",
+            "127.0.0.1",
+            "-r",
+            &peer_port,
+            "-u",
+            "newcomer",
+            "-W",
+            SECRET,
+        ],
+        Duration::from_secs(60),
+    );
+    moved.assert_all_echoed(40);
+    assert!(
+        a.metric("lastcall_turn_allocate_refused_draining_total")
+            .unwrap_or(0.0)
+            >= 1.0
+    );
+    let on_b = b.metric("lastcall_turn_allocations_created_total");
+    let on_a = a.metric("lastcall_turn_allocations_created_total");
+    assert!(
+        on_b.unwrap_or(0.0) >= 2.0,
+        "allocations created on B: {on_b:?}, on A: {on_a:?}"
+    );
+
+    call.join().expect("call thread").assert_all_echoed(250);
+    a.pod.signal(Signal::Term);
+    a.pod.wait_exit(WAIT);
+}
