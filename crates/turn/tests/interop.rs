@@ -149,3 +149,44 @@ fn rtp_rtcp_pairs_tcp_send_indications() {
     let peer = Peer::start();
     run_mode(&turn, Some(&peer), &["-t", "-s"], &rest()).assert_all_echoed(MSGS * CLIENTS);
 }
+
+#[test]
+fn ipv6_clients_and_ipv6_relays() {
+    let turn = Turn::start(&["--listening-ip=::1", "--relay-ip=::1"]);
+    let peer = Peer::start_on("::1");
+    let (port, peer_port) = (turn.port.to_string(), peer.port.to_string());
+    let n = MSGS.to_string();
+    let v6 = [
+        "-c", "-x", "-e", "::1", "-r", &peer_port, "-n", &n, "-m", "2", "-z", "5",
+    ];
+    // A client over IPv6, with an IPv6 relay.
+    let mut args: Vec<&str> = v6.to_vec();
+    args.extend(["-p", &port, "-u", "alice", "-W", SECRET]);
+    common::uclient_to("::1", &args, LIMIT).assert_all_echoed(MSGS * 2);
+    // A client over IPv4 asking for an IPv6 relay (REQUESTED-ADDRESS-FAMILY).
+    let mut args: Vec<&str> = v6.to_vec();
+    args.extend(["-t", "-p", &port, "-u", "alice", "-W", SECRET]);
+    common::uclient_to("127.0.0.1", &args, LIMIT).assert_all_echoed(MSGS * 2);
+}
+
+#[test]
+fn relay_port_exhaustion_is_508_and_counted() {
+    let port = common::free_udp_tcp_port();
+    let range = [format!("--min-port={port}"), format!("--max-port={port}")];
+    let turn = Turn::start(&[&range[0], &range[1]]);
+    let peer = Peer::start();
+    // uclient's probe allocation takes the only relay port; its client then gets 508.
+    let r = run(&turn, Some(&peer), &[], &rest());
+    assert_ne!(
+        r.status,
+        Some(0),
+        "must fail without a relay port:\n{}",
+        r.output
+    );
+    assert!(
+        r.output.contains("error 508"),
+        "508 expected:\n{}",
+        r.output
+    );
+    turn.wait_metric_at_least("lastcall_turn_relay_port_exhausted_total", 1.0);
+}

@@ -105,25 +105,31 @@ pub struct Peer {
 }
 
 impl Peer {
-    /// Starts `turnutils_peer` on a free port and waits until it echoes.
+    /// Starts `turnutils_peer` on 127.0.0.1 on a free port and waits until it echoes.
     pub fn start() -> Peer {
+        Peer::start_on("127.0.0.1")
+    }
+
+    /// Starts `turnutils_peer` on `ip` (127.0.0.1 or ::1) and waits until it echoes.
+    pub fn start_on(ip: &str) -> Peer {
         let port = free_udp_tcp_port();
         let child = Command::new(PEER)
-            .args(["-L", "127.0.0.1", "-p", &port.to_string()])
+            .args(["-L", ip, "-p", &port.to_string()])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .expect("start turnutils_peer");
         let peer = Peer { child, port };
-        let probe = UdpSocket::bind("127.0.0.1:0").expect("bind probe");
+        let target: std::net::IpAddr = ip.parse().expect("peer address");
+        let probe = UdpSocket::bind((target, 0)).expect("bind probe");
         probe
             .set_read_timeout(Some(Duration::from_millis(100)))
             .expect("timeout");
         let deadline = Instant::now() + WAIT;
         let mut buf = [0u8; 64];
         loop {
-            let _ = probe.send_to(b"ping", ("127.0.0.1", port));
+            let _ = probe.send_to(b"ping", (target, port));
             if matches!(probe.recv_from(&mut buf), Ok((4, _))) {
                 return peer;
             }
@@ -165,10 +171,15 @@ impl Report {
 
 /// Runs `turnutils_uclient ARGS 127.0.0.1`, killed after `limit`.
 pub fn uclient(args: &[&str], limit: Duration) -> Report {
+    uclient_to("127.0.0.1", args, limit)
+}
+
+/// Runs `turnutils_uclient ARGS SERVER`, killed after `limit`.
+pub fn uclient_to(server: &str, args: &[&str], limit: Duration) -> Report {
     let started = Instant::now();
     let mut child = Command::new(UCLIENT)
         .args(args)
-        .arg("127.0.0.1")
+        .arg(server)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
