@@ -29,7 +29,7 @@ fn coturn_conf_starts_unchanged_and_relays() {
          tls-listening-port={tls_port}\n\
          listening-ip=127.0.0.1\n\
          relay-ip=127.0.0.1\n\
-         external-ip=127.0.0.1/127.0.0.1\n\
+         external-ip=192.0.2.77/127.0.0.1\n\
          min-port=40000\n\
          max-port=40999\n\
          realm=example.org\n\
@@ -81,6 +81,7 @@ fn coturn_conf_starts_unchanged_and_relays() {
     let p = port.to_string();
     let r = uclient(
         &[
+            "-v",
             "-c",
             "-X",
             "-n",
@@ -100,6 +101,8 @@ fn coturn_conf_starts_unchanged_and_relays() {
         Duration::from_secs(60),
     );
     r.assert_all_echoed(10);
+    // external-ip: the relay address is advertised as the public one.
+    assert!(r.output.contains("relay addr: 192.0.2.77:4"), "{}", r.output);
     assert_eq!(
         turn.metric("turn_total_allocations{type=\"UDP\"}"),
         Some(1.0)
