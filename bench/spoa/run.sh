@@ -248,7 +248,8 @@ cp crates/spoa/examples/haproxy/coraza.cfg "$WORK/coraza.cfg"
 # ---- start -------------------------------------------------------------------------------
 start_origin() {
   nginx -p "$WORK" -c "$WORK/origin.conf" -e "$WORK/origin-error.log" &
-  PIDS+=($!)
+  ORIGIN_PID=$!
+  PIDS+=($ORIGIN_PID)
   wait_200 "http://127.0.0.1:$ORIGIN_PORT/"
 }
 start_plain() {
@@ -264,14 +265,29 @@ start_spoa() {
     SPOA1_ADDR=127.0.0.1:$AGENT_PORT SPOA2_ADDR=127.0.0.1:$AGENT_PORT \
     CORAZA_SPOE_CFG=$WORK/coraza.cfg STATS_SOCKET=$WORK/haproxy-spoa.sock \
     haproxy -db -f "$WORK/haproxy-spoa.cfg" >"$WORK/haproxy-spoa.log" 2>&1 &
-  PIDS+=($!)
+  HAPROXY_SPOA_PID=$!
+  PIDS+=($HAPROXY_SPOA_PID)
   wait_200 "http://127.0.0.1:$SPOA_PORT/"
+}
+# Variant for the CPU accounting: the same, without the response check (every
+# `http-response` line dropped), as an application with response_check off allows.
+start_spoa_noresp() {
+  NORESP_PORT=$(free_port)
+  grep -v '^[[:space:]]*http-response' "$WORK/haproxy-spoa.cfg" >"$WORK/haproxy-spoa-noresp.cfg"
+  FRONTEND_ADDR=127.0.0.1:$NORESP_PORT ORIGIN_ADDR=127.0.0.1:$ORIGIN_PORT \
+    SPOA1_ADDR=127.0.0.1:$AGENT_PORT SPOA2_ADDR=127.0.0.1:$AGENT_PORT \
+    CORAZA_SPOE_CFG=$WORK/coraza.cfg STATS_SOCKET=$WORK/haproxy-spoa-noresp.sock \
+    haproxy -db -f "$WORK/haproxy-spoa-noresp.cfg" >"$WORK/haproxy-spoa-noresp.log" 2>&1 &
+  HAPROXY_NORESP_PID=$!
+  PIDS+=($HAPROXY_NORESP_PID)
+  wait_200 "http://127.0.0.1:$NORESP_PORT/"
 }
 start_nginx() {
   nginx -p "$WORK" -c "$WORK/nginx-modsec.conf" -e "$WORK/nginx-error.log" -t -q ||
     die "nginx -t failed: $(cat "$WORK/nginx-error.log")"
   nginx -p "$WORK" -c "$WORK/nginx-modsec.conf" -e "$WORK/nginx-error.log" &
-  PIDS+=($!)
+  NGINX_PID=$!
+  PIDS+=($NGINX_PID)
   wait_200 "http://127.0.0.1:$NGINX_PORT/"
 }
 
@@ -280,6 +296,7 @@ url_of() {
     a) echo "http://127.0.0.1:$PLAIN_PORT/" ;;
     b) echo "http://127.0.0.1:$SPOA_PORT/" ;;
     c) echo "http://127.0.0.1:$NGINX_PORT/" ;;
+    d) echo "http://127.0.0.1:$NORESP_PORT/" ;;
   esac
 }
 name_of() {
@@ -287,6 +304,7 @@ name_of() {
     a) echo "haproxy" ;;
     b) echo "haproxy+lastcall-spoa" ;;
     c) echo "nginx+modsecurity" ;;
+    d) echo "haproxy+lastcall-spoa, no response group" ;;
   esac
 }
 
@@ -338,6 +356,35 @@ machine_info() {
     echo "loadavg at start: $(cat /proc/loadavg)"
   } >"$OUT/machine.txt"
   cat "$OUT/machine.txt" >&2
+}
+
+# CPU time (clock ticks, user + system) of processes and their children (nginx's workers).
+cpu_ticks() {
+  local total=0 p
+  for p in "$@" $(pgrep -P "$(echo "$@" | tr ' ' ',')" || true); do
+    total=$((total + $(sed 's/^.*) //' "/proc/$p/stat" | awk '{print $12 + $13}')))
+  done
+  echo "$total"
+}
+
+# cpu_per_request SETUP LABEL=PIDS... : mixed traffic, c=$CONC, for $CPU_SECONDS; prints the
+# CPU milliseconds per request of each group of processes.
+cpu_per_request() {
+  local setup=$1 hz r n line="" total=0
+  shift
+  hz=$(getconf CLK_TCK)
+  declare -A before
+  for g in "$@"; do before[$g]=$(cpu_ticks ${g#*=}); done
+  r=$(wrk_run "$setup" "$TRAFFIC_KIND" "$CONC" "$CPU_SECONDS")
+  n=$(python3 -c 'import json,sys; print(json.loads(sys.argv[1])["requests"])' "$r")
+  for g in "$@"; do
+    local b=${before[$g]} d
+    d=$(($(cpu_ticks ${g#*=}) - b))
+    total=$((total + d))
+    line+=" ${g%%=*} $(python3 -c "print(f'{$d * 1000 / $hz / $n:.3f}')") ms;"
+  done
+  echo "$(name_of "$setup"): $n requests in ${CPU_SECONDS}s; CPU per request:$line total $(python3 -c "print(f'{$total * 1000 / $hz / $n:.3f}')") ms (load1 $(load1))" |
+    tee -a "$OUT/cpu-per-request.txt" >&2
 }
 
 rss_kib() { sed -n 's/^VmRSS:[[:space:]]*\([0-9]*\) kB/\1/p' "/proc/$1/status"; }
@@ -418,18 +465,27 @@ case "$MODE" in
     ;;
   profile)
     start_spoa
+    start_spoa_noresp
+    start_nginx
     machine_info
     command -v perf >/dev/null || { apt-get install -y linux-perf >/dev/null 2>&1 || die "perf missing"; }
     SECS=${PROFILE_SECONDS:-15}
     CONC=${CONC:-32}
+    CPU_SECONDS=${CPU_SECONDS:-10}
     TRAFFIC_KIND=${TRAFFIC_KIND:-mixed}
+    : >"$OUT/cpu-per-request.txt"
+    log "CPU per request, $TRAFFIC_KIND c=$CONC, ${CPU_SECONDS}s each, (c) then (b), twice"
+    for _ in 1 2; do
+      cpu_per_request c "nginx=$NGINX_PID" "origin=$ORIGIN_PID"
+      cpu_per_request b "haproxy=$HAPROXY_SPOA_PID" "agent=$AGENT_PID" "origin=$ORIGIN_PID"
+      cpu_per_request d "haproxy=$HAPROXY_NORESP_PID" "agent=$AGENT_PID" "origin=$ORIGIN_PID"
+    done
     log "profile: (b) $TRAFFIC_KIND c=$CONC; perf record of the agent for ${SECS}s"
     TRAFFIC=$TRAFFIC_KIND taskset -c 1 wrk -t1 -c"$CONC" -d"$((SECS + 6))s" --timeout 10s \
       -s "$BENCH/traffic.lua" "$(url_of b)" >"$OUT/wrk.out" 2>&1 &
     WRK_PID=$!
     PIDS+=($WRK_PID)
-    sleep 3 # warm-up (the load is already running; nothing to await)
-    perf stat -e task-clock,instructions -p "$AGENT_PID" -o "$OUT/perf-stat.txt" -- sleep 3 || true
+    sleep 2 # warm-up (the load is already running; nothing to await)
     perf record -F "${PERF_FREQ:-997}" --call-graph dwarf,16384 -p "$AGENT_PID" \
       -o "$OUT/perf.data" -- sleep "$SECS" 2>"$OUT/perf-record.log"
     wait "$WRK_PID" || true
