@@ -102,7 +102,11 @@ fn coturn_conf_starts_unchanged_and_relays() {
     );
     r.assert_all_echoed(10);
     // external-ip: the relay address is advertised as the public one.
-    assert!(r.output.contains("relay addr: 192.0.2.77:4"), "{}", r.output);
+    assert!(
+        r.output.contains("relay addr: 192.0.2.77:4"),
+        "{}",
+        r.output
+    );
     assert_eq!(
         turn.metric("turn_total_allocations{type=\"UDP\"}"),
         Some(1.0)
@@ -394,4 +398,87 @@ fn draining_server_sends_new_clients_to_the_alternate_server() {
     call.join().expect("call thread").assert_all_echoed(250);
     a.pod.signal(Signal::Term);
     a.pod.wait_exit(WAIT);
+}
+
+#[test]
+fn sigterm_exits_0_as_soon_as_the_last_tcp_call_ends() {
+    let mut turn = Turn::start(&["--shutdown-delay=1s", "--drain-timeout=120s"]);
+    let peer = Peer::start();
+    let (port, peer_port) = (turn.port.to_string(), peer.port.to_string());
+    // Over TCP an allocation ends with its connection, i.e. when uclient exits.
+    let call = std::thread::spawn(move || {
+        uclient(
+            &[
+                "-t",
+                "-c",
+                "-X",
+                "-n",
+                "150",
+                "-m",
+                "1",
+                "-z",
+                "20",
+                "-p",
+                &port,
+                "-e",
+                "127.0.0.1",
+                "-r",
+                &peer_port,
+                "-u",
+                "caller",
+                "-W",
+                SECRET,
+            ],
+            Duration::from_secs(90),
+        )
+    });
+    turn.wait_metric_at_least("turn_total_allocations{type=\"TCP\"}", 1.0);
+    turn.pod.signal(Signal::Term);
+    let report = call.join().expect("call thread");
+    report.assert_all_echoed(150);
+    let call_ended = Instant::now();
+    let exit = turn.pod.wait_exit(WAIT);
+    assert_eq!(exit.code, Some(0), "{exit:?}");
+    assert!(
+        call_ended.elapsed() < Duration::from_secs(10),
+        "left soon after the last allocation: {exit:?}"
+    );
+}
+
+#[test]
+fn drain_deadline_ends_remaining_allocations_with_status_75() {
+    let mut turn = Turn::start(&["--shutdown-delay=1s", "--drain-timeout=3s"]);
+    let peer = Peer::start();
+    let (port, peer_port) = (turn.port.to_string(), peer.port.to_string());
+    // uclient leaves its UDP allocations alive when it exits (lifetime 777 s).
+    uclient(
+        &[
+            "-c",
+            "-X",
+            "-n",
+            "5",
+            "-m",
+            "1",
+            "-p",
+            &port,
+            "-e",
+            "127.0.0.1",
+            "-r",
+            &peer_port,
+            "-u",
+            "caller",
+            "-W",
+            SECRET,
+        ],
+        Duration::from_secs(60),
+    )
+    .assert_all_echoed(5);
+    turn.pod.signal(Signal::Term);
+    let exit = turn.pod.wait_exit(WAIT);
+    assert_eq!(exit.code, Some(lastcall::exit::DEADLINE), "{exit:?}");
+    assert!(
+        exit.elapsed_since_signal >= Duration::from_secs(3),
+        "{exit:?}"
+    );
+    assert!(turn.pod.has_log("ending the remaining allocations"));
 }
