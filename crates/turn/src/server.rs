@@ -16,8 +16,8 @@ use std::time::{Duration, Instant, SystemTime};
 
 use lastcall::{Handle, PeerId, SessionGuard};
 use lastcall_turn_proto::{
-    ClientAddr, DrainMode, Event, RelayError, RelayProvider, Server, ServerConfig, Transmit,
-    Transport,
+    ClientAddr, DeleteReason, DrainMode, Event, RelayError, RelayProvider, Server, ServerConfig,
+    Transmit, Transport,
 };
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, UdpSocket};
@@ -65,9 +65,17 @@ pub struct Shared {
     core: Mutex<Core>,
     relay_sockets: RwLock<HashMap<SocketAddr, Arc<UdpSocket>>>,
     udp_listeners: HashMap<SocketAddr, Arc<UdpSocket>>,
-    streams: Mutex<HashMap<ClientAddr, mpsc::Sender<Vec<u8>>>>,
+    streams: Mutex<HashMap<ClientAddr, StreamHandle>>,
     metrics: Metrics,
     handle: Handle,
+}
+
+/// How other tasks reach a TCP/TLS client connection.
+struct StreamHandle {
+    /// Frames to write to the client.
+    tx: mpsc::Sender<Vec<u8>>,
+    /// Asks the connection to close (its allocation expired).
+    close: Arc<tokio::sync::Notify>,
 }
 
 /// A running server: its bound addresses, for logs and tests.
@@ -382,6 +390,12 @@ impl Shared {
                 } => {
                     self.metrics.allocations(transport(client.transport)).dec();
                     guards.remove(&client);
+                    // An expired allocation means a silent client: close its connection.
+                    if client.transport.is_stream() && reason == DeleteReason::Expired {
+                        if let Some(h) = lock(&self.streams).get(&client) {
+                            h.close.notify_one();
+                        }
+                    }
                     tracing::debug!(client = %client.client, relay = ?relays,
                         reason = reason.as_str(), "allocation deleted");
                 }
@@ -428,7 +442,7 @@ impl Shared {
                     }
                 }
                 Transport::Tcp | Transport::Tls => {
-                    let tx = lock(&self.streams).get(&to).cloned();
+                    let tx = lock(&self.streams).get(&to).map(|h| h.tx.clone());
                     if let Some(tx) = tx {
                         if tx.try_send(data.to_vec()).is_ok() {
                             self.metrics.client_tx.add(data.len());
@@ -590,7 +604,14 @@ where
 {
     let (mut rd, mut wr) = tokio::io::split(stream);
     let (tx, mut rx) = mpsc::channel::<Vec<u8>>(STREAM_QUEUE);
-    lock(&shared.streams).insert(addr, tx);
+    let close = Arc::new(tokio::sync::Notify::new());
+    lock(&shared.streams).insert(
+        addr,
+        StreamHandle {
+            tx,
+            close: Arc::clone(&close),
+        },
+    );
     shared.metrics.stream_connections.inc();
     let writer = tokio::spawn(async move {
         while let Some(frame) = rx.recv().await {
@@ -604,9 +625,12 @@ where
     let mut chunk = vec![0u8; 16 * 1024];
     let mut out = Vec::with_capacity(MAX_DATAGRAM);
     'conn: loop {
-        let n = match rd.read(&mut chunk).await {
-            Ok(0) | Err(_) => break,
-            Ok(n) => n,
+        let n = tokio::select! {
+            r = rd.read(&mut chunk) => match r {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            },
+            () = close.notified() => break,
         };
         buf.extend_from_slice(chunk.get(..n).unwrap_or_default());
         let mut start = 0;
