@@ -75,6 +75,8 @@ pub struct Conn {
     state: State,
     our_max: u32,
     max_frame_size: u32,
+    allow_pipelining: bool,
+    pipelined: bool,
 }
 
 impl Conn {
@@ -84,7 +86,21 @@ impl Conn {
             state: State::AwaitHello,
             our_max,
             max_frame_size: our_max,
+            allow_pipelining: true,
+            pipelined: false,
         }
+    }
+
+    /// Whether `pipelining` is announced when HAProxy offers it (default true). Without it
+    /// HAProxy sends one NOTIFY at a time on the connection and waits for its ACK.
+    pub fn with_pipelining(mut self, allow: bool) -> Self {
+        self.allow_pipelining = allow;
+        self
+    }
+
+    /// Whether pipelining was agreed in the handshake.
+    pub fn pipelined(&self) -> bool {
+        self.pipelined
     }
 
     /// The negotiated (or, before HELLO, our own) maximum frame size.
@@ -191,10 +207,11 @@ impl Conn {
     }
 
     fn on_hello(&mut self, payload: &[u8], policy: HelloPolicy) -> Event {
-        let negotiated = match frame::negotiate_hello(payload, self.our_max) {
+        let mut negotiated = match frame::negotiate_hello(payload, self.our_max) {
             Ok(n) => n,
             Err(e) => return self.fail(e),
         };
+        negotiated.pipelining &= self.allow_pipelining;
         let refuse = policy.refuse_all || (negotiated.healthcheck && policy.refuse_healthchecks);
         if refuse {
             self.state = State::Closed;
@@ -216,6 +233,7 @@ impl Conn {
         }
         self.state = State::Ready;
         self.max_frame_size = negotiated.max_frame_size;
+        self.pipelined = negotiated.pipelining;
         Event::Ready { reply, negotiated }
     }
 }

@@ -148,7 +148,9 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
         .build()
         .context("starting the tokio runtime")?;
     let result = runtime.block_on(start(cli, term, cfg));
+    let stopping = std::time::Instant::now();
     drop(runtime);
+    tracing::debug!("runtime stopped in {} ms", stopping.elapsed().as_millis());
     result
 }
 
@@ -317,7 +319,12 @@ async fn serve(cli: Cli, lifecycle: Lifecycle, cfg: Config, apps: Apps) -> anyho
     });
 
     let outcome = lifecycle.run().await;
+    let exiting = std::time::Instant::now();
     let _ = tokio::time::timeout(Duration::from_secs(3), server).await;
+    tracing::debug!(
+        "connection tasks stopped {} ms after the exit decision",
+        exiting.elapsed().as_millis()
+    );
     Ok(outcome.exit_code())
 }
 

@@ -44,6 +44,14 @@ pub struct Limits {
     pub max_inflight_per_connection: usize,
     /// A frame started but not finished within this time closes the connection (status 2).
     pub partial_frame_timeout: Duration,
+    /// Announce `pipelining` when HAProxy offers it (default true). Measured on HAProxy 2.6
+    /// (docs/termination.md): without it the drain is race-free (ACK + DISCONNECT on the
+    /// connection's only NOTIFY) and fast, but HAProxy 2.6 then sometimes leaves a request
+    /// waiting 30 s under load, so it stays on.
+    pub pipelining: bool,
+    /// While refusing, an idle connection is closed only once nothing has come or gone on
+    /// it for this long (default zero: at once; the test harness measured no gain).
+    pub drain_quiet: Duration,
 }
 
 impl Default for Limits {
@@ -52,6 +60,8 @@ impl Default for Limits {
             max_frame_size: spop::MAX_FRAME_SIZE_LIMIT,
             max_inflight_per_connection: 64,
             partial_frame_timeout: Duration::from_secs(30),
+            pipelining: true,
+            drain_quiet: Duration::ZERO,
         }
     }
 }
@@ -160,10 +170,12 @@ pub async fn serve(listener: Listener, shared: Arc<Shared>) {
                     match io {
                         Accepted::Tcp(s) => {
                             let _ = s.set_nodelay(true);
-                            conns.spawn(serve_conn(s, peer, shared));
+                            let (rd, wr) = s.into_split();
+                            conns.spawn(serve_split(rd, wr, peer, shared));
                         }
                         Accepted::Unix(s) => {
-                            conns.spawn(serve_conn(s, peer, shared));
+                            let (rd, wr) = s.into_split();
+                            conns.spawn(serve_split(rd, wr, peer, shared));
                         }
                     }
                 }
@@ -201,18 +213,30 @@ async fn accept(l: &Listener) -> io::Result<(Accepted, Option<IpAddr>)> {
 
 type AckFuture = Pin<Box<dyn Future<Output = Vec<u8>> + Send>>;
 
-/// Serves one connection to its end.
+/// Serves one connection to its end (any stream; without a socket to peek at, "nothing
+/// unread" relies on the reactor's readiness alone).
 pub async fn serve_conn<S>(io: S, peer: Option<IpAddr>, shared: Arc<Shared>)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let (rd, wr) = tokio::io::split(io);
+    serve_split(rd, wr, peer, shared).await;
+}
+
+/// Serves one connection, given its read and write halves.
+pub async fn serve_split<R, W>(rd: R, wr: W, peer: Option<IpAddr>, shared: Arc<Shared>)
+where
+    R: AsyncRead + Unread + Unpin,
+    W: AsyncWrite + Unpin,
+{
     let mut task = ConnTask {
-        conn: Conn::new(shared.limits.max_frame_size),
+        conn: Conn::new(shared.limits.max_frame_size).with_pipelining(shared.limits.pipelining),
         buf: BytesMut::with_capacity(16 * 1024),
         inflight: JoinSet::new(),
         session: None,
         partial_since: None,
+        last_activity: Instant::now(),
+        quiet_until: None,
         eof: false,
         rd,
         wr,
@@ -220,6 +244,43 @@ where
         shared,
     };
     task.run().await;
+}
+
+/// Whether bytes are waiting in the kernel's receive buffer, asked of the socket itself
+/// (`recv(MSG_PEEK | MSG_DONTWAIT)`). tokio's readiness can lag behind the socket on a busy
+/// runtime (the reactor has not yet processed the event), and closing a connection on that
+/// stale "nothing to read" fails the NOTIFYs already sitting in the buffer.
+pub trait Unread {
+    /// `Some(true)`: bytes are waiting; `Some(false)`: none; `None`: cannot tell.
+    fn unread(&self) -> Option<bool>;
+}
+
+fn peek_socket<S: std::os::fd::AsFd>(s: &S) -> Option<bool> {
+    let sock = socket2::SockRef::from(s);
+    let mut byte = [std::mem::MaybeUninit::<u8>::uninit(); 1];
+    match sock.peek(&mut byte) {
+        Ok(n) => Some(n > 0),
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => Some(false),
+        Err(_) => Some(false),
+    }
+}
+
+impl Unread for tokio::net::tcp::OwnedReadHalf {
+    fn unread(&self) -> Option<bool> {
+        peek_socket(self.as_ref())
+    }
+}
+
+impl Unread for tokio::net::unix::OwnedReadHalf {
+    fn unread(&self) -> Option<bool> {
+        peek_socket(self.as_ref())
+    }
+}
+
+impl<T> Unread for tokio::io::ReadHalf<T> {
+    fn unread(&self) -> Option<bool> {
+        None
+    }
 }
 
 /// What one connection task owns.
@@ -230,6 +291,10 @@ struct ConnTask<R, W> {
     /// Held from the HELLO on: the lifecycle session and the `spoa_connections` gauge.
     session: Option<(lastcall::SessionGuard, ConnGauge)>,
     partial_since: Option<Instant>,
+    /// Last NOTIFY received or ACK written.
+    last_activity: Instant,
+    /// While refusing and idle: when the connection will have been quiet for `drain_quiet`.
+    quiet_until: Option<Instant>,
     eof: bool,
     rd: R,
     wr: W,
@@ -243,9 +308,19 @@ enum Flow {
     Done,
 }
 
+/// What a look at the socket found.
+enum Probe {
+    /// Nothing waiting: the connection is idle.
+    Idle,
+    /// Bytes were read into the buffer.
+    Read,
+    /// Bytes are waiting but the reactor has not said so yet: wait for the read.
+    Waiting,
+}
+
 impl<R, W> ConnTask<R, W>
 where
-    R: AsyncRead + Unpin,
+    R: AsyncRead + Unread + Unpin,
     W: AsyncWrite + Unpin,
 {
     async fn run(&mut self) {
@@ -260,12 +335,21 @@ where
                 }
                 return;
             }
+            self.quiet_until = None;
             if self.idle_while_refusing() {
-                if nothing_unread(&mut self.rd, &mut self.buf).await {
-                    self.goodbye(Vec::new(), "draining").await;
-                    return;
+                let quiet_at = self.last_activity + self.shared.limits.drain_quiet;
+                if Instant::now() >= quiet_at {
+                    match self.probe().await {
+                        Probe::Idle => {
+                            self.goodbye(Vec::new(), "draining").await;
+                            return;
+                        }
+                        Probe::Read => continue,
+                        Probe::Waiting => {}
+                    }
+                } else {
+                    self.quiet_until = Some(quiet_at);
                 }
-                continue;
             }
             if let Flow::Done = self.wait(&mut phase).await {
                 return;
@@ -296,6 +380,7 @@ where
                     frame_id,
                     messages,
                 } => {
+                    self.last_activity = Instant::now();
                     let max = self.conn.max_frame_size();
                     let shared = Arc::clone(&self.shared);
                     self.inflight
@@ -337,6 +422,7 @@ where
                 }
                 Flow::Continue
             }
+            () = sleep_until(self.quiet_until), if self.quiet_until.is_some() => Flow::Continue,
             () = sleep_until(timeout_at), if timeout_at.is_some() => {
                 if let Event::Close { reply, reason } = self.conn.on_read_timeout() {
                     self.close(reply, &reason).await;
@@ -349,15 +435,34 @@ where
 
     /// Writes an ACK. The last ACK of a connection that is idle while refusing carries the
     /// goodbye in the same write.
+    ///
+    /// Without pipelining this is race-free: HAProxy sends nothing on the connection while it
+    /// waits for the ACK, and it reads the ACK and the DISCONNECT together, before it could
+    /// send again. With pipelining HAProxy may already have sent the next NOTIFY, so the
+    /// goodbye waits for `drain_quiet` like any idle connection (unless that is zero).
     async fn on_ack(&mut self, ack: Vec<u8>) -> Flow {
-        if self.idle_while_refusing() && nothing_unread(&mut self.rd, &mut self.buf).await {
+        let piggyback = !self.conn.pipelined() || self.shared.limits.drain_quiet.is_zero();
+        if piggyback && self.idle_while_refusing() && matches!(self.probe().await, Probe::Idle) {
             self.goodbye(ack, "draining").await;
             return Flow::Done;
         }
         if !ack.is_empty() && self.wr.write_all(&ack).await.is_err() {
             return Flow::Done;
         }
+        self.last_activity = Instant::now();
         Flow::Continue
+    }
+
+    /// Looks for bytes not yet read: first through tokio (moving them into the buffer), then,
+    /// if tokio says nothing, at the socket itself.
+    async fn probe(&mut self) -> Probe {
+        if !nothing_unread(&mut self.rd, &mut self.buf).await {
+            return Probe::Read;
+        }
+        match self.rd.unread() {
+            Some(true) => Probe::Waiting,
+            _ => Probe::Idle,
+        }
     }
 
     fn idle_while_refusing(&self) -> bool {

@@ -46,6 +46,16 @@ fn clients() -> usize {
     env_u64("ROLLOUT_CLIENTS", 16) as usize
 }
 
+/// The agents' `--log-level` (`ROLLOUT_AGENT_LOG`, e.g. `debug,lastcall_spoa::waf=warn`).
+fn agent_log() -> String {
+    std::env::var("ROLLOUT_AGENT_LOG").unwrap_or_else(|_| "info,lastcall_spoa::waf=warn".into())
+}
+
+/// `ROLLOUT_HAPROXY_LOG=1`: HAProxy logs every request and SPOE event (costs CPU).
+fn quiet() -> bool {
+    env_u64("ROLLOUT_HAPROXY_LOG", 0) != 1
+}
+
 fn no_retry() -> bool {
     env_u64("ROLLOUT_NO_RETRY", 0) == 1
 }
@@ -116,7 +126,7 @@ fn rolling_restart(agent_args: Vec<String>) -> Run {
     let mut stack = Stack::start(StackOptions {
         agents: 2,
         agent_args: agent_args.clone(),
-        quiet_haproxy: true,
+        quiet_haproxy: quiet(),
         no_retry: no_retry(),
         ..StackOptions::default()
     });
@@ -146,7 +156,7 @@ fn rolling_restart(agent_args: Vec<String>) -> Run {
 
 #[test]
 fn rolling_restart_fails_no_request() {
-    let args: Vec<String> = vec!["--log-level".into(), "info,lastcall_spoa::waf=warn".into()];
+    let args: Vec<String> = vec!["--log-level".into(), agent_log()];
     let run = rolling_restart(args);
     eprintln!(
         "ROLLOUT drain (defaults: --shutdown-delay 5s --drain-timeout 25s){}: {} in {:.1}s",
@@ -189,7 +199,7 @@ fn rolling_restart_with_on_sigterm_exit() {
         "--on-sigterm".into(),
         "exit".into(),
         "--log-level".into(),
-        "info,lastcall_spoa::waf=warn".into(),
+        agent_log(),
     ];
     let run = rolling_restart(args);
     eprintln!(
@@ -221,9 +231,9 @@ fn sidecar_linger_then_haproxy_soft_stop() {
             "--on-sigterm".into(),
             "linger".into(),
             "--log-level".into(),
-            "info,lastcall_spoa::waf=warn".into(),
+            agent_log(),
         ],
-        quiet_haproxy: true,
+        quiet_haproxy: quiet(),
         no_retry: no_retry(),
         ..StackOptions::default()
     });
