@@ -19,7 +19,9 @@ import time
 SECRET = "SECRET"
 REALM = "example.org"
 MIN_PORT, MAX_PORT = 10000, 31999  # relay ports: below the ephemeral range (32768-60999)
-SERVERS = ("coturn", "lastcall-turn")
+SERVERS = ["coturn", "lastcall-turn"]
+# Extra lastcall-turn builds to compare (name -> binary), from --extra NAME=PATH.
+BINARIES = {}
 
 FULL = dict(rounds=5, fixed_rate=10000, duration=4.0, ladder=[10000, 20000, 40000, 80000],
             search_steps=3, ladder_duration=2.0, clients=4, size=160, allocs=[1000, 10000], concurrency=16)
@@ -85,7 +87,8 @@ class Server:
         if name == "coturn":
             cmd = ["turnserver", "-n", "--no-cli"] + common + ["--log-file=stdout", "--simple-log"]
         else:
-            cmd = [os.path.join(bin_dir, "lastcall-turn"), "-n", "--no-cli"] + common + [
+            binary = BINARIES.get(name, os.path.join(bin_dir, "lastcall-turn"))
+            cmd = [binary, "-n", "--no-cli"] + common + [
                 f"--admin-addr=127.0.0.1:{free_port()}", "--log-level=warn"]
         self.cmd = pin(0) + cmd
         self.log = open(os.path.join(logdir, f"{name}-{self.port}.log"), "w")
@@ -216,10 +219,29 @@ def fmt(v):
 
 
 def print_table(table, file=sys.stdout):
-    print(f"{'figure':32} {'coturn':>12} {'lastcall-turn':>14} {'ratio':>7}", file=file)
+    extra = SERVERS[2:]
+    print(f"{'figure':32} {'coturn':>12} {'lastcall-turn':>14} {'ratio':>7}" + "".join(f" {n:>16}" for n in extra),
+          file=file)
     for k, row in table.items():
         ratio = "-" if row["ratio"] is None else f"{row['ratio']:.2f}"
-        print(f"{k:32} {fmt(row['coturn']):>12} {fmt(row['lastcall-turn']):>14} {ratio:>7}", file=file)
+        print(f"{k:32} {fmt(row['coturn']):>12} {fmt(row['lastcall-turn']):>14} {ratio:>7}"
+              + "".join(f" {fmt(row[n]):>16}" for n in extra), file=file)
+
+
+def markdown(table, res):
+    """The table as Markdown (docs/benchmarks.md)."""
+    extra = SERVERS[2:]
+    lines = ["| figure | coturn | lastcall-turn | ratio |" + "".join(f" {n} |" for n in extra),
+             "| --- | ---: | ---: | ---: |" + " ---: |" * len(extra)]
+    for k, row in table.items():
+        ratio = "-" if row["ratio"] is None else f"{row['ratio']:.2f}"
+        lines.append(f"| `{k}` | {fmt(row['coturn'])} | {fmt(row['lastcall-turn'])} | {ratio} |"
+                     + "".join(f" {fmt(row[n])} |" for n in extra))
+    loads = [x for r in res["rounds"] for x in (r["load_before"], r["load_after"])]
+    lines.append("")
+    lines.append(f"Medians of rounds 2-{res['config']['rounds']}; load average during the run "
+                 f"{min(loads):.1f} to {max(loads):.1f}.")
+    return "\n".join(lines)
 
 
 def plot(rounds, table, cfg, path):
@@ -232,6 +254,8 @@ def plot(rounds, table, cfg, path):
         return False
     kept = kept_rounds(rounds)
     colors = {"coturn": "tab:orange", "lastcall-turn": "tab:blue"}
+    for i, n in enumerate(SERVERS[2:]):
+        colors[n] = ["tab:gray", "tab:green", "tab:purple"][i % 3]
     fig, ax = plt.subplots(2, 3, figsize=(15, 8))
     for name in SERVERS:
         pts = [(p["offered"], p["loss_pct"], p["added_p50_us"], p["p99_us"]) for r in kept if r["server"] == name
@@ -240,21 +264,24 @@ def plot(rounds, table, cfg, path):
         if pts:
             ax[0][0].plot([p[0] for p in pts], [max(p[1], 1e-4) for p in pts], "o", color=colors[name],
                           label=name, alpha=0.7)
-            ax[0][1].plot([p[0] for p in pts], [p[3] for p in pts], "o", color=colors[name], label=name, alpha=0.7)
+        cpts = sorted((p["offered"], p["cpu_s_per_m_relayed"]) for r in kept if r["server"] == name
+                      for p in r["ladder"] if p.get("cpu_s_per_m_relayed") is not None and p["loss_pct"] < 0.1)
+        if cpts:
+            ax[0][1].plot([p[0] for p in cpts], [p[1] for p in cpts], "o", color=colors[name], label=name, alpha=0.7)
     ax[0][0].axhline(0.1, color="gray", ls="--", lw=1)
     ax[0][0].set(xlabel="offered rate (datagrams/s client→peer)", ylabel="loss % (log; 0 shown as 1e-4)",
                  yscale="log", title="loss vs offered rate")
-    ax[0][1].set(xlabel="offered rate (datagrams/s)", ylabel="round trip p99 (µs)", title="p99 round trip vs rate",
-                 yscale="log")
+    ax[0][1].set(xlabel="offered rate (datagrams/s client→peer)", ylabel="server CPU s per million relayed",
+                 title="server CPU per relayed datagram vs rate (phases < 0.1 % loss)", ylim=(0, None))
     for a in ax[0][:2]:
         a.legend()
 
     def bars(a, keys, title, ylabel):
         xs = range(len(keys))
-        w = 0.38
+        w = 0.8 / len(SERVERS)
         for i, name in enumerate(SERVERS):
             vals = [table[k][name] or 0 for k in keys]
-            a.bar([x + (i - 0.5) * w for x in xs], vals, w, color=colors[name], label=name)
+            a.bar([x + (i - (len(SERVERS) - 1) / 2) * w for x in xs], vals, w, color=colors[name], label=name)
         a.set_xticks(list(xs))
         a.set_xticklabels([k.replace("rss_bytes_per_alloc_at_", "at ").replace("_", " ") for k in keys], fontsize=8)
         a.set(title=title, ylabel=ylabel)
@@ -263,7 +290,9 @@ def plot(rounds, table, cfg, path):
     bars(ax[0][2], ["cpu_s_per_M_relayed"], f"server CPU at {cfg['fixed_rate']}/s", "CPU s per million relayed")
     bars(ax[1][0], [f"rss_bytes_per_alloc_at_{n}" for n in cfg["allocs"]], "memory per allocation", "bytes (RSS)")
     bars(ax[1][1], ["allocs_per_s"], "allocation rate", "allocations/s")
-    bars(ax[1][2], ["added_p50_us", "added_p99_us"], f"added latency at {cfg['fixed_rate']}/s", "µs")
+    bars(ax[1][2], ["rtt_p50_us", "rtt_p99_us", "direct_echo_p99_us"], f"round trip at {cfg['fixed_rate']}/s",
+         "µs (log)")
+    ax[1][2].set_yscale("log")
     fig.suptitle("lastcall-turn vs coturn 4.6.1 (loopback; server on CPU 0, generator on CPU 1; medians)")
     fig.tight_layout()
     os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -289,7 +318,29 @@ def main():
     ap.add_argument("--rounds", type=int)
     ap.add_argument("--json", help="write every measurement here")
     ap.add_argument("--plot", help="PNG path (default docs/img/turn-bench.png; smoke: none)")
+    ap.add_argument("--markdown", help="write the table as Markdown here")
+    ap.add_argument("--replot", metavar="JSON", help="only redraw the plot and table from a saved --json")
+    ap.add_argument("--extra", action="append", default=[], metavar="NAME=PATH",
+                    help="also measure another lastcall-turn binary (e.g. an earlier build), in the same rounds")
     args = ap.parse_args()
+    for e in args.extra:
+        name, _, path = e.partition("=")
+        BINARIES[name] = os.path.abspath(path)
+        if name not in SERVERS:
+            SERVERS.append(name)
+    if args.replot:
+        with open(args.replot) as f:
+            res = json.load(f)
+        for name in {r["server"] for r in res["rounds"]} - set(SERVERS):
+            SERVERS.append(name)
+        table = summarize(res["rounds"], res["config"])
+        print_table(table)
+        if args.markdown:
+            with open(args.markdown, "w") as f:
+                f.write(markdown(table, res) + "\n")
+        if args.plot:
+            plot(res["rounds"], table, res["config"], args.plot)
+        return
     cfg = dict(FULL if args.mode == "full" else SMOKE)
     if args.rounds:
         cfg["rounds"] = args.rounds
@@ -322,6 +373,9 @@ def main():
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(markdown(table, result) + "\n")
     plot_path = args.plot or ("docs/img/turn-bench.png" if args.mode == "full" else None)
     if plot_path and plot(rounds, table, cfg, plot_path):
         print(f"plot: {plot_path}")
