@@ -88,6 +88,8 @@ pub struct Metrics {
     pub relay_port_exhausted: Counter,
     /// Allocations created since start.
     pub allocations_created: Counter,
+    /// Datagrams or frames dropped because a socket or connection queue was full.
+    pub send_dropped: Counter,
     /// Client TCP/TLS connections currently open.
     pub stream_connections: Gauge,
     /// TLS handshakes that failed.
@@ -160,6 +162,11 @@ impl Metrics {
             "lastcall_turn_allocations_created",
             "Allocations created since start",
             self.allocations_created.clone(),
+        );
+        registry.register(
+            "lastcall_turn_send_dropped",
+            "Datagrams or frames dropped because a socket buffer or connection queue was full",
+            self.send_dropped.clone(),
         );
         registry.register(
             "lastcall_turn_stream_connections",

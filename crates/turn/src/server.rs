@@ -430,6 +430,40 @@ impl Shared {
         }
     }
 
+    /// Sends what the core returned without waiting: a datagram that finds its socket's
+    /// buffer full is dropped (and counted), as the network would.
+    fn transmit_now(&self, t: Transmit<'_>) {
+        let (sock, to, data, flow) = match t {
+            Transmit::Client { to, data } if to.transport == Transport::Udp => {
+                match self.udp_listeners.get(&to.local) {
+                    Some(s) => (Arc::clone(s), to.client, data, &self.metrics.client_tx),
+                    None => return,
+                }
+            }
+            Transmit::Client { to, data } => {
+                let tx = lock(&self.streams).get(&to).map(|h| h.tx.clone());
+                match tx.map(|tx| tx.try_send(data.to_vec())) {
+                    Some(Ok(())) => self.metrics.client_tx.add(data.len()),
+                    Some(Err(_)) => {
+                        self.metrics.send_dropped.inc();
+                    }
+                    None => {}
+                }
+                return;
+            }
+            Transmit::Peer { relay, peer, data } => match read(&self.relay_sockets).get(&relay) {
+                Some(s) => (Arc::clone(s), peer, data, &self.metrics.peer_tx),
+                None => return,
+            },
+        };
+        match sock.try_send_to(data, to) {
+            Ok(_) => flow.add(data.len()),
+            Err(_) => {
+                self.metrics.send_dropped.inc();
+            }
+        }
+    }
+
     /// Sends what the core returned.
     async fn transmit(&self, t: Transmit<'_>) {
         match t {
@@ -522,25 +556,57 @@ async fn udp_loop(shared: Arc<Shared>, sock: Arc<UdpSocket>, local: SocketAddr) 
     }
 }
 
+/// Datagrams read from one relay socket before its task yields.
+const RELAY_BATCH: usize = 64;
+
+thread_local! {
+    /// Receive and output buffers shared by every relay task on a runtime thread: a relay
+    /// socket costs no buffer memory of its own (an allocation is a socket and a task).
+    static RELAY_BUFS: std::cell::RefCell<(Vec<u8>, Vec<u8>)> =
+        std::cell::RefCell::new((vec![0u8; MAX_DATAGRAM], Vec::with_capacity(MAX_DATAGRAM)));
+}
+
 /// Reads peer datagrams on one relay socket.
 async fn relay_loop(shared: Arc<Shared>, sock: Arc<UdpSocket>, relay: SocketAddr) {
-    let mut buf = vec![0u8; MAX_DATAGRAM];
-    let mut out = Vec::with_capacity(MAX_DATAGRAM);
     loop {
-        let (n, peer) = match sock.recv_from(&mut buf).await {
-            Ok(x) => x,
-            Err(_) => continue,
-        };
-        let Some(data) = buf.get(..n) else { continue };
-        shared.metrics.peer_rx.add(n);
-        let t = {
-            let mut core = shared.lock();
-            core.server
-                .handle_peer(Instant::now(), relay, peer, data, &mut out)
-        };
-        if let Some(t) = t {
-            shared.transmit(t).await;
+        if sock.readable().await.is_err() {
+            return;
         }
+        // Everything queued, synchronously: no buffer is held across an await.
+        for _ in 0..RELAY_BATCH {
+            let more = RELAY_BUFS.with(|bufs| {
+                let Ok(mut bufs) = bufs.try_borrow_mut() else {
+                    return false;
+                };
+                let (buf, out) = &mut *bufs;
+                match sock.try_recv_from(buf) {
+                    Ok((n, peer)) => {
+                        let Some(data) = buf.get(..n) else {
+                            return true;
+                        };
+                        shared.metrics.peer_rx.add(n);
+                        let t = shared.lock().server.handle_peer(
+                            Instant::now(),
+                            relay,
+                            peer,
+                            data,
+                            out,
+                        );
+                        if let Some(t) = t {
+                            shared.transmit_now(t);
+                        }
+                        true
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => false,
+                    // ICMP errors from earlier sends and the like: read on.
+                    Err(_) => true,
+                }
+            });
+            if !more {
+                break;
+            }
+        }
+        tokio::task::yield_now().await;
     }
 }
 
