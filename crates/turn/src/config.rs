@@ -100,7 +100,7 @@ pub struct TurnConfig {
     pub config_file: Option<PathBuf>,
     pub listening_port: u16,
     pub tls_listening_port: u16,
-    /// Empty means the defaults, 0.0.0.0 and :: (the latter skipped if the host has no IPv6).
+    /// Empty means every address of the host (see `server::listening_addresses`).
     pub listening_ips: Vec<IpAddr>,
     pub relay_ips: Vec<IpAddr>,
     pub external_ips: Vec<ExternalIp>,
@@ -140,6 +140,9 @@ impl TurnConfig {
     }
 }
 
+const ABOUT: &str = "TURN/STUN relay that reads coturn's configuration (-c turnserver.conf, \
+or the same names as --flags) and drains without cutting a call (see docs/turn.md)";
+
 /// The clap command: coturn's options, lastcall's termination and log options, `-c`, `-n`.
 pub fn command() -> Command {
     let mut cmd = Command::new("lastcall-turn")
@@ -166,12 +169,14 @@ pub fn command() -> Command {
                 .action(ArgAction::SetTrue)
                 .help("No configuration file (accepted for coturn compatibility; the default)"),
         );
+    cmd = cmd.next_help_heading("coturn options (the same names work in the -c file)");
     for s in options::SUPPORTED {
         cmd = cmd.arg(clap_arg(s));
     }
     let cmd = lastcall::TerminationArgs::augment_args(cmd);
     let cmd = lastcall::LogArgs::augment_args(cmd);
-    lastcall::TerminationArgs::augment_help(cmd, &termination_defaults())
+    // After flattening: the flattened structs' doc comments would otherwise be the about.
+    lastcall::TerminationArgs::augment_help(cmd, &termination_defaults()).about(ABOUT)
 }
 
 fn clap_arg(s: &'static Spec) -> Arg {
