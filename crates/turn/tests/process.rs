@@ -482,3 +482,53 @@ fn drain_deadline_ends_remaining_allocations_with_status_75() {
     );
     assert!(turn.pod.has_log("ending the remaining allocations"));
 }
+
+#[test]
+fn sigusr1_drains_like_coturn_even_when_sigterm_is_ignored() {
+    let mut turn = Turn::start(&["--on-sigterm=ignore", "--shutdown-delay=0s"]);
+    let peer = Peer::start();
+    let (port, peer_port) = (turn.port.to_string(), peer.port.to_string());
+    let args = |user: &'static str| {
+        let (port, peer_port) = (port.clone(), peer_port.clone());
+        move || {
+            uclient(
+                &[
+                    "-c",
+                    "-X",
+                    "-n",
+                    "5",
+                    "-m",
+                    "1",
+                    "-p",
+                    &port,
+                    "-e",
+                    "127.0.0.1",
+                    "-r",
+                    &peer_port,
+                    "-u",
+                    user,
+                    "-W",
+                    SECRET,
+                ],
+                Duration::from_secs(60),
+            )
+        }
+    };
+    // uclient leaves its allocation alive: the drain has something to wait for.
+    args("first")().assert_all_echoed(5);
+    turn.pod.signal(Signal::Term);
+    turn.pod.wait_for_log("SIGTERM", WAIT);
+    args("second")().assert_all_echoed(5);
+    turn.pod.signal(Signal::Usr1);
+    turn.pod
+        .wait_for_log("refusing new allocations (403)", WAIT);
+    let late = args("late")();
+    assert!(
+        late.output.contains("error 403"),
+        "403 expected:\n{}",
+        late.output
+    );
+    turn.pod.signal(Signal::Quit);
+    let exit = turn.pod.wait_exit(WAIT);
+    assert_eq!(exit.code, Some(lastcall::exit::FORCED), "{exit:?}");
+}
