@@ -34,6 +34,8 @@ const MAX_DATAGRAM: usize = 65_536;
 const STREAM_QUEUE: usize = 1024;
 /// Longest a TLS handshake may take.
 const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a TCP/TLS connection may stay open without an allocation.
+const STREAM_SETUP: Duration = Duration::from_secs(60);
 /// Timers are checked at least this often.
 const TIMER_TICK: Duration = Duration::from_millis(500);
 
@@ -690,6 +692,11 @@ where
     let mut buf: Vec<u8> = Vec::with_capacity(8192);
     let mut chunk = vec![0u8; 16 * 1024];
     let mut out = Vec::with_capacity(MAX_DATAGRAM);
+    // A connection must hold an allocation within STREAM_SETUP of connecting; one that
+    // does not (a scanner, a slow-loris) is closed. Expiry closes the others (see `events`).
+    let setup = tokio::time::sleep(STREAM_SETUP);
+    tokio::pin!(setup);
+    let mut setup_checked = false;
     'conn: loop {
         let n = tokio::select! {
             r = rd.read(&mut chunk) => match r {
@@ -697,6 +704,14 @@ where
                 Ok(n) => n,
             },
             () = close.notified() => break,
+            () = &mut setup, if !setup_checked => {
+                setup_checked = true;
+                if shared.lock().guards.contains_key(&addr) {
+                    continue;
+                }
+                tracing::debug!(client = %addr.client, "closing a connection without allocation");
+                break;
+            }
         };
         buf.extend_from_slice(chunk.get(..n).unwrap_or_default());
         let mut start = 0;
