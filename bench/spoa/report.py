@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Summaries for bench/spoa/run.sh.
 
-  report.py RESULTS.jsonl                 markdown table: medians over rounds, ratios b/c, b/a
+  report.py RESULTS.jsonl...              markdown table: medians over rounds, ratios b/c, b/a
+                                          (several files: their rounds together)
   report.py --plot PNG RESULTS.jsonl      the same data as a plot (needs matplotlib)
   report.py --smoke RESULTS.jsonl         checks a smoke run; exit 1 with the reasons if wrong
   report.py --soak RSS.csv [--plot PNG] WRK.out   soak summary (RSS drift, throughput)
@@ -18,9 +19,17 @@ from collections import defaultdict
 SETUPS = [("a", "HAProxy (no WAF)"), ("b", "HAProxy + lastcall-spoa"), ("c", "nginx + ModSecurity")]
 
 
-def load(path):
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+def load(paths):
+    """Rows of one or more results files; rounds of later files are numbered after earlier ones."""
+    rows, offset = [], 0
+    for path in paths:
+        with open(path) as f:
+            part = [json.loads(line) for line in f if line.strip()]
+        for row in part:
+            row["round"] += offset
+        offset = max([offset] + [row["round"] for row in part])
+        rows += part
+    return rows
 
 
 def derived(row):
@@ -148,7 +157,7 @@ def smoke(rows):
     return 1 if problems else 0
 
 
-def soak(rss_csv, wrk_out, png):
+def soak(rss_csv, wrk_out, png, label):
     samples = []
     with open(rss_csv) as f:
         next(f)
@@ -188,10 +197,10 @@ def soak(rss_csv, wrk_out, png):
         fig, ax = plt.subplots(figsize=(9, 4))
         ax.plot([s[0] for s in samples], [s[1] / 1024 for s in samples], marker=".")
         ax.set_xlabel("seconds under load (mixed traffic, 32 connections)")
-        ax.set_ylabel("lastcall-spoa RSS, MiB")
+        ax.set_ylabel(f"{label} RSS, MiB")
         ax.set_ylim(0, max(rss) / 1024 * 1.2)
         ax.grid(True, alpha=0.3)
-        ax.set_title("lastcall-spoa resident memory during the soak (sampled every 10 s)")
+        ax.set_title(f"{label}: resident memory during the soak (sampled every 10 s)")
         fig.tight_layout()
         fig.savefig(png, dpi=100)
         print(f"soak: plot {png}")
@@ -199,13 +208,14 @@ def soak(rss_csv, wrk_out, png):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("input")
+    ap.add_argument("input", nargs="+")
     ap.add_argument("--plot")
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--soak")
+    ap.add_argument("--label", default="lastcall-spoa")
     a = ap.parse_args()
     if a.soak:
-        soak(a.soak, a.input, a.plot)
+        soak(a.soak, a.input[0], a.plot, a.label)
         return 0
     rows = load(a.input)
     if a.smoke:

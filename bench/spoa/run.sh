@@ -20,12 +20,18 @@
 #   smoke    every stack, both traffic kinds, concurrency 8, 2 s each; checks the verdicts
 #            (benign: all 200; mixed: 403s from (b) and (c), no 5xx, no socket errors)
 #   soak     (b) under steady mixed load at concurrency 32 for SOAK_SECONDS (600); the
-#            agent's RSS sampled every 10 s
-#   profile  (b) under mixed load at concurrency 32; `perf record` of the agent; splits its
-#            CPU time into inside libmodsecurity and outside (bench/spoa/perf_split.py)
+#            agent's RSS sampled every 10 s (SOAK_SETUP=c: the same for nginx + ModSecurity,
+#            the RSS of its workers, as a control)
+#   profile  CPU time per request of each process for (c), (b) and (b) without the response
+#            group (mixed traffic, concurrency 32, twice); then `perf record` of the agent under
+#            (b); splits its CPU time into inside libmodsecurity and outside, and the outside
+#            part by category (bench/spoa/perf_split.py)
+# Several full runs combine: python3 bench/spoa/report.py OUT1/results.jsonl OUT2/results.jsonl
 # Environment: OUT (results directory; default target/bench-spoa/<mode>), DURATION (s per
 # cell, full: 10), WARMUP (s, full: 2), ROUNDS (full: 3), CONCURRENCY ("1 8 32 128"),
-# PLOT (PNG to write, full: docs/img/bench-spoa.png), SOAK_SECONDS (600),
+# PLOT (PNG to write, full: docs/img/bench-spoa.png; soak: docs/img/bench-spoa-soak.png),
+# SOAK_SECONDS (600), CONC (soak and profile: 32), TRAFFIC_KIND (profile: mixed),
+# PROFILE_SECONDS (15), CPU_SECONDS (10), PERF_FREQ (997),
 # LASTCALL_SPOA_BIN (agent binary; default: release build, debug build for smoke).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -435,30 +441,54 @@ case "$MODE" in
     fi
     ;;
   soak)
-    start_spoa
-    machine_info
     SOAK_SECONDS=${SOAK_SECONDS:-600}
     CONC=${CONC:-32}
-    log "soak: (b) mixed traffic, c=$CONC, ${SOAK_SECONDS}s; agent RSS every 10 s"
+    SOAK_SETUP=${SOAK_SETUP:-b}
+    case $SOAK_SETUP in
+      b)
+        start_spoa
+        measured() { rss_kib "$AGENT_PID"; }
+        ;;
+      c) # the control: nginx + ModSecurity, RSS of its two workers together
+        start_nginx
+        measured() {
+          local t=0 p
+          for p in $(pgrep -P "$NGINX_PID"); do t=$((t + $(rss_kib "$p"))); done
+          echo "$t"
+        }
+        ;;
+      *) die "SOAK_SETUP must be b or c" ;;
+    esac
+    machine_info
+    log "soak: ($SOAK_SETUP) mixed traffic, c=$CONC, ${SOAK_SECONDS}s; RSS every 10 s"
     echo "t_s,rss_kib,load1" >"$OUT/rss.csv"
     TRAFFIC=mixed taskset -c 1 wrk -t1 -c"$CONC" -d"${SOAK_SECONDS}s" --timeout 10s \
-      -s "$BENCH/traffic.lua" "$(url_of b)" >"$OUT/wrk.out" 2>&1 &
+      -s "$BENCH/traffic.lua" "$(url_of "$SOAK_SETUP")" >"$OUT/wrk.out" 2>&1 &
     WRK_PID=$!
     PIDS+=($WRK_PID)
-    t0=$SECONDS
+    # A sample every 10 s on a fixed schedule (t = 0, 10, 20, ...), and one at the end.
+    t0=$(date +%s.%N)
+    k=0
     while kill -0 "$WRK_PID" 2>/dev/null; do
-      echo "$((SECONDS - t0)),$(rss_kib "$AGENT_PID"),$(load1)" >>"$OUT/rss.csv"
-      for _ in $(seq 100); do kill -0 "$WRK_PID" 2>/dev/null || break; sleep 0.1; done
+      echo "$((k * 10)),$(measured),$(load1)" >>"$OUT/rss.csv"
+      k=$((k + 1))
+      while kill -0 "$WRK_PID" 2>/dev/null &&
+        python3 -c "import sys,time; sys.exit(0 if time.time() < $t0 + $k * 10 else 1)"; do
+        sleep 0.2
+      done
     done
-    echo "$((SECONDS - t0)),$(rss_kib "$AGENT_PID"),$(load1)" >>"$OUT/rss.csv"
+    echo "$(python3 -c "import time; print(int(time.time() - $t0))"),$(measured),$(load1)" >>"$OUT/rss.csv"
     wait "$WRK_PID" || true
     echo "loadavg at end: $(cat /proc/loadavg)" >>"$OUT/machine.txt"
-    curl -s "http://127.0.0.1:$AGENT_ADMIN/metrics" >"$OUT/agent-metrics.txt" || true
-    cp "$WORK/agent.log" "$OUT/agent.log"
+    if [ "$SOAK_SETUP" = b ]; then
+      curl -s "http://127.0.0.1:$AGENT_ADMIN/metrics" >"$OUT/agent-metrics.txt" || true
+      cp "$WORK/agent.log" "$OUT/agent.log"
+    fi
     PLOT=${PLOT:-$ROOT/docs/img/bench-spoa-soak.png}
     VENV=${XDG_CACHE_HOME:-$HOME/.cache}/lastcall/bench-venv
     if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c 'import matplotlib' 2>/dev/null; then
-      "$VENV/bin/python" "$BENCH/report.py" --soak "$OUT/rss.csv" --plot "$PLOT" "$OUT/wrk.out"
+      "$VENV/bin/python" "$BENCH/report.py" --soak "$OUT/rss.csv" --plot "$PLOT" \
+        --label "$([ "$SOAK_SETUP" = b ] && echo lastcall-spoa || echo 'nginx + ModSecurity (2 workers)')" "$OUT/wrk.out"
     else
       python3 "$BENCH/report.py" --soak "$OUT/rss.csv" "$OUT/wrk.out"
     fi
