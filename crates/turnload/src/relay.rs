@@ -444,7 +444,7 @@ pub fn run(o: &RelayOpts) -> anyhow::Result<()> {
         report(&r, "relay");
         if passes(&r, o.loss_threshold_pct) {
             best = Some(best.map_or(rate, |b: f64| b.max(rate)));
-        } else if worst.map_or(true, |w| rate < w) {
+        } else if !worst.is_some_and(|w| rate >= w) {
             worst = Some(rate);
         }
     }
