@@ -326,6 +326,11 @@ impl Shared {
 
     /// Deletes every allocation (the deadline has come).
     pub fn clear(self: &Arc<Self>) {
+        self.with_core(|server, relays| server.clear(relays));
+    }
+
+    /// Runs `f` on the locked core with a [`RelayProvider`], then applies the core's events.
+    fn with_core<R>(self: &Arc<Self>, f: impl FnOnce(&mut Server, &mut Relays<'_>) -> R) -> R {
         let mut core = self.lock();
         let Core {
             server,
@@ -338,8 +343,9 @@ impl Shared {
             ports,
             relay_tasks,
         };
-        server.clear(&mut relays);
+        let r = f(server, &mut relays);
         self.events(server, guards);
+        r
     }
 
     /// Runs one client datagram/frame through the core; returns what to send.
@@ -350,21 +356,9 @@ impl Shared {
         out: &'a mut Vec<u8>,
     ) -> Option<Transmit<'a>> {
         self.metrics.client_rx.add(data.len());
-        let mut core = self.lock();
-        let Core {
-            server,
-            ports,
-            guards,
-            relay_tasks,
-        } = &mut *core;
-        let mut relays = Relays {
-            shared: self,
-            ports,
-            relay_tasks,
-        };
-        let t = server.handle_client(Instant::now(), from, data, &mut relays, out);
-        self.events(server, guards);
-        t
+        self.with_core(|server, relays| {
+            server.handle_client(Instant::now(), from, data, relays, out)
+        })
     }
 
     /// Applies the core's events: session guards, metrics, logs.
@@ -742,20 +736,7 @@ where
     lock(&shared.streams).remove(&addr);
     shared.metrics.stream_connections.dec();
     writer.abort();
-    let mut core = shared.lock();
-    let Core {
-        server,
-        ports,
-        guards,
-        relay_tasks,
-    } = &mut *core;
-    let mut relays = Relays {
-        shared: &shared,
-        ports,
-        relay_tasks,
-    };
-    server.close_client(Instant::now(), &addr, &mut relays);
-    shared.events(server, guards);
+    shared.with_core(|server, relays| server.close_client(Instant::now(), &addr, relays));
 }
 
 /// Expires allocations, permissions and channels.
@@ -768,20 +749,7 @@ async fn timer_loop(shared: Arc<Shared>) {
             .unwrap_or(TIMER_TICK)
             .min(TIMER_TICK);
         tokio::time::sleep(wait).await;
-        let mut core = shared.lock();
-        let Core {
-            server,
-            ports,
-            guards,
-            relay_tasks,
-        } = &mut *core;
-        let mut relays = Relays {
-            shared: &shared,
-            ports,
-            relay_tasks,
-        };
-        server.handle_timeout(Instant::now(), &mut relays);
-        shared.events(server, guards);
+        shared.with_core(|server, relays| server.handle_timeout(Instant::now(), relays));
     }
 }
 
