@@ -426,8 +426,9 @@ impl Shared {
         }
     }
 
-    /// Sends what the core returned without waiting: a datagram that finds its socket's
-    /// buffer full is dropped (and counted), as the network would.
+    /// Sends what the core returned, never waiting: a datagram that finds its socket's
+    /// buffer full, or a frame that finds its connection's queue full, is dropped (and
+    /// counted), as the network would.
     fn transmit_now(&self, t: Transmit<'_>) {
         let (sock, to, data, flow) = match t {
             Transmit::Client { to, data } if to.transport == Transport::Udp => {
@@ -456,37 +457,6 @@ impl Shared {
             Ok(_) => flow.add(data.len()),
             Err(_) => {
                 self.metrics.send_dropped.inc();
-            }
-        }
-    }
-
-    /// Sends what the core returned.
-    async fn transmit(&self, t: Transmit<'_>) {
-        match t {
-            Transmit::Client { to, data } => match to.transport {
-                Transport::Udp => {
-                    if let Some(sock) = self.udp_listeners.get(&to.local) {
-                        if send_to(sock, data, to.client).await {
-                            self.metrics.client_tx.add(data.len());
-                        }
-                    }
-                }
-                Transport::Tcp | Transport::Tls => {
-                    let tx = lock(&self.streams).get(&to).map(|h| h.tx.clone());
-                    if let Some(tx) = tx {
-                        if tx.try_send(data.to_vec()).is_ok() {
-                            self.metrics.client_tx.add(data.len());
-                        }
-                    }
-                }
-            },
-            Transmit::Peer { relay, peer, data } => {
-                let sock = read(&self.relay_sockets).get(&relay).cloned();
-                if let Some(sock) = sock {
-                    if send_to(&sock, data, peer).await {
-                        self.metrics.peer_tx.add(data.len());
-                    }
-                }
             }
         }
     }
@@ -521,15 +491,6 @@ fn write<T>(m: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
     }
 }
 
-/// Sends a datagram, waiting for buffer space only if the socket is full.
-async fn send_to(sock: &UdpSocket, data: &[u8], to: SocketAddr) -> bool {
-    match sock.try_send_to(data, to) {
-        Ok(_) => true,
-        Err(e) if e.kind() == io::ErrorKind::WouldBlock => sock.send_to(data, to).await.is_ok(),
-        Err(_) => false,
-    }
-}
-
 /// Reads client datagrams on one UDP listener.
 async fn udp_loop(shared: Arc<Shared>, sock: Arc<UdpSocket>, local: SocketAddr) {
     let mut buf = vec![0u8; MAX_DATAGRAM];
@@ -547,7 +508,7 @@ async fn udp_loop(shared: Arc<Shared>, sock: Arc<UdpSocket>, local: SocketAddr) 
             local,
         };
         if let Some(t) = shared.on_client(from, data, &mut out) {
-            shared.transmit(t).await;
+            shared.transmit_now(t);
         }
     }
 }
@@ -717,7 +678,7 @@ where
                         break 'conn;
                     };
                     if let Some(t) = shared.on_client(addr, frame, &mut out) {
-                        shared.transmit(t).await;
+                        shared.transmit_now(t);
                     }
                     start += len;
                 }
