@@ -20,6 +20,8 @@ SECRET = "SECRET"
 REALM = "example.org"
 MIN_PORT, MAX_PORT = 10000, 31999  # relay ports: below the ephemeral range (32768-60999)
 SERVERS = ["coturn", "lastcall-turn"]
+# --realtime: run server and generator SCHED_FIFO instead of nice -15.
+REALTIME = False
 # Extra lastcall-turn builds to compare (name -> binary), from --extra NAME=PATH.
 BINARIES = {}
 
@@ -69,7 +71,14 @@ def pin(cpu):
     """taskset onto `cpu` (with 2+ CPUs) and, as root, nice -15: other engineers compile on
     this machine, and a server or generator that is descheduled for 100 ms overflows its
     socket buffers (that is loss, but not the server's)."""
-    prio = ["nice", "-n", "-15"] if os.geteuid() == 0 else []
+    if os.geteuid() != 0:
+        prio = []
+    elif REALTIME:
+        # SCHED_FIFO: a waking server or generator preempts the other load at once (the
+        # kernel's RT throttling still leaves 5 % of each CPU to everything else).
+        prio = ["chrt", "-f", "10"]
+    else:
+        prio = ["nice", "-n", "-15"]
     if os.cpu_count() and os.cpu_count() >= 2:
         return prio + ["taskset", "-c", str(cpu)]
     return prio
@@ -234,6 +243,37 @@ def print_table(table, file=sys.stdout):
               + "".join(f" {fmt(row[n]):>16}" for n in extra), file=file)
 
 
+def cpu_by_rate(rounds, cfg):
+    """Median server CPU s per million relayed datagrams at each ladder rate, over the kept
+    rounds' phases with < 0.1 % loss in which the server kept up (p50 under starved_us):
+    {rate: {server: (median, phases)}}."""
+    out = {}
+    for rate in cfg["ladder"]:
+        row = {}
+        for name in SERVERS:
+            xs = [p["cpu_s_per_m_relayed"] for r in kept_rounds(rounds) if r["server"] == name
+                  for p in r["ladder"] if int(p["rate"]) == rate and p["loss_pct"] < 0.1
+                  and p.get("cpu_s_per_m_relayed") is not None
+                  and (p["p50_us"] or 0) < cfg.get("starved_us", STARVED_US)]
+            row[name] = (statistics.median(xs), len(xs)) if xs else (None, 0)
+        out[rate] = row
+    return out
+
+
+def cpu_rate_lines(rounds, cfg, md=False):
+    rows = cpu_by_rate(rounds, cfg)
+    lines = []
+    if md:
+        lines += ["| offered rate | " + " | ".join(SERVERS) + " | ratio |", "| ---: |" + " ---: |" * (len(SERVERS) + 1)]
+    for rate, row in rows.items():
+        a, b = row["lastcall-turn"][0], row["coturn"][0]
+        ratio = f"{a / b:.2f}" if a is not None and b else "-"
+        cells = [f"{fmt(row[n][0])} ({row[n][1]})" for n in SERVERS]
+        lines.append(f"| {rate:,}/s | " + " | ".join(cells) + f" | {ratio} |" if md else
+                     f"  {rate:>7,}/s " + " ".join(f"{c:>16}" for c in cells) + f" {ratio:>6}")
+    return lines
+
+
 def markdown(table, res):
     """The table as Markdown (docs/benchmarks.md)."""
     extra = SERVERS[2:]
@@ -243,6 +283,9 @@ def markdown(table, res):
         ratio = "-" if row["ratio"] is None else f"{row['ratio']:.2f}"
         lines.append(f"| `{k}` | {fmt(row['coturn'])} | {fmt(row['lastcall-turn'])} | {ratio} |"
                      + "".join(f" {fmt(row[n])} |" for n in extra))
+    lines += ["", "Server CPU s per million relayed datagrams by offered rate (median over the ladder phases "
+              "with < 0.1 % loss and round-trip p50 < 1 ms; number of phases in parentheses):", ""]
+    lines += cpu_rate_lines(res["rounds"], res["config"], md=True)
     loads = [x for r in res["rounds"] for x in (r["load_before"], r["load_after"])]
     lines.append("")
     lines.append(f"Medians of rounds 2-{res['config']['rounds']}; load average during the run "
@@ -324,11 +367,16 @@ def main():
     ap.add_argument("--rounds", type=int)
     ap.add_argument("--json", help="write every measurement here")
     ap.add_argument("--plot", help="PNG path (default docs/img/turn-bench.png; smoke: none)")
+    ap.add_argument("--realtime", action="store_true",
+                    help="run server and generator SCHED_FIFO (chrt -f 10) instead of nice -15: on a machine "
+                         "with other load, fewer rounds where a server is starved")
     ap.add_argument("--markdown", help="write the table as Markdown here")
     ap.add_argument("--replot", metavar="JSON", help="only redraw the plot and table from a saved --json")
     ap.add_argument("--extra", action="append", default=[], metavar="NAME=PATH",
                     help="also measure another lastcall-turn binary (e.g. an earlier build), in the same rounds")
     args = ap.parse_args()
+    global REALTIME
+    REALTIME = args.realtime
     for e in args.extra:
         name, _, path = e.partition("=")
         BINARIES[name] = os.path.abspath(path)
@@ -341,6 +389,7 @@ def main():
             SERVERS.append(name)
         table = summarize(res["rounds"], res["config"])
         print_table(table)
+        print("\n".join(cpu_rate_lines(res["rounds"], res["config"])))
         if args.markdown:
             with open(args.markdown, "w") as f:
                 f.write(markdown(table, res) + "\n")
@@ -374,6 +423,9 @@ def main():
     print(f"\nmedians ({discarded}{max(1, cfg['rounds'] - 1)} round(s) kept; ratio = lastcall-turn / coturn; "
           f"relayed = datagrams forwarded by the server, both directions; {time.time() - t0:.0f} s):")
     print_table(table)
+    print("\nserver CPU s per million relayed by offered rate (ladder phases with < 0.1 % loss, p50 < 1 ms):")
+    print(f"  {'rate':>9} " + " ".join(f"{n:>16}" for n in SERVERS) + f" {'ratio':>6}")
+    print("\n".join(cpu_rate_lines(rounds, cfg)))
     for k, row in table.items():
         if row["ratio"] is not None:
             better = row["ratio"] < 1 if k.startswith(LOWER_IS_BETTER) else row["ratio"] > 1
