@@ -227,9 +227,13 @@ fn rolling_restart_with_on_sigterm_exit() {
 fn sidecar_linger_then_haproxy_soft_stop() {
     let mut stack = Stack::start(StackOptions {
         agents: 1,
+        // The chart's classic sidecar runs `--drain-timeout 40s`, longer than HAProxy's own
+        // stop; this slow, shared machine needs more for the whole run.
         agent_args: vec![
             "--on-sigterm".into(),
             "linger".into(),
+            "--drain-timeout".into(),
+            "120s".into(),
             "--log-level".into(),
             agent_log(),
         ],
@@ -239,7 +243,7 @@ fn sidecar_linger_then_haproxy_soft_stop() {
     });
     let total = requests();
     let load = Load::start(stack.http(), clients());
-    load.wait_until(total / 4, RUN);
+    load.wait_until(total * 3 / 4, RUN);
 
     let agent = &mut stack.agents[0];
     let mark = agent.pod.log_len();
@@ -249,10 +253,9 @@ fn sidecar_linger_then_haproxy_soft_stop() {
     // HAProxy keeps serving through the lingering agent, well past its delay (5 s) and
     // many health checks.
     load.wait_until(total, RUN);
-    assert!(
-        sigterm.elapsed() > Duration::from_secs(5),
-        "run too short to pass the delay"
-    );
+    while sigterm.elapsed() < Duration::from_secs(7) {
+        load.wait_more(100, RUN);
+    }
     assert!(stack.agents[0].pod.is_running(), "the agent left early");
     let status = stack.haproxy.agent_server_status("spoa1");
     assert!(status.starts_with("UP"), "spoa1 is {status}");
