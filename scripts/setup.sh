@@ -8,7 +8,7 @@ PACKAGES=(
   build-essential pkg-config ca-certificates curl python3 python3-venv
   haproxy coturn libmodsecurity-dev libmodsecurity3 modsecurity-crs
   nginx libnginx-mod-http-modsecurity
-  iproute2 procps util-linux psmisc
+  iproute2 procps util-linux psmisc openssl wrk
 )
 
 missing=()
