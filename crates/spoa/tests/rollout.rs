@@ -124,6 +124,7 @@ struct Run {
 
 /// The rolling restart under load; returns the totals and how each agent left.
 fn rolling_restart(agent_args: Vec<String>, no_retry: bool) -> Run {
+    let _heavy = support::HeavyLock::acquire();
     let mut stack = Stack::start(StackOptions {
         agents: 2,
         agent_args: agent_args.clone(),
@@ -230,6 +231,7 @@ fn rolling_restart_with_on_sigterm_exit() {
 
 #[test]
 fn sidecar_linger_then_haproxy_soft_stop() {
+    let _heavy = support::HeavyLock::acquire();
     let mut stack = Stack::start(StackOptions {
         agents: 1,
         // The chart's classic sidecar runs `--drain-timeout 40s`, longer than HAProxy's own

@@ -36,6 +36,7 @@ fn one_agent(config: Option<&str>, args: &[&str]) -> Stack {
 
 #[test]
 fn deadline_cuts_busy_connections_with_status_75() {
+    let _heavy = support::HeavyLock::acquire();
     let mut stack = one_agent(
         Some(ONE_WORKER),
         &[

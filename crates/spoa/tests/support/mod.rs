@@ -371,3 +371,27 @@ impl Stack {
 pub fn crate_dir() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
+
+/// Held by the tests that saturate the CPU (20,000-request runs), so that two of them never
+/// run at once under `cargo nextest` (2 tests in parallel on a 2-core machine would double
+/// every latency and turn HAProxy's `timeout processing` into failures that are about the
+/// machine, not the agent). A listening socket on a fixed loopback port is the lock: the
+/// kernel releases it when the process ends, even on a crash. Nothing connects to it.
+pub struct HeavyLock(TcpListener);
+
+impl HeavyLock {
+    /// Waits (up to 20 minutes) until no other heavy test runs.
+    pub fn acquire() -> HeavyLock {
+        let end = std::time::Instant::now() + Duration::from_secs(1200);
+        loop {
+            if let Ok(l) = TcpListener::bind("127.0.0.1:47931") {
+                return HeavyLock(l);
+            }
+            assert!(
+                std::time::Instant::now() < end,
+                "another heavy test held the lock for 20 minutes"
+            );
+            thread::sleep(Duration::from_millis(200));
+        }
+    }
+}

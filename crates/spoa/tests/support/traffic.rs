@@ -287,7 +287,9 @@ impl Conn {
     fn connect(addr: SocketAddr) -> std::io::Result<Conn> {
         let s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
         s.set_nodelay(true)?;
-        s.set_read_timeout(Some(Duration::from_secs(30)))?;
+        // HAProxy answers within `timeout processing` (2 s) plus the origin's time: a request
+        // without an answer after 15 s is a failure (and a stop does not wait longer).
+        s.set_read_timeout(Some(Duration::from_secs(15)))?;
         Ok(Conn {
             reader: BufReader::new(s.try_clone()?),
             writer: s,
