@@ -25,7 +25,7 @@ REALTIME = False
 # Extra lastcall-turn builds to compare (name -> binary), from --extra NAME=PATH.
 BINARIES = {}
 
-FULL = dict(rounds=5, fixed_rate=10000, duration=4.0, ladder=[10000, 20000, 40000, 80000],
+FULL = dict(rounds=5, fixed_rate=10000, duration=4.0, ladder=[10000, 20000, 40000, 80000, 120000, 160000],
             search_steps=3, ladder_duration=2.0, clients=4, size=160, allocs=[1000, 10000], concurrency=16)
 SMOKE = dict(rounds=1, fixed_rate=500, duration=1.0, ladder=[500, 1000], search_steps=0,
              ladder_duration=1.0, clients=2, size=160, allocs=[100, 300], concurrency=8)
