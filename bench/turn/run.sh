@@ -3,7 +3,9 @@
 #
 #   bash bench/turn/run.sh [full|smoke] [bench.py options...]
 #
-# full  (default): release builds, 6 alternating rounds (the first discarded), ~10 minutes.
+# full  (default): release builds, 5 alternating rounds (the first discarded), ~6 minutes.
+#        Add --realtime to run server and generator SCHED_FIFO (chrt) instead of nice -15 (as
+#        root): on a machine with other load this is what makes rounds comparable.
 # smoke: debug builds, one short round, under a minute once built; checks every figure is
 #        produced for both servers (tests/bench/test_turn_smoke.py runs it).
 #
@@ -13,6 +15,7 @@
 #   bisection), allocations per second, resident memory per allocation at 1,000 and 10,000
 #   live allocations (VmRSS delta / N), added latency p50/p99 over a direct echo.
 # With two or more CPUs the server runs on CPU 0 and the load generator on CPU 1 (taskset).
+# Results: docs/benchmarks.md ("lastcall-turn"); raw data of the published runs: bench/turn/results/.
 # The plot goes to docs/img/turn-bench.png (matplotlib from a cached virtualenv).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
