@@ -55,7 +55,7 @@ fi
 
 export PYTHONDONTWRITEBYTECODE=1
 # Suites: the given paths, or all of them.
-SUITES=(tests/charts tests/images)
+SUITES=(tests/charts tests/images tests/bench)
 for a in "$@"; do
   case "$a" in tests/*) SUITES=() ;; esac
 done
