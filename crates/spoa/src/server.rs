@@ -896,6 +896,77 @@ mod tests {
         tx.send(()).unwrap();
     }
 
+    /// The socket itself is asked: bytes written by the peer are seen as unread before any
+    /// read, and not once they were read.
+    #[tokio::test]
+    async fn unread_asks_the_socket() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut client = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        let (mut rd, _wr) = server.into_split();
+        assert_eq!(rd.unread(), Some(false));
+        client.write_all(b"notify").await.unwrap();
+        let end = Instant::now() + Duration::from_secs(10);
+        while rd.unread() != Some(true) {
+            assert!(Instant::now() < end, "bytes never seen");
+            tokio::task::yield_now().await;
+        }
+        let mut buf = [0u8; 6];
+        rd.read_exact(&mut buf).await.unwrap();
+        assert_eq!(rd.unread(), Some(false));
+        let (duplex_rd, _) = tokio::io::split(tokio::io::duplex(8).0);
+        assert_eq!(duplex_rd.unread(), None);
+    }
+
+    /// Without pipelining (an engine limit, off by default) the AGENT-HELLO does not announce
+    /// it, and a refusing connection closes with the ACK of its only NOTIFY.
+    #[tokio::test]
+    async fn without_pipelining_the_goodbye_rides_on_the_ack() {
+        let lc = Lifecycle::without_signals(TerminationConfig::new(
+            OnSigterm::Drain,
+            Duration::ZERO,
+            Duration::from_secs(30),
+        ));
+        let handle = lc.handle();
+        tokio::spawn(lc.run_with(futures_never()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let s = Shared::new(
+            Arc::new(Gated(Mutex::new(rx))),
+            Arc::new(Metrics::default()),
+            handle.clone(),
+            2,
+            Limits {
+                pipelining: false,
+                ..Limits::default()
+            },
+        );
+        let mut c = connect(&s);
+        match &hello(&mut c, false).await[..] {
+            [AgentFrame::Hello(kv)] => assert!(
+                !kv.iter()
+                    .any(|(_, v)| matches!(v, TypedData::String(t) if t.contains("pipelining"))),
+                "{kv:?}"
+            ),
+            other => panic!("{other:?}"),
+        }
+        c.write_all(&notify(5)).await.unwrap();
+        while s.metrics.inflight.get() == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        handle.start_drain(Trigger::Sigterm);
+        handle.refusing().await;
+        tx.send(()).unwrap();
+        let (frames, _, _) = read_frames(&mut c, 2).await;
+        assert!(
+            matches!(
+                frames[..],
+                [AgentFrame::Ack(5, 1, _), AgentFrame::Disconnect(0, _)]
+            ),
+            "{frames:?}"
+        );
+    }
+
     fn futures_never() -> impl futures::Stream<Item = Trigger> + Send + 'static {
         futures::stream::pending()
     }
