@@ -266,11 +266,13 @@ fn sidecar_linger_then_haproxy_soft_stop() {
     assert!(stack.agents[0].pod.is_running(), "the agent left early");
     let status = stack.haproxy.agent_server_status("spoa1");
     assert!(status.starts_with("UP"), "spoa1 is {status}");
-    let totals = load.stop();
+    let totals = load.totals();
     eprintln!("SIDECAR linger: {totals}");
 
-    // HAProxy's own graceful stop: it closes its SPOE connections and exits; the agent
-    // follows when the last one is closed.
+    // HAProxy's own graceful stop, under load: it stops listening (new client connections
+    // are refused: "other" failures, not the agent's), finishes the requests it has, each
+    // with its verdict from the lingering agent, closes its SPOE connections and exits; the
+    // agent follows when the last one is closed.
     let soft_stop = Instant::now();
     stack.haproxy.soft_stop();
     let ended = stack.agents[0]
@@ -279,6 +281,8 @@ fn sidecar_linger_then_haproxy_soft_stop() {
         .map(|_| Instant::now());
     let haproxy = stack.haproxy.pod.wait_exit(Duration::from_secs(60));
     let haproxy_exit = soft_stop + haproxy.elapsed_since_signal;
+    let after = load.stop();
+    eprintln!("SIDECAR during HAProxy's soft stop: {after}");
     let report = stack.agents[0].pod.wait_exit(Duration::from_secs(60));
     let agent_exit = sigterm + report.elapsed_since_signal;
     let ended = ended.expect("the agent logs the end of its drain");
@@ -300,5 +304,9 @@ fn sidecar_linger_then_haproxy_soft_stop() {
         totals.failed(),
         0,
         "requests answered without the WAF verdict: {totals}"
+    );
+    assert_eq!(
+        after.spoe_errors, 0,
+        "requests HAProxy finished during its soft stop without a verdict: {after}"
     );
 }

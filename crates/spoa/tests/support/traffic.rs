@@ -132,6 +132,23 @@ impl Load {
         self.wait_until(self.done() + n, timeout);
     }
 
+    /// The totals so far (the clients keep running).
+    pub fn totals(&self) -> Totals {
+        let c = &self.counters;
+        let (ok, spoe_errors, other) = (
+            c.ok.load(Ordering::SeqCst),
+            c.spoe_errors.load(Ordering::SeqCst),
+            c.other.load(Ordering::SeqCst),
+        );
+        Totals {
+            requests: ok + spoe_errors + other,
+            ok,
+            spoe_errors,
+            other,
+            blocked: c.blocked.load(Ordering::SeqCst),
+        }
+    }
+
     /// Stops the clients (each finishes its request) and returns the totals.
     pub fn stop(mut self) -> Totals {
         self.stop.store(true, Ordering::SeqCst);
