@@ -453,7 +453,17 @@ impl Shared {
                 None => return,
             },
         };
-        match sock.try_send_to(data, to) {
+        // tokio's try_send_to answers WouldBlock until its I/O driver has seen the socket
+        // writable once, which a new relay socket may not have been yet: its first
+        // datagram was dropped. On WouldBlock ask the kernel itself (non-blocking); only a
+        // full buffer drops.
+        let sent = match sock.try_send_to(data, to) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                socket2::SockRef::from(&*sock).send_to(data, &to.into())
+            }
+            other => other,
+        };
+        match sent {
             Ok(_) => flow.add(data.len()),
             Err(_) => {
                 self.metrics.send_dropped.inc();
