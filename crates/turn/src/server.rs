@@ -331,6 +331,16 @@ impl Shared {
 
     /// Runs `f` on the locked core with a [`RelayProvider`], then applies the core's events.
     fn with_core<R>(self: &Arc<Self>, f: impl FnOnce(&mut Server, &mut Relays<'_>) -> R) -> R {
+        self.with_core_ended(f).0
+    }
+
+    /// [`with_core`](Self::with_core), handing back the session guards of the allocations
+    /// that ended, for the caller to drop once the response is sent: the last guard may end
+    /// the drain and the process, before a Refresh(0) was answered.
+    fn with_core_ended<R>(
+        self: &Arc<Self>,
+        f: impl FnOnce(&mut Server, &mut Relays<'_>) -> R,
+    ) -> (R, Vec<SessionGuard>) {
         let mut core = self.lock();
         let Core {
             server,
@@ -344,25 +354,32 @@ impl Shared {
             relay_tasks,
         };
         let r = f(server, &mut relays);
-        self.events(server, guards);
-        r
+        let mut ended = Vec::new();
+        self.events(server, guards, &mut ended);
+        (r, ended)
     }
 
-    /// Runs one client datagram/frame through the core; returns what to send.
+    /// Runs one client datagram/frame through the core; returns what to send and the session
+    /// guards of allocations it ended (drop them after sending).
     fn on_client<'a>(
         self: &Arc<Self>,
         from: ClientAddr,
         data: &'a [u8],
         out: &'a mut Vec<u8>,
-    ) -> Option<Transmit<'a>> {
+    ) -> (Option<Transmit<'a>>, Vec<SessionGuard>) {
         self.metrics.client_rx.add(data.len());
-        self.with_core(|server, relays| {
+        self.with_core_ended(|server, relays| {
             server.handle_client(Instant::now(), from, data, relays, out)
         })
     }
 
     /// Applies the core's events: session guards, metrics, logs.
-    fn events(&self, server: &mut Server, guards: &mut HashMap<ClientAddr, SessionGuard>) {
+    fn events(
+        &self,
+        server: &mut Server,
+        guards: &mut HashMap<ClientAddr, SessionGuard>,
+        ended: &mut Vec<SessionGuard>,
+    ) {
         while let Some(ev) = server.poll_event() {
             match ev {
                 Event::AllocationCreated {
@@ -385,7 +402,7 @@ impl Shared {
                     ..
                 } => {
                     self.metrics.allocations(transport(client.transport)).dec();
-                    guards.remove(&client);
+                    ended.extend(guards.remove(&client));
                     // An expired allocation means a silent client: close its connection.
                     if client.transport.is_stream() && reason == DeleteReason::Expired {
                         if let Some(h) = lock(&self.streams).get(&client) {
@@ -517,9 +534,12 @@ async fn udp_loop(shared: Arc<Shared>, sock: Arc<UdpSocket>, local: SocketAddr) 
             client,
             local,
         };
-        if let Some(t) = shared.on_client(from, data, &mut out) {
+        let (t, ended) = shared.on_client(from, data, &mut out);
+        if let Some(t) = t {
             shared.transmit_now(t);
         }
+        // The allocation's end counts once its response is on its way.
+        drop(ended);
     }
 }
 
@@ -687,9 +707,11 @@ where
                     let Some(frame) = rest.get(..len) else {
                         break 'conn;
                     };
-                    if let Some(t) = shared.on_client(addr, frame, &mut out) {
+                    let (t, ended) = shared.on_client(addr, frame, &mut out);
+                    if let Some(t) = t {
                         shared.transmit_now(t);
                     }
+                    drop(ended);
                     start += len;
                 }
                 Ok(None) => break,
