@@ -47,7 +47,7 @@ impl Ticker {
 
     /// Whether a progress line is due now.
     pub fn due(&self) -> bool {
-        self.last.map_or(true, |l| l.elapsed() >= self.every)
+        self.last.is_none_or(|l| l.elapsed() >= self.every)
     }
 
     /// Shows `line` if a progress line is due.
