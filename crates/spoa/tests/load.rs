@@ -12,7 +12,7 @@
 
 mod support;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufReader, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -58,36 +58,7 @@ impl Client {
             self.writer,
             "GET {target} HTTP/1.1\r\nHost: load.example\r\nUser-Agent: lastcall-load/1.0\r\nAccept: */*\r\n\r\n"
         )?;
-        let mut line = String::new();
-        self.reader.read_line(&mut line)?;
-        let status: u16 = line
-            .split_whitespace()
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .ok_or_else(|| std::io::Error::other(format!("bad status line {line:?}")))?;
-        let mut len = 0usize;
-        let mut close = false;
-        loop {
-            let mut h = String::new();
-            if self.reader.read_line(&mut h)? == 0 {
-                return Err(std::io::Error::other("eof in headers"));
-            }
-            let h = h.trim_end();
-            if h.is_empty() {
-                break;
-            }
-            if let Some((k, v)) = h.split_once(':') {
-                if k.eq_ignore_ascii_case("content-length") {
-                    len = v.trim().parse().unwrap_or(0);
-                }
-                if k.eq_ignore_ascii_case("connection") && v.trim().eq_ignore_ascii_case("close") {
-                    close = true;
-                }
-            }
-        }
-        let mut body = vec![0; len];
-        self.reader.read_exact(&mut body)?;
-        Ok((status, close))
+        support::read_response(&mut self.reader)
     }
 }
 

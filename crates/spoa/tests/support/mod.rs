@@ -84,30 +84,9 @@ fn origin_conn(conn: TcpStream, served: &AtomicU64) {
         let mut parts = line.split_whitespace();
         let method = parts.next().unwrap_or("").to_owned();
         let path = parts.next().unwrap_or("").to_owned();
-        let mut len = 0usize;
-        let mut close = false;
-        loop {
-            let mut h = String::new();
-            if reader.read_line(&mut h).unwrap_or(0) == 0 {
-                return;
-            }
-            let h = h.trim_end();
-            if h.is_empty() {
-                break;
-            }
-            if let Some((k, v)) = h.split_once(':') {
-                if k.eq_ignore_ascii_case("content-length") {
-                    len = v.trim().parse().unwrap_or(0);
-                }
-                if k.eq_ignore_ascii_case("connection") && v.trim().eq_ignore_ascii_case("close") {
-                    close = true;
-                }
-            }
-        }
-        let mut body = vec![0; len];
-        if reader.read_exact(&mut body).is_err() {
+        let Ok((len, close)) = read_headers_and_body(&mut reader) else {
             return;
-        }
+        };
         served.fetch_add(1, Ordering::SeqCst);
         let (extra, text) = if path.starts_with("/leak") {
             (
@@ -125,6 +104,52 @@ fn origin_conn(conn: TcpStream, served: &AtomicU64) {
             return;
         }
     }
+}
+
+/// Reads the rest of an HTTP/1.1 message whose start line has been read: the header lines
+/// up to the blank line, then a `Content-Length` body (read and discarded). Returns the
+/// body length and whether the message carries `Connection: close`. Used by the origin for
+/// requests and by the keep-alive clients ([`read_response`]) for answers.
+pub fn read_headers_and_body(reader: &mut impl BufRead) -> std::io::Result<(usize, bool)> {
+    let mut len = 0usize;
+    let mut close = false;
+    loop {
+        let mut h = String::new();
+        if reader.read_line(&mut h)? == 0 {
+            return Err(std::io::Error::other("eof in headers"));
+        }
+        let h = h.trim_end();
+        if h.is_empty() {
+            break;
+        }
+        if let Some((k, v)) = h.split_once(':') {
+            if k.eq_ignore_ascii_case("content-length") {
+                len = v.trim().parse().unwrap_or(0);
+            }
+            if k.eq_ignore_ascii_case("connection") && v.trim().eq_ignore_ascii_case("close") {
+                close = true;
+            }
+        }
+    }
+    let mut body = vec![0; len];
+    reader.read_exact(&mut body)?;
+    Ok((len, close))
+}
+
+/// Reads one HTTP/1.1 response from a keep-alive connection (status line, headers,
+/// `Content-Length` body); returns the status and whether the server closes the connection.
+pub fn read_response(reader: &mut impl BufRead) -> std::io::Result<(u16, bool)> {
+    let mut line = String::new();
+    if reader.read_line(&mut line)? == 0 {
+        return Err(std::io::Error::other("connection closed before the answer"));
+    }
+    let status: u16 = line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| std::io::Error::other(format!("bad status line {line:?}")))?;
+    let (_, close) = read_headers_and_body(reader)?;
+    Ok((status, close))
 }
 
 /// An HTTP response as the client saw it.

@@ -11,7 +11,7 @@
 //! XSS in a form body (POST, 403), 1 in 10 a benign form POST (200), the rest benign GETs with
 //! a few headers (200).
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufReader, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -327,37 +327,6 @@ impl Conn {
         req.push_str("\r\n");
         req.push_str(body);
         self.writer.write_all(req.as_bytes())?;
-        let mut line = String::new();
-        if self.reader.read_line(&mut line)? == 0 {
-            return Err(std::io::Error::other("connection closed before the answer"));
-        }
-        let status: u16 = line
-            .split_whitespace()
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .ok_or_else(|| std::io::Error::other(format!("bad status line {line:?}")))?;
-        let mut len = 0usize;
-        let mut close = false;
-        loop {
-            let mut h = String::new();
-            if self.reader.read_line(&mut h)? == 0 {
-                return Err(std::io::Error::other("eof in headers"));
-            }
-            let h = h.trim_end();
-            if h.is_empty() {
-                break;
-            }
-            if let Some((k, v)) = h.split_once(':') {
-                if k.eq_ignore_ascii_case("content-length") {
-                    len = v.trim().parse().unwrap_or(0);
-                }
-                if k.eq_ignore_ascii_case("connection") && v.trim().eq_ignore_ascii_case("close") {
-                    close = true;
-                }
-            }
-        }
-        let mut body = vec![0; len];
-        self.reader.read_exact(&mut body)?;
-        Ok((status, close))
+        super::read_response(&mut self.reader)
     }
 }
