@@ -188,6 +188,24 @@ fn slow_to_compile(bind: &str) -> String {
     format!("bind: {bind}\ndefault_application: app0\napplications:\n{apps}")
 }
 
+/// Starts the agent on free ports with [`slow_to_compile`] rules and `--on-sigterm policy`;
+/// returns once it logs that the rules are compiling (the config's directory must outlive
+/// the process).
+fn start_compiling_slowly(policy: &str) -> (tempfile::TempDir, lastcall::harness::Pod) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("c.yaml");
+    let port = lastcall::harness::free_port();
+    std::fs::write(&path, slow_to_compile(&format!("127.0.0.1:{port}"))).expect("write");
+    let admin = format!("127.0.0.1:{}", lastcall::harness::free_port());
+    let mut cmd = Command::new(agent_bin());
+    cmd.arg("--config")
+        .arg(&path)
+        .args(["--admin-addr", &admin, "--on-sigterm", policy]);
+    let pod = lastcall::harness::Pod::spawn(cmd);
+    pod.wait_for_log("compiling the rules of 20 application(s)", WAIT);
+    (dir, pod)
+}
+
 /// The signal handlers exist before the rules compile: a SIGTERM while they compile ends the
 /// process at once with status 0 (nothing is live), instead of being lost (PID 1) or waiting
 /// for the compilation. Deterministic: the log line is written after the handlers are
@@ -195,17 +213,7 @@ fn slow_to_compile(bind: &str) -> String {
 #[test]
 fn sigterm_while_the_rules_compile_exits_at_once_with_status_0() {
     for (signal, policy) in [(Signal::Term, "drain"), (Signal::Quit, "drain")] {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("c.yaml");
-        let port = lastcall::harness::free_port();
-        std::fs::write(&path, slow_to_compile(&format!("127.0.0.1:{port}"))).expect("write");
-        let admin = format!("127.0.0.1:{}", lastcall::harness::free_port());
-        let mut cmd = Command::new(agent_bin());
-        cmd.arg("--config")
-            .arg(&path)
-            .args(["--admin-addr", &admin, "--on-sigterm", policy]);
-        let mut pod = lastcall::harness::Pod::spawn(cmd);
-        pod.wait_for_log("compiling the rules of 20 application(s)", WAIT);
+        let (_dir, mut pod) = start_compiling_slowly(policy);
         pod.signal(signal);
         let report = pod.wait_exit(WAIT);
         assert_eq!(report.code, Some(0), "{report:?}");
@@ -223,17 +231,7 @@ fn sigterm_while_the_rules_compile_exits_at_once_with_status_0() {
 /// agent starts and serves.
 #[test]
 fn ignored_sigterm_during_start_up_lets_the_agent_start() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join("c.yaml");
-    let port = lastcall::harness::free_port();
-    std::fs::write(&path, slow_to_compile(&format!("127.0.0.1:{port}"))).expect("write");
-    let admin = format!("127.0.0.1:{}", lastcall::harness::free_port());
-    let mut cmd = Command::new(agent_bin());
-    cmd.arg("--config")
-        .arg(&path)
-        .args(["--admin-addr", &admin, "--on-sigterm", "ignore"]);
-    let mut pod = lastcall::harness::Pod::spawn(cmd);
-    pod.wait_for_log("compiling the rules of 20 application(s)", WAIT);
+    let (_dir, mut pod) = start_compiling_slowly("ignore");
     pod.signal(Signal::Term);
     pod.wait_for_log("listening on", Duration::from_secs(60));
     assert!(pod.has_log("SIGTERM received during start-up and ignored"));
