@@ -143,9 +143,7 @@ applications:
         wait_some(20);
         let text = if round % 2 == 0 { block } else { detect };
         std::fs::write(&path, text).expect("rewrite config");
-        let mark = agent.pod.log_len();
-        agent.pod.signal(Signal::Hup);
-        agent.pod.wait_for_log_after(mark, "rules reloaded", WAIT);
+        agent.signal_and_wait_for_log(Signal::Hup, "rules reloaded");
         let want = if round % 2 == 0 { 403 } else { 200 };
         assert_eq!(get(http, attack).status, want, "after reload {round}");
     }
@@ -156,11 +154,7 @@ applications:
         "applications:\n  - name: default\n    directives: SecRuleEngine Maybe\n",
     )
     .expect("rewrite");
-    let mark = agent.pod.log_len();
-    agent.pod.signal(Signal::Hup);
-    agent
-        .pod
-        .wait_for_log_after(mark, "reload failed, keeping the running rules", WAIT);
+    agent.signal_and_wait_for_log(Signal::Hup, "reload failed, keeping the running rules");
     wait_some(20);
     stop.store(true, Ordering::SeqCst);
     for w in workers {

@@ -113,9 +113,7 @@ fn linger_refuses_nothing_and_leaves_when_haproxy_is_gone() {
     });
     let http = stack.http();
     let agent = &mut stack.agents[0];
-    let mark = agent.pod.log_len();
-    agent.pod.signal(Signal::Term);
-    agent.pod.wait_for_log_after(mark, "linger", WAIT);
+    agent.signal_and_wait_for_log(Signal::Term, "linger");
     // Well past the delay and several health checks: still served, never DOWN.
     let end = Instant::now() + Duration::from_secs(4);
     let mut served = 0;

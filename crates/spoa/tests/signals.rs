@@ -93,9 +93,7 @@ fn second_sigterm_exits_within_a_second() {
     }
     let agent = &mut stack.agents[0];
     assert!(agent.metric("spoa_connections") >= 1.0);
-    let mark = agent.pod.log_len();
-    agent.pod.signal(Signal::Term);
-    agent.pod.wait_for_log_after(mark, "announcing", WAIT);
+    agent.signal_and_wait_for_log(Signal::Term, "announcing");
     agent.pod.signal(Signal::Term);
     let report = agent.pod.wait_exit(Duration::from_secs(30));
     eprintln!("SECOND SIGTERM: {report:?}");

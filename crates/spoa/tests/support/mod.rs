@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 
-use lastcall::harness::{self, Pod};
+use lastcall::harness::{self, Pod, Signal};
 
 pub use haproxy::Haproxy;
 
@@ -266,6 +266,14 @@ pub struct Agent {
 }
 
 impl Agent {
+    /// Sends `signal` and waits (up to [`WAIT`]) for a log line containing `needle` written
+    /// after the signal; returns that line.
+    pub fn signal_and_wait_for_log(&mut self, signal: Signal, needle: &str) -> String {
+        let mark = self.pod.log_len();
+        self.pod.signal(signal);
+        self.pod.wait_for_log_after(mark, needle, WAIT)
+    }
+
     /// Starts an agent on free loopback ports with `config` (YAML; `None` = built-in CRS
     /// application) and extra arguments; waits until it listens.
     pub fn start(config: Option<&str>, extra: &[&str]) -> Agent {
