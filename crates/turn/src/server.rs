@@ -299,10 +299,22 @@ pub fn start(
         }
     }
     tokio::spawn(timer_loop(Arc::clone(&shared)));
-    tokio::spawn(drain_on_refusing(
-        Arc::clone(&shared),
-        config.alternate_servers.clone(),
-    ));
+    // One list for every pod (a chart renders one config): a server never sends new clients
+    // to itself, by a listening or an external (public) address on its own ports.
+    let own_ips: Vec<IpAddr> = udp
+        .iter()
+        .chain(&tcp)
+        .map(SocketAddr::ip)
+        .chain(config.external_ips.iter().map(|e| e.public))
+        .collect();
+    let own_ports = [config.listening_port, config.tls_listening_port];
+    let alternates = config
+        .alternate_servers
+        .iter()
+        .filter(|a| !(own_ips.contains(&a.ip()) && own_ports.contains(&a.port())))
+        .copied()
+        .collect();
+    tokio::spawn(drain_on_refusing(Arc::clone(&shared), alternates));
     Ok(Running {
         shared,
         udp,
