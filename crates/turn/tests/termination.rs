@@ -787,3 +787,36 @@ fn the_first_datagram_of_every_new_allocation_is_relayed() {
         "first datagram lost on allocations {missing:?}"
     );
 }
+
+/// One `--alternate-server` list for every pod (as a chart renders it) names the draining
+/// server itself too: it skips its own address and sends every newcomer to the others.
+#[test]
+fn a_draining_server_never_redirects_to_itself() {
+    let b = Turn::start(&[]);
+    let port = common::free_udp_tcp_port();
+    let admin = format!("127.0.0.1:{}", harness::free_port());
+    let mut args = common::turn_args(port, &admin);
+    args.extend([
+        "--shutdown-delay=0s".to_string(),
+        "--drain-timeout=60s".to_string(),
+        format!("--alternate-server=127.0.0.1:{port}"),
+        format!("--alternate-server=127.0.0.1:{}", b.port),
+    ]);
+    let mut a = Turn::spawn(args, port, 0, admin);
+    let peer = Peer::start();
+    let _live = start_calls(loopback(a.port), loopback(peer.port), 1, "live");
+    a.pod.signal(Signal::Term);
+    a.pod
+        .wait_for_log("refusing new allocations (300 Try Alternate)", WAIT);
+    for i in 0..4 {
+        let r = TurnClient::new(loopback(a.port), SECRET, &format!("new{i}")).allocate(600);
+        assert_eq!(
+            r,
+            Err(TurnError::Code {
+                code: 300,
+                alternate: Some(loopback(b.port))
+            }),
+            "newcomer {i}"
+        );
+    }
+}
