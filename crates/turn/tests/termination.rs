@@ -254,8 +254,9 @@ fn refusing_without_alternate_fails_new_clients_at_once_with_403() {
     turn.pod
         .wait_for_log("refusing new allocations (403)", WAIT);
 
+    let mut late = TurnClient::new(server, SECRET, "late");
     let started = Instant::now();
-    let refused = TurnClient::new(server, SECRET, "late").allocate(600);
+    let refused = late.allocate(600);
     let own = started.elapsed();
     assert_eq!(
         refused,
@@ -357,8 +358,9 @@ fn refusing_redirects_new_clients_round_robin_to_alternates_that_relay() {
     // Three newcomers: 300 each, alternating between B and C.
     let mut alternates = Vec::new();
     for i in 0..3 {
+        let mut newcomer = TurnClient::new(server, SECRET, &format!("new{i}"));
         let started = Instant::now();
-        let r = TurnClient::new(server, SECRET, &format!("new{i}")).allocate(600);
+        let r = newcomer.allocate(600);
         let took = started.elapsed();
         match r {
             Err(TurnError::Code {
