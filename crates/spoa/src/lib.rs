@@ -4,8 +4,8 @@
 //! Layout: [`frame`] and [`conn`] are the sans-IO protocol core (bytes in, events out);
 //! [`server`] is the tokio connection engine (listeners, pipelining, bounded evaluation,
 //! drain); [`config`] reads coraza-spoa's YAML; [`message`] decodes the `coraza-req` and
-//! `coraza-res` messages; [`waf`] evaluates them with libmodsecurity on the bounded blocking
-//! pool; [`metrics`] holds the Prometheus metrics.
+//! `coraza-res` messages; [`waf`] evaluates them with libmodsecurity on the evaluation
+//! threads of [`pool`]; [`metrics`] holds the Prometheus metrics.
 #![forbid(unsafe_code)]
 
 pub mod config;
@@ -13,5 +13,6 @@ pub mod conn;
 pub mod frame;
 pub mod message;
 pub mod metrics;
+pub mod pool;
 pub mod server;
 pub mod waf;

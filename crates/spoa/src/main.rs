@@ -301,7 +301,7 @@ async fn serve(cli: Cli, lifecycle: Lifecycle, cfg: Config, apps: Apps) -> anyho
         cfg.workers,
         limits,
     );
-    let server = tokio::spawn(server::serve(listener, shared));
+    let server = tokio::spawn(server::serve(listener, Arc::clone(&shared)));
     tokio::spawn(reload_loop(
         handle.clone(),
         cli.config.clone(),
@@ -325,6 +325,13 @@ async fn serve(cli: Cli, lifecycle: Lifecycle, cfg: Config, apps: Apps) -> anyho
         "connection tasks stopped {} ms after the exit decision",
         exiting.elapsed().as_millis()
     );
+    // Let running evaluations finish (libmodsecurity must not run while the process exits).
+    let stopped = tokio::task::spawn_blocking(move || shared.stop_workers(Duration::from_secs(5)))
+        .await
+        .unwrap_or(false);
+    if !stopped {
+        tracing::warn!("an evaluation was still running at exit");
+    }
     Ok(outcome.exit_code())
 }
 

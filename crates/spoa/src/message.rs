@@ -166,6 +166,17 @@ impl Request {
     }
 }
 
+/// The `app` argument of a message (the last one, as the decoders read it), without
+/// decoding the rest.
+pub fn app_of(msg: &Message) -> String {
+    msg.args
+        .iter()
+        .rev()
+        .find(|(name, _)| name == "app")
+        .and_then(|(_, v)| text(v))
+        .unwrap_or_default()
+}
+
 impl Response {
     /// Decodes a `coraza-res` message.
     pub fn from_message(msg: &Message) -> Self {

@@ -1,7 +1,8 @@
 //! The SPOP connection engine: listeners (TCP, `unix://`), one task per connection,
-//! pipelined NOTIFYs evaluated concurrently (bounded per connection and globally, on the
-//! blocking pool), every NOTIFY ACKed, every frame written whole, and the drain recipe of
-//! `docs/spoa.md`:
+//! pipelined NOTIFYs evaluated concurrently (bounded per connection, and globally by the
+//! evaluation threads of [`crate::pool`]; NOTIFYs that need no engine work are answered on
+//! the connection task itself), every NOTIFY ACKed, every frame written whole, and the drain
+//! recipe of `docs/spoa.md`:
 //!
 //! - from the trigger (Announcing), health-check HELLOs get AGENT-DISCONNECT, so HAProxy marks
 //!   this server DOWN and stops choosing it, while existing connections are served normally;
@@ -12,11 +13,11 @@
 //!
 //! Under `--on-sigterm linger` the phase is Lingering and nothing is refused.
 
+use std::collections::VecDeque;
 use std::future::Future;
 use std::io;
 use std::net::IpAddr;
 use std::path::PathBuf;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -26,14 +27,15 @@ use spop::frame::Message;
 use spop::TypedData;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, UnixListener};
-use tokio::sync::Semaphore;
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 use tokio::task::JoinSet;
 
 use crate::config::Bind;
 use crate::conn::{CloseReason, Conn, Event, HelloPolicy};
 use crate::frame;
 use crate::metrics::Metrics;
-use crate::waf::{Handler, AGENT_ERROR};
+use crate::pool::{Pool, SlotFuture, Work};
+use crate::waf::{Handler, Vars, AGENT_ERROR};
 
 /// Engine limits.
 #[derive(Debug, Clone)]
@@ -72,12 +74,13 @@ pub struct Shared {
     handler: Arc<dyn Handler>,
     metrics: Arc<Metrics>,
     handle: Handle,
-    pool: Arc<Semaphore>,
+    pool: Pool,
     limits: Limits,
 }
 
 impl Shared {
-    /// `workers` bounds concurrent evaluations across all connections.
+    /// `workers` evaluation threads (started here) bound concurrent evaluations across all
+    /// connections.
     pub fn new(
         handler: Arc<dyn Handler>,
         metrics: Arc<Metrics>,
@@ -89,9 +92,15 @@ impl Shared {
             handler,
             metrics,
             handle,
-            pool: Arc::new(Semaphore::new(workers.max(1))),
+            pool: Pool::new(workers, "spoa-eval"),
             limits,
         })
+    }
+
+    /// Stops the evaluation threads: what is queued is dropped, and what is running is
+    /// waited for, up to `within` (blocking). True when every thread has exited.
+    pub fn stop_workers(&self, within: Duration) -> bool {
+        self.pool.shutdown(within)
     }
 
     fn policy(&self) -> HelloPolicy {
@@ -212,8 +221,6 @@ async fn accept(l: &Listener) -> io::Result<(Accepted, Option<IpAddr>)> {
     }
 }
 
-type AckFuture = Pin<Box<dyn Future<Output = Vec<u8>> + Send>>;
-
 /// Serves one connection to its end (any stream; without a socket to peek at, "nothing
 /// unread" relies on the reactor's readiness alone).
 pub async fn serve_conn<S>(io: S, peer: Option<IpAddr>, shared: Arc<Shared>)
@@ -230,10 +237,15 @@ where
     R: AsyncRead + Unread + Unpin,
     W: AsyncWrite + Unpin,
 {
+    let (acks_tx, acks) = unbounded_channel();
     let mut task = ConnTask {
         conn: Conn::new(shared.limits.max_frame_size).with_pipelining(shared.limits.pipelining),
         buf: BytesMut::with_capacity(16 * 1024),
-        inflight: JoinSet::new(),
+        inflight: 0,
+        acks_tx,
+        acks,
+        waiting: VecDeque::new(),
+        slot: None,
         session: None,
         partial_since: None,
         last_activity: Instant::now(),
@@ -245,7 +257,25 @@ where
         shared,
     };
     task.run().await;
+    if let Some((session, gauge)) = task.session.take() {
+        drop(gauge);
+        let handle = &task.shared.handle;
+        if handle.phase() == Phase::Lingering && !handle.is_exiting() {
+            // While lingering, a closed connection still counts as a session for a moment:
+            // HAProxy 2.6 soft-stopping closes every idle SPOE connection and opens a new
+            // one for the next message, and a lingering agent that saw no session in
+            // between would leave and fail that message (measured in tests/rollout.rs's
+            // sidecar test).
+            tokio::spawn(async move {
+                tokio::time::sleep(LINGER_RECONNECT_HOLD).await;
+                drop(session);
+            });
+        }
+    }
 }
+
+/// How long a connection closed while lingering still counts as a session.
+const LINGER_RECONNECT_HOLD: Duration = Duration::from_millis(250);
 
 /// Whether bytes are waiting in the kernel's receive buffer, asked of the socket itself
 /// (`recv(MSG_PEEK | MSG_DONTWAIT)`). tokio's readiness can lag behind the socket on a busy
@@ -288,7 +318,15 @@ impl<T> Unread for tokio::io::ReadHalf<T> {
 struct ConnTask<R, W> {
     conn: Conn,
     buf: BytesMut,
-    inflight: JoinSet<Vec<u8>>,
+    /// NOTIFYs handed to the pool (queued, waiting for room, or running) and not yet ACKed.
+    inflight: usize,
+    /// Where the evaluation threads send this connection's ACKs (one per NOTIFY handed over).
+    acks_tx: UnboundedSender<Vec<u8>>,
+    acks: UnboundedReceiver<Vec<u8>>,
+    /// Evaluations waiting for room in the pool's queue (it was full), in order.
+    waiting: VecDeque<Work>,
+    /// While `waiting` is not empty: this connection's place in line for the queue.
+    slot: Option<SlotFuture>,
     /// Held from the HELLO on: the lifecycle session and the `spoa_connections` gauge.
     session: Option<(lastcall::SessionGuard, ConnGauge)>,
     partial_since: Option<Instant>,
@@ -330,7 +368,7 @@ where
             if let Flow::Done = self.pump().await {
                 return;
             }
-            if self.eof && self.inflight.is_empty() {
+            if self.eof && self.inflight == 0 {
                 if let Some(Event::Close { reply, reason }) = self.conn.on_eof(&self.buf) {
                     self.close(reply, &reason).await;
                 }
@@ -360,7 +398,7 @@ where
 
     /// Turns buffered bytes into events while there is room for more evaluations.
     async fn pump(&mut self) -> Flow {
-        while self.inflight.len() < self.per_conn() {
+        while self.inflight < self.per_conn() {
             let Some(ev) = self.conn.poll(&mut self.buf, self.shared.policy()) else {
                 break;
             };
@@ -383,9 +421,36 @@ where
                 } => {
                     self.last_activity = Instant::now();
                     let max = self.conn.max_frame_size();
-                    let shared = Arc::clone(&self.shared);
-                    self.inflight
-                        .spawn(evaluate(shared, stream_id, frame_id, messages, max));
+                    let inline = match self.shared.handle.phase() {
+                        Phase::Serving => self.shared.handler.answer_inline(&messages),
+                        // Once a drain has started, through the pool as before: with
+                        // `--on-sigterm linger` and HAProxy 2.6 soft-stopping under load
+                        // (tests/rollout.rs), immediate answers there left a request waiting
+                        // for `timeout processing` in 3 of 4 runs (measured before
+                        // `LINGER_RECONNECT_HOLD`, which addresses the likely cause).
+                        _ => None,
+                    };
+                    if let Some(vars) = inline {
+                        // No engine work (e.g. `coraza-res` without response checks): answer
+                        // here, without any hand-off.
+                        self.shared.metrics.observe(0.0);
+                        let mut ack = Vec::new();
+                        frame::encode_ack(stream_id, frame_id, &vars, max, &mut ack);
+                        if let Flow::Done = self.on_ack(ack).await {
+                            return Flow::Done;
+                        }
+                        continue;
+                    }
+                    let reply = Reply {
+                        tx: Some(self.acks_tx.clone()),
+                        stream_id,
+                        frame_id,
+                        max_frame_size: max,
+                        inflight: Some(InflightGauge::new(&self.shared.metrics)),
+                    };
+                    let work = evaluation(&self.shared, messages, reply);
+                    self.inflight += 1;
+                    self.hand_over(work);
                 }
                 Event::Close { reply, reason } => {
                     self.close(reply, &reason).await;
@@ -404,7 +469,7 @@ where
     /// Waits for the next thing to do: the deadline, a finished evaluation, bytes, a stalled
     /// frame, or a phase change.
     async fn wait(&mut self, phase: &mut PhaseWatch) -> Flow {
-        let can_read = !self.eof && self.inflight.len() < self.per_conn();
+        let can_read = !self.eof && self.inflight < self.per_conn();
         let timeout_at = self
             .partial_since
             .map(|s| s + self.shared.limits.partial_frame_timeout);
@@ -414,8 +479,29 @@ where
                 self.goodbye(Vec::new(), "shutting down").await;
                 Flow::Done
             }
-            Some(done) = self.inflight.join_next(), if !self.inflight.is_empty() => {
-                self.on_ack(done.unwrap_or_default()).await
+            Some(ack) = self.acks.recv(), if self.inflight > 0 => {
+                self.inflight -= 1;
+                self.on_ack(ack).await
+            }
+            slot = wait_slot(&mut self.slot), if self.slot.is_some() => {
+                self.slot = None;
+                match slot {
+                    Some(slot) => {
+                        if let Some(work) = self.waiting.pop_front() {
+                            self.shared.pool.submit(slot, work);
+                        }
+                        while let Some(work) = self.waiting.pop_front() {
+                            if let Err(work) = self.shared.pool.try_submit(work) {
+                                self.waiting.push_front(work);
+                                self.slot = Some(self.shared.pool.slot());
+                                break;
+                            }
+                        }
+                    }
+                    // The pool is gone: dropping the work answers with errors.
+                    None => self.waiting.clear(),
+                }
+                Flow::Continue
             }
             read = self.rd.read_buf(&mut self.buf), if can_read => {
                 if !matches!(read, Ok(n) if n > 0) {
@@ -467,10 +553,24 @@ where
     }
 
     fn idle_while_refusing(&self) -> bool {
-        self.shared.refusing()
-            && self.conn.is_ready()
-            && self.inflight.is_empty()
-            && self.buf.is_empty()
+        self.shared.refusing() && self.conn.is_ready() && self.inflight == 0 && self.buf.is_empty()
+    }
+
+    /// Queues an evaluation on the pool at once if there is room and nothing of this
+    /// connection waits before it; otherwise it waits, in order, for room.
+    fn hand_over(&mut self, work: Work) {
+        let work = if self.waiting.is_empty() {
+            match self.shared.pool.try_submit(work) {
+                Ok(()) => return,
+                Err(work) => work,
+            }
+        } else {
+            work
+        };
+        self.waiting.push_back(work);
+        if self.slot.is_none() {
+            self.slot = Some(self.shared.pool.slot());
+        }
     }
 
     fn per_conn(&self) -> usize {
@@ -522,37 +622,84 @@ async fn nothing_unread<R: AsyncRead + Unpin>(rd: &mut R, buf: &mut BytesMut) ->
     .await
 }
 
-fn evaluate(
-    shared: Arc<Shared>,
+async fn wait_slot(slot: &mut Option<SlotFuture>) -> Option<crate::pool::Slot> {
+    match slot {
+        Some(f) => f.await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Where one NOTIFY's ACK goes. Exactly one ACK is sent for it: the verdict, or, if the
+/// evaluation panicked or was dropped unrun, an error (`txn.<prefix>.error`).
+struct Reply {
+    tx: Option<UnboundedSender<Vec<u8>>>,
     stream_id: u64,
     frame_id: u64,
-    messages: Vec<Message>,
     max_frame_size: u32,
-) -> AckFuture {
-    Box::pin(async move {
-        let started = Instant::now();
-        shared.metrics.inflight.inc();
-        let vars = match Arc::clone(&shared.pool).acquire_owned().await {
-            Ok(permit) => {
-                let handler = Arc::clone(&shared.handler);
-                tokio::task::spawn_blocking(move || {
-                    let _permit = permit;
-                    handler.handle(&messages)
-                })
-                .await
-                .unwrap_or_else(|e| {
-                    tracing::error!("evaluation panicked: {e}");
-                    vec![("error", TypedData::Int64(AGENT_ERROR))]
-                })
-            }
-            Err(_) => vec![("error", TypedData::Int64(AGENT_ERROR))],
-        };
-        shared.metrics.inflight.dec();
-        shared.metrics.observe(started.elapsed().as_secs_f64());
-        let mut out = Vec::new();
-        frame::encode_ack(stream_id, frame_id, &vars, max_frame_size, &mut out);
-        out
+    inflight: Option<InflightGauge>,
+}
+
+impl Reply {
+    fn closed(&self) -> bool {
+        self.tx.as_ref().is_none_or(UnboundedSender::is_closed)
+    }
+
+    fn send(&mut self, vars: &Vars) {
+        if let Some(tx) = self.tx.take() {
+            let mut out = Vec::new();
+            frame::encode_ack(
+                self.stream_id,
+                self.frame_id,
+                vars,
+                self.max_frame_size,
+                &mut out,
+            );
+            // Not counted as in flight any more once the connection can see the ACK.
+            self.inflight = None;
+            let _ = tx.send(out);
+        }
+    }
+}
+
+impl Drop for Reply {
+    fn drop(&mut self) {
+        if self.tx.is_some() {
+            self.send(&vec![("error", TypedData::Int64(AGENT_ERROR))]);
+        }
+    }
+}
+
+/// One NOTIFY's evaluation, to run on an evaluation thread.
+fn evaluation(shared: &Shared, messages: Vec<Message>, mut reply: Reply) -> Work {
+    let started = Instant::now();
+    let handler = Arc::clone(&shared.handler);
+    let metrics = Arc::clone(&shared.metrics);
+    Box::new(move || {
+        if reply.closed() {
+            // The connection is gone (closed at the deadline): nobody waits for this.
+            return;
+        }
+        let vars = handler.handle(&messages);
+        metrics.observe(started.elapsed().as_secs_f64());
+        reply.send(&vars);
     })
+}
+
+/// Counts a NOTIFY in `spoa_inflight` from its arrival until its evaluation ends (or is
+/// dropped unrun).
+struct InflightGauge(Arc<Metrics>);
+
+impl InflightGauge {
+    fn new(m: &Arc<Metrics>) -> Self {
+        m.inflight.inc();
+        InflightGauge(Arc::clone(m))
+    }
+}
+
+impl Drop for InflightGauge {
+    fn drop(&mut self) {
+        self.0.inflight.dec();
+    }
 }
 
 /// Counts an open (handshaken) connection in `spoa_connections` while alive.
@@ -614,6 +761,7 @@ mod tests {
     use super::*;
     use crate::frame::{decode_agent_frame, AgentFrame};
     use lastcall::{Lifecycle, OnSigterm, TerminationConfig, Trigger};
+    use std::pin::Pin;
     use std::sync::Mutex;
     use tokio::io::DuplexStream;
 
@@ -966,6 +1114,75 @@ mod tests {
             ),
             "{frames:?}"
         );
+    }
+
+    /// Answers inline when told to; panics when asked to evaluate a `coraza-req` with
+    /// `boom` in its name, counts the other evaluations.
+    struct Split(std::sync::atomic::AtomicUsize);
+
+    impl Handler for Split {
+        fn handle(&self, m: &[Message]) -> crate::waf::Vars {
+            assert!(!m.iter().any(|m| m.name.contains("boom")), "boom");
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            vec![("verdict", TypedData::String("pool".into()))]
+        }
+        fn answer_inline(&self, m: &[Message]) -> Option<crate::waf::Vars> {
+            m.iter()
+                .all(|m| m.name == "inline")
+                .then(|| vec![("verdict", TypedData::String("inline".into()))])
+        }
+    }
+
+    fn notify_named(sid: u64, name: &str) -> Vec<u8> {
+        let mut v = Vec::new();
+        let msg = Message {
+            name: name.into(),
+            args: vec![],
+        };
+        frame::encode_notify(sid, 1, &msg, &mut v);
+        v
+    }
+
+    /// Messages that need no engine work are answered on the connection task; a panicking
+    /// evaluation is answered with an error and the pool goes on.
+    #[tokio::test]
+    async fn inline_answers_and_a_panicking_evaluation() {
+        let lc = Lifecycle::without_signals(TerminationConfig::new(
+            OnSigterm::Drain,
+            Duration::ZERO,
+            Duration::from_secs(30),
+        ));
+        let split = Arc::new(Split(std::sync::atomic::AtomicUsize::new(0)));
+        let s = shared(split.clone(), &lc.handle());
+        let mut c = connect(&s);
+        assert!(matches!(
+            hello(&mut c, false).await[..],
+            [AgentFrame::Hello(_)]
+        ));
+        let mut all = notify_named(1, "inline");
+        all.extend(notify_named(2, "coraza-req"));
+        all.extend(notify_named(3, "boom"));
+        all.extend(notify_named(4, "coraza-req"));
+        c.write_all(&all).await.unwrap();
+        let (frames, _, _) = read_frames(&mut c, 4).await;
+        let mut got: Vec<(u64, String)> = frames
+            .iter()
+            .map(|f| match f {
+                AgentFrame::Ack(sid, 1, vars) => (*sid, format!("{:?}", vars[0])),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        got.sort();
+        assert!(got[0].1.contains("inline"), "{got:?}");
+        assert!(got[1].1.contains("pool"), "{got:?}");
+        assert!(
+            got[2].1.contains("error") && got[2].1.contains("99"),
+            "{got:?}"
+        );
+        assert!(got[3].1.contains("pool"), "{got:?}");
+        assert_eq!(split.0.load(std::sync::atomic::Ordering::SeqCst), 2);
+        assert_eq!(s.metrics.inflight.get(), 0);
+        assert!(s.stop_workers(Duration::from_secs(20)));
     }
 
     fn futures_never() -> impl futures::Stream<Item = Trigger> + Send + 'static {

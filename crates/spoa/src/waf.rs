@@ -1,8 +1,10 @@
 //! WAF evaluation: `coraza-req` / `coraza-res` messages through libmodsecurity, and the
 //! variables set back in HAProxy (coraza-spoa's names).
 //!
-//! Everything here is blocking and CPU-bound; the server calls [`Waf::handle`] on the
-//! bounded blocking pool, never on an async worker. Rules are compiled once per
+//! Everything here is blocking and CPU-bound; the server calls [`Waf::handle`] on its
+//! evaluation threads ([`crate::pool`]), never on an async worker, and asks
+//! [`Handler::answer_inline`] first, on the connection task, whether the engine is needed at
+//! all. Rules are compiled once per
 //! application and shared (`Arc`); [`Waf::swap`] replaces them all at once (a reload), while
 //! evaluations already running keep the rules they started with.
 
@@ -31,6 +33,13 @@ pub type Vars = Vec<(&'static str, TypedData)>;
 pub trait Handler: Send + Sync + 'static {
     /// Evaluates the messages and returns the variables to set in the ACK.
     fn handle(&self, messages: &[Message]) -> Vars;
+
+    /// The ACK's variables when no message needs any engine work (cheap, non-blocking:
+    /// called on the connection task before any hand-off); `None` when
+    /// [`handle`](Self::handle) must run.
+    fn answer_inline(&self, _messages: &[Message]) -> Option<Vars> {
+        None
+    }
 }
 
 /// One compiled application.
@@ -545,6 +554,29 @@ impl Handler for Waf {
         }
         out
     }
+
+    /// Inline when every message is a `coraza-res` of an application without response
+    /// checks, or unknown: exactly the messages [`handle`](Self::handle) answers with no
+    /// variables and no metric.
+    fn answer_inline(&self, messages: &[Message]) -> Option<Vars> {
+        let mut apps = None;
+        for m in messages {
+            match m.name.as_str() {
+                REQUEST_MESSAGE => return None,
+                RESPONSE_MESSAGE => {
+                    let apps = apps.get_or_insert_with(|| self.current());
+                    let app = apps.find(&crate::message::app_of(m))?;
+                    if app.config.response_check {
+                        return None;
+                    }
+                }
+                other => {
+                    tracing::debug!(message = other, "ignoring unknown SPOE message");
+                }
+            }
+        }
+        Some(Vars::new())
+    }
 }
 
 #[cfg(test)]
@@ -611,6 +643,34 @@ SecRule RESPONSE_HEADERS:X-Leak \"@streq yes\" \"id:1002,phase:3,deny,status:403
         assert_eq!(v, Verdict::Allow);
         assert!(var(&vars, "action").is_none());
         assert!(matches!(var(&vars, "id"), Some(TypedData::String(s)) if s.len() == 16));
+    }
+
+    #[test]
+    fn answered_inline_only_without_engine_work() {
+        let msg = |name: &str| Message {
+            name: name.into(),
+            args: vec![
+                ("app".into(), TypedData::String("a".into())),
+                ("id".into(), TypedData::String("TX".into())),
+            ],
+        };
+        let (off, m) = waf("");
+        assert_eq!(
+            off.answer_inline(&[msg(RESPONSE_MESSAGE)]),
+            Some(Vars::new())
+        );
+        assert_eq!(off.answer_inline(&[msg("other")]), Some(Vars::new()));
+        assert_eq!(off.answer_inline(&[msg(REQUEST_MESSAGE)]), None);
+        assert_eq!(
+            off.answer_inline(&[msg(RESPONSE_MESSAGE), msg(REQUEST_MESSAGE)]),
+            None
+        );
+        // What `handle` would have answered: nothing, and nothing counted.
+        assert!(off.handle(&[msg(RESPONSE_MESSAGE)]).is_empty());
+        assert_eq!(m.transactions_cached.get(), 0);
+        let (on, _) = waf("    response_check: true\n");
+        assert_eq!(on.answer_inline(&[msg(RESPONSE_MESSAGE)]), None);
+        assert_eq!(on.answer_inline(&[msg("other")]), Some(Vars::new()));
     }
 
     #[test]
