@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use lastcall::{Handle, PeerId, Phase};
+use prometheus_client::metrics::gauge::Gauge;
 use spop::frame::Message;
 use spop::TypedData;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -328,7 +329,7 @@ struct ConnTask<R, W> {
     /// While `waiting` is not empty: this connection's place in line for the queue.
     slot: Option<SlotFuture>,
     /// Held from the HELLO on: the lifecycle session and the `spoa_connections` gauge.
-    session: Option<(lastcall::SessionGuard, ConnGauge)>,
+    session: Option<(lastcall::SessionGuard, GaugeGuard)>,
     partial_since: Option<Instant>,
     /// Last NOTIFY received or ACK written.
     last_activity: Instant,
@@ -412,7 +413,7 @@ where
                         .peer
                         .map_or_else(|| PeerId::named("unix"), PeerId::from);
                     let guard = self.shared.handle.session(id);
-                    self.session = Some((guard, ConnGauge::new(&self.shared.metrics)));
+                    self.session = Some((guard, GaugeGuard::new(&self.shared.metrics.connections)));
                 }
                 Event::Notify {
                     stream_id,
@@ -446,7 +447,7 @@ where
                         stream_id,
                         frame_id,
                         max_frame_size: max,
-                        inflight: Some(InflightGauge::new(&self.shared.metrics)),
+                        inflight: Some(GaugeGuard::new(&self.shared.metrics.inflight)),
                     };
                     let work = evaluation(&self.shared, messages, reply);
                     self.inflight += 1;
@@ -636,7 +637,7 @@ struct Reply {
     stream_id: u64,
     frame_id: u64,
     max_frame_size: u32,
-    inflight: Option<InflightGauge>,
+    inflight: Option<GaugeGuard>,
 }
 
 impl Reply {
@@ -685,36 +686,20 @@ fn evaluation(shared: &Shared, messages: Vec<Message>, mut reply: Reply) -> Work
     })
 }
 
-/// Counts a NOTIFY in `spoa_inflight` from its arrival until its evaluation ends (or is
-/// dropped unrun).
-struct InflightGauge(Arc<Metrics>);
+/// Holds a gauge one higher while alive: a NOTIFY in `spoa_inflight` from its arrival until its
+/// evaluation ends (or is dropped unrun), an open (handshaken) connection in `spoa_connections`.
+struct GaugeGuard(Gauge);
 
-impl InflightGauge {
-    fn new(m: &Arc<Metrics>) -> Self {
-        m.inflight.inc();
-        InflightGauge(Arc::clone(m))
+impl GaugeGuard {
+    fn new(gauge: &Gauge) -> Self {
+        gauge.inc();
+        GaugeGuard(gauge.clone())
     }
 }
 
-impl Drop for InflightGauge {
+impl Drop for GaugeGuard {
     fn drop(&mut self) {
-        self.0.inflight.dec();
-    }
-}
-
-/// Counts an open (handshaken) connection in `spoa_connections` while alive.
-struct ConnGauge(Arc<Metrics>);
-
-impl ConnGauge {
-    fn new(m: &Arc<Metrics>) -> Self {
-        m.connections.inc();
-        ConnGauge(Arc::clone(m))
-    }
-}
-
-impl Drop for ConnGauge {
-    fn drop(&mut self) {
-        self.0.connections.dec();
+        self.0.dec();
     }
 }
 
