@@ -7,7 +7,7 @@ mod common;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{uclient, Peer, Turn, SECRET, WAIT};
+use common::{rest_call, uclient, Peer, Turn, SECRET, WAIT};
 use lastcall::harness::{self, Signal};
 
 fn bin() -> Command {
@@ -230,27 +230,12 @@ fn sigterm_keeps_live_allocation_relaying_and_refuses_new_ones() {
     let call = {
         let (port, peer_port) = (port.clone(), peer_port.clone());
         std::thread::spawn(move || {
-            uclient(
-                &[
-                    "-c",
-                    "-X",
-                    "-n",
-                    "300",
-                    "-m",
-                    "1",
-                    "-z",
-                    "20",
-                    "-p",
-                    &port,
-                    "-e",
-                    "127.0.0.1",
-                    "-r",
-                    &peer_port,
-                    "-u",
-                    "caller",
-                    "-W",
-                    SECRET,
-                ],
+            rest_call(
+                &["-c"],
+                (300, 1, 20),
+                &port,
+                &peer_port,
+                "caller",
                 Duration::from_secs(90),
             )
         })
@@ -328,27 +313,12 @@ fn draining_server_sends_new_clients_to_the_alternate_server() {
     let call = {
         let (port, peer_port) = (a_port.clone(), peer_port.clone());
         std::thread::spawn(move || {
-            uclient(
-                &[
-                    "-c",
-                    "-X",
-                    "-n",
-                    "250",
-                    "-m",
-                    "1",
-                    "-z",
-                    "20",
-                    "-p",
-                    &port,
-                    "-e",
-                    "127.0.0.1",
-                    "-r",
-                    &peer_port,
-                    "-u",
-                    "caller",
-                    "-W",
-                    SECRET,
-                ],
+            rest_call(
+                &["-c"],
+                (250, 1, 20),
+                &port,
+                &peer_port,
+                "caller",
                 Duration::from_secs(90),
             )
         })
@@ -359,27 +329,12 @@ fn draining_server_sends_new_clients_to_the_alternate_server() {
         .wait_for_log("refusing new allocations (300 Try Alternate)", WAIT);
 
     // uclient's probe Allocate gets 300 with ALTERNATE-SERVER; its clients then use B.
-    let moved = uclient(
-        &[
-            "-c",
-            "-X",
-            "-n",
-            "20",
-            "-m",
-            "2",
-            "-z",
-            "5",
-            "-p",
-            &a_port,
-            "-e",
-            "127.0.0.1",
-            "-r",
-            &peer_port,
-            "-u",
-            "newcomer",
-            "-W",
-            SECRET,
-        ],
+    let moved = rest_call(
+        &["-c"],
+        (20, 2, 5),
+        &a_port,
+        &peer_port,
+        "newcomer",
         Duration::from_secs(60),
     );
     moved.assert_all_echoed(40);
@@ -407,28 +362,12 @@ fn sigterm_exits_0_as_soon_as_the_last_tcp_call_ends() {
     let (port, peer_port) = (turn.port.to_string(), peer.port.to_string());
     // Over TCP an allocation ends with its connection, i.e. when uclient exits.
     let call = std::thread::spawn(move || {
-        uclient(
-            &[
-                "-t",
-                "-c",
-                "-X",
-                "-n",
-                "150",
-                "-m",
-                "1",
-                "-z",
-                "20",
-                "-p",
-                &port,
-                "-e",
-                "127.0.0.1",
-                "-r",
-                &peer_port,
-                "-u",
-                "caller",
-                "-W",
-                SECRET,
-            ],
+        rest_call(
+            &["-t", "-c"],
+            (150, 1, 20),
+            &port,
+            &peer_port,
+            "caller",
             Duration::from_secs(90),
         )
     });

@@ -23,7 +23,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use client::{Split, TurnClient, TurnError};
-use common::{uclient, Peer, Report, Turn, SECRET, WAIT};
+use common::{rest_call, uclient, Peer, Report, Turn, SECRET, WAIT};
 use lastcall::harness::{self, ExitReport, Pod, Signal};
 
 /// One datagram every 20 ms per call: 50/s, a voice call's packet rate.
@@ -388,27 +388,12 @@ fn refusing_redirects_new_clients_round_robin_to_alternates_that_relay() {
     let mut moved = start_calls(alternates[0], peer_addr, 1, "moved");
     // uclient follows it by itself.
     let (a_port, peer_port) = (a.port.to_string(), peer.port.to_string());
-    let uc = uclient(
-        &[
-            "-c",
-            "-X",
-            "-n",
-            "20",
-            "-m",
-            "2",
-            "-z",
-            "5",
-            "-p",
-            &a_port,
-            "-e",
-            "127.0.0.1",
-            "-r",
-            &peer_port,
-            "-u",
-            "newcomer",
-            "-W",
-            SECRET,
-        ],
+    let uc = rest_call(
+        &["-c"],
+        (20, 2, 5),
+        &a_port,
+        &peer_port,
+        "newcomer",
         Duration::from_secs(60),
     );
     println!(

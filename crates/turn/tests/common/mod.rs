@@ -174,6 +174,41 @@ pub fn uclient(args: &[&str], limit: Duration) -> Report {
     uclient_to("127.0.0.1", args, limit)
 }
 
+/// A bounded uclient call to a peer with TURN REST credentials (`-W SECRET`):
+/// `turnutils_uclient FLAGS -X -n N -m M -z Z -p PORT -e 127.0.0.1 -r PEER_PORT -u USER`,
+/// with `(n, m, z)` = messages per client, clients, and milliseconds between messages.
+pub fn rest_call(
+    flags: &[&str],
+    (n, m, z): (u32, u32, u32),
+    port: &str,
+    peer_port: &str,
+    user: &str,
+    limit: Duration,
+) -> Report {
+    let (n, m, z) = (n.to_string(), m.to_string(), z.to_string());
+    let mut args = flags.to_vec();
+    args.extend([
+        "-X",
+        "-n",
+        &n,
+        "-m",
+        &m,
+        "-z",
+        &z,
+        "-p",
+        port,
+        "-e",
+        "127.0.0.1",
+        "-r",
+        peer_port,
+        "-u",
+        user,
+        "-W",
+        SECRET,
+    ]);
+    uclient(&args, limit)
+}
+
 /// Runs `turnutils_uclient ARGS SERVER`, killed after `limit`.
 pub fn uclient_to(server: &str, args: &[&str], limit: Duration) -> Report {
     let started = Instant::now();
