@@ -131,12 +131,27 @@ pub struct TurnConfig {
     /// 0 none, 1 `verbose`, 2 `Verbose`.
     pub verbosity: u8,
     pub alternate_servers: Vec<SocketAddr>,
+    /// coturn's `relay-threads`: UDP I/O threads; 0 = one per CPU this process may run on
+    /// (see [`TurnConfig::udp_workers`]).
+    pub relay_threads: usize,
 }
+
+/// The most `relay-threads` accepted.
+pub const MAX_RELAY_THREADS: usize = 1024;
 
 impl TurnConfig {
     /// Whether a TLS listener runs: not `no-tls`, and both `cert` and `pkey` given.
     pub fn tls_enabled(&self) -> bool {
         !self.no_tls && self.cert.is_some() && self.pkey.is_some()
+    }
+
+    /// The number of UDP I/O threads: `relay-threads`, or when it is 0 the number of CPUs
+    /// this process may run on (its affinity mask and cgroup quota).
+    pub fn udp_workers(&self) -> usize {
+        match self.relay_threads {
+            0 => std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
+            n => n,
+        }
     }
 }
 
@@ -619,6 +634,15 @@ fn typed(
         c.flag(accepted);
     }
     let drain_min_allocations = c.value("drain-min-allocations", "a number");
+    let relay_threads = c
+        .value::<usize>("relay-threads", "a number of threads")
+        .unwrap_or(0);
+    if relay_threads > MAX_RELAY_THREADS {
+        c.require(
+            "relay-threads",
+            &format!("relay-threads={relay_threads}: at most {MAX_RELAY_THREADS}"),
+        );
+    }
     let pidfile = c.raw.last("pidfile").map(|(v, _)| PathBuf::from(v));
     let log_file = c.raw.last("log-file").map(|(v, _)| v.clone());
     let verbosity = if c.flag("Verbose") {
@@ -726,6 +750,7 @@ fn typed(
         log_file,
         verbosity,
         alternate_servers,
+        relay_threads,
     }
 }
 
@@ -1010,6 +1035,46 @@ mod tests {
             .contains("fdff::1".parse().unwrap()));
         assert!(parse_range("1.2.3.4-::1").is_err());
         assert!(parse_range("1.2.3.4/33").is_err());
+    }
+
+    #[test]
+    fn relay_threads_flag_file_and_default() {
+        assert_eq!(run(&[]).unwrap().turn.relay_threads, 0);
+        let s = run(&["--relay-threads=3"]).unwrap();
+        assert_eq!(s.turn.relay_threads, 3);
+        assert_eq!(s.turn.udp_workers(), 3);
+        assert_eq!(run(&["-m", "2"]).unwrap().turn.relay_threads, 2);
+        let f = file("relay-threads=4\n");
+        let path = f.path().to_str().unwrap().to_string();
+        assert_eq!(run(&["-c", &path]).unwrap().turn.relay_threads, 4);
+        let s = run(&["-c", &path, "--relay-threads", "5"]).unwrap();
+        assert_eq!(s.turn.relay_threads, 5, "the flag overrides the file");
+        let auto = run(&["--relay-threads=0"]).unwrap().turn;
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        assert_eq!(auto.udp_workers(), cpus);
+    }
+
+    #[test]
+    fn relay_threads_errors_name_the_option_and_line() {
+        let f = file("realm=x\nrelay-threads=many\n");
+        let path = f.path().to_str().unwrap().to_string();
+        let errs = errors(&["-c", &path]);
+        let all = errs.join("\n");
+        assert!(
+            all.contains(":2: relay-threads=many: not a number of threads"),
+            "{all}"
+        );
+        assert_eq!(errs.len(), 1, "{all}");
+        let all = errors(&["--relay-threads=-1"]).join("\n");
+        assert!(
+            all.contains("command line: relay-threads=-1: not a number of threads"),
+            "{all}"
+        );
+        let all = errors(&["--relay-threads=5000"]).join("\n");
+        assert!(
+            all.contains("command line: relay-threads=5000: at most 1024"),
+            "{all}"
+        );
     }
 
     #[test]

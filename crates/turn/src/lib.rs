@@ -11,3 +11,4 @@ pub mod metrics;
 pub mod options;
 pub mod server;
 pub mod tls;
+pub mod udp;

@@ -83,13 +83,14 @@ async fn run(settings: Settings, certs: Option<Arc<Certs>>) -> i32 {
     let metrics = Metrics::default();
     metrics.register(&mut registry, &turn.realm);
 
-    let running = match server::start(&turn, &ips, certs.clone(), metrics.clone(), handle.clone()) {
-        Ok(r) => r,
-        Err(e) => {
-            tracing::error!("{e}");
-            return EXIT_BIND;
-        }
-    };
+    let mut running =
+        match server::start(&turn, &ips, certs.clone(), metrics.clone(), handle.clone()) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::error!("{e}");
+                return EXIT_BIND;
+            }
+        };
     let admin = match lastcall::admin::serve(&handle, Arc::new(registry)).await {
         Ok(a) => Some(a),
         Err(e) => {
@@ -104,6 +105,7 @@ async fn run(settings: Settings, certs: Option<Arc<Certs>>) -> i32 {
     }
     tracing::info!(
         udp = ?running.udp,
+        udp_threads = running.udp_workers,
         tcp = ?running.tcp,
         tls = ?running.tls,
         relay_ports = %format!("{}-{}", turn.min_port, turn.max_port),
@@ -121,6 +123,8 @@ async fn run(settings: Settings, certs: Option<Arc<Certs>>) -> i32 {
         tracing::info!(allocations = left, "ending the remaining allocations");
     }
     running.shared.clear();
+    // The I/O threads finish the batch in hand (its responses are sent) and stop.
+    running.stop_workers();
     if let Some(pidfile) = &turn.pidfile {
         let _ = std::fs::remove_file(pidfile);
     }

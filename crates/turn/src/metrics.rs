@@ -12,6 +12,7 @@ use std::sync::atomic::AtomicU64;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
@@ -66,6 +67,23 @@ impl Flow {
         self.total_packets.inc();
         self.total_bytes.inc_by(len);
     }
+
+    /// Counts `packets` packets of `bytes` bytes in all (a batch).
+    #[inline]
+    pub fn add_many(&self, packets: u64, bytes: u64) {
+        if packets == 0 {
+            return;
+        }
+        self.packets.inc_by(packets);
+        self.bytes.inc_by(bytes);
+        self.total_packets.inc_by(packets);
+        self.total_bytes.inc_by(bytes);
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct WorkerLabel {
+    pub worker: String,
 }
 
 /// Every metric of the daemon; cheap to clone (all handles are shared atomics).
@@ -96,6 +114,10 @@ pub struct Metrics {
     pub tls_handshake_failures: Counter,
     /// Certificate reloads that failed (the old certificate stays in use).
     pub tls_reload_failures: Counter,
+    /// Datagrams read by each UDP I/O thread (from clients and from peers).
+    pub worker_datagrams: Family<WorkerLabel, Counter>,
+    /// Wake-ups (returns from epoll_wait with something to do) of each UDP I/O thread.
+    pub worker_wakeups: Family<WorkerLabel, Counter>,
 }
 
 impl Metrics {
@@ -182,6 +204,16 @@ impl Metrics {
             "lastcall_turn_tls_reload_failures",
             "Certificate reloads that failed (the previous certificate stays in use)",
             self.tls_reload_failures.clone(),
+        );
+        registry.register(
+            "lastcall_turn_udp_worker_datagrams",
+            "Datagrams read by each UDP I/O thread (relay-threads), from clients and peers",
+            self.worker_datagrams.clone(),
+        );
+        registry.register(
+            "lastcall_turn_udp_worker_wakeups",
+            "Wake-ups of each UDP I/O thread; datagrams / wake-ups is the mean batch",
+            self.worker_wakeups.clone(),
         );
     }
 }

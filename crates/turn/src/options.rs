@@ -53,6 +53,7 @@ pub const SUPPORTED: &[Spec] = &[
     spec("listening-ip", Some('L'), Multi, "IP", "Listening address (repeatable); 0.0.0.0 or :: mean every host address of that family [default: every host address]"),
     spec("relay-ip", Some('E'), Multi, "IP", "Relay address (repeatable; round-robin per address family) [default: the listening address the client used]"),
     spec("external-ip", Some('X'), Multi, "PUBLIC[/PRIVATE]", "Public address advertised for a relay address behind NAT (repeatable)"),
+    spec("relay-threads", Some('m'), Value, "N", "UDP I/O threads, each with its own listening socket per address (SO_REUSEPORT) and the relay sockets of its clients; 0 = one per CPU this process may run on [default: 0]"),
     spec("min-port", None, Value, "PORT", "Lowest relay port [default: 49152]"),
     spec("max-port", None, Value, "PORT", "Highest relay port [default: 65535]"),
     spec("realm", Some('r'), Value, "REALM", "Realm for long-term credentials"),
@@ -104,7 +105,6 @@ pub const COTURN_OTHER: &[(&str, bool)] = &[
     ("alt-tls-listening-port", true),
     ("tcp-proxy-port", true),
     ("relay-device", true),
-    ("relay-threads", true),
     ("sock-buf-size", true),
     ("no-auth", false),
     ("userdb", true),
@@ -205,7 +205,6 @@ pub const COTURN_OTHER: &[(&str, bool)] = &[
 pub const COTURN_OTHER_SHORT: &[(char, &str)] = &[
     ('d', "listening-device"),
     ('i', "relay-device"),
-    ('m', "relay-threads"),
     ('b', "userdb"),
     ('e', "psql-userdb"),
     ('M', "mysql-userdb"),

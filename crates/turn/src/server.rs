@@ -1,16 +1,16 @@
 //! The I/O around the sans-IO core: client listeners (UDP, TCP, TLS), relay sockets, timers,
 //! session guards, metrics and the drain.
 //!
-//! One [`Server`](lastcall_turn_proto::Server) sits behind one mutex; every socket task
-//! locks it for the few microseconds a packet takes, then sends outside the lock. A later
-//! optimisation would shard allocations over SO_REUSEPORT workers (one core each, relay
-//! sockets owned by the worker of their allocation), batch with recvmmsg/sendmmsg, and keep
-//! the hot ChannelData path out of the lock entirely.
+//! One [`Server`](lastcall_turn_proto::Server) sits behind one mutex. UDP (client listeners
+//! and every relay socket) is served by `relay-threads` I/O threads of [`crate::udp`], which
+//! take the lock once per batch of datagrams; TCP/TLS clients, timers, the drain and the admin
+//! listener run on tokio and take it per frame or event. Sends happen outside the lock.
 
 use std::collections::{HashMap, HashSet};
 use std::hash::BuildHasher;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -20,16 +20,16 @@ use lastcall_turn_proto::{
     Transmit, Transport,
 };
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::net::{TcpListener, UdpSocket};
+use tokio::net::TcpListener;
 use tokio::sync::mpsc;
-use tokio::task::AbortHandle;
 
 use crate::config::TurnConfig;
 use crate::metrics::{self, Metrics};
 use crate::tls::Certs;
+use crate::udp::{Cmd, Mailbox, Worker};
 
 /// Largest UDP datagram we read.
-const MAX_DATAGRAM: usize = 65_536;
+pub(crate) const MAX_DATAGRAM: usize = 65_536;
 /// Frames queued towards one TCP/TLS client before further ones are dropped.
 const STREAM_QUEUE: usize = 1024;
 /// Longest a TLS handshake may take.
@@ -52,30 +52,44 @@ pub enum StartError {
     Interfaces(String),
     #[error("no address to listen on")]
     NoAddress,
+    #[error("cannot start UDP I/O thread {worker}: {source}")]
+    Worker { worker: usize, source: io::Error },
 }
 
 /// The core and what is changed under the same lock.
-struct Core {
-    server: Server,
-    ports: PortPool,
-    guards: HashMap<ClientAddr, SessionGuard>,
-    relay_tasks: HashMap<SocketAddr, AbortHandle>,
+pub(crate) struct Core {
+    pub(crate) server: Server,
+    pub(crate) ports: PortPool,
+    pub(crate) guards: HashMap<ClientAddr, SessionGuard>,
 }
 
-/// State shared by every task.
+/// A relay socket and the UDP I/O thread that reads it.
+struct RelaySocket {
+    sock: Arc<std::net::UdpSocket>,
+    worker: usize,
+}
+
+/// State shared by every task and thread.
 pub struct Shared {
     core: Mutex<Core>,
-    relay_sockets: RwLock<HashMap<SocketAddr, Arc<UdpSocket>>>,
-    udp_listeners: HashMap<SocketAddr, Arc<UdpSocket>>,
-    streams: Mutex<HashMap<ClientAddr, StreamHandle>>,
-    metrics: Metrics,
+    /// Every relay socket, for sends from outside the worker that reads it.
+    relay_sockets: RwLock<HashMap<SocketAddr, RelaySocket>>,
+    /// A listener socket per listening address (worker 0's), for UDP sends from outside a
+    /// worker (none today: a UDP client's traffic is all handled by its worker).
+    udp_listeners: HashMap<SocketAddr, std::net::UdpSocket>,
+    pub(crate) streams: Mutex<HashMap<ClientAddr, StreamHandle>>,
+    pub(crate) metrics: Metrics,
     handle: Handle,
+    /// One per UDP I/O thread.
+    mailboxes: Vec<Arc<Mailbox>>,
+    /// Round-robin over the workers for relay sockets of TCP/TLS clients.
+    next_worker: AtomicUsize,
 }
 
 /// How other tasks reach a TCP/TLS client connection.
-struct StreamHandle {
+pub(crate) struct StreamHandle {
     /// Frames to write to the client.
-    tx: mpsc::Sender<Vec<u8>>,
+    pub(crate) tx: mpsc::Sender<Vec<u8>>,
     /// Asks the connection to close (its allocation expired).
     close: Arc<tokio::sync::Notify>,
 }
@@ -86,6 +100,22 @@ pub struct Running {
     pub udp: Vec<SocketAddr>,
     pub tcp: Vec<SocketAddr>,
     pub tls: Vec<SocketAddr>,
+    /// UDP I/O threads.
+    pub udp_workers: usize,
+    workers: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Running {
+    /// Stops the UDP I/O threads (after [`Shared::clear`]: their last sends are done when
+    /// this returns).
+    pub fn stop_workers(&mut self) {
+        for m in &self.shared.mailboxes {
+            m.post(Cmd::Stop);
+        }
+        for w in self.workers.drain(..) {
+            let _ = w.join();
+        }
+    }
 }
 
 /// The protocol core's configuration from ours.
@@ -172,11 +202,16 @@ fn host_addresses() -> Result<Vec<IpAddr>, StartError> {
 const LISTENER_BUFFER: usize = 4 << 20;
 const RELAY_BUFFER: usize = 1 << 20;
 
-fn bind_udp(addr: SocketAddr, buffer: usize) -> io::Result<std::net::UdpSocket> {
+fn bind_udp(addr: SocketAddr, buffer: usize, reuse_port: bool) -> io::Result<std::net::UdpSocket> {
     let domain = socket2::Domain::for_address(addr);
     let s = socket2::Socket::new(domain, socket2::Type::DGRAM, Some(socket2::Protocol::UDP))?;
     if addr.is_ipv6() {
         s.set_only_v6(true)?;
+    }
+    if reuse_port {
+        // One listener per worker on the same address: the kernel picks the socket by the
+        // client's 4-tuple hash, so a client always reaches the same worker.
+        s.set_reuse_port(true)?;
     }
     // Larger buffers absorb bursts while a task waits for the core's lock; failure to
     // enlarge them is not fatal.
@@ -208,19 +243,33 @@ pub fn start(
     metrics: Metrics,
     handle: Handle,
 ) -> Result<Running, StartError> {
-    let mut udp_std = Vec::new();
+    let workers = config.udp_workers().max(1);
+    // Per worker, its listener socket of each listening address.
+    let mut udp_std: Vec<Vec<(SocketAddr, std::net::UdpSocket)>> =
+        (0..workers).map(|_| Vec::new()).collect();
+    let mut udp = Vec::new();
     let mut tcp_std = Vec::new();
     let mut tls_std = Vec::new();
     for ip in ips {
         if !config.no_udp {
-            let addr = SocketAddr::new(*ip, config.listening_port);
-            udp_std.push(
-                bind_udp(addr, LISTENER_BUFFER).map_err(|source| StartError::Bind {
+            let mut addr = SocketAddr::new(*ip, config.listening_port);
+            let reuse = workers > 1;
+            for per_worker in &mut udp_std {
+                let s =
+                    bind_udp(addr, LISTENER_BUFFER, reuse).map_err(|source| StartError::Bind {
+                        proto: "UDP",
+                        addr,
+                        source,
+                    })?;
+                // Port 0: the others join the port the first one got.
+                addr = s.local_addr().map_err(|source| StartError::Bind {
                     proto: "UDP",
                     addr,
                     source,
-                })?,
-            );
+                })?;
+                per_worker.push((addr, s));
+            }
+            udp.push(addr);
         }
         if !config.no_tcp {
             let addr = SocketAddr::new(*ip, config.listening_port);
@@ -247,15 +296,18 @@ pub fn start(
         }
     };
     let mut udp_listeners = HashMap::new();
-    let mut udp = Vec::new();
-    for s in udp_std {
-        let addr = s
-            .local_addr()
-            .map_err(bind_err("UDP", SocketAddr::from(([0, 0, 0, 0], 0))))?;
-        let s = UdpSocket::from_std(s).map_err(bind_err("UDP", addr))?;
-        udp_listeners.insert(addr, Arc::new(s));
-        udp.push(addr);
+    if let Some(first) = udp_std.first() {
+        for (addr, s) in first {
+            udp_listeners.insert(*addr, s.try_clone().map_err(bind_err("UDP", *addr))?);
+        }
     }
+    let mailboxes = (0..workers)
+        .map(|worker| {
+            Mailbox::new(worker)
+                .map(Arc::new)
+                .map_err(|source| StartError::Worker { worker, source })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     let now = Instant::now();
     let server = Server::new(core_config(config), now, SystemTime::now());
     let shared = Arc::new(Shared {
@@ -263,16 +315,18 @@ pub fn start(
             server,
             ports: PortPool::new(config.min_port, config.max_port),
             guards: HashMap::new(),
-            relay_tasks: HashMap::new(),
         }),
         relay_sockets: RwLock::new(HashMap::new()),
         udp_listeners,
         streams: Mutex::new(HashMap::new()),
         metrics,
         handle,
+        mailboxes,
+        next_worker: AtomicUsize::new(0),
     });
-    for (addr, sock) in &shared.udp_listeners {
-        tokio::spawn(udp_loop(Arc::clone(&shared), Arc::clone(sock), *addr));
+    let mut threads = Vec::new();
+    for (worker, listeners) in udp_std.into_iter().enumerate() {
+        threads.push(spawn_worker(&shared, worker, listeners)?);
     }
     let mut tcp = Vec::new();
     for l in tcp_std {
@@ -320,11 +374,51 @@ pub fn start(
         udp,
         tcp,
         tls,
+        udp_workers: workers,
+        workers: threads,
     })
 }
 
+/// Starts UDP I/O thread `worker` on `listeners`; returns once it is ready.
+fn spawn_worker(
+    shared: &Arc<Shared>,
+    worker: usize,
+    listeners: Vec<(SocketAddr, std::net::UdpSocket)>,
+) -> Result<std::thread::JoinHandle<()>, StartError> {
+    let mailbox = shared
+        .mailboxes
+        .get(worker)
+        .cloned()
+        .ok_or(StartError::Worker {
+            worker,
+            source: io::Error::other("no mailbox"),
+        })?;
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let shared = Arc::clone(shared);
+    let thread = std::thread::Builder::new()
+        .name(format!("turn-udp-{worker}"))
+        .spawn(move || match Worker::new(shared, mailbox, listeners) {
+            Ok(w) => {
+                let _ = ready_tx.send(Ok(()));
+                w.run();
+            }
+            Err(e) => {
+                let _ = ready_tx.send(Err(e));
+            }
+        })
+        .map_err(|source| StartError::Worker { worker, source })?;
+    match ready_rx.recv() {
+        Ok(Ok(())) => Ok(thread),
+        Ok(Err(source)) => Err(StartError::Worker { worker, source }),
+        Err(_) => Err(StartError::Worker {
+            worker,
+            source: io::Error::other("the thread ended at start"),
+        }),
+    }
+}
+
 impl Shared {
-    fn lock(&self) -> MutexGuard<'_, Core> {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Core> {
         match self.core.lock() {
             Ok(g) => g,
             Err(poisoned) => poisoned.into_inner(),
@@ -358,12 +452,11 @@ impl Shared {
             server,
             ports,
             guards,
-            relay_tasks,
         } = &mut *core;
         let mut relays = Relays {
             shared: self,
             ports,
-            relay_tasks,
+            worker: None,
         };
         let r = f(server, &mut relays);
         let mut ended = Vec::new();
@@ -385,8 +478,20 @@ impl Shared {
         })
     }
 
+    /// The relay socket bound on `relay`.
+    pub(crate) fn relay_socket(&self, relay: SocketAddr) -> Option<Arc<std::net::UdpSocket>> {
+        read(&self.relay_sockets)
+            .get(&relay)
+            .map(|r| Arc::clone(&r.sock))
+    }
+
+    /// UDP I/O threads.
+    pub fn udp_workers(&self) -> usize {
+        self.mailboxes.len()
+    }
+
     /// Applies the core's events: session guards, metrics, logs.
-    fn events(
+    pub(crate) fn events(
         &self,
         server: &mut Server,
         guards: &mut HashMap<ClientAddr, SessionGuard>,
@@ -461,10 +566,17 @@ impl Shared {
     fn transmit_now(&self, t: Transmit<'_>) {
         let (sock, to, data, flow) = match t {
             Transmit::Client { to, data } if to.transport == Transport::Udp => {
-                match self.udp_listeners.get(&to.local) {
-                    Some(s) => (Arc::clone(s), to.client, data, &self.metrics.client_tx),
+                let sent = match self.udp_listeners.get(&to.local) {
+                    Some(s) => s.send_to(data, to.client),
                     None => return,
+                };
+                match sent {
+                    Ok(_) => self.metrics.client_tx.add(data.len()),
+                    Err(_) => {
+                        self.metrics.send_dropped.inc();
+                    }
                 }
+                return;
             }
             Transmit::Client { to, data } => {
                 let tx = lock(&self.streams).get(&to).map(|h| h.tx.clone());
@@ -477,22 +589,15 @@ impl Shared {
                 }
                 return;
             }
-            Transmit::Peer { relay, peer, data } => match read(&self.relay_sockets).get(&relay) {
-                Some(s) => (Arc::clone(s), peer, data, &self.metrics.peer_tx),
+            Transmit::Peer { relay, peer, data } => match self.relay_socket(relay) {
+                Some(s) => (s, peer, data, &self.metrics.peer_tx),
                 None => return,
             },
         };
-        // tokio's try_send_to answers WouldBlock until its I/O driver has seen the socket
-        // writable once, which a new relay socket may not have been yet: its first
-        // datagram was dropped. On WouldBlock ask the kernel itself (non-blocking); only a
-        // full buffer drops.
-        let sent = match sock.try_send_to(data, to) {
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                socket2::SockRef::from(&*sock).send_to(data, &to.into())
-            }
-            other => other,
-        };
-        match sent {
+        // A plain non-blocking send on the kernel's socket: no readiness cache stands in the
+        // way (tokio's try_send_to dropped the first datagram of a new relay socket, before
+        // its I/O driver had seen it writable); only a full buffer drops.
+        match sock.send_to(data, to) {
             Ok(_) => flow.add(data.len()),
             Err(_) => {
                 self.metrics.send_dropped.inc();
@@ -509,7 +614,7 @@ fn transport(t: Transport) -> metrics::Transport {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     match m.lock() {
         Ok(g) => g,
         Err(p) => p.into_inner(),
@@ -527,85 +632,6 @@ fn write<T>(m: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
     match m.write() {
         Ok(g) => g,
         Err(p) => p.into_inner(),
-    }
-}
-
-/// Reads client datagrams on one UDP listener.
-async fn udp_loop(shared: Arc<Shared>, sock: Arc<UdpSocket>, local: SocketAddr) {
-    let mut buf = vec![0u8; MAX_DATAGRAM];
-    let mut out = Vec::with_capacity(MAX_DATAGRAM);
-    loop {
-        let (n, client) = match sock.recv_from(&mut buf).await {
-            Ok(x) => x,
-            // ICMP errors from earlier sends (ECONNREFUSED) and the like: keep reading.
-            Err(_) => continue,
-        };
-        let Some(data) = buf.get(..n) else { continue };
-        let from = ClientAddr {
-            transport: Transport::Udp,
-            client,
-            local,
-        };
-        let (t, ended) = shared.on_client(from, data, &mut out);
-        if let Some(t) = t {
-            shared.transmit_now(t);
-        }
-        // The allocation's end counts once its response is on its way.
-        drop(ended);
-    }
-}
-
-/// Datagrams read from one relay socket before its task yields.
-const RELAY_BATCH: usize = 64;
-
-thread_local! {
-    /// Receive and output buffers shared by every relay task on a runtime thread: a relay
-    /// socket costs no buffer memory of its own (an allocation is a socket and a task).
-    static RELAY_BUFS: std::cell::RefCell<(Vec<u8>, Vec<u8>)> =
-        std::cell::RefCell::new((vec![0u8; MAX_DATAGRAM], Vec::with_capacity(MAX_DATAGRAM)));
-}
-
-/// Reads peer datagrams on one relay socket.
-async fn relay_loop(shared: Arc<Shared>, sock: Arc<UdpSocket>, relay: SocketAddr) {
-    loop {
-        if sock.readable().await.is_err() {
-            return;
-        }
-        // Everything queued, synchronously: no buffer is held across an await.
-        for _ in 0..RELAY_BATCH {
-            let more = RELAY_BUFS.with(|bufs| {
-                let Ok(mut bufs) = bufs.try_borrow_mut() else {
-                    return false;
-                };
-                let (buf, out) = &mut *bufs;
-                match sock.try_recv_from(buf) {
-                    Ok((n, peer)) => {
-                        let Some(data) = buf.get(..n) else {
-                            return true;
-                        };
-                        shared.metrics.peer_rx.add(n);
-                        let t = shared.lock().server.handle_peer(
-                            Instant::now(),
-                            relay,
-                            peer,
-                            data,
-                            out,
-                        );
-                        if let Some(t) = t {
-                            shared.transmit_now(t);
-                        }
-                        true
-                    }
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => false,
-                    // ICMP errors from earlier sends and the like: read on.
-                    Err(_) => true,
-                }
-            });
-            if !more {
-                break;
-            }
-        }
-        tokio::task::yield_now().await;
     }
 }
 
@@ -777,7 +803,7 @@ async fn drain_on_refusing(shared: Arc<Shared>, alternates: Vec<SocketAddr>) {
 }
 
 /// Relay ports in `min-port..=max-port`, per relay address.
-struct PortPool {
+pub(crate) struct PortPool {
     min: u16,
     max: u16,
     used: HashMap<IpAddr, HashSet<u16>>,
@@ -802,12 +828,13 @@ impl PortPool {
     }
 }
 
-/// The [`RelayProvider`] the core calls, with the pool and the task table borrowed from the
-/// locked core.
-struct Relays<'a> {
-    shared: &'a Arc<Shared>,
-    ports: &'a mut PortPool,
-    relay_tasks: &'a mut HashMap<SocketAddr, AbortHandle>,
+/// The [`RelayProvider`] the core calls, with the pool borrowed from the locked core.
+pub(crate) struct Relays<'a> {
+    pub(crate) shared: &'a Arc<Shared>,
+    pub(crate) ports: &'a mut PortPool,
+    /// The UDP I/O thread calling (its client's relay sockets are read by it), or `None`
+    /// from a tokio task (round-robin).
+    pub(crate) worker: Option<usize>,
 }
 
 impl Relays<'_> {
@@ -816,36 +843,44 @@ impl Relays<'_> {
         &self,
         ip: IpAddr,
         port: u16,
-    ) -> Result<Option<(SocketAddr, UdpSocket)>, RelayError> {
+    ) -> Result<Option<(SocketAddr, std::net::UdpSocket)>, RelayError> {
         if self.ports.used.get(&ip).is_some_and(|u| u.contains(&port)) {
             return Ok(None);
         }
         let addr = SocketAddr::new(ip, port);
-        let std_sock = match bind_udp(addr, RELAY_BUFFER) {
-            Ok(s) => s,
-            Err(e) if e.kind() == io::ErrorKind::AddrInUse => return Ok(None),
-            Err(e) if e.kind() == io::ErrorKind::AddrNotAvailable => {
-                return Err(RelayError::FamilyNotSupported)
-            }
-            Err(e) => return Err(RelayError::Failed(e.to_string())),
-        };
-        match UdpSocket::from_std(std_sock) {
+        match bind_udp(addr, RELAY_BUFFER, false) {
             Ok(s) => Ok(Some((addr, s))),
+            Err(e) if e.kind() == io::ErrorKind::AddrInUse => Ok(None),
+            Err(e) if e.kind() == io::ErrorKind::AddrNotAvailable => {
+                Err(RelayError::FamilyNotSupported)
+            }
             Err(e) => Err(RelayError::Failed(e.to_string())),
         }
     }
 
-    /// Makes a bound socket a relay: marks its port used and starts its reader.
-    fn register(&mut self, addr: SocketAddr, sock: UdpSocket) {
+    /// Makes a bound socket a relay: marks its port used and hands it to a UDP I/O thread.
+    fn register(&mut self, addr: SocketAddr, sock: std::net::UdpSocket) {
         let sock = Arc::new(sock);
         self.ports
             .used
             .entry(addr.ip())
             .or_default()
             .insert(addr.port());
-        write(&self.shared.relay_sockets).insert(addr, Arc::clone(&sock));
-        let task = tokio::spawn(relay_loop(Arc::clone(self.shared), sock, addr));
-        self.relay_tasks.insert(addr, task.abort_handle());
+        let n = self.shared.mailboxes.len().max(1);
+        let worker = self
+            .worker
+            .unwrap_or_else(|| self.shared.next_worker.fetch_add(1, Ordering::Relaxed))
+            % n;
+        write(&self.shared.relay_sockets).insert(
+            addr,
+            RelaySocket {
+                sock: Arc::clone(&sock),
+                worker,
+            },
+        );
+        if let Some(m) = self.shared.mailboxes.get(worker) {
+            m.post(Cmd::Add(addr, sock));
+        }
     }
 
     /// The next candidate port (cycling through the range from a random start).
@@ -906,10 +941,12 @@ impl RelayProvider for Relays<'_> {
     }
 
     fn release(&mut self, relay: SocketAddr) {
-        if let Some(task) = self.relay_tasks.remove(&relay) {
-            task.abort();
+        let removed = write(&self.shared.relay_sockets).remove(&relay);
+        if let Some(r) = removed {
+            if let Some(m) = self.shared.mailboxes.get(r.worker) {
+                m.post(Cmd::Remove(relay));
+            }
         }
-        write(&self.shared.relay_sockets).remove(&relay);
         if let Some(u) = self.ports.used.get_mut(&relay.ip()) {
             u.remove(&relay.port());
         }
