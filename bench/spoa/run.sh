@@ -32,7 +32,8 @@
 # PLOT (PNG to write, full: docs/img/bench-spoa.png; soak: docs/img/bench-spoa-soak.png),
 # SOAK_SECONDS (600), CONC (soak and profile: 32), TRAFFIC_KIND (profile: mixed),
 # PROFILE_SECONDS (15), CPU_SECONDS (10), PERF_FREQ (997),
-# LASTCALL_SPOA_BIN (agent binary; default: release build, debug build for smoke).
+# LASTCALL_SPOA_BIN (agent binary; default: release build, debug build for smoke),
+# NGINX_PRELOAD (a library nginx is started with in LD_PRELOAD, e.g. Debian's libmimalloc.so.2).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -291,7 +292,9 @@ start_spoa_noresp() {
 start_nginx() {
   nginx -p "$WORK" -c "$WORK/nginx-modsec.conf" -e "$WORK/nginx-error.log" -t -q ||
     die "nginx -t failed: $(cat "$WORK/nginx-error.log")"
-  nginx -p "$WORK" -c "$WORK/nginx-modsec.conf" -e "$WORK/nginx-error.log" &
+  # NGINX_PRELOAD=/usr/lib/x86_64-linux-gnu/libmimalloc.so.2: nginx with the agent's allocator
+  # (a control for how much of the difference is malloc; env execs nginx, the PID is nginx's).
+  ${NGINX_PRELOAD:+env LD_PRELOAD=$NGINX_PRELOAD} nginx -p "$WORK" -c "$WORK/nginx-modsec.conf" -e "$WORK/nginx-error.log" &
   NGINX_PID=$!
   PIDS+=($NGINX_PID)
   wait_200 "http://127.0.0.1:$NGINX_PORT/"

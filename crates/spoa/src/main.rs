@@ -17,6 +17,12 @@ use lastcall_spoa::metrics::Metrics;
 use lastcall_spoa::server::{self, Limits, Listener, Shared};
 use lastcall_spoa::waf::{Apps, Waf};
 
+/// mimalloc for Rust's allocations; its `override` feature also makes it the process's
+/// `malloc`, so libmodsecurity's many small C++ allocations (most of an evaluation's time
+/// outside the regex engine) skip glibc's arenas. Measured in docs/benchmarks.md.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// HAProxy SPOE agent running ModSecurity + OWASP CRS (drop-in for coraza-spoa).
 #[derive(Debug, Parser)]
 #[command(name = "lastcall-spoa", version, about)]
