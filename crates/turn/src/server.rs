@@ -213,10 +213,12 @@ fn bind_udp(addr: SocketAddr, buffer: usize, reuse_port: bool) -> io::Result<std
         // client's 4-tuple hash, so a client always reaches the same worker.
         s.set_reuse_port(true)?;
     }
-    // Larger buffers absorb bursts while a task waits for the core's lock; failure to
+    // Larger buffers absorb bursts while a worker waits for the core's lock; failure to
     // enlarge them is not fatal.
-    let _ = s.set_recv_buffer_size(buffer);
-    let _ = s.set_send_buffer_size(buffer);
+    if buffer > 0 {
+        let _ = s.set_recv_buffer_size(buffer);
+        let _ = s.set_send_buffer_size(buffer);
+    }
     s.set_nonblocking(true)?;
     s.bind(&addr.into())?;
     Ok(s.into())
@@ -254,6 +256,15 @@ pub fn start(
         if !config.no_udp {
             let mut addr = SocketAddr::new(*ip, config.listening_port);
             let reuse = workers > 1;
+            if reuse && addr.port() != 0 {
+                // SO_REUSEPORT would let us join another process's group on this port (same
+                // user) and split its clients: first make sure the port is free.
+                drop(bind_udp(addr, 0, false).map_err(|source| StartError::Bind {
+                    proto: "UDP",
+                    addr,
+                    source,
+                })?);
+            }
             for per_worker in &mut udp_std {
                 let s =
                     bind_udp(addr, LISTENER_BUFFER, reuse).map_err(|source| StartError::Bind {
@@ -377,6 +388,36 @@ pub fn start(
         udp_workers: workers,
         workers: threads,
     })
+}
+
+/// A server with `workers` mailboxes and neither threads nor listeners, for tests that drive
+/// a [`Worker`] by hand.
+#[cfg(test)]
+pub(crate) fn for_tests(config: &TurnConfig, handle: Handle, workers: usize) -> Arc<Shared> {
+    let now = Instant::now();
+    Arc::new(Shared {
+        core: Mutex::new(Core {
+            server: Server::new(core_config(config), now, SystemTime::now()),
+            ports: PortPool::new(config.min_port, config.max_port),
+            guards: HashMap::new(),
+        }),
+        relay_sockets: RwLock::new(HashMap::new()),
+        udp_listeners: HashMap::new(),
+        streams: Mutex::new(HashMap::new()),
+        metrics: Metrics::default(),
+        handle,
+        mailboxes: (0..workers)
+            .map(|w| Arc::new(Mailbox::new(w).expect("eventfd")))
+            .collect(),
+        next_worker: AtomicUsize::new(0),
+    })
+}
+
+#[cfg(test)]
+impl Shared {
+    pub(crate) fn mailbox(&self, worker: usize) -> Arc<Mailbox> {
+        Arc::clone(&self.mailboxes[worker])
+    }
 }
 
 /// Starts UDP I/O thread `worker` on `listeners`; returns once it is ready.

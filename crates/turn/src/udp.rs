@@ -759,3 +759,184 @@ fn send_chunk(
         Ok(r.count())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{self, Parsed};
+    use std::time::Duration;
+
+    fn shared() -> Arc<Shared> {
+        let args = [
+            "lastcall-turn",
+            "-n",
+            "--realm=example.org",
+            "--use-auth-secret",
+            "--static-auth-secret=s3cret",
+        ];
+        let Ok(Parsed::Run(s)) = config::parse(args) else {
+            panic!("test configuration")
+        };
+        let lifecycle = lastcall::Lifecycle::without_signals(s.term);
+        crate::server::for_tests(&s.turn, lifecycle.handle(), 1)
+    }
+
+    /// A STUN Binding request with transaction id `i`.
+    fn binding(i: u32) -> [u8; 20] {
+        let mut m = [0u8; 20];
+        m[..2].copy_from_slice(&0x0001u16.to_be_bytes());
+        m[4..8].copy_from_slice(&0x2112_A442u32.to_be_bytes());
+        m[16..].copy_from_slice(&i.to_be_bytes());
+        m
+    }
+
+    /// The kernel's receive queue of the UDP socket bound on `port` (bytes, /proc/net/udp).
+    fn rx_queue(port: u16) -> u64 {
+        let table = std::fs::read_to_string("/proc/net/udp").unwrap_or_default();
+        let local = format!(":{port:04X}");
+        table
+            .lines()
+            .filter_map(|l| {
+                let mut f = l.split_whitespace();
+                let addr = f.nth(1)?;
+                let queues = f.nth(2)?;
+                addr.ends_with(&local).then_some(queues)
+            })
+            .find_map(|q| u64::from_str_radix(q.split(':').nth(1)?, 16).ok())
+            .unwrap_or(0)
+    }
+
+    /// 100 datagrams queued on a listener before the worker looks: read 32 per `recvmmsg`
+    /// (one wake-up, one lock and one `sendmmsg` per 32), the short last batch tells the
+    /// queue is empty, no read ever returns EAGAIN, and every request is answered.
+    #[test]
+    fn a_backlog_larger_than_one_recvmmsg_is_read_in_full_batches_without_an_empty_read() {
+        let shared = shared();
+        let listener = UdpSocket::bind("127.0.0.1:0").expect("bind listener");
+        listener.set_nonblocking(true).expect("non-blocking");
+        let addr = listener.local_addr().expect("local address");
+        let mut worker = Worker::new(
+            Arc::clone(&shared),
+            shared.mailbox(0),
+            vec![(addr, listener)],
+        )
+        .expect("worker");
+        let client = UdpSocket::bind("127.0.0.1:0").expect("bind client");
+        client.connect(addr).expect("connect");
+        client.send(&binding(0)).expect("send");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let one = loop {
+            let q = rx_queue(addr.port());
+            if q > 0 {
+                break q;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the first datagram never arrived"
+            );
+            std::thread::yield_now();
+        };
+        for i in 1..100 {
+            client.send(&binding(i)).expect("send");
+        }
+        while rx_queue(addr.port()) < 100 * one {
+            assert!(Instant::now() < deadline, "the datagrams never arrived");
+            std::thread::yield_now();
+        }
+
+        worker.poll(EpollTimeout::ZERO);
+        let first = worker.stats;
+        assert_eq!(
+            (first.wakeups, first.recv_calls, first.datagrams),
+            (1, 1, RECV_BATCH as u64),
+            "{first:?}"
+        );
+        assert_eq!((first.batches, first.send_calls), (1, 1), "{first:?}");
+        for _ in 0..3 {
+            worker.poll(EpollTimeout::ZERO);
+        }
+        let all = worker.stats;
+        assert_eq!(
+            all,
+            WorkerStats {
+                wakeups: 4,
+                recv_calls: 4,
+                recv_empty: 0,
+                datagrams: 100,
+                batches: 4,
+                send_calls: 4,
+            }
+        );
+        // Nothing left: level-triggered epoll reports nothing, nothing is read.
+        worker.poll(EpollTimeout::ZERO);
+        assert_eq!(worker.stats, all);
+
+        client
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .expect("timeout");
+        let mut answered = std::collections::BTreeSet::new();
+        let mut buf = [0u8; 256];
+        while answered.len() < 100 {
+            let n = client.recv(&mut buf).expect("a Binding response");
+            let r = buf.get(..n).expect("datagram");
+            assert_eq!(r.get(..2), Some(&[0x01, 0x01][..]), "Binding success");
+            let id = u32::from_be_bytes(r[16..20].try_into().expect("txid"));
+            answered.insert(id);
+        }
+        assert_eq!(answered.len(), 100);
+        assert_eq!(shared.metrics.client_rx.packets.get(), 100);
+        assert_eq!(shared.metrics.client_tx.packets.get(), 100);
+    }
+
+    /// Relay sockets posted to a worker are read in the same wake-ups as its listener, one
+    /// batch for all; removed ones are no longer watched.
+    #[test]
+    fn relay_sockets_come_and_go_through_the_mailbox() {
+        let shared = shared();
+        let listener = UdpSocket::bind("127.0.0.1:0").expect("bind listener");
+        listener.set_nonblocking(true).expect("non-blocking");
+        let addr = listener.local_addr().expect("local address");
+        let mailbox = shared.mailbox(0);
+        let mut worker = Worker::new(
+            Arc::clone(&shared),
+            Arc::clone(&mailbox),
+            vec![(addr, listener)],
+        )
+        .expect("worker");
+        let mut relays = Vec::new();
+        for _ in 0..50 {
+            let s = UdpSocket::bind("127.0.0.1:0").expect("bind relay");
+            s.set_nonblocking(true).expect("non-blocking");
+            let a = s.local_addr().expect("relay address");
+            mailbox.post(Cmd::Add(a, Arc::new(s)));
+            relays.push(a);
+        }
+        worker.poll(EpollTimeout::ZERO);
+        assert_eq!(worker.relay_count(), 50);
+        let peer = UdpSocket::bind("127.0.0.1:0").expect("bind peer");
+        for r in &relays {
+            peer.send_to(b"no allocation here", r).expect("send");
+        }
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while worker.stats.datagrams < 50 {
+            assert!(Instant::now() < deadline, "{:?}", worker.stats);
+            worker.poll(EpollTimeout::from(100u16));
+        }
+        assert_eq!(worker.stats.datagrams, 50);
+        assert_eq!(worker.stats.recv_empty, 0);
+        assert!(worker.stats.batches <= worker.stats.wakeups);
+        // Without an allocation the core drops them: counted, nothing sent.
+        assert_eq!(shared.metrics.peer_rx.packets.get(), 50);
+        assert_eq!(worker.stats.send_calls, 0);
+        for r in &relays {
+            mailbox.post(Cmd::Remove(*r));
+        }
+        worker.poll(EpollTimeout::ZERO);
+        assert_eq!(worker.relay_count(), 0);
+        for r in &relays {
+            let _ = peer.send_to(b"closed", r);
+        }
+        worker.poll(EpollTimeout::from(100u16));
+        assert_eq!(worker.stats.datagrams, 50, "a removed socket was read");
+    }
+}
