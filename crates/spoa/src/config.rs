@@ -82,6 +82,8 @@ pub struct FileConfig {
     pub workers: Option<usize>,
     /// Concurrent evaluations per connection (pipelined NOTIFYs). Default 64.
     pub max_inflight_per_connection: Option<usize>,
+    /// Where requests are evaluated: `inline` (default) or `pool`.
+    pub evaluation: Option<String>,
 }
 
 /// One application as written.
@@ -160,6 +162,29 @@ pub struct Config {
     pub workers: usize,
     /// Per-connection evaluation bound.
     pub max_inflight_per_connection: usize,
+    /// Where requests are evaluated.
+    pub evaluation: Evaluation,
+}
+
+/// Where the engine runs a request (`evaluation` in the file).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Evaluation {
+    /// On the connection's own I/O thread, right after its NOTIFY is decoded (`workers` I/O
+    /// threads): no hand-off between threads, as nginx's in-process WAF.
+    Inline,
+    /// On `workers` dedicated evaluation threads fed by one queue: a slow evaluation never
+    /// holds up another connection's I/O.
+    Pool,
+}
+
+impl Evaluation {
+    /// The file's spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Evaluation::Inline => "inline",
+            Evaluation::Pool => "pool",
+        }
+    }
 }
 
 /// Default listener when neither the file nor `--bind` says.
@@ -237,6 +262,7 @@ impl Config {
             max_frame_size: spop::MAX_FRAME_SIZE_LIMIT,
             workers: 2 * cpus(),
             max_inflight_per_connection: 64,
+            evaluation: Evaluation::Inline,
         }
     }
 
@@ -431,6 +457,14 @@ fn check(f: FileConfig, text: &str, problems: &mut Vec<Problem>) -> Config {
             None => {}
         }
     }
+    match f.evaluation.as_deref() {
+        None | Some("inline") => {}
+        Some("pool") => cfg.evaluation = Evaluation::Pool,
+        Some(other) => problems.push(Problem {
+            line: find_line(text, "evaluation", Some(other)),
+            message: format!("evaluation `{other}`: expected inline or pool"),
+        }),
+    }
     let mut names = HashSet::new();
     for app in f.applications {
         let line = find_line(text, "name", Some(&app.name));
@@ -581,6 +615,22 @@ applications:
         let errs = Config::parse(text).unwrap_err();
         assert_eq!(errs.len(), 3, "{errs:?}");
         assert_eq!(errs[0].line, Some(1));
+    }
+
+    #[test]
+    fn evaluation_modes() {
+        let base = "applications:\n  - name: a\n";
+        assert_eq!(Config::parse(base).unwrap().evaluation, Evaluation::Inline);
+        let pool = format!("evaluation: pool\n{base}");
+        assert_eq!(Config::parse(&pool).unwrap().evaluation, Evaluation::Pool);
+        let bad = format!("{base}evaluation: threads\n");
+        let errs = Config::parse(&bad).unwrap_err();
+        let shown: Vec<String> = errs.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            shown,
+            ["line 3: evaluation `threads`: expected inline or pool"],
+            "{shown:?}"
+        );
     }
 
     #[test]

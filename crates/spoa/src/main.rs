@@ -12,7 +12,7 @@ use anyhow::Context as _;
 use clap::Parser;
 use lastcall::{Defaults, Lifecycle, LogArgs, TerminationArgs};
 use lastcall_modsec::ModSecurity;
-use lastcall_spoa::config::{Bind, Config};
+use lastcall_spoa::config::{Bind, Config, Evaluation};
 use lastcall_spoa::metrics::Metrics;
 use lastcall_spoa::server::{self, Limits, Listener, Shared};
 use lastcall_spoa::waf::{Apps, Waf};
@@ -149,7 +149,12 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
     };
     let log = effective_log_args(&cli.log, &cfg);
     lastcall::logging::init(&log);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if cfg.evaluation == Evaluation::Inline {
+        // Evaluations run on the I/O threads: `workers` of them bound how many run at once.
+        builder.worker_threads(cfg.workers);
+    }
+    let runtime = builder
         .enable_all()
         .build()
         .context("starting the tokio runtime")?;
@@ -288,15 +293,17 @@ async fn serve(cli: Cli, lifecycle: Lifecycle, cfg: Config, apps: Apps) -> anyho
         .with_context(|| format!("cannot listen on {}", cfg.bind))?;
     let _admin = lastcall::admin::serve(&handle, Arc::new(registry)).await?;
     tracing::info!(
-        "listening on {} (SPOP; max-frame-size {}, {} workers)",
+        "listening on {} (SPOP; max-frame-size {}, {} workers, evaluation {})",
         listener.local_addr(),
         cfg.max_frame_size,
-        cfg.workers
+        cfg.workers,
+        cfg.evaluation.as_str()
     );
 
     let limits = Limits {
         max_frame_size: cfg.max_frame_size,
         max_inflight_per_connection: cfg.max_inflight_per_connection,
+        evaluation: cfg.evaluation,
         ..Limits::default()
     };
     let handler: Arc<dyn lastcall_spoa::waf::Handler> = waf.clone();

@@ -31,7 +31,7 @@ use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 use tokio::task::JoinSet;
 
-use crate::config::Bind;
+use crate::config::{Bind, Evaluation};
 use crate::conn::{CloseReason, Conn, Event, HelloPolicy};
 use crate::frame;
 use crate::metrics::Metrics;
@@ -56,6 +56,9 @@ pub struct Limits {
     /// it for this long (default zero: at once). Measured only together with
     /// `pipelining: false` (1 s); with pipelining it would only make drains longer.
     pub drain_quiet: Duration,
+    /// Evaluate on the connection's task while serving ([`Evaluation::Inline`]) or on the
+    /// pool (default here: `Pool`; the daemon's default is `Inline`).
+    pub evaluation: Evaluation,
 }
 
 impl Default for Limits {
@@ -66,6 +69,7 @@ impl Default for Limits {
             partial_frame_timeout: Duration::from_secs(30),
             pipelining: true,
             drain_quiet: Duration::ZERO,
+            evaluation: Evaluation::Pool,
         }
     }
 }
@@ -442,6 +446,22 @@ where
                         }
                         continue;
                     }
+                    if self.shared.limits.evaluation == Evaluation::Inline
+                        && self.shared.handle.phase() == Phase::Serving
+                    {
+                        // The engine on this thread, as nginx runs it: no queue, no wake of
+                        // another thread, the ACK written by the thread that evaluated.
+                        let vars = self.evaluate_here(&messages);
+                        let mut ack = Vec::new();
+                        frame::encode_ack(stream_id, frame_id, &vars, max, &mut ack);
+                        if let Flow::Done = self.on_ack(ack).await {
+                            return Flow::Done;
+                        }
+                        // Let this thread's other connections (and the I/O driver) have a
+                        // turn between two evaluations of a pipelining connection.
+                        tokio::task::yield_now().await;
+                        continue;
+                    }
                     let reply = Reply {
                         tx: Some(self.acks_tx.clone()),
                         stream_id,
@@ -572,6 +592,22 @@ where
         if self.slot.is_none() {
             self.slot = Some(self.shared.pool.slot());
         }
+    }
+
+    /// Runs one NOTIFY's messages through the engine on this thread. A panic in the handler
+    /// answers with the error variable, as on the pool.
+    fn evaluate_here(&self, messages: &[Message]) -> Vars {
+        let started = Instant::now();
+        let _inflight = GaugeGuard::new(&self.shared.metrics.inflight);
+        let handler = &self.shared.handler;
+        let vars =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| handler.handle(messages)))
+                .unwrap_or_else(|_| {
+                    tracing::error!("evaluation panicked; answering with the error variable");
+                    vec![("error", TypedData::Int64(AGENT_ERROR))]
+                });
+        self.shared.metrics.observe(started.elapsed().as_secs_f64());
+        vars
     }
 
     fn per_conn(&self) -> usize {
@@ -777,6 +813,99 @@ mod tests {
             2,
             Limits::default(),
         )
+    }
+
+    /// Records the name of the thread each evaluation ran on; panics on request.
+    struct Where {
+        threads: Mutex<Vec<String>>,
+        panic: bool,
+    }
+
+    impl Handler for Where {
+        fn handle(&self, _: &[Message]) -> crate::waf::Vars {
+            let name = std::thread::current().name().unwrap_or("").to_string();
+            if let Ok(mut t) = self.threads.lock() {
+                t.push(name);
+            }
+            assert!(!self.panic, "handler asked to panic");
+            vec![("verdict", TypedData::String("ok".into()))]
+        }
+    }
+
+    async fn evaluate_three(evaluation: Evaluation, panic: bool) -> (Vec<AgentFrame>, Vec<String>) {
+        let lc = Lifecycle::without_signals(TerminationConfig::new(
+            OnSigterm::Drain,
+            Duration::ZERO,
+            Duration::from_secs(30),
+        ));
+        let handle = lc.handle();
+        tokio::spawn(lc.run_with(futures_never()));
+        let handler = Arc::new(Where {
+            threads: Mutex::new(Vec::new()),
+            panic,
+        });
+        let limits = Limits {
+            evaluation,
+            ..Limits::default()
+        };
+        let s = Shared::new(
+            handler.clone(),
+            Arc::new(Metrics::default()),
+            handle,
+            2,
+            limits,
+        );
+        let mut c = connect(&s);
+        assert!(matches!(
+            hello(&mut c, false).await[..],
+            [AgentFrame::Hello(_)]
+        ));
+        // Three pipelined NOTIFYs in one write.
+        let mut three = notify(1);
+        three.extend(notify(2));
+        three.extend(notify(3));
+        c.write_all(&three).await.unwrap();
+        let (frames, _, _) = read_frames(&mut c, 3).await;
+        let threads = handler.threads.lock().unwrap().clone();
+        (frames, threads)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn inline_evaluation_answers_in_order_on_the_io_threads() {
+        let (frames, threads) = evaluate_three(Evaluation::Inline, false).await;
+        let sids: Vec<u64> = frames
+            .iter()
+            .map(|f| match f {
+                AgentFrame::Ack(sid, 1, vars) if vars[0].0 == "verdict" => *sid,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(sids, [1, 2, 3]);
+        assert_eq!(threads.len(), 3);
+        assert!(
+            threads.iter().all(|t| !t.starts_with("spoa-eval")),
+            "{threads:?}"
+        );
+        // The pool, for comparison: its own threads.
+        let (frames, threads) = evaluate_three(Evaluation::Pool, false).await;
+        assert_eq!(frames.len(), 3, "{frames:?}");
+        assert!(
+            threads.iter().all(|t| t.starts_with("spoa-eval")),
+            "{threads:?}"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn inline_evaluation_that_panics_answers_the_error_variable() {
+        let (frames, threads) = evaluate_three(Evaluation::Inline, true).await;
+        assert_eq!(threads.len(), 3);
+        for f in &frames {
+            match f {
+                AgentFrame::Ack(_, 1, vars) => assert_eq!(vars[0].0, "error", "{vars:?}"),
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(frames.len(), 3);
     }
 
     fn connect(shared: &Arc<Shared>) -> DuplexStream {
