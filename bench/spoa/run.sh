@@ -33,7 +33,8 @@
 # SOAK_SECONDS (600), CONC (soak and profile: 32), TRAFFIC_KIND (profile: mixed),
 # PROFILE_SECONDS (15), CPU_SECONDS (10), PERF_FREQ (997),
 # LASTCALL_SPOA_BIN (agent binary; default: release build, debug build for smoke),
-# NGINX_PRELOAD (a library nginx is started with in LD_PRELOAD, e.g. Debian's libmimalloc.so.2).
+# NGINX_PRELOAD (a library nginx is started with in LD_PRELOAD, e.g. Debian's libmimalloc.so.2),
+# SPOA_EVALUATION (the agent's `evaluation`: inline or pool; default: the agent's default).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -157,6 +158,7 @@ write_rules "$WORK/rules.conf"
 cat >"$WORK/agent.yaml" <<EOF
 bind: 127.0.0.1:$AGENT_PORT
 workers: 2
+${SPOA_EVALUATION:+evaluation: $SPOA_EVALUATION}
 default_application: default
 applications:
   - name: default

@@ -448,13 +448,17 @@ where
                     }
                     if self.shared.limits.evaluation == Evaluation::Inline
                         && self.shared.handle.phase() == Phase::Serving
+                        && !self.frame_waiting()
                     {
                         // The engine on this thread, as nginx runs it: no queue, no wake of
                         // another thread, the ACK written by the thread that evaluated.
                         let vars = self.evaluate_here(&messages);
                         let mut ack = Vec::new();
                         frame::encode_ack(stream_id, frame_id, &vars, max, &mut ack);
-                        if let Flow::Done = self.on_ack(ack).await {
+                        let flow = self.on_ack(ack).await;
+                        // Phase 5 and cleanup, now that HAProxy has the verdict.
+                        self.shared.handler.after_reply();
+                        if let Flow::Done = flow {
                             return Flow::Done;
                         }
                         // Let this thread's other connections (and the I/O driver) have a
@@ -594,6 +598,19 @@ where
         }
     }
 
+    /// Whether another whole frame is already buffered behind the one just decoded (HAProxy
+    /// pipelined a burst on this connection). Such NOTIFYs go to the pool, so that they are
+    /// evaluated in parallel instead of one after another on this thread.
+    fn frame_waiting(&self) -> bool {
+        match self.buf.get(..4) {
+            Some(&[a, b, c, d]) => {
+                let len = u32::from_be_bytes([a, b, c, d]) as usize;
+                self.buf.len() >= len.saturating_add(4)
+            }
+            _ => false,
+        }
+    }
+
     /// Runs one NOTIFY's messages through the engine on this thread. A panic in the handler
     /// answers with the error variable, as on the pool.
     fn evaluate_here(&self, messages: &[Message]) -> Vars {
@@ -719,6 +736,7 @@ fn evaluation(shared: &Shared, messages: Vec<Message>, mut reply: Reply) -> Work
         let vars = handler.handle(&messages);
         metrics.observe(started.elapsed().as_secs_f64());
         reply.send(&vars);
+        handler.after_reply();
     })
 }
 
@@ -832,7 +850,11 @@ mod tests {
         }
     }
 
-    async fn evaluate_three(evaluation: Evaluation, panic: bool) -> (Vec<AgentFrame>, Vec<String>) {
+    async fn evaluate_three(
+        evaluation: Evaluation,
+        panic: bool,
+        burst: bool,
+    ) -> (Vec<AgentFrame>, Vec<String>) {
         let lc = Lifecycle::without_signals(TerminationConfig::new(
             OnSigterm::Drain,
             Duration::ZERO,
@@ -860,19 +882,28 @@ mod tests {
             hello(&mut c, false).await[..],
             [AgentFrame::Hello(_)]
         ));
-        // Three pipelined NOTIFYs in one write.
-        let mut three = notify(1);
-        three.extend(notify(2));
-        three.extend(notify(3));
-        c.write_all(&three).await.unwrap();
-        let (frames, _, _) = read_frames(&mut c, 3).await;
+        let mut frames = Vec::new();
+        if burst {
+            // Three pipelined NOTIFYs in one write.
+            let mut three = notify(1);
+            three.extend(notify(2));
+            three.extend(notify(3));
+            c.write_all(&three).await.unwrap();
+            frames = read_frames(&mut c, 3).await.0;
+        } else {
+            // One at a time, each after the previous ACK.
+            for sid in 1..=3 {
+                c.write_all(&notify(sid)).await.unwrap();
+                frames.extend(read_frames(&mut c, 1).await.0);
+            }
+        }
         let threads = handler.threads.lock().unwrap().clone();
         (frames, threads)
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn inline_evaluation_answers_in_order_on_the_io_threads() {
-        let (frames, threads) = evaluate_three(Evaluation::Inline, false).await;
+        let (frames, threads) = evaluate_three(Evaluation::Inline, false, false).await;
         let sids: Vec<u64> = frames
             .iter()
             .map(|f| match f {
@@ -887,7 +918,7 @@ mod tests {
             "{threads:?}"
         );
         // The pool, for comparison: its own threads.
-        let (frames, threads) = evaluate_three(Evaluation::Pool, false).await;
+        let (frames, threads) = evaluate_three(Evaluation::Pool, false, false).await;
         assert_eq!(frames.len(), 3, "{frames:?}");
         assert!(
             threads.iter().all(|t| t.starts_with("spoa-eval")),
@@ -896,8 +927,29 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_pipelined_burst_goes_to_the_pool_but_its_last_frame() {
+        let (frames, threads) = evaluate_three(Evaluation::Inline, false, true).await;
+        let mut sids: Vec<u64> = frames
+            .iter()
+            .map(|f| match f {
+                AgentFrame::Ack(sid, 1, vars) if vars[0].0 == "verdict" => *sid,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        sids.sort_unstable();
+        assert_eq!(sids, [1, 2, 3]);
+        let pooled = threads
+            .iter()
+            .filter(|t| t.starts_with("spoa-eval"))
+            .count();
+        // The first two had a whole frame behind them when decoded (one write); the third
+        // did not, unless the write was split.
+        assert!((2..=3).contains(&pooled), "{threads:?}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn inline_evaluation_that_panics_answers_the_error_variable() {
-        let (frames, threads) = evaluate_three(Evaluation::Inline, true).await;
+        let (frames, threads) = evaluate_three(Evaluation::Inline, true, false).await;
         assert_eq!(threads.len(), 3);
         for f in &frames {
             match f {

@@ -40,6 +40,29 @@ pub trait Handler: Send + Sync + 'static {
     fn answer_inline(&self, _messages: &[Message]) -> Option<Vars> {
         None
     }
+
+    /// Work left over from this thread's last [`handle`](Self::handle) that need not delay
+    /// its answer; called on the same thread once the ACK is on its way.
+    fn after_reply(&self) {}
+}
+
+/// Most transactions a thread holds for [`Handler::after_reply`].
+const AFTER_REPLY_MAX: usize = 64;
+
+/// Runs the logging phase of finished request transactions, then frees them.
+fn finish(txs: impl Iterator<Item = Transaction>) {
+    for mut tx in txs {
+        let _ = tx.process_logging();
+    }
+}
+
+thread_local! {
+    /// Request transactions whose verdict is known but whose logging phase (phase 5) and
+    /// cleanup have not run yet: they run after the ACK is written ([`Handler::after_reply`]),
+    /// as nginx runs ModSecurity's log phase after the response. Per thread, because
+    /// `after_reply` runs on the thread that evaluated.
+    static AFTER_REPLY: std::cell::RefCell<Vec<Transaction>> =
+        const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// One compiled application.
@@ -371,7 +394,7 @@ impl Waf {
     fn conclude_request(
         &self,
         app: Arc<App>,
-        mut tx: Transaction,
+        tx: Transaction,
         it: Option<Intervention>,
         id: String,
         mut vars: Vars,
@@ -421,7 +444,17 @@ impl Waf {
             let evicted = self.cache().insert(id, Kept { tx, app }, ttl, limit);
             self.finish_kept(evicted);
         } else {
-            let _ = tx.process_logging();
+            // Phase 5 and the transaction's cleanup wait until the ACK is written.
+            AFTER_REPLY.with(|q| match q.try_borrow_mut() {
+                Ok(mut q) => {
+                    // A caller that never calls `after_reply` must not grow the list.
+                    if q.len() >= AFTER_REPLY_MAX {
+                        finish(q.drain(..));
+                    }
+                    q.push(tx);
+                }
+                Err(_) => finish(std::iter::once(tx)),
+            });
         }
         (verdict, vars)
     }
@@ -553,6 +586,14 @@ impl Handler for Waf {
             }
         }
         out
+    }
+
+    fn after_reply(&self) {
+        AFTER_REPLY.with(|q| {
+            if let Ok(mut q) = q.try_borrow_mut() {
+                finish(q.drain(..));
+            }
+        });
     }
 
     /// Inline when every message is a `coraza-res` of an application without response
@@ -724,6 +765,31 @@ SecRule RESPONSE_HEADERS:X-Leak \"@streq yes\" \"id:1002,phase:3,deny,status:403
         let (v, vars) = w.evaluate_request(&r);
         assert_eq!(v, Verdict::Deny);
         assert_eq!(var(&vars, "status"), Some(&TypedData::Int64(413)));
+    }
+
+    fn pending_after_reply() -> usize {
+        AFTER_REPLY.with(|q| q.borrow().len())
+    }
+
+    #[test]
+    fn logging_phase_waits_for_after_reply_and_is_bounded() {
+        let (w, _) = waf("");
+        let (v, _) = w.evaluate_request(&req("q=good"));
+        assert_eq!(v, Verdict::Allow);
+        assert_eq!(pending_after_reply(), 1);
+        w.after_reply();
+        assert_eq!(pending_after_reply(), 0);
+        // A caller that never calls after_reply: the list stays bounded.
+        for _ in 0..(AFTER_REPLY_MAX + 5) {
+            w.evaluate_request(&req("q=good"));
+        }
+        assert!(
+            pending_after_reply() <= AFTER_REPLY_MAX,
+            "{}",
+            pending_after_reply()
+        );
+        w.after_reply();
+        assert_eq!(pending_after_reply(), 0);
     }
 
     #[test]
