@@ -850,11 +850,9 @@ mod tests {
         }
     }
 
-    async fn evaluate_three(
-        evaluation: Evaluation,
-        panic: bool,
-        burst: bool,
-    ) -> (Vec<AgentFrame>, Vec<String>) {
+    /// A lifecycle without signals (drain: no delay, 30 s timeout), running on the test's
+    /// runtime; its handle.
+    fn serving_lifecycle() -> Handle {
         let lc = Lifecycle::without_signals(TerminationConfig::new(
             OnSigterm::Drain,
             Duration::ZERO,
@@ -862,6 +860,15 @@ mod tests {
         ));
         let handle = lc.handle();
         tokio::spawn(lc.run_with(futures_never()));
+        handle
+    }
+
+    async fn evaluate_three(
+        evaluation: Evaluation,
+        panic: bool,
+        burst: bool,
+    ) -> (Vec<AgentFrame>, Vec<String>) {
+        let handle = serving_lifecycle();
         let handler = Arc::new(Where {
             threads: Mutex::new(Vec::new()),
             panic,
@@ -1064,13 +1071,7 @@ mod tests {
 
     #[tokio::test]
     async fn refusing_closes_with_last_ack_and_disconnect_in_one_write() {
-        let lc = Lifecycle::without_signals(TerminationConfig::new(
-            OnSigterm::Drain,
-            Duration::ZERO,
-            Duration::from_secs(30),
-        ));
-        let handle = lc.handle();
-        tokio::spawn(lc.run_with(futures_never()));
+        let handle = serving_lifecycle();
         let (tx, rx) = std::sync::mpsc::channel();
         let s = shared(Arc::new(Gated(Mutex::new(rx))), &handle);
 
@@ -1238,13 +1239,7 @@ mod tests {
     /// it, and a refusing connection closes with the ACK of its only NOTIFY.
     #[tokio::test]
     async fn without_pipelining_the_goodbye_rides_on_the_ack() {
-        let lc = Lifecycle::without_signals(TerminationConfig::new(
-            OnSigterm::Drain,
-            Duration::ZERO,
-            Duration::from_secs(30),
-        ));
-        let handle = lc.handle();
-        tokio::spawn(lc.run_with(futures_never()));
+        let handle = serving_lifecycle();
         let (tx, rx) = std::sync::mpsc::channel();
         let s = Shared::new(
             Arc::new(Gated(Mutex::new(rx))),
