@@ -82,7 +82,7 @@ pub struct FileConfig {
     pub workers: Option<usize>,
     /// Concurrent evaluations per connection (pipelined NOTIFYs). Default 64.
     pub max_inflight_per_connection: Option<usize>,
-    /// Where requests are evaluated: `inline` (default) or `pool`.
+    /// Where requests are evaluated: `pool` (default) or `inline`.
     pub evaluation: Option<String>,
 }
 
@@ -262,7 +262,7 @@ impl Config {
             max_frame_size: spop::MAX_FRAME_SIZE_LIMIT,
             workers: 2 * cpus(),
             max_inflight_per_connection: 64,
-            evaluation: Evaluation::Inline,
+            evaluation: Evaluation::Pool,
         }
     }
 
@@ -458,8 +458,8 @@ fn check(f: FileConfig, text: &str, problems: &mut Vec<Problem>) -> Config {
         }
     }
     match f.evaluation.as_deref() {
-        None | Some("inline") => {}
-        Some("pool") => cfg.evaluation = Evaluation::Pool,
+        None | Some("pool") => {}
+        Some("inline") => cfg.evaluation = Evaluation::Inline,
         Some(other) => problems.push(Problem {
             line: find_line(text, "evaluation", Some(other)),
             message: format!("evaluation `{other}`: expected inline or pool"),
@@ -620,9 +620,12 @@ applications:
     #[test]
     fn evaluation_modes() {
         let base = "applications:\n  - name: a\n";
-        assert_eq!(Config::parse(base).unwrap().evaluation, Evaluation::Inline);
-        let pool = format!("evaluation: pool\n{base}");
-        assert_eq!(Config::parse(&pool).unwrap().evaluation, Evaluation::Pool);
+        assert_eq!(Config::parse(base).unwrap().evaluation, Evaluation::Pool);
+        let inline = format!("evaluation: inline\n{base}");
+        assert_eq!(
+            Config::parse(&inline).unwrap().evaluation,
+            Evaluation::Inline
+        );
         let bad = format!("{base}evaluation: threads\n");
         let errs = Config::parse(&bad).unwrap_err();
         let shown: Vec<String> = errs.iter().map(ToString::to_string).collect();

@@ -57,7 +57,7 @@ pub struct Limits {
     /// `pipelining: false` (1 s); with pipelining it would only make drains longer.
     pub drain_quiet: Duration,
     /// Evaluate on the connection's task while serving ([`Evaluation::Inline`]) or on the
-    /// pool (default here: `Pool`; the daemon's default is `Inline`).
+    /// pool (the default).
     pub evaluation: Evaluation,
 }
 
