@@ -145,7 +145,11 @@ def test_sidecar_pod_stops_without_failing_a_request(native: bool, origin: int, 
             )
         # HAProxy's readiness: up once spop-check sees the agent.
         wait_until("HAProxy ready", lambda: get(health_port, "/healthz") == 200, procs, tmp_path)
-        assert get(http_port, "/hello") == 200
+        # The pod gets traffic once every container's readiness probe passes. In classic mode
+        # HAProxy can report ready before the agent listens (HAProxy 2.6 starts a checked
+        # server UP, before its first check): the agent's own probe is what holds traffic back.
+        wait_until("pod ready", lambda: http_status(admin_port, "/readyz") == 200, procs, tmp_path)
+        assert get(http_port, "/hello") == 200, dump(tmp_path)
         assert get(http_port, "/?q=%3Cscript%3Ealert(1)%3C/script%3E") == 403, dump(tmp_path)
 
         # Stop the pod.
