@@ -5,7 +5,8 @@
 //! [`server`] is the tokio connection engine (listeners, pipelining, bounded evaluation,
 //! drain); [`config`] reads coraza-spoa's YAML; [`message`] decodes the `coraza-req` and
 //! `coraza-res` messages; [`waf`] evaluates them with libmodsecurity on the evaluation
-//! threads of [`pool`]; [`metrics`] holds the Prometheus metrics.
+//! threads of [`pool`]; [`metrics`] holds the Prometheus metrics; [`out`] lets the evaluation threads write
+//! their ACKs to the socket themselves.
 #![forbid(unsafe_code)]
 
 pub mod config;
@@ -13,6 +14,7 @@ pub mod conn;
 pub mod frame;
 pub mod message;
 pub mod metrics;
+pub mod out;
 pub mod pool;
 pub mod server;
 pub mod waf;

@@ -35,6 +35,7 @@ use crate::config::{Bind, Evaluation};
 use crate::conn::{CloseReason, Conn, Event, HelloPolicy};
 use crate::frame;
 use crate::metrics::Metrics;
+use crate::out::{self, DirectAck};
 use crate::pool::{Pool, SlotFuture, Work};
 use crate::waf::{Handler, Vars, AGENT_ERROR};
 
@@ -186,11 +187,13 @@ pub async fn serve(listener: Listener, shared: Arc<Shared>) {
                         Accepted::Tcp(s) => {
                             let _ = s.set_nodelay(true);
                             let (rd, wr) = s.into_split();
-                            conns.spawn(serve_split(rd, wr, peer, shared));
+                            let out = out::Shared::new(wr);
+                            conns.spawn(serve_split(rd, out.writer(), peer, shared, Some(out)));
                         }
                         Accepted::Unix(s) => {
                             let (rd, wr) = s.into_split();
-                            conns.spawn(serve_split(rd, wr, peer, shared));
+                            let out = out::Shared::new(wr);
+                            conns.spawn(serve_split(rd, out.writer(), peer, shared, Some(out)));
                         }
                     }
                 }
@@ -233,12 +236,19 @@ where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let (rd, wr) = tokio::io::split(io);
-    serve_split(rd, wr, peer, shared).await;
+    serve_split(rd, wr, peer, shared, None).await;
 }
 
-/// Serves one connection, given its read and write halves.
-pub async fn serve_split<R, W>(rd: R, wr: W, peer: Option<IpAddr>, shared: Arc<Shared>)
-where
+/// Serves one connection, given its read and write halves. With `direct` (a socket's write
+/// half shared as [`out::Shared`], `wr` being its [`out::Writer`]), evaluation threads write
+/// their ACKs to the socket themselves while serving.
+pub async fn serve_split<R, W>(
+    rd: R,
+    wr: W,
+    peer: Option<IpAddr>,
+    shared: Arc<Shared>,
+    direct: Option<Arc<out::Shared>>,
+) where
     R: AsyncRead + Unread + Unpin,
     W: AsyncWrite + Unpin,
 {
@@ -258,6 +268,7 @@ where
         eof: false,
         rd,
         wr,
+        direct,
         peer,
         shared,
     };
@@ -342,6 +353,8 @@ struct ConnTask<R, W> {
     eof: bool,
     rd: R,
     wr: W,
+    /// The socket's write half as the evaluation threads see it (socket connections only).
+    direct: Option<Arc<out::Shared>>,
     peer: Option<IpAddr>,
     shared: Arc<Shared>,
 }
@@ -403,6 +416,7 @@ where
 
     /// Turns buffered bytes into events while there is room for more evaluations.
     async fn pump(&mut self) -> Flow {
+        self.sync_direct();
         while self.inflight < self.per_conn() {
             let Some(ev) = self.conn.poll(&mut self.buf, self.shared.policy()) else {
                 break;
@@ -410,7 +424,7 @@ where
             match ev {
                 Event::Ready { reply, negotiated } => {
                     tracing::debug!(peer = ?self.peer, max_frame_size = negotiated.max_frame_size, engine = ?negotiated.engine_id, "SPOP connection ready");
-                    if self.wr.write_all(&reply).await.is_err() {
+                    if send_all(&mut self.wr, &reply).await.is_err() {
                         return Flow::Done;
                     }
                     let id = self
@@ -466,8 +480,13 @@ where
                         tokio::task::yield_now().await;
                         continue;
                     }
+                    let direct = match self.shared.handle.phase() {
+                        Phase::Serving => self.direct.clone(),
+                        _ => None,
+                    };
                     let reply = Reply {
                         tx: Some(self.acks_tx.clone()),
+                        direct,
                         stream_id,
                         frame_id,
                         max_frame_size: max,
@@ -494,6 +513,16 @@ where
     /// Waits for the next thing to do: the deadline, a finished evaluation, bytes, a stalled
     /// frame, or a phase change.
     async fn wait(&mut self, phase: &mut PhaseWatch) -> Flow {
+        if let Some(d) = &self.direct {
+            let serving = self.shared.handle.phase() == Phase::Serving;
+            if !serving {
+                d.stop_direct();
+            }
+            // Before counting what was done, so that no ACK written after the count goes
+            // unnoticed (an extra wake is harmless).
+            d.set_interest(!serving || self.eof || self.inflight >= self.per_conn());
+        }
+        self.sync_direct();
         let can_read = !self.eof && self.inflight < self.per_conn();
         let timeout_at = self
             .partial_since
@@ -542,6 +571,26 @@ where
                 Flow::Done
             }
             () = phase.changed() => Flow::Continue,
+            () = woken(&self.direct), if self.direct.is_some() => {
+                // ACKs written (counted at the next pump), or bytes left for us to flush.
+                self.sync_direct();
+                if self.wr.flush().await.is_err() {
+                    return Flow::Done;
+                }
+                Flow::Continue
+            }
+        }
+    }
+
+    /// Counts the ACKs the evaluation threads wrote themselves.
+    fn sync_direct(&mut self) {
+        if let Some(d) = &self.direct {
+            let n = d.take_done();
+            if n > 0 {
+                debug_assert!(n <= self.inflight);
+                self.inflight = self.inflight.saturating_sub(n);
+                self.last_activity = Instant::now();
+            }
         }
     }
 
@@ -558,7 +607,7 @@ where
             self.goodbye(ack, "draining").await;
             return Flow::Done;
         }
-        if !ack.is_empty() && self.wr.write_all(&ack).await.is_err() {
+        if !ack.is_empty() && send_all(&mut self.wr, &ack).await.is_err() {
             return Flow::Done;
         }
         self.last_activity = Instant::now();
@@ -635,7 +684,7 @@ where
     /// closes.
     async fn goodbye(&mut self, mut before: Vec<u8>, message: &str) {
         before.extend_from_slice(&self.conn.goodbye(message));
-        let _ = self.wr.write_all(&before).await;
+        let _ = send_all(&mut self.wr, &before).await;
         let _ = self.wr.shutdown().await;
     }
 
@@ -651,8 +700,22 @@ where
                 tracing::warn!(peer = ?self.peer, status = e.status.to_u32(), "closing connection: {}", e.reason);
             }
         }
-        let _ = self.wr.write_all(&reply).await;
+        let _ = send_all(&mut self.wr, &reply).await;
         let _ = self.wr.shutdown().await;
+    }
+}
+
+/// Writes `bytes` whole and waits until the socket has taken them (an [`out::Writer`]
+/// accepts a write at once and queues what the socket does not take).
+async fn send_all<W: AsyncWrite + Unpin>(wr: &mut W, bytes: &[u8]) -> io::Result<()> {
+    wr.write_all(bytes).await?;
+    wr.flush().await
+}
+
+async fn woken(direct: &Option<Arc<out::Shared>>) {
+    match direct {
+        Some(d) => d.woken().await,
+        None => std::future::pending().await,
     }
 }
 
@@ -687,6 +750,8 @@ async fn wait_slot(slot: &mut Option<SlotFuture>) -> Option<crate::pool::Slot> {
 /// evaluation panicked or was dropped unrun, an error (`txn.<prefix>.error`).
 struct Reply {
     tx: Option<UnboundedSender<Vec<u8>>>,
+    /// While serving: the socket, for the evaluation thread to write the ACK itself.
+    direct: Option<Arc<out::Shared>>,
     stream_id: u64,
     frame_id: u64,
     max_frame_size: u32,
@@ -710,6 +775,11 @@ impl Reply {
             );
             // Not counted as in flight any more once the connection can see the ACK.
             self.inflight = None;
+            if let Some(direct) = self.direct.take() {
+                if direct.write_ack(&out) {
+                    return;
+                }
+            }
             let _ = tx.send(out);
         }
     }
