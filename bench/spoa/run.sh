@@ -34,7 +34,8 @@
 # PROFILE_SECONDS (15), CPU_SECONDS (10), PERF_FREQ (997),
 # LASTCALL_SPOA_BIN (agent binary; default: release build, debug build for smoke),
 # NGINX_PRELOAD (a library nginx is started with in LD_PRELOAD, e.g. Debian's libmimalloc.so.2),
-# SPOA_EVALUATION (the agent's `evaluation`: inline or pool; default: the agent's default).
+# SPOA_EVALUATION (the agent's `evaluation`: inline or pool; default: the agent's default),
+# AGENT_SOCKET (how HAProxy reaches the agent: tcp, the default, or unix).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -154,9 +155,23 @@ PLAIN_PORT=$(free_port)
 SPOA_PORT=$(free_port)
 NGINX_PORT=$(free_port)
 
+# AGENT_SOCKET=unix: HAProxy reaches the agent over a Unix socket (as in a pod sharing an
+# emptyDir) instead of loopback TCP.
+case "${AGENT_SOCKET:-tcp}" in
+  tcp)
+    AGENT_BIND=127.0.0.1:$AGENT_PORT
+    AGENT_ADDR=127.0.0.1:$AGENT_PORT
+    ;;
+  unix)
+    AGENT_BIND=unix://$WORK/agent.sock
+    AGENT_ADDR=unix@$WORK/agent.sock
+    ;;
+  *) die "AGENT_SOCKET must be tcp or unix, not '$AGENT_SOCKET'" ;;
+esac
+
 write_rules "$WORK/rules.conf"
 cat >"$WORK/agent.yaml" <<EOF
-bind: 127.0.0.1:$AGENT_PORT
+bind: $AGENT_BIND
 workers: 2
 ${SPOA_EVALUATION:+evaluation: $SPOA_EVALUATION}
 default_application: default
@@ -271,7 +286,7 @@ start_spoa() {
   AGENT_PID=$!
   PIDS+=($AGENT_PID)
   FRONTEND_ADDR=127.0.0.1:$SPOA_PORT ORIGIN_ADDR=127.0.0.1:$ORIGIN_PORT \
-    SPOA1_ADDR=127.0.0.1:$AGENT_PORT SPOA2_ADDR=127.0.0.1:$AGENT_PORT \
+    SPOA1_ADDR=$AGENT_ADDR SPOA2_ADDR=$AGENT_ADDR \
     CORAZA_SPOE_CFG=$WORK/coraza.cfg STATS_SOCKET=$WORK/haproxy-spoa.sock \
     haproxy -db -f "$WORK/haproxy-spoa.cfg" >"$WORK/haproxy-spoa.log" 2>&1 &
   HAPROXY_SPOA_PID=$!
@@ -284,7 +299,7 @@ start_spoa_noresp() {
   NORESP_PORT=$(free_port)
   grep -v '^[[:space:]]*http-response' "$WORK/haproxy-spoa.cfg" >"$WORK/haproxy-spoa-noresp.cfg"
   FRONTEND_ADDR=127.0.0.1:$NORESP_PORT ORIGIN_ADDR=127.0.0.1:$ORIGIN_PORT \
-    SPOA1_ADDR=127.0.0.1:$AGENT_PORT SPOA2_ADDR=127.0.0.1:$AGENT_PORT \
+    SPOA1_ADDR=$AGENT_ADDR SPOA2_ADDR=$AGENT_ADDR \
     CORAZA_SPOE_CFG=$WORK/coraza.cfg STATS_SOCKET=$WORK/haproxy-spoa-noresp.sock \
     haproxy -db -f "$WORK/haproxy-spoa-noresp.cfg" >"$WORK/haproxy-spoa-noresp.log" 2>&1 &
   HAPROXY_NORESP_PID=$!
@@ -364,6 +379,7 @@ machine_info() {
     echo "wrk: $(dpkg-query -W -f '${Version}' wrk 2>/dev/null || true)"
     echo "agent: $AGENT ($(git -C "$ROOT" rev-parse --short HEAD)$(git -C "$ROOT" diff --quiet -- crates/spoa crates/modsec || echo ', crates/spoa or crates/modsec modified in the work tree'))"
     echo "rules: $file_rules"
+    echo "agent socket: ${AGENT_SOCKET:-tcp}; evaluation: ${SPOA_EVALUATION:-default}"
     echo "loadavg at start: $(cat /proc/loadavg)"
   } >"$OUT/machine.txt"
   cat "$OUT/machine.txt" >&2

@@ -6,6 +6,13 @@
 //! full. A sleeping thread is woken only when a job needs it, so a busy pool takes jobs
 //! back to back without any park/unpark.
 //!
+//! A job the pool would start at once (nothing queued, fewer than `workers` evaluations
+//! running) may instead run on the thread that has it: [`Pool::try_run_here`] claims the
+//! room, so that evaluations on the pool and elsewhere together never exceed `workers`, and
+//! FIFO order is kept (a claim never passes a queued job). That spares the wake of a pool
+//! thread when the pool is idle, which is most of what a lightly loaded agent pays outside
+//! libmodsecurity.
+//!
 //! (Before, every NOTIFY took a semaphore permit and then went to tokio's blocking pool:
 //! because the permit was taken first, the blocking pool's queue was always empty when an
 //! evaluation finished, so every evaluation cost a thread park/unpark plus an async wake,
@@ -44,6 +51,12 @@ struct State {
     jobs: VecDeque<Job>,
     /// Threads waiting for a job.
     idle: usize,
+    /// Evaluations running: on pool threads, or claimed by [`Pool::try_run_here`].
+    running: usize,
+    /// Most evaluations at once (the threads started).
+    limit: usize,
+    /// Claims held ([`Pool::try_run_here`]).
+    here: usize,
     /// Threads alive.
     alive: usize,
     closed: bool,
@@ -110,6 +123,7 @@ impl Pool {
             // Every job is then dropped at once: its connection answers with an error.
             tracing::error!("no evaluation thread could start");
         }
+        inner.lock().limit = started;
         Pool {
             inner,
             slots: Arc::new(Semaphore::new(workers * QUEUE_PER_WORKER)),
@@ -120,6 +134,20 @@ impl Pool {
     /// Threads started.
     pub fn workers(&self) -> usize {
         self.workers
+    }
+
+    /// Claims the room to run one evaluation on the calling thread, if the pool would start
+    /// a job at once (nothing is queued and fewer than `workers` evaluations run) and fewer
+    /// than `max_here` claims are held. Hold the claim while evaluating; dropping it lets a
+    /// queued job start.
+    pub fn try_run_here(&self, max_here: usize) -> Option<Claim> {
+        let mut st = self.inner.lock();
+        if st.closed || !st.jobs.is_empty() || st.running >= st.limit || st.here >= max_here {
+            return None;
+        }
+        st.running += 1;
+        st.here += 1;
+        Some(Claim(Arc::clone(&self.inner)))
     }
 
     /// Queues `work` if there is room; gives it back otherwise.
@@ -154,8 +182,8 @@ impl Pool {
         }
         st.jobs.push_back(job);
         // Jobs already queued have had a thread woken for them; wake one more only if an
-        // idle thread is left over.
-        let wake = st.idle >= st.jobs.len();
+        // idle thread is left over and the job may start (claims can hold the room).
+        let wake = st.idle >= st.jobs.len() && st.running + st.jobs.len() <= st.limit;
         drop(st);
         if wake {
             self.inner.ready.notify_one();
@@ -194,13 +222,43 @@ impl Drop for Pool {
     }
 }
 
+/// Room for one evaluation, held by the thread running it outside the pool.
+#[derive(Debug)]
+pub struct Claim(Arc<Inner>);
+
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Inner").finish_non_exhaustive()
+    }
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        let mut st = self.0.lock();
+        st.running -= 1;
+        st.here -= 1;
+        let wake = !st.jobs.is_empty() && st.idle > 0;
+        drop(st);
+        if wake {
+            self.0.ready.notify_one();
+        }
+    }
+}
+
 fn work(inner: &Inner) {
+    let mut ran = false;
     loop {
         let job = {
             let mut st = inner.lock();
+            if ran {
+                st.running -= 1;
+            }
             loop {
-                if let Some(job) = st.jobs.pop_front() {
-                    break job;
+                if st.running < st.limit {
+                    if let Some(job) = st.jobs.pop_front() {
+                        st.running += 1;
+                        break job;
+                    }
                 }
                 if st.closed {
                     st.alive -= 1;
@@ -223,6 +281,7 @@ fn work(inner: &Inner) {
         if std::panic::catch_unwind(AssertUnwindSafe(work)).is_err() {
             tracing::error!("evaluation panicked");
         }
+        ran = true;
     }
 }
 
@@ -283,6 +342,38 @@ mod tests {
         let max = running.lock().unwrap().1;
         assert!((1..=2).contains(&max), "{max}");
         assert_eq!(pool.workers(), 2);
+        assert!(pool.shutdown(Duration::from_secs(20)));
+    }
+
+    /// A claim is granted only when a job would start at once, counts against `workers`,
+    /// and lets a queued job start when dropped.
+    #[test]
+    fn claims_share_the_room_with_the_threads_and_never_pass_the_queue() {
+        let pool = Pool::new(2, "test-eval");
+        assert!(pool.try_run_here(0).is_none(), "no claim allowed");
+        let a = pool.try_run_here(2).expect("an idle pool has room");
+        let b = pool.try_run_here(2).expect("room for two");
+        assert!(pool.try_run_here(2).is_none(), "two claims fill the room");
+        let (tx, rx) = mpsc::channel();
+        let t = tx.clone();
+        assert!(pool
+            .try_submit(Box::new(move || t.send(1).unwrap()))
+            .is_ok());
+        // The job waits for room; no claim may pass it.
+        assert!(rx.recv_timeout(Duration::from_millis(200)).is_err());
+        drop(a);
+        assert!(pool.try_run_here(2).is_none(), "a job is queued or running");
+        assert_eq!(rx.recv_timeout(Duration::from_secs(20)).unwrap(), 1);
+        // The job is done: with one claim held, one more fits.
+        let end = Instant::now() + Duration::from_secs(20);
+        let c = loop {
+            if let Some(c) = pool.try_run_here(2) {
+                break c;
+            }
+            assert!(Instant::now() < end, "the finished job's room came back");
+            std::thread::yield_now();
+        };
+        drop((b, c));
         assert!(pool.shutdown(Duration::from_secs(20)));
     }
 

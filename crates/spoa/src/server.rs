@@ -460,10 +460,7 @@ where
                         }
                         continue;
                     }
-                    if self.shared.limits.evaluation == Evaluation::Inline
-                        && self.shared.handle.phase() == Phase::Serving
-                        && !self.frame_waiting()
-                    {
+                    if let Some(claim) = self.run_here() {
                         // The engine on this thread, as nginx runs it: no queue, no wake of
                         // another thread, the ACK written by the thread that evaluated.
                         let vars = self.evaluate_here(&messages);
@@ -472,6 +469,7 @@ where
                         let flow = self.on_ack(ack).await;
                         // Phase 5 and cleanup, now that HAProxy has the verdict.
                         self.shared.handler.after_reply();
+                        drop(claim);
                         if let Flow::Done = flow {
                             return Flow::Done;
                         }
@@ -644,6 +642,27 @@ where
         self.waiting.push_back(work);
         if self.slot.is_none() {
             self.slot = Some(self.shared.pool.slot());
+        }
+    }
+
+    /// Whether to evaluate the NOTIFY just decoded on this thread, and with what claim on the
+    /// pool's room: always with `evaluation: inline`; with `pool`, when the pool would start
+    /// it at once anyway (nothing queued, a thread's room free) and another I/O thread is
+    /// left to serve timers, the other connections and the admin listener (so never on a
+    /// single-threaded runtime). Only while serving, and not for a pipelined burst.
+    fn run_here(&self) -> Option<Option<crate::pool::Claim>> {
+        if self.shared.handle.phase() != Phase::Serving || self.frame_waiting() {
+            return None;
+        }
+        match self.shared.limits.evaluation {
+            Evaluation::Inline => Some(None),
+            Evaluation::Pool => {
+                let io_threads = tokio::runtime::Handle::current().metrics().num_workers();
+                self.shared
+                    .pool
+                    .try_run_here(io_threads.saturating_sub(1))
+                    .map(Some)
+            }
         }
     }
 
@@ -978,6 +997,18 @@ mod tests {
         (frames, threads)
     }
 
+    /// With a single I/O thread the pool never evaluates on it: that thread must stay free
+    /// for timers, the other connections and the drain.
+    #[tokio::test]
+    async fn a_single_io_thread_leaves_every_evaluation_to_the_pool() {
+        let (frames, threads) = evaluate_three(Evaluation::Pool, false, false).await;
+        assert_eq!(frames.len(), 3, "{frames:?}");
+        assert!(
+            threads.iter().all(|t| t.starts_with("spoa-eval")),
+            "{threads:?}"
+        );
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn inline_evaluation_answers_in_order_on_the_io_threads() {
         let (frames, threads) = evaluate_three(Evaluation::Inline, false, false).await;
@@ -994,11 +1025,13 @@ mod tests {
             threads.iter().all(|t| !t.starts_with("spoa-eval")),
             "{threads:?}"
         );
-        // The pool, for comparison: its own threads.
+        // The pool, one NOTIFY at a time: each would start at once on an idle pool, so each
+        // runs where it was read, under a claim on the pool's room (pool::try_run_here).
         let (frames, threads) = evaluate_three(Evaluation::Pool, false, false).await;
         assert_eq!(frames.len(), 3, "{frames:?}");
+        assert_eq!(threads.len(), 3);
         assert!(
-            threads.iter().all(|t| t.starts_with("spoa-eval")),
+            threads.iter().all(|t| !t.starts_with("spoa-eval")),
             "{threads:?}"
         );
     }
