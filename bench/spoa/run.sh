@@ -35,7 +35,8 @@
 # LASTCALL_SPOA_BIN (agent binary; default: release build, debug build for smoke),
 # NGINX_PRELOAD (a library nginx is started with in LD_PRELOAD, e.g. Debian's libmimalloc.so.2),
 # SPOA_EVALUATION (the agent's `evaluation`: inline or pool; default: the agent's default),
-# AGENT_SOCKET (how HAProxy reaches the agent: tcp, the default, or unix).
+# AGENT_SOCKET (how HAProxy reaches the agent: tcp, the default, or unix),
+# SPOA_RESPONSE_GROUP (0: (b) without the `http-response` lines; default 1).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -265,8 +266,15 @@ backend origin
 EOF
 
 # The documented configuration, without its per-request log line; nbthread stated.
+# SPOA_RESPONSE_GROUP=0: also without its `http-response` lines (no response body wait, no
+# `coraza-res`), as docs/spoa.md allows when no application checks responses.
 sed -e '/^[[:space:]]*log stdout/d' -e 's/^global$/global\n    nbthread 2/' \
   crates/spoa/examples/haproxy/haproxy.cfg >"$WORK/haproxy-spoa.cfg"
+case "${SPOA_RESPONSE_GROUP:-1}" in
+  1) ;;
+  0) sed -i '/^[[:space:]]*http-response/d' "$WORK/haproxy-spoa.cfg" ;;
+  *) die "SPOA_RESPONSE_GROUP must be 1 or 0, not '$SPOA_RESPONSE_GROUP'" ;;
+esac
 cp crates/spoa/examples/haproxy/coraza.cfg "$WORK/coraza.cfg"
 
 # ---- start -------------------------------------------------------------------------------
@@ -379,7 +387,7 @@ machine_info() {
     echo "wrk: $(dpkg-query -W -f '${Version}' wrk 2>/dev/null || true)"
     echo "agent: $AGENT ($(git -C "$ROOT" rev-parse --short HEAD)$(git -C "$ROOT" diff --quiet -- crates/spoa crates/modsec || echo ', crates/spoa or crates/modsec modified in the work tree'))"
     echo "rules: $file_rules"
-    echo "agent socket: ${AGENT_SOCKET:-tcp}; evaluation: ${SPOA_EVALUATION:-default}"
+    echo "agent socket: ${AGENT_SOCKET:-tcp}; evaluation: ${SPOA_EVALUATION:-default}; response group: ${SPOA_RESPONSE_GROUP:-1}"
     echo "loadavg at start: $(cat /proc/loadavg)"
   } >"$OUT/machine.txt"
   cat "$OUT/machine.txt" >&2
