@@ -256,6 +256,33 @@ fn malformed_frames_get_the_right_status_and_haproxy_is_unaffected() {
     assert_eq!(get(stack.http(), "/after").status, 200);
 }
 
+/// HAProxy's side shuts its write half with 24 pipelined NOTIFYs in flight (more than the
+/// two evaluation threads, so most are queued when the end of input is read): every ACK still
+/// arrives, written by the threads that evaluated, and only then does the agent close.
+#[test]
+fn half_close_with_notifies_in_flight_gets_every_ack_then_close() {
+    let agent = support::Agent::start(None, &[]);
+    let mut c = Raw::connect(agent.addr);
+    c.hello();
+    let mut batch = Vec::new();
+    for i in 1..=24u64 {
+        batch.extend_from_slice(&notify(i, 7));
+    }
+    c.send(&batch);
+    c.s.shutdown(std::net::Shutdown::Write).expect("shutdown");
+    let mut seen = Vec::new();
+    loop {
+        match c.next() {
+            Some(AgentFrame::Ack(sid, 7, _)) => seen.push(sid),
+            Some(AgentFrame::Disconnect(..)) | None => break,
+            other => panic!("expected ACK, DISCONNECT or EOF, got {other:?}"),
+        }
+    }
+    seen.sort_unstable();
+    assert_eq!(seen, (1..=24).collect::<Vec<_>>());
+    assert!(c.next().is_none(), "closed after the last ACK");
+}
+
 #[test]
 fn healthcheck_disconnect_and_pipelining() {
     let agent = support::Agent::start(None, &[]);
