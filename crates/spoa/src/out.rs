@@ -126,15 +126,11 @@ impl Shared {
     }
 }
 
-/// Writes one whole frame from an evaluation thread. False when direct writes are off: the
-/// caller sends the frame through the task instead.
-pub trait DirectAck: Send + Sync {
-    /// Writes (or queues, in order) `frame`, then counts one ACK done.
-    fn write_ack(&self, frame: &[u8]) -> bool;
-}
-
-impl DirectAck for Shared {
-    fn write_ack(&self, frame: &[u8]) -> bool {
+impl Shared {
+    /// Writes (or queues, in order) one whole `frame` from an evaluation thread, then counts
+    /// one ACK done. False when direct writes are off: the caller sends the frame through the
+    /// task instead.
+    pub fn write_ack(&self, frame: &[u8]) -> bool {
         let mut st = self.lock();
         if !st.direct {
             return false;
@@ -187,15 +183,12 @@ pub struct Writer(Arc<Shared>);
 impl Writer {
     fn poll_pending(st: &mut State, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         while !st.pending.is_empty() {
-            match st.wr.try_write(&st.pending) {
-                Ok(0) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
-                Ok(n) => {
+            match write_some(&*st.wr, &st.pending) {
+                Ok(n) if n > 0 => {
                     st.pending.drain(..n);
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    std::task::ready!(st.wr.poll_write_ready(cx))?;
-                }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                // The socket took nothing: wait until it may take more.
+                Ok(_) => std::task::ready!(st.wr.poll_write_ready(cx))?,
                 Err(e) => {
                     st.broken = true;
                     return Poll::Ready(Err(e));

@@ -35,7 +35,7 @@ use crate::config::{Bind, Evaluation};
 use crate::conn::{CloseReason, Conn, Event, HelloPolicy};
 use crate::frame;
 use crate::metrics::Metrics;
-use crate::out::{self, DirectAck};
+use crate::out;
 use crate::pool::{Pool, SlotFuture, Work};
 use crate::waf::{Handler, Vars, AGENT_ERROR};
 
