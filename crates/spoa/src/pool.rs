@@ -355,15 +355,23 @@ mod tests {
         let b = pool.try_run_here(2).expect("room for two");
         assert!(pool.try_run_here(2).is_none(), "two claims fill the room");
         let (tx, rx) = mpsc::channel();
-        let t = tx.clone();
-        assert!(pool
-            .try_submit(Box::new(move || t.send(1).unwrap()))
-            .is_ok());
+        let (gate_tx, gate_rx) = mpsc::channel::<()>();
+        let job: Work = Box::new(move || {
+            tx.send(1).unwrap();
+            let _ = gate_rx.recv_timeout(Duration::from_secs(20));
+        });
+        assert!(pool.try_submit(job).is_ok());
         // The job waits for room; no claim may pass it.
         assert!(rx.recv_timeout(Duration::from_millis(200)).is_err());
         drop(a);
+        // Queued, or started and held at the gate: either way the room is full.
         assert!(pool.try_run_here(2).is_none(), "a job is queued or running");
         assert_eq!(rx.recv_timeout(Duration::from_secs(20)).unwrap(), 1);
+        assert!(
+            pool.try_run_here(2).is_none(),
+            "the running job holds the room"
+        );
+        gate_tx.send(()).unwrap();
         // The job is done: with one claim held, one more fits.
         let end = Instant::now() + Duration::from_secs(20);
         let c = loop {
