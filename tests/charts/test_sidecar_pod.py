@@ -89,48 +89,58 @@ def dump(logs: Path) -> str:
     return "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(logs.glob("*.log")))
 
 
+class Pod:
+    """The rendered sidecar pod's two programs, written out to run on loopback."""
+
+    def __init__(self, native: bool, origin: int, tmp_path: Path) -> None:
+        agent_bin = built_binary("lastcall-spoa")
+        if agent_bin is None:
+            pytest.skip("lastcall-spoa is not built")
+        haproxy_bin = shutil.which("haproxy")
+        assert haproxy_bin, "haproxy is not installed (bash scripts/setup.sh installs it)"
+        self.http_port, self.health_port, spop_port, self.admin_port = (free_port() for _ in range(4))
+        rendered = render(
+            "lastcall-spoa",
+            {
+                "mode": "sidecar",
+                "sidecar": {
+                    "native": native,
+                    "agentExitSeconds": 3,
+                    "haproxy": {
+                        "httpPort": self.http_port,
+                        "healthPort": self.health_port,
+                        "backendServers": [{"name": "app", "address": f"127.0.0.1:{origin}"}],
+                    },
+                },
+                "agent": {"port": spop_port},
+                "admin": {"port": self.admin_port, "address": "127.0.0.1"},
+                "gracefulTermination": {"shutdownDelaySeconds": 2, "drainTimeoutSeconds": 8, "marginSeconds": 3},
+            },
+        )
+        self.grace = rendered.grace()
+        cms = {cm["metadata"]["name"]: cm["data"] for cm in rendered.of_kind("ConfigMap")}
+        hp = cms["rel-lastcall-spoa-haproxy"]
+        (tmp_path / "spoe.cfg").write_text(hp["spoe.cfg"])
+        cfg = hp["haproxy.cfg"].replace("/usr/local/etc/haproxy/spoe.cfg", str(tmp_path / "spoe.cfg"))
+        for port in (self.http_port, self.health_port):  # tests listen on loopback only
+            assert f"bind :{port}\n" in cfg
+            cfg = cfg.replace(f"bind :{port}\n", f"bind 127.0.0.1:{port}\n")
+        (tmp_path / "haproxy.cfg").write_text(cfg)
+        agent_cfg = yaml.safe_load(cms["rel-lastcall-spoa-agent"]["config.yaml"])
+        assert agent_cfg["bind"] == f"127.0.0.1:{spop_port}"
+        (tmp_path / "config.yaml").write_text(yaml.safe_dump(agent_cfg))
+        agent = container(rendered.pod_spec(), "agent")
+        self.agent_argv = [str(agent_bin)] + kubelet_args(
+            agent["args"], {}, {"/etc/lastcall-spoa/config.yaml": str(tmp_path / "config.yaml")}
+        )
+        self.haproxy_argv = [haproxy_bin, "-db", "-f", str(tmp_path / "haproxy.cfg")]
+
+
 @pytest.mark.parametrize("native", [True, False], ids=["native", "classic"])
 def test_sidecar_pod_stops_without_failing_a_request(native: bool, origin: int, tmp_path: Path) -> None:
-    agent_bin = built_binary("lastcall-spoa")
-    if agent_bin is None:
-        pytest.skip("lastcall-spoa is not built")
-    haproxy_bin = shutil.which("haproxy")
-    assert haproxy_bin, "haproxy is not installed (bash scripts/setup.sh installs it)"
-    http_port, health_port, spop_port, admin_port = (free_port() for _ in range(4))
-    rendered = render(
-        "lastcall-spoa",
-        {
-            "mode": "sidecar",
-            "sidecar": {
-                "native": native,
-                "agentExitSeconds": 3,
-                "haproxy": {
-                    "httpPort": http_port,
-                    "healthPort": health_port,
-                    "backendServers": [{"name": "app", "address": f"127.0.0.1:{origin}"}],
-                },
-            },
-            "agent": {"port": spop_port},
-            "admin": {"port": admin_port, "address": "127.0.0.1"},
-            "gracefulTermination": {"shutdownDelaySeconds": 2, "drainTimeoutSeconds": 8, "marginSeconds": 3},
-        },
-    )
-    grace = rendered.grace()
-    cms = {cm["metadata"]["name"]: cm["data"] for cm in rendered.of_kind("ConfigMap")}
-    hp = cms["rel-lastcall-spoa-haproxy"]
-    (tmp_path / "spoe.cfg").write_text(hp["spoe.cfg"])
-    cfg = hp["haproxy.cfg"].replace("/usr/local/etc/haproxy/spoe.cfg", str(tmp_path / "spoe.cfg"))
-    for port in (http_port, health_port):  # tests listen on loopback only
-        assert f"bind :{port}\n" in cfg
-        cfg = cfg.replace(f"bind :{port}\n", f"bind 127.0.0.1:{port}\n")
-    (tmp_path / "haproxy.cfg").write_text(cfg)
-    agent_cfg = yaml.safe_load(cms["rel-lastcall-spoa-agent"]["config.yaml"])
-    assert agent_cfg["bind"] == f"127.0.0.1:{spop_port}"
-    (tmp_path / "config.yaml").write_text(yaml.safe_dump(agent_cfg))
-    agent = container(rendered.pod_spec(), "agent")
-    agent_argv = [str(agent_bin)] + kubelet_args(
-        agent["args"], {}, {"/etc/lastcall-spoa/config.yaml": str(tmp_path / "config.yaml")}
-    )
+    pod = Pod(native, origin, tmp_path)
+    http_port, health_port, admin_port, grace = pod.http_port, pod.health_port, pod.admin_port, pod.grace
+    agent_argv = pod.agent_argv
 
     procs: dict[str, subprocess.Popen[bytes]] = {}
     try:
@@ -139,17 +149,15 @@ def test_sidecar_pod_stops_without_failing_a_request(native: bool, origin: int, 
         if native:  # the kubelet starts HAProxy once the sidecar's startup probe passes
             wait_until("agent ready", lambda: http_status(admin_port, "/readyz") == 200, procs, tmp_path)
         with open(tmp_path / "haproxy.log", "wb") as out:
-            procs["haproxy"] = subprocess.Popen(
-                [haproxy_bin, "-db", "-f", str(tmp_path / "haproxy.cfg")],
-                stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path,
-            )
-        # HAProxy's readiness: up once spop-check sees the agent.
+            procs["haproxy"] = subprocess.Popen(pod.haproxy_argv, stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path)
+        # HAProxy's readiness asks, in one probe, whether it is stopping, whether its
+        # spop-check has the agent UP and whether the agent is ready: once it passes, a
+        # request passes. (In classic mode the two start at once, and HAProxy 2.6 starts a
+        # checked server UP before its first check; CI once saw HAProxy ready, then the
+        # agent ready, and a request fail with 500 in between, when readiness was nbsrv only.)
         wait_until("HAProxy ready", lambda: get(health_port, "/healthz") == 200, procs, tmp_path)
-        # The pod gets traffic once every container's readiness probe passes. In classic mode
-        # HAProxy can report ready before the agent listens (HAProxy 2.6 starts a checked
-        # server UP, before its first check): the agent's own probe is what holds traffic back.
-        wait_until("pod ready", lambda: http_status(admin_port, "/readyz") == 200, procs, tmp_path)
         assert get(http_port, "/hello") == 200, dump(tmp_path)
+        assert http_status(admin_port, "/readyz") == 200, "HAProxy's readiness implies the agent's"
         assert get(http_port, "/?q=%3Cscript%3Ealert(1)%3C/script%3E") == 403, dump(tmp_path)
 
         # Stop the pod.
@@ -181,5 +189,46 @@ def test_sidecar_pod_stops_without_failing_a_request(native: bool, origin: int, 
     finally:
         for proc in procs.values():
             if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def test_sidecar_pod_is_not_ready_while_the_agent_hangs(origin: int, tmp_path: Path) -> None:
+    """HAProxy's readiness must not pass for an agent that accepts connections but does not
+    answer (stopped with SIGSTOP once ready, before HAProxy starts, as in classic mode where
+    both start at once). HAProxy 2.6 starts its checked agent server UP, and the first
+    spop-check waits `inter` (1 s) for a HELLO that never comes: readiness on nbsrv alone
+    passed during that second. Once the agent resumes, the pod becomes ready and serves."""
+    pod = Pod(False, origin, tmp_path)
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    try:
+        with open(tmp_path / "agent.log", "wb") as out:
+            procs["agent"] = subprocess.Popen(pod.agent_argv, stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path)
+        wait_until("agent ready", lambda: http_status(pod.admin_port, "/readyz") == 200, procs, tmp_path)
+        procs["agent"].send_signal(signal.SIGSTOP)
+        with open(tmp_path / "haproxy.log", "wb") as out:
+            procs["haproxy"] = subprocess.Popen(pod.haproxy_argv, stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path)
+        # Probe from HAProxy's start until its first check has failed (it logs the agent
+        # DOWN), and for one more check interval after that.
+        answers: list[int | None] = []
+        wait_until("HAProxy's health listener", lambda: get(pod.health_port, "/healthz") is not None, procs, tmp_path)
+        def agent_down() -> bool:
+            answers.append(get(pod.health_port, "/healthz"))
+            return "agent is DOWN" in (tmp_path / "haproxy.log").read_text()
+        wait_until("HAProxy's first check to fail", agent_down, procs, tmp_path)
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:
+            answers.append(get(pod.health_port, "/healthz"))
+            time.sleep(POLL)
+        assert answers and 200 not in answers, f"ready with a hung agent: {answers}\n{dump(tmp_path)}"
+        assert get(pod.http_port, "/hello") == 500, "fail-closed: no verdict, no request"
+
+        procs["agent"].send_signal(signal.SIGCONT)
+        wait_until("pod ready", lambda: get(pod.health_port, "/healthz") == 200, procs, tmp_path)
+        assert get(pod.http_port, "/hello") == 200, dump(tmp_path)
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)
                 proc.kill()
                 proc.wait()

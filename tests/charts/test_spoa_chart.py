@@ -293,7 +293,11 @@ def test_sidecar_haproxy_config(case: Any, tmp_path: Path) -> None:
     # The agent backend: health-checked SPOP, one agent on loopback.
     assert "option spop-check" in haproxy_cfg
     assert re.search(rf"server agent 127\.0\.0\.1:{values['agent']['port']} check inter 1s fall 2\b", haproxy_cfg)
-    assert "monitor fail if { stopping } || { nbsrv(coraza-spoa) lt 1 }" in haproxy_cfg
+    # Readiness, in one probe: not stopping, the agent's check UP, the agent's own /readyz.
+    assert 'string "stopping" if { stopping }' in haproxy_cfg
+    assert "if { nbsrv(coraza-spoa) lt 1 }" in haproxy_cfg
+    assert "set-path /readyz\n  default_backend agent-readiness\n" in haproxy_cfg
+    assert f"server agent 127.0.0.1:{values['admin']['port']}\n" in haproxy_cfg
     assert ("grace " in haproxy_cfg) == values["gracefulTermination"]["enabled"]
     assert "use-backend coraza-spoa" in spoe_cfg
     assert ("coraza-res" in spoe_cfg) == values["sidecar"]["haproxy"]["responseCheck"]

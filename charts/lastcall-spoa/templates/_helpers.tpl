@@ -127,6 +127,13 @@ The termination budget, in whole seconds. Everything below is derived from it.
 {{- end }}
 {{- end }}
 
+{{/* Where a container of the pod reaches the agent's admin listener. */}}
+{{- define "lastcall-spoa.adminLoopback" -}}
+{{- if has .Values.admin.address (list "0.0.0.0" "127.0.0.1") }}127.0.0.1
+{{- else }}{{ .Values.admin.address }}
+{{- end }}
+{{- end }}
+
 {{/* Probes on the admin listener. */}}
 {{- define "lastcall-spoa.agentProbes" -}}
 {{- $p := .Values.probes }}
