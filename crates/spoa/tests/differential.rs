@@ -255,3 +255,37 @@ fn oversized_bodies_never_fail_open() {
         "nginx denied a benign 70 KB form"
     );
 }
+
+/// The origin decides "reached the origin", so it must read a chunked body whole. HAProxy
+/// forwards chunked bodies as they came; an origin that stopped at the headers read the
+/// chunk lines as a second request after answering, and counted it late, where the next
+/// corpus entry saw it (`attack-chunked-sqli`, denied with 403, once scored "allowed").
+#[test]
+fn origin_counts_a_chunked_request_once() {
+    use std::io::{BufReader, Read, Write};
+    use std::sync::atomic::Ordering;
+
+    let origin = Origin::start();
+    let mut conn = std::net::TcpStream::connect(origin.addr).expect("connect to the origin");
+    conn.set_read_timeout(Some(std::time::Duration::from_secs(30)))
+        .expect("read timeout");
+    conn.write_all(
+        b"POST /submit HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n\
+          b\r\nname=alice&\r\nb;ext=1\r\ncity=Berlin\r\n0\r\nX-Trailer: 1\r\n\r\n",
+    )
+    .expect("send the chunked request");
+    let mut reader = BufReader::new(conn.try_clone().expect("clone"));
+    let (status, _) = support::read_response(&mut reader).expect("first answer");
+    assert_eq!(status, 200);
+    conn.write_all(b"GET /second HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+        .expect("send the second request");
+    let mut rest = String::new();
+    reader.read_to_string(&mut rest).expect("read to the end");
+    assert_eq!(
+        rest.matches("HTTP/1.1 ").count(),
+        1,
+        "one answer to one request, got:\n{rest}"
+    );
+    assert!(rest.ends_with("origin ok GET /second 0\n"), "{rest}");
+    assert_eq!(origin.served.load(Ordering::SeqCst), 2);
+}

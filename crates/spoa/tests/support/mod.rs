@@ -113,6 +113,7 @@ fn origin_conn(conn: TcpStream, served: &AtomicU64) {
 pub fn read_headers_and_body(reader: &mut impl BufRead) -> std::io::Result<(usize, bool)> {
     let mut len = 0usize;
     let mut close = false;
+    let mut chunked = false;
     loop {
         let mut h = String::new();
         if reader.read_line(&mut h)? == 0 {
@@ -129,11 +130,46 @@ pub fn read_headers_and_body(reader: &mut impl BufRead) -> std::io::Result<(usiz
             if k.eq_ignore_ascii_case("connection") && v.trim().eq_ignore_ascii_case("close") {
                 close = true;
             }
+            if k.eq_ignore_ascii_case("transfer-encoding")
+                && v.to_ascii_lowercase().contains("chunked")
+            {
+                chunked = true;
+            }
         }
+    }
+    if chunked {
+        // Read the whole chunked body: left in the buffer, its lines would be read as the
+        // next request on this connection (a phantom request, counted late).
+        return Ok((read_chunked(reader)?, close));
     }
     let mut body = vec![0; len];
     reader.read_exact(&mut body)?;
     Ok((len, close))
+}
+
+/// Reads a chunked body through its last chunk and trailers; returns its decoded length.
+fn read_chunked(reader: &mut impl BufRead) -> std::io::Result<usize> {
+    let mut total = 0usize;
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line)? == 0 {
+            return Err(std::io::Error::other("eof in a chunked body"));
+        }
+        let size = line.trim_end().split(';').next().unwrap_or("").trim();
+        let size = usize::from_str_radix(size, 16)
+            .map_err(|_| std::io::Error::other(format!("bad chunk size line {line:?}")))?;
+        if size == 0 {
+            loop {
+                let mut trailer = String::new();
+                if reader.read_line(&mut trailer)? == 0 || trailer.trim_end().is_empty() {
+                    return Ok(total);
+                }
+            }
+        }
+        let mut chunk = vec![0; size + 2];
+        reader.read_exact(&mut chunk)?;
+        total += size;
+    }
 }
 
 /// Reads one HTTP/1.1 response from a keep-alive connection (status line, headers,
