@@ -9,6 +9,8 @@ checks that no request fails while HAProxy is still listening and that both proc
   the agent lingers until HAProxy has gone.
 - native: SIGUSR1 to HAProxy; SIGTERM to the agent only once HAProxy has exited.
 
+It also checks HAProxy's readiness against an agent that hangs (SIGSTOP): never ready then.
+
 HAProxy runs as `haproxy -db` (one process). The haproxy image runs `-W -db` (master-worker);
 the configuration behaves the same, but HAProxy 2.6's master was seen to drop a SIGUSR1 that
 arrives within a fraction of a second of its start, which would make this test flaky.
