@@ -248,16 +248,19 @@ impl Drop for Claim {
 fn work(inner: &Inner) {
     let mut ran = false;
     loop {
-        let job = {
+        let work = {
             let mut st = inner.lock();
             if ran {
                 st.running -= 1;
             }
             loop {
                 if st.running < st.limit {
-                    if let Some(job) = st.jobs.pop_front() {
+                    if let Some(Job { work, _slot }) = st.jobs.pop_front() {
                         st.running += 1;
-                        break job;
+                        // The queue slot is given back under the lock, with the pop: whoever
+                        // sees the queue empty also sees all its room free.
+                        drop(_slot);
+                        break work;
                     }
                 }
                 if st.closed {
@@ -274,8 +277,6 @@ fn work(inner: &Inner) {
                 st.idle -= 1;
             }
         };
-        let Job { work, _slot } = job;
-        drop(_slot);
         // A panicking evaluation drops its reply channel (the connection answers with an
         // error) and the thread goes on.
         if std::panic::catch_unwind(AssertUnwindSafe(work)).is_err() {
