@@ -140,6 +140,36 @@ pub struct TurnConfig {
 pub const MAX_RELAY_THREADS: usize = 1024;
 
 impl TurnConfig {
+    /// The protocol core's configuration from ours.
+    pub fn core_config(&self) -> lastcall_turn_proto::ServerConfig {
+        let c = self;
+        let mut s = lastcall_turn_proto::ServerConfig::new(c.realm.clone());
+        if c.use_auth_secret {
+            s.auth.rest_secrets = c
+                .static_auth_secrets
+                .iter()
+                .map(|x| x.as_bytes().to_vec())
+                .collect();
+        }
+        for (name, key) in &c.users {
+            s.auth.users.insert(name.clone(), key.clone());
+        }
+        s.lifetimes.allocation_max =
+            std::time::Duration::from_secs(u64::from(c.max_allocate_lifetime));
+        if s.lifetimes.allocation_default > s.lifetimes.allocation_max {
+            s.lifetimes.allocation_default = s.lifetimes.allocation_max;
+        }
+        s.quotas.per_user = c.user_quota;
+        s.quotas.total = c.total_quota;
+        s.nonce.lifetime = std::time::Duration::from_secs(u64::from(c.stale_nonce));
+        s.peer_policy.allow_loopback = c.allow_loopback_peers;
+        s.peer_policy.allowed = c.allowed_peer_ips.clone();
+        s.peer_policy.denied = c.denied_peer_ips.clone();
+        s.relay.relay_ips = c.relay_ips.clone();
+        s.relay.external_ips = c.external_ips.clone();
+        s
+    }
+
     /// Whether a TLS listener runs: not `no-tls`, and both `cert` and `pkey` given.
     pub fn tls_enabled(&self) -> bool {
         !self.no_tls && self.cert.is_some() && self.pkey.is_some()

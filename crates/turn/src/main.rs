@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use lastcall::Lifecycle;
 use lastcall_turn::config::{self, Parsed, Settings};
+use lastcall_turn::listen;
 use lastcall_turn::metrics::Metrics;
 use lastcall_turn::server;
 use lastcall_turn::tls::Certs;
@@ -69,7 +70,7 @@ async fn run(settings: Settings, certs: Option<Arc<Certs>>) -> i32 {
             "allow-loopback-peers is on: clients can reach this host's own services (tests only)"
         );
     }
-    let ips = match server::listening_addresses(&turn) {
+    let ips = match listen::listening_addresses(&turn) {
         Ok(ips) => ips,
         Err(e) => {
             tracing::error!("{e}");
@@ -81,7 +82,7 @@ async fn run(settings: Settings, certs: Option<Arc<Certs>>) -> i32 {
     let mut registry = prometheus_client::registry::Registry::default();
     lifecycle.register_metrics(&mut registry);
     let metrics = Metrics::default();
-    metrics.register(&mut registry, &turn.realm);
+    metrics.register(&mut registry);
 
     let mut running =
         match server::start(&turn, &ips, certs.clone(), metrics.clone(), handle.clone()) {
@@ -91,6 +92,7 @@ async fn run(settings: Settings, certs: Option<Arc<Certs>>) -> i32 {
                 return EXIT_BIND;
             }
         };
+    running.register_metrics(&mut registry, &turn.realm);
     let admin = match lastcall::admin::serve(&handle, Arc::new(registry)).await {
         Ok(a) => Some(a),
         Err(e) => {
