@@ -141,8 +141,7 @@ impl TerminationArgs {
     fn from_flags(f: TerminationFlags, matches: &ArgMatches) -> TerminationArgs {
         let sources = ARG_ENVS
             .iter()
-            .filter(|(id, _)| matches.try_contains_id(id).unwrap_or(false))
-            .map(|(id, env)| (*id, Source::from_clap(matches.value_source(id), Some(env))))
+            .map(|(id, env)| (*id, Source::from_matches(matches, id, Some(env))))
             .collect();
         TerminationArgs {
             on_sigterm: f.on_sigterm,
@@ -414,7 +413,9 @@ impl TerminationArgs {
             let why = "the deadline is counted from the trigger and would end the drain before \
                        new work is refused";
             // Name the option the operator set: the delay, unless only the timeout was given.
-            let problem = if self.source(ID_SHUTDOWN_DELAY) == Source::Default {
+            let delay_defaulted =
+                self.shutdown_delay.is_none() || self.source(ID_SHUTDOWN_DELAY) == Source::Default;
+            let problem = if delay_defaulted {
                 self.problem(
                     "--drain-timeout",
                     ID_DRAIN_TIMEOUT,
@@ -564,12 +565,7 @@ where
 {
     match try_parse_cli_with(args, defaults, customize) {
         Ok(cli) => cli,
-        Err(err) => {
-            let code = if err.use_stderr() { exit::CONFIG } else { 0 };
-            // Printing can only fail if stderr/stdout is gone; nothing better to do then.
-            let _ = err.print();
-            std::process::exit(code);
-        }
+        Err(err) => exit_on_clap_error(err),
     }
 }
 
@@ -594,9 +590,42 @@ where
     I: IntoIterator<Item = T>,
     T: Into<std::ffi::OsString> + Clone,
 {
+    try_parse_cli_matches(args, defaults, customize).map(|(cli, _)| cli)
+}
+
+/// [`parse_cli`], also returning clap's matches, so that problems with the daemon's own
+/// options can say where a value came from ([`Source::from_matches`]).
+pub fn parse_cli_matches<C: clap::Parser>(defaults: &Defaults) -> (C, ArgMatches) {
+    match try_parse_cli_matches(std::env::args_os(), defaults, |cmd| cmd) {
+        Ok(parsed) => parsed,
+        Err(err) => exit_on_clap_error(err),
+    }
+}
+
+/// [`try_parse_cli_with`], also returning clap's matches.
+pub fn try_parse_cli_matches<C, I, T>(
+    args: I,
+    defaults: &Defaults,
+    customize: impl FnOnce(clap::Command) -> clap::Command,
+) -> Result<(C, ArgMatches), clap::Error>
+where
+    C: clap::Parser,
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
     let cmd = customize(TerminationArgs::augment_help(C::command(), defaults));
-    let mut matches = cmd.try_get_matches_from(args)?;
-    C::from_arg_matches_mut(&mut matches)
+    let matches = cmd.try_get_matches_from(args)?;
+    // `from_arg_matches_mut` takes the values out of the matches it is given.
+    let cli = C::from_arg_matches_mut(&mut matches.clone())?;
+    Ok((cli, matches))
+}
+
+/// Prints clap's message and exits: 0 for `--help`/`--version`, 64 for usage errors.
+fn exit_on_clap_error(err: clap::Error) -> ! {
+    let code = if err.use_stderr() { exit::CONFIG } else { 0 };
+    // Printing can only fail if stderr/stdout is gone; nothing better to do then.
+    let _ = err.print();
+    std::process::exit(code);
 }
 
 /// Help text of a daemon CLI with the daemon's defaults, as `--help` prints it.
@@ -608,7 +637,7 @@ pub fn render_help<C: CommandFactory>(defaults: &Defaults) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser;
+    use clap::{FromArgMatches, Parser};
 
     #[derive(Debug, Parser)]
     struct Cli {
@@ -759,6 +788,20 @@ mod tests {
             problems.iter().next().map(|p| p.value.as_deref()),
             Some(Some("x"))
         );
+        // Without the daemon's defaults in the command (no augment_help), a missing delay is
+        // still the default: the problem names the timeout that was given.
+        let cmd = <Cli as CommandFactory>::command();
+        let matches = cmd
+            .try_get_matches_from(["daemon", "--drain-timeout", "2s"])
+            .unwrap();
+        let cli = <Cli as FromArgMatches>::from_arg_matches(&matches).unwrap();
+        let problems = cli.term.validate(&defaults()).unwrap_err();
+        assert!(
+            problems
+                .to_string()
+                .starts_with("--drain-timeout (2s): must be longer than --shutdown-delay (5s)"),
+            "{problems}"
+        );
         // Not parsed by clap (built in code): the command line is assumed.
         let args = TerminationArgs {
             drain_timeout: Some("soon".into()),
@@ -773,6 +816,27 @@ mod tests {
             ConfigError::from(problems).problems,
             ["--drain-timeout (soon): expected a number at `soon` (write e.g. 30s, 5m, 1h30m, 250ms or 30)"]
         );
+    }
+
+    #[test]
+    fn matches_tell_where_a_daemons_own_option_came_from() {
+        #[derive(Debug, Parser)]
+        struct Own {
+            #[arg(long, env = "LASTCALL_TEST_NO_SUCH_VAR_BIND")]
+            bind: Option<String>,
+            #[arg(long, default_value = "x")]
+            mode: String,
+            #[command(flatten)]
+            term: TerminationArgs,
+        }
+        let (cli, matches): (Own, _) =
+            try_parse_cli_matches(["daemon", "--bind", "b"], &defaults(), |c| c).unwrap();
+        assert_eq!(cli.bind.as_deref(), Some("b"));
+        let of = |id| Source::from_matches(&matches, id, None);
+        assert_eq!(of("bind"), Source::Flag);
+        assert_eq!(of("mode"), Source::Default);
+        assert_eq!(of("drain_timeout"), Source::Default);
+        assert_eq!(of("no_such_argument"), Source::Default);
     }
 
     #[test]

@@ -36,8 +36,9 @@ pub mod problem;
 pub mod watch;
 
 pub use config::{
-    parse_cli, parse_cli_from, parse_cli_with, render_help, try_parse_cli_from, try_parse_cli_with,
-    ConfigError, Defaults, OnSigterm, TerminationArgs, TerminationConfig,
+    parse_cli, parse_cli_from, parse_cli_matches, parse_cli_with, render_help, try_parse_cli_from,
+    try_parse_cli_matches, try_parse_cli_with, ConfigError, Defaults, OnSigterm, TerminationArgs,
+    TerminationConfig,
 };
 pub use daemon::{Accept, AcceptUntil, Daemon, Served, Spawner};
 pub use lifecycle::{DrainStatus, Handle, Lifecycle, PeerId, SessionGuard};

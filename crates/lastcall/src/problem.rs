@@ -53,6 +53,16 @@ impl Source {
         }
     }
 
+    /// Where argument `id` of `matches` came from (see
+    /// [`parse_cli_matches`](crate::config::parse_cli_matches)); `env` is its environment
+    /// variable. An id clap does not know is [`Source::Default`].
+    pub fn from_matches(matches: &clap::ArgMatches, id: &str, env: Option<&str>) -> Source {
+        if !matches.try_contains_id(id).unwrap_or(false) {
+            return Source::Default;
+        }
+        Source::from_clap(matches.value_source(id), env)
+    }
+
     /// From clap's record of where an argument's value came from; `env` is the argument's
     /// environment variable.
     pub fn from_clap(source: Option<clap::parser::ValueSource>, env: Option<&str>) -> Source {
