@@ -5,7 +5,8 @@
 //! TCP and TLS client listeners, UDP relay ports), the coturn-compatible configuration,
 //! the metrics, and the wiring to the `lastcall` termination lifecycle.
 //!
-//! Layers, each module using only those above it: the configuration (`options`, `config`)
+//! Layers, each module using only those above it: the configuration (`options`, `sources`,
+//! `config`)
 //! and the leaves (`sync`, `sockets`, `mmsg`, `mailbox`, `metrics`, `tls`); the relay
 //! sockets (`relay`); routing what the core returns (`route`); the core behind its lock
 //! (`shared`); its drivers (`udp`, `stream`, `timers`, `drain`); the listeners (`listen`);
@@ -24,6 +25,7 @@ mod route;
 pub mod server;
 mod shared;
 mod sockets;
+mod sources;
 mod stream;
 mod sync;
 mod timers;

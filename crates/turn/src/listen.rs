@@ -108,13 +108,13 @@ pub(crate) fn bind(
         tls: Vec::new(),
     };
     for ip in ips {
-        if !config.no_udp {
+        if config.udp {
             l.udp_addrs.push(bind_udp_group(
                 SocketAddr::new(*ip, config.listening_port),
                 &mut l.udp,
             )?);
         }
-        if !config.no_tcp {
+        if config.tcp {
             let addr = SocketAddr::new(*ip, config.listening_port);
             l.tcp.push(bind_tcp(addr).map_err(bind_error("TCP", addr))?);
         }

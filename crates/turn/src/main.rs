@@ -10,9 +10,6 @@ use lastcall_turn::metrics::Metrics;
 use lastcall_turn::server;
 use lastcall_turn::tls::Certs;
 
-/// Exit status when a socket cannot be bound (EX_OSERR).
-const EXIT_BIND: i32 = 71;
-
 fn main() {
     let settings = match config::parse(std::env::args()) {
         Ok(Parsed::Run(s)) => *s,
@@ -20,17 +17,7 @@ fn main() {
             print!("{text}");
             std::process::exit(0);
         }
-        Err(errors) => config_exit(errors.0.iter().map(ToString::to_string)),
-    };
-    // Certificates are configuration too: a bad one is reported before any port is bound.
-    let certs = match (&settings.turn.cert, &settings.turn.pkey) {
-        (Some(cert), Some(key)) if !settings.turn.no_tls => {
-            match Certs::load(cert, key, settings.turn.tls13_only) {
-                Ok(c) => Some(Arc::new(c)),
-                Err(e) => config_exit(std::iter::once(format!("cert/pkey: {e}"))),
-            }
-        }
-        _ => None,
+        Err(problems) => problems.exit("lastcall-turn"),
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -39,42 +26,33 @@ fn main() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("lastcall-turn: cannot start the runtime: {e}");
-            std::process::exit(1);
+            std::process::exit(lastcall::exit::OS_ERROR);
         }
     };
-    let code = runtime.block_on(run(settings, certs));
+    let code = runtime.block_on(run(settings));
     std::process::exit(code);
 }
 
-fn config_exit(problems: impl Iterator<Item = String>) -> ! {
-    eprintln!("lastcall-turn: configuration errors:");
-    for p in problems {
-        eprintln!("  - {p}");
-    }
-    std::process::exit(lastcall::exit::CONFIG);
-}
-
-async fn run(settings: Settings, certs: Option<Arc<Certs>>) -> i32 {
-    let Settings { turn, term, log } = settings;
+async fn run(settings: Settings) -> i32 {
+    let Settings {
+        turn,
+        certs,
+        term,
+        log,
+        warnings,
+    } = settings;
     lastcall::logging::init(&log);
-    if let Some(file) = turn.log_file.as_deref() {
-        if !matches!(file, "stdout" | "stderr" | "-" | "syslog") {
-            tracing::warn!(log_file = file, "log-file is ignored: logs go to stderr");
-        }
+    for w in &warnings {
+        tracing::warn!("{w}");
     }
-    if !turn.no_tls && certs.is_none() {
-        tracing::info!("no cert/pkey: the TLS listener is off");
-    }
-    if turn.allow_loopback_peers {
-        tracing::warn!(
-            "allow-loopback-peers is on: clients can reach this host's own services (tests only)"
-        );
+    if turn.tls.is_none() {
+        tracing::info!("the TLS listener is off (no cert and pkey, or no-tls)");
     }
     let ips = match listen::listening_addresses(&turn) {
         Ok(ips) => ips,
         Err(e) => {
             tracing::error!("{e}");
-            return EXIT_BIND;
+            return lastcall::exit::OS_ERROR;
         }
     };
     let lifecycle = Lifecycle::new(term);
@@ -89,7 +67,7 @@ async fn run(settings: Settings, certs: Option<Arc<Certs>>) -> i32 {
             Ok(r) => r,
             Err(e) => {
                 tracing::error!("{e}");
-                return EXIT_BIND;
+                return lastcall::exit::OS_ERROR;
             }
         };
     running.register_metrics(&mut registry, &turn.realm);
@@ -97,7 +75,7 @@ async fn run(settings: Settings, certs: Option<Arc<Certs>>) -> i32 {
         Ok(a) => Some(a),
         Err(e) => {
             tracing::error!("{e}");
-            return EXIT_BIND;
+            return lastcall::exit::OS_ERROR;
         }
     };
     if let Some(pidfile) = &turn.pidfile {
