@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use lastcall::Lifecycle;
+use lastcall::Daemon;
 use lastcall_turn::config::{self, Parsed, Settings};
 use lastcall_turn::listen;
 use lastcall_turn::metrics::Metrics;
@@ -33,6 +33,7 @@ fn main() {
     std::process::exit(code);
 }
 
+/// Serves until the lifecycle says to leave; returns the exit status.
 async fn run(settings: Settings) -> i32 {
     let Settings {
         turn,
@@ -48,6 +49,13 @@ async fn run(settings: Settings) -> i32 {
     if turn.tls.is_none() {
         tracing::info!("the TLS listener is off (no cert and pkey, or no-tls)");
     }
+    // Starting: signals are handled from here on, readiness is 503 until every port is bound.
+    let mut daemon = Daemon::start(term);
+    let handle = daemon.handle().clone();
+    let mut registry = prometheus_client::registry::Registry::default();
+    daemon.register_metrics(&mut registry);
+    let metrics = Metrics::default();
+    metrics.register(&mut registry);
     let ips = match listen::listening_addresses(&turn) {
         Ok(ips) => ips,
         Err(e) => {
@@ -55,24 +63,16 @@ async fn run(settings: Settings) -> i32 {
             return lastcall::exit::OS_ERROR;
         }
     };
-    let lifecycle = Lifecycle::new(term);
-    let handle = lifecycle.handle();
-    let mut registry = prometheus_client::registry::Registry::default();
-    lifecycle.register_metrics(&mut registry);
-    let metrics = Metrics::default();
-    metrics.register(&mut registry);
-
-    let mut running =
-        match server::start(&turn, &ips, certs.clone(), metrics.clone(), handle.clone()) {
-            Ok(r) => r,
-            Err(e) => {
-                tracing::error!("{e}");
-                return lastcall::exit::OS_ERROR;
-            }
-        };
+    let running = match server::start(&turn, &ips, certs.clone(), metrics.clone(), &daemon) {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::error!("{e}");
+            return lastcall::exit::OS_ERROR;
+        }
+    };
     running.register_metrics(&mut registry, &turn.realm);
     let admin = match lastcall::admin::serve(&handle, Arc::new(registry)).await {
-        Ok(a) => Some(a),
+        Ok(a) => a,
         Err(e) => {
             tracing::error!("{e}");
             return lastcall::exit::OS_ERROR;
@@ -83,32 +83,36 @@ async fn run(settings: Settings) -> i32 {
             tracing::warn!(pidfile = %pidfile.display(), "cannot write pidfile: {e}");
         }
     }
-    tracing::info!(
-        udp = ?running.udp,
-        udp_threads = running.udp_workers,
-        tcp = ?running.tcp,
-        tls = ?running.tls,
-        relay_ports = %format!("{}-{}", turn.min_port, turn.max_port),
-        admin = ?admin.as_ref().and_then(|a| a.local_addr()),
-        realm = %turn.realm,
-        "lastcall-turn listening"
-    );
     if let Some(certs) = certs {
         tokio::spawn(reload_on_sighup(handle.clone(), certs, metrics.clone()));
     }
-
-    let outcome = lifecycle.run().await;
-    let left = running.shared.allocations();
-    if left > 0 {
-        tracing::info!(allocations = left, "ending the remaining allocations");
-    }
-    running.shared.clear();
-    // The I/O threads finish the batch in hand (its responses are sent) and stop.
-    running.stop_workers();
+    let listening = (
+        running.udp.clone(),
+        running.udp_workers,
+        running.tcp.clone(),
+        running.tls.clone(),
+    );
+    // After the exit decision (and the TCP/TLS connections' tasks), within the time left.
+    daemon.on_exit("allocations-and-io-threads", move |left| {
+        running.end_within(left)
+    });
+    daemon.ready();
+    let (udp, udp_threads, tcp, tls) = listening;
+    tracing::info!(
+        udp = ?udp,
+        udp_threads,
+        tcp = ?tcp,
+        tls = ?tls,
+        relay_ports = %format!("{}-{}", turn.min_port, turn.max_port),
+        admin = ?admin.local_addr(),
+        realm = %turn.realm,
+        "lastcall-turn listening"
+    );
+    let served = daemon.serve().await;
     if let Some(pidfile) = &turn.pidfile {
         let _ = std::fs::remove_file(pidfile);
     }
-    outcome.exit_code()
+    served.exit_code()
 }
 
 /// Reloads the certificate on SIGHUP; a failed reload keeps the old one.

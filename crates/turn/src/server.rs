@@ -1,5 +1,6 @@
 //! Starting the server: the core and its relay sockets, every listener, the UDP I/O threads
-//! and the tokio tasks (TCP/TLS, timers, the drain); and stopping the I/O threads.
+//! and the tokio tasks (TCP/TLS through the lifecycle's accept loops, timers, the drain); and
+//! its end, within the time the lifecycle gives after the exit decision.
 //!
 //! One [`Server`](lastcall_turn_proto::Server) sits behind one mutex ([`Shared`]). UDP
 //! (client listeners and every relay socket) is served by `relay-threads` I/O threads
@@ -9,10 +10,10 @@
 
 use std::io;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::Arc;
-use std::time::{Instant, SystemTime};
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant, SystemTime};
 
-use lastcall::Handle;
+use lastcall::{AcceptUntil, Daemon, Handle};
 use lastcall_turn_proto::Server;
 use tokio::net::TcpListener;
 
@@ -44,6 +45,8 @@ pub struct Running {
     /// UDP I/O threads.
     pub udp_workers: usize,
     workers: Vec<std::thread::JoinHandle<()>>,
+    /// Each I/O thread says here that it has ended.
+    ended: mpsc::Receiver<usize>,
 }
 
 impl Running {
@@ -58,15 +61,38 @@ impl Running {
         crate::metrics::CoreMetrics::register(registry, core, realm);
     }
 
-    /// Stops the UDP I/O threads (after [`Shared::clear`]: their last sends are done when
-    /// this returns).
-    pub fn stop_workers(&mut self) {
+    /// Ends every allocation (logging how many were left) and stops the UDP I/O threads,
+    /// within `budget`; returns whether every thread ended in time (they finish the batch in
+    /// hand, so its responses are sent).
+    pub fn end_within(mut self, budget: Duration) -> bool {
+        let deadline = Instant::now() + budget;
+        let left = self.shared.allocations();
+        if left > 0 {
+            tracing::info!(allocations = left, "ending the remaining allocations");
+        }
+        self.shared.clear();
         for m in self.shared.relays.mailboxes() {
             m.post(Cmd::Stop);
+        }
+        for _ in 0..self.workers.len() {
+            let wait = deadline.saturating_duration_since(Instant::now());
+            if self.ended.recv_timeout(wait).is_err() {
+                return false;
+            }
         }
         for w in self.workers.drain(..) {
             let _ = w.join();
         }
+        true
+    }
+}
+
+/// Tells `Running::end_within` that an I/O thread ended (also when it panicked).
+struct Ended(usize, mpsc::Sender<usize>);
+
+impl Drop for Ended {
+    fn drop(&mut self) {
+        let _ = self.1.send(self.0);
     }
 }
 
@@ -89,24 +115,27 @@ fn shared(
     Ok(Arc::new(Shared::new(server, relays, metrics, handle)))
 }
 
-/// Binds every listener and starts every thread and task. Must run inside a tokio runtime.
+/// Binds every listener and starts every thread and task (TCP/TLS connections as tracked
+/// tasks of `daemon`). Must run inside a tokio runtime.
 pub fn start(
     config: &TurnConfig,
     ips: &[IpAddr],
     certs: Option<Arc<Certs>>,
     metrics: Metrics,
-    handle: Handle,
+    daemon: &Daemon,
 ) -> Result<Running, StartError> {
     let workers = config.udp_workers().max(1);
     let listeners = listen::bind(config, ips, workers, certs.is_some())?;
-    let shared = shared(config, metrics, handle, workers)?;
+    let shared = shared(config, metrics, daemon.handle().clone(), workers)?;
+    let (ended_tx, ended) = mpsc::channel();
     let mut threads = Vec::new();
     for (worker, sockets) in listeners.udp.into_iter().enumerate() {
-        threads.push(spawn_worker(&shared, worker, sockets)?);
+        let ended = Ended(worker, ended_tx.clone());
+        threads.push(spawn_worker(&shared, worker, sockets, ended)?);
     }
-    let tcp = serve_streams(&shared, listeners.tcp, None)?;
+    let tcp = serve_streams(&shared, daemon, listeners.tcp, None)?;
     let tls = match certs {
-        Some(certs) => serve_streams(&shared, listeners.tls, Some(certs))?,
+        Some(certs) => serve_streams(&shared, daemon, listeners.tls, Some(certs))?,
         None => Vec::new(),
     };
     tokio::spawn(timers::timer_loop(Arc::clone(&shared)));
@@ -127,12 +156,15 @@ pub fn start(
         tls,
         udp_workers: workers,
         workers: threads,
+        ended,
     })
 }
 
-/// Starts accepting on `listeners` (TLS with `certs`); returns their addresses.
+/// Starts accepting on `listeners` (TLS with `certs`) until the exit decision: while
+/// refusing, new clients still get their 300/403; returns the listeners' addresses.
 fn serve_streams(
     shared: &Arc<Shared>,
+    daemon: &Daemon,
     listeners: Vec<std::net::TcpListener>,
     certs: Option<Arc<Certs>>,
 ) -> Result<Vec<SocketAddr>, StartError> {
@@ -148,16 +180,26 @@ fn serve_streams(
             source,
         })?;
         addrs.push(addr);
-        tokio::spawn(stream::accept_loop(Arc::clone(shared), l, certs.clone()));
+        let shared = Arc::clone(shared);
+        match certs.clone() {
+            None => daemon.accept(l, AcceptUntil::Exiting, move |conn, watch| {
+                stream::serve_tcp(Arc::clone(&shared), conn, watch)
+            }),
+            Some(certs) => daemon.accept(l, AcceptUntil::Exiting, move |conn, watch| {
+                stream::serve_tls(Arc::clone(&shared), Arc::clone(&certs), conn, watch)
+            }),
+        }
     }
     Ok(addrs)
 }
 
-/// Starts UDP I/O thread `worker` on `listeners`; returns once it is ready.
+/// Starts UDP I/O thread `worker` on `listeners`; returns once it is ready. `ended` is
+/// dropped when the thread ends.
 fn spawn_worker(
     shared: &Arc<Shared>,
     worker: usize,
     listeners: Vec<(SocketAddr, std::net::UdpSocket)>,
+    ended: Ended,
 ) -> Result<std::thread::JoinHandle<()>, StartError> {
     let mailbox = shared
         .relays
@@ -174,6 +216,7 @@ fn spawn_worker(
         .name(format!("turn-udp-{worker}"))
         .spawn(move || match Worker::new(shared, mailbox, listeners) {
             Ok(w) => {
+                let _ended = ended;
                 let _ = ready_tx.send(Ok(()));
                 w.run();
             }

@@ -1,13 +1,15 @@
-//! TCP and TLS clients (tokio tasks): accepting connections, the TLS handshake, and one
-//! connection's frames through the core. A connection's allocation ends with it
-//! (RFC 8656 §3.1); one that holds no allocation a minute after connecting is closed.
+//! TCP and TLS clients (tokio tasks, started by the lifecycle's accept loops): the TLS
+//! handshake, and one connection's frames through the core. A connection's allocation ends
+//! with it (RFC 8656 §3.1); one that holds no allocation a minute after connecting is closed.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use lastcall::Watch;
 use lastcall_turn_proto::{ClientAddr, Output, Transport};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::net::TcpListener;
+use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
 use crate::route::{LocalSockets, StreamHandle, TxQueue};
@@ -22,59 +24,65 @@ const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a TCP/TLS connection may stay open without an allocation.
 const STREAM_SETUP: Duration = Duration::from_secs(60);
 
-/// Accepts TCP (or, with `certs`, TLS) client connections.
-pub(crate) async fn accept_loop(
+/// Serves one accepted TCP connection (a tracked task of the lifecycle's accept loop).
+pub(crate) async fn serve_tcp(
     shared: Arc<Shared>,
-    listener: TcpListener,
-    certs: Option<Arc<Certs>>,
+    (stream, client): (TcpStream, SocketAddr),
+    watch: Watch,
 ) {
-    loop {
-        let (stream, client) = match listener.accept().await {
-            Ok(x) => x,
-            Err(e) => {
-                tracing::warn!("accept failed: {e}");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
+    let _ = stream.set_nodelay(true);
+    let Ok(local) = stream.local_addr() else {
+        return;
+    };
+    let addr = ClientAddr {
+        transport: Transport::Tcp,
+        client,
+        local,
+    };
+    connection(shared, stream, addr, watch).await;
+}
+
+/// Serves one accepted TLS connection: the handshake (at most 10 s, and not past the exit
+/// decision), then its frames.
+pub(crate) async fn serve_tls(
+    shared: Arc<Shared>,
+    certs: Arc<Certs>,
+    (stream, client): (TcpStream, SocketAddr),
+    mut watch: Watch,
+) {
+    let _ = stream.set_nodelay(true);
+    let Ok(local) = stream.local_addr() else {
+        return;
+    };
+    let acceptor = tokio_rustls::TlsAcceptor::from(certs.current());
+    let handshake = tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream));
+    tokio::pin!(handshake);
+    let done = loop {
+        tokio::select! {
+            done = &mut handshake => break done,
+            _ = watch.changed() => {
+                if watch.exiting() {
+                    return;
+                }
             }
-        };
-        let _ = stream.set_nodelay(true);
-        let Ok(local) = stream.local_addr() else {
-            continue;
-        };
-        let shared = Arc::clone(&shared);
-        match &certs {
-            None => {
-                let addr = ClientAddr {
-                    transport: Transport::Tcp,
-                    client,
-                    local,
-                };
-                tokio::spawn(connection(shared, stream, addr));
-            }
-            Some(certs) => {
-                let acceptor = tokio_rustls::TlsAcceptor::from(certs.current());
-                tokio::spawn(async move {
-                    match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await
-                    {
-                        Ok(Ok(tls)) => {
-                            let addr = ClientAddr {
-                                transport: Transport::Tls,
-                                client,
-                                local,
-                            };
-                            connection(shared, tls, addr).await;
-                        }
-                        Ok(Err(e)) => {
-                            shared.metrics.tls_handshake_failures.inc();
-                            tracing::debug!(%client, "TLS handshake failed: {e}");
-                        }
-                        Err(_) => {
-                            shared.metrics.tls_handshake_failures.inc();
-                            tracing::debug!(%client, "TLS handshake timed out");
-                        }
-                    }
-                });
-            }
+        }
+    };
+    match done {
+        Ok(Ok(tls)) => {
+            let addr = ClientAddr {
+                transport: Transport::Tls,
+                client,
+                local,
+            };
+            connection(shared, tls, addr, watch).await;
+        }
+        Ok(Err(e)) => {
+            shared.metrics.tls_handshake_failures.inc();
+            tracing::debug!(%client, "TLS handshake failed: {e}");
+        }
+        Err(_) => {
+            shared.metrics.tls_handshake_failures.inc();
+            tracing::debug!(%client, "TLS handshake timed out");
         }
     }
 }
@@ -120,7 +128,9 @@ impl Frames {
 }
 
 /// Serves one TCP/TLS client connection: frames in, frames out, allocation deleted at close.
-async fn connection<S>(shared: Arc<Shared>, stream: S, addr: ClientAddr)
+/// At the exit decision the connection closes and leaves its allocation to the exit hook,
+/// which ends every allocation at once.
+async fn connection<S>(shared: Arc<Shared>, stream: S, addr: ClientAddr, mut watch: Watch)
 where
     S: AsyncRead + AsyncWrite + Send + 'static,
 {
@@ -166,6 +176,12 @@ where
                 Ok(n) => n,
             },
             () = close.notified() => break,
+            _ = watch.changed() => {
+                if watch.exiting() {
+                    break;
+                }
+                continue;
+            }
             () = &mut setup, if !setup_checked => {
                 setup_checked = true;
                 if shared.has_allocation(&addr) {
@@ -202,6 +218,8 @@ where
     shared.streams.remove(&addr);
     shared.metrics.stream_connections.dec();
     writer.abort();
-    let now = Instant::now();
-    shared.run(|server| server.close_client(now, &addr));
+    if !watch.exiting() {
+        let now = Instant::now();
+        shared.run(|server| server.close_client(now, &addr));
+    }
 }
