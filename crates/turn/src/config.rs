@@ -731,7 +731,7 @@ mod tests {
     }
 
     #[test]
-    fn the_issue_startup_command_parses() {
+    fn the_documented_startup_command_parses() {
         let s = run(&[
             "--listening-ip=127.0.0.1",
             "--listening-port=34780",
