@@ -48,14 +48,20 @@ impl Effects {
     }
 }
 
-/// One session guard per allocation, keyed by its client and relay addresses (unique among
-/// allocations whose sockets are not released yet).
+/// One session guard per allocation, keyed by its first relay address: unique among the
+/// allocations whose sockets are not released yet, and a released socket is closed only
+/// after its allocation's deletion was applied here.
 #[derive(Default)]
 struct Guards {
-    live: HashMap<(ClientAddr, RelayAddrs), SessionGuard>,
+    live: HashMap<SocketAddr, SessionGuard>,
     /// Allocations whose deletion was applied before their creation (two threads applying
     /// effects in the other order): their creation takes no guard.
-    gone: HashSet<(ClientAddr, RelayAddrs)>,
+    gone: HashSet<SocketAddr>,
+}
+
+/// The key of an allocation's session guard.
+fn guard_key(relays: &RelayAddrs) -> Option<SocketAddr> {
+    relays.iter().next()
 }
 
 impl Shared {
@@ -141,14 +147,18 @@ impl Shared {
     fn session(&self, guards: &mut Guards, ev: &Event, ended: &mut Vec<SessionGuard>) {
         match ev {
             Event::AllocationCreated { client, relays, .. } => {
-                let key = (*client, *relays);
+                let Some(key) = guard_key(relays) else {
+                    return;
+                };
                 if !guards.gone.remove(&key) {
                     let guard = self.handle.session(PeerId::from(client.client.ip()));
                     guards.live.insert(key, guard);
                 }
             }
-            Event::AllocationDeleted { client, relays, .. } => {
-                let key = (*client, *relays);
+            Event::AllocationDeleted { relays, .. } => {
+                let Some(key) = guard_key(relays) else {
+                    return;
+                };
                 match guards.live.remove(&key) {
                     Some(guard) => ended.push(guard),
                     None => {
