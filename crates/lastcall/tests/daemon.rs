@@ -82,6 +82,19 @@ async fn a_sigterm_while_starting_with_nothing_live_leaves_at_once() {
     assert_eq!(t0.elapsed(), Duration::ZERO);
 }
 
+/// `ready()` and a signal pending at the same instant: the signal comes after, as it was
+/// sent after (a test, or the kubelet, reacting to the "listening" line).
+#[tokio::test(start_paused = true)]
+async fn a_signal_sent_after_ready_finds_the_daemon_serving() {
+    let (daemon, tx) = daemon(OnSigterm::Drain, 5, 30);
+    let h = daemon.handle().clone();
+    let _session = h.session(peer(1));
+    daemon.ready();
+    tx.unbounded_send(Trigger::Sigterm).unwrap();
+    h.drain_started().await;
+    assert_eq!(h.phase(), Phase::Announcing, "the delay is not skipped");
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_watch_wakes_once_per_change() {
     let (daemon, tx) = daemon(OnSigterm::Drain, 5, 30);
