@@ -154,8 +154,9 @@ pub(crate) struct TxQueue {
     /// Frames for TCP/TLS clients (their writer tasks' queues).
     streams: Vec<(ClientAddr, Vec<u8>)>,
     /// Datagrams through relay sockets another thread reads (a TCP/TLS client's, a relay
-    /// registered a moment ago, a reserved EVEN-PORT socket).
-    foreign: Vec<(Arc<UdpSocket>, SocketAddr, Vec<u8>)>,
+    /// registered a moment ago, a reserved EVEN-PORT socket): relay, peer, payload. The
+    /// socket is looked up at the flush, with the core's lock released.
+    foreign: Vec<(SocketAddr, SocketAddr, Vec<u8>)>,
     /// Transmits with no way out (counted as dropped at the flush).
     unroutable: u64,
 }
@@ -177,8 +178,8 @@ impl Flushed {
 
 impl TxQueue {
     /// Routes `t` and copies it into the queue: the one routing decision for every
-    /// transport.
-    pub(crate) fn queue(&mut self, t: Transmit<'_>, local: &LocalSockets, relays: &RelaySockets) {
+    /// transport. Takes no lock (it runs under the core's).
+    pub(crate) fn queue(&mut self, t: Transmit<'_>, local: &LocalSockets) {
         let (via, to, data) = match t {
             Transmit::Client { to, data } if to.transport == Transport::Udp => {
                 // Replies leave from the address the client talks to. Every UDP I/O thread
@@ -206,10 +207,7 @@ impl TxQueue {
             Transmit::Peer { relay, peer, data } => match local.by_addr.get(&relay) {
                 Some(r) => (Via::Relay(*r), peer, data),
                 None => {
-                    match relays.get(relay) {
-                        Some(s) => self.foreign.push((s, peer, data.to_vec())),
-                        None => self.unroutable += 1,
-                    }
+                    self.foreign.push((relay, peer, data.to_vec()));
                     return;
                 }
             },
@@ -233,25 +231,31 @@ impl TxQueue {
         &mut self,
         local: &LocalSockets,
         hdrs: &mut SendHeaders,
+        relays: &RelaySockets,
         streams: &Streams,
         metrics: &Metrics,
     ) -> Flushed {
         let mut flushed = self.send_local(local, hdrs);
-        flushed.dropped += self.send_elsewhere(streams);
+        flushed.dropped += self.send_elsewhere(relays, streams);
         flushed.count(metrics);
         flushed
     }
 
     /// [`flush`](Self::flush) for a sender without local sockets (a tokio task: what it
     /// queued all goes elsewhere).
-    pub(crate) fn flush_elsewhere(&mut self, streams: &Streams, metrics: &Metrics) {
+    pub(crate) fn flush_elsewhere(
+        &mut self,
+        relays: &RelaySockets,
+        streams: &Streams,
+        metrics: &Metrics,
+    ) {
         let mut flushed = Flushed {
             dropped: self.items.len() as u64,
             ..Flushed::default()
         };
         self.items.clear();
         self.arena.clear();
-        flushed.dropped += self.send_elsewhere(streams);
+        flushed.dropped += self.send_elsewhere(relays, streams);
         flushed.count(metrics);
     }
 
@@ -293,10 +297,11 @@ impl TxQueue {
 
     /// The foreign datagrams one by one and the frames into their connections' queues;
     /// returns how many were dropped.
-    fn send_elsewhere(&mut self, streams: &Streams) -> u64 {
+    fn send_elsewhere(&mut self, relays: &RelaySockets, streams: &Streams) -> u64 {
         let mut dropped = std::mem::take(&mut self.unroutable);
-        for (sock, to, data) in self.foreign.drain(..) {
-            if sock.send_to(&data, to).is_err() {
+        for (relay, to, data) in self.foreign.drain(..) {
+            let sent = relays.get(relay).map(|sock| sock.send_to(&data, to));
+            if !matches!(sent, Some(Ok(_))) {
                 dropped += 1;
             }
         }

@@ -116,7 +116,7 @@ impl Shared {
         self.with_core(fx, |server| {
             for answer in answers {
                 if let Some(t) = server.relay_bound(now, answer, out) {
-                    tx.queue(t, local, &self.relays);
+                    tx.queue(t, local);
                 }
             }
         });

@@ -114,14 +114,14 @@ impl Frames {
         let now = Instant::now();
         shared.with_core(effects, |server| {
             match server.handle_client(now, *addr, frame, out) {
-                Some(Output::Transmit(t)) => tx.queue(t, local, &shared.relays),
+                Some(Output::Transmit(t)) => tx.queue(t, local),
                 Some(Output::BindRelay(r)) => requests.push(r),
                 None => {}
             }
         });
         shared.bind_relays(requests, None, effects, (tx, local), out);
         shared.apply(effects);
-        tx.flush_elsewhere(&shared.streams, &shared.metrics);
+        tx.flush_elsewhere(&shared.relays, &shared.streams, &shared.metrics);
         // The allocations' ends count once their responses are on their way.
         effects.ended.clear();
     }

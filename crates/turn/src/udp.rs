@@ -314,7 +314,7 @@ impl Worker {
                     }
                 };
                 match output {
-                    Some(Output::Transmit(t)) => tx.queue(t, sockets, &shared.relays),
+                    Some(Output::Transmit(t)) => tx.queue(t, sockets),
                     Some(Output::BindRelay(r)) => requests.push(r),
                     None => {}
                 }
@@ -323,7 +323,13 @@ impl Worker {
         rx.clear();
         shared.bind_relays(requests, Some(*id), effects, (tx, sockets), out);
         shared.apply(effects);
-        let flushed = tx.flush(sockets, send_hdrs, &shared.streams, &shared.metrics);
+        let flushed = tx.flush(
+            sockets,
+            send_hdrs,
+            &shared.relays,
+            &shared.streams,
+            &shared.metrics,
+        );
         stats.send_calls += flushed.sendmmsg_calls;
         // The allocations' ends count once their responses are on their way.
         effects.ended.clear();
