@@ -427,12 +427,12 @@ fn check(f: FileConfig, text: &str, problems: &mut Vec<Problem>) -> Config {
         }
     }
     if let Some(n) = f.max_frame_size {
-        if !(crate::frame::MIN_FRAME_SIZE..=spop::MAX_FRAME_SIZE_LIMIT).contains(&n) {
+        if !(crate::protocol::payload::MIN_FRAME_SIZE..=spop::MAX_FRAME_SIZE_LIMIT).contains(&n) {
             problems.push(Problem {
                 line: find_line(text, "max_frame_size", None),
                 message: format!(
                     "max_frame_size {n}: must be between {} and {}",
-                    crate::frame::MIN_FRAME_SIZE,
+                    crate::protocol::payload::MIN_FRAME_SIZE,
                     spop::MAX_FRAME_SIZE_LIMIT
                 ),
             });

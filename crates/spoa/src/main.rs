@@ -13,8 +13,8 @@ use clap::Parser;
 use lastcall::{Defaults, Lifecycle, LogArgs, TerminationArgs};
 use lastcall_modsec::ModSecurity;
 use lastcall_spoa::config::{Bind, Config, Evaluation};
+use lastcall_spoa::engine::{self, Limits, Listener, Shared};
 use lastcall_spoa::metrics::Metrics;
-use lastcall_spoa::server::{self, Limits, Listener, Shared};
 use lastcall_spoa::waf::{Apps, Waf};
 
 /// mimalloc for Rust's allocations; its `override` feature also makes it the process's
@@ -306,7 +306,7 @@ async fn serve(cli: Cli, lifecycle: Lifecycle, cfg: Config, apps: Apps) -> anyho
         evaluation: cfg.evaluation,
         ..Limits::default()
     };
-    let handler: Arc<dyn lastcall_spoa::waf::Handler> = waf.clone();
+    let handler: Arc<dyn lastcall_spoa::engine::Handler> = waf.clone();
     let shared = Shared::new(
         handler,
         Arc::clone(&metrics),
@@ -314,7 +314,7 @@ async fn serve(cli: Cli, lifecycle: Lifecycle, cfg: Config, apps: Apps) -> anyho
         cfg.workers,
         limits,
     );
-    let server = tokio::spawn(server::serve(listener, Arc::clone(&shared)));
+    let server = tokio::spawn(engine::serve(listener, Arc::clone(&shared)));
     tokio::spawn(reload_loop(
         handle.clone(),
         cli.config.clone(),

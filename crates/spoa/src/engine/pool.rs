@@ -13,10 +13,10 @@
 //! thread when the pool is idle, which is most of what a lightly loaded agent pays outside
 //! libmodsecurity.
 //!
-//! (Before, every NOTIFY took a semaphore permit and then went to tokio's blocking pool:
-//! because the permit was taken first, the blocking pool's queue was always empty when an
-//! evaluation finished, so every evaluation cost a thread park/unpark plus an async wake,
-//! and evaluations spread over up to 20 blocking threads.)
+//! Long-lived threads and a queue of our own, rather than a semaphore in front of tokio's
+//! blocking pool: with the permit taken first, that pool's queue is always empty when an
+//! evaluation finishes, so every evaluation costs a thread park/unpark plus an async wake
+//! (docs/benchmarks.md, *Optimisations*).
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -277,8 +277,8 @@ fn work(inner: &Inner) {
                 st.idle -= 1;
             }
         };
-        // A panicking evaluation drops its reply channel (the connection answers with an
-        // error) and the thread goes on.
+        // A panicking evaluation drops its ACK ticket (the connection answers with the error
+        // variable) and the thread goes on.
         if std::panic::catch_unwind(AssertUnwindSafe(work)).is_err() {
             tracing::error!("evaluation panicked");
         }

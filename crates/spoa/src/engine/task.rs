@@ -1,302 +1,87 @@
-//! The SPOP connection engine: listeners (TCP, `unix://`), one task per connection,
-//! pipelined NOTIFYs evaluated concurrently (bounded per connection, and globally by the
-//! evaluation threads of [`crate::pool`]; NOTIFYs that need no engine work are answered on
-//! the connection task itself), every NOTIFY ACKed, every frame written whole, and the drain
-//! recipe of `docs/spoa.md`:
+//! The connection task: the I/O side of one SPOP connection. It reads into the
+//! [`Conn`]'s buffer, starts an evaluation for each NOTIFY, and carries out what the `Conn`
+//! decides ([`Action`]); it decides nothing about the protocol or the drain itself.
 //!
-//! - from the trigger (Announcing), health-check HELLOs get AGENT-DISCONNECT, so HAProxy marks
-//!   this server DOWN and stops choosing it, while existing connections are served normally;
-//! - in Refusing, new HELLOs are refused, and each connection is closed as soon as it is idle
-//!   (nothing in flight, nothing unread) with its last ACK and an AGENT-DISCONNECT (status 0)
-//!   in one write;
-//! - at the deadline (exiting) whatever is left is closed with AGENT-DISCONNECT.
-//!
-//! Under `--on-sigterm linger` the phase is Lingering and nothing is refused.
+//! Where a NOTIFY is evaluated, while serving: answered on the task when it needs no engine
+//! work ([`Handler::answer_inline`]); evaluated on the task's own I/O thread when the pool
+//! would start it at once anyway ([`super::pool::Pool::try_run_here`]) and it is not part of a pipelined
+//! burst; otherwise queued on the pool, in order. While draining, always on the pool.
 
 use std::collections::VecDeque;
 use std::future::Future;
 use std::io;
 use std::net::IpAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
-use bytes::BytesMut;
-use lastcall::{Handle, PeerId, Phase};
-use prometheus_client::metrics::gauge::Gauge;
+use lastcall::{Handle, PeerId};
 use spop::frame::Message;
-use spop::TypedData;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::net::{TcpListener, UnixListener};
-use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
-use tokio::task::JoinSet;
+use tokio::time::Instant;
 
-use crate::config::{Bind, Evaluation};
-use crate::conn::{CloseReason, Conn, Event, HelloPolicy};
-use crate::frame;
-use crate::metrics::Metrics;
-use crate::out;
-use crate::pool::{Pool, SlotFuture, Work};
-use crate::waf::{Handler, Vars, AGENT_ERROR};
+use super::ack::{AckSink, Ticket};
+use super::conn::{Action, CloseReason, Conn, Drain, Event, Input, Probe};
+use super::handler::{error_vars, Answer, Handler};
+use super::pool::{Claim, Slot, SlotFuture, Work};
+use super::{GaugeGuard, Shared};
+use crate::config::Evaluation;
 
-/// Engine limits.
-#[derive(Debug, Clone)]
-pub struct Limits {
-    /// Largest frame we accept (min'd with HAProxy's in the HELLO).
-    pub max_frame_size: u32,
-    /// Concurrent evaluations per connection; reading pauses at the bound.
-    pub max_inflight_per_connection: usize,
-    /// A frame started but not finished within this time closes the connection (status 2).
-    pub partial_frame_timeout: Duration,
-    /// Announce `pipelining` when HAProxy offers it (default true). Measured on HAProxy 2.6
-    /// (docs/termination.md): without it the drain is race-free (ACK + DISCONNECT on the
-    /// connection's only NOTIFY) and fast, but one request in a plain 8,000-request run
-    /// then waited 30 s (cause not established), so it stays on.
-    pub pipelining: bool,
-    /// While refusing, an idle connection is closed only once nothing has come or gone on
-    /// it for this long (default zero: at once). Measured only together with
-    /// `pipelining: false` (1 s); with pipelining it would only make drains longer.
-    pub drain_quiet: Duration,
-    /// Evaluate on the connection's task while serving ([`Evaluation::Inline`]) or on the
-    /// pool (the default).
-    pub evaluation: Evaluation,
-}
-
-impl Default for Limits {
-    fn default() -> Self {
-        Limits {
-            max_frame_size: spop::MAX_FRAME_SIZE_LIMIT,
-            max_inflight_per_connection: 64,
-            partial_frame_timeout: Duration::from_secs(30),
-            pipelining: true,
-            drain_quiet: Duration::ZERO,
-            evaluation: Evaluation::Pool,
-        }
-    }
-}
-
-/// What every connection task shares.
-pub struct Shared {
-    handler: Arc<dyn Handler>,
-    metrics: Arc<Metrics>,
-    handle: Handle,
-    pool: Pool,
-    limits: Limits,
-}
-
-impl Shared {
-    /// `workers` evaluation threads (started here) bound concurrent evaluations across all
-    /// connections.
-    pub fn new(
-        handler: Arc<dyn Handler>,
-        metrics: Arc<Metrics>,
-        handle: Handle,
-        workers: usize,
-        limits: Limits,
-    ) -> Arc<Self> {
-        Arc::new(Shared {
-            handler,
-            metrics,
-            handle,
-            pool: Pool::new(workers, "spoa-eval"),
-            limits,
-        })
-    }
-
-    /// Stops the evaluation threads: what is queued is dropped, and what is running is
-    /// waited for, up to `within` (blocking). True when every thread has exited.
-    pub fn stop_workers(&self, within: Duration) -> bool {
-        self.pool.shutdown(within)
-    }
-
-    fn policy(&self) -> HelloPolicy {
-        let phase = self.handle.phase();
-        let exiting = self.handle.is_exiting();
-        HelloPolicy {
-            refuse_healthchecks: matches!(phase, Phase::Announcing | Phase::Refusing),
-            refuse_all: phase == Phase::Refusing || exiting,
-        }
-    }
-
-    fn refusing(&self) -> bool {
-        self.handle.phase() == Phase::Refusing
-    }
-}
-
-/// A bound listener.
-#[derive(Debug)]
-pub enum Listener {
-    /// TCP.
-    Tcp(TcpListener),
-    /// Unix socket (the path is removed on drop).
-    Unix(UnixListener, PathBuf),
-}
-
-impl Listener {
-    /// Binds `bind`. A stale Unix socket file is replaced.
-    pub async fn bind(bind: &Bind) -> io::Result<Self> {
-        match bind {
-            Bind::Tcp(addr) => Ok(Listener::Tcp(TcpListener::bind(addr.as_str()).await?)),
-            Bind::Unix(path) => {
-                if let Ok(meta) = std::fs::symlink_metadata(path) {
-                    use std::os::unix::fs::FileTypeExt;
-                    if meta.file_type().is_socket() {
-                        std::fs::remove_file(path)?;
-                    }
-                }
-                Ok(Listener::Unix(UnixListener::bind(path)?, path.clone()))
-            }
-        }
-    }
-
-    /// Where it listens, for logs and tests.
-    pub fn local_addr(&self) -> String {
-        match self {
-            Listener::Tcp(l) => l
-                .local_addr()
-                .map(|a| a.to_string())
-                .unwrap_or_else(|e| e.to_string()),
-            Listener::Unix(_, p) => format!("unix://{}", p.display()),
-        }
-    }
-}
-
-impl Drop for Listener {
-    fn drop(&mut self) {
-        if let Listener::Unix(_, path) = self {
-            let _ = std::fs::remove_file(path);
-        }
-    }
-}
-
-/// Accepts connections until the process is exiting, then waits (bounded) for every
-/// connection task to send its goodbye.
-pub async fn serve(listener: Listener, shared: Arc<Shared>) {
-    let mut conns = JoinSet::new();
-    let exiting = shared.handle.exiting();
-    tokio::pin!(exiting);
-    loop {
-        tokio::select! {
-            _ = &mut exiting => break,
-            Some(_) = conns.join_next(), if !conns.is_empty() => {}
-            accepted = accept(&listener) => match accepted {
-                Ok((io, peer)) => {
-                    shared.metrics.connections_total.inc();
-                    let shared = Arc::clone(&shared);
-                    match io {
-                        Accepted::Tcp(s) => {
-                            let _ = s.set_nodelay(true);
-                            let (rd, wr) = s.into_split();
-                            let out = out::Shared::new(wr);
-                            conns.spawn(serve_split(rd, out.writer(), peer, shared, Some(out)));
-                        }
-                        Accepted::Unix(s) => {
-                            let (rd, wr) = s.into_split();
-                            let out = out::Shared::new(wr);
-                            conns.spawn(serve_split(rd, out.writer(), peer, shared, Some(out)));
-                        }
-                    }
-                }
-                Err(e) => {
-                    tracing::warn!("accept failed: {e}");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            },
-        }
-    }
-    drop(listener);
-    let _ = tokio::time::timeout(Duration::from_secs(2), async {
-        while conns.join_next().await.is_some() {}
-    })
-    .await;
-}
-
-enum Accepted {
-    Tcp(tokio::net::TcpStream),
-    Unix(tokio::net::UnixStream),
-}
-
-async fn accept(l: &Listener) -> io::Result<(Accepted, Option<IpAddr>)> {
-    match l {
-        Listener::Tcp(l) => {
-            let (s, a) = l.accept().await?;
-            Ok((Accepted::Tcp(s), Some(a.ip())))
-        }
-        Listener::Unix(l, _) => {
-            let (s, _) = l.accept().await?;
-            Ok((Accepted::Unix(s), None))
-        }
-    }
-}
-
-/// Serves one connection to its end (any stream; without a socket to peek at, "nothing
-/// unread" relies on the reactor's readiness alone).
+/// Serves one connection to its end, over any stream (tests): its ACKs are all written by
+/// the task, and without a socket to peek at, "nothing unread" relies on the reactor's
+/// readiness alone.
 pub async fn serve_conn<S>(io: S, peer: Option<IpAddr>, shared: Arc<Shared>)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let (rd, wr) = tokio::io::split(io);
-    serve_split(rd, wr, peer, shared, None).await;
+    serve_split(rd, wr, AckSink::held_only(), peer, shared).await;
 }
 
-/// Serves one connection, given its read and write halves. With `direct` (a socket's write
-/// half shared as [`out::Shared`], `wr` being its [`out::Writer`]), evaluation threads write
-/// their ACKs to the socket themselves while serving.
-pub async fn serve_split<R, W>(
+/// Serves one connection, given its read and write halves and its ACK sink (for a socket,
+/// `wr` is the sink's own [`super::ack::Writer`]).
+pub(super) async fn serve_split<R, W>(
     rd: R,
     wr: W,
+    sink: Arc<AckSink>,
     peer: Option<IpAddr>,
     shared: Arc<Shared>,
-    direct: Option<Arc<out::Shared>>,
 ) where
     R: AsyncRead + Unread + Unpin,
     W: AsyncWrite + Unpin,
 {
-    let (acks_tx, acks) = unbounded_channel();
+    let watch = DrainWatch::new(&shared.handle);
+    let drain = watch.now();
+    sink.set_direct(drain.serving());
     let mut task = ConnTask {
-        conn: Conn::new(shared.limits.max_frame_size).with_pipelining(shared.limits.pipelining),
-        buf: BytesMut::with_capacity(16 * 1024),
-        inflight: 0,
-        acks_tx,
-        acks,
+        conn: Conn::new(shared.limits.conn_settings(), drain, Instant::now()),
+        direct: drain.serving(),
         waiting: VecDeque::new(),
         slot: None,
         session: None,
-        partial_since: None,
-        last_activity: Instant::now(),
-        quiet_until: None,
-        eof: false,
         rd,
         wr,
-        direct,
+        sink,
+        watch,
         peer,
         shared,
     };
     task.run().await;
+    // Evaluations still queued or running find nobody waiting for their ACK.
+    task.sink.close();
+    let hold = task.conn.linger_hold(task.watch.now());
     if let Some((session, gauge)) = task.session.take() {
         drop(gauge);
-        let handle = &task.shared.handle;
-        if handle.phase() == Phase::Lingering && !handle.is_exiting() {
-            // While lingering, a closed connection still counts as a session for a moment:
-            // HAProxy 2.6 soft-stopping closes every idle SPOE connection and opens a new
-            // one for the next message, and a lingering agent that saw no session in
-            // between would leave and fail that message (measured in tests/rollout.rs's
-            // sidecar test).
+        if let Some(hold) = hold {
             tokio::spawn(async move {
-                tokio::time::sleep(LINGER_RECONNECT_HOLD).await;
+                tokio::time::sleep(hold).await;
                 drop(session);
             });
         }
     }
 }
 
-/// How long a connection closed while lingering still counts as a session.
-const LINGER_RECONNECT_HOLD: Duration = Duration::from_millis(250);
-
 /// Whether bytes are waiting in the kernel's receive buffer, asked of the socket itself
 /// (`recv(MSG_PEEK | MSG_DONTWAIT)`). tokio's readiness can lag behind the socket on a busy
-/// runtime (the reactor has not yet processed the event), and closing a connection on that
-/// stale "nothing to read" fails the NOTIFYs already sitting in the buffer.
+/// runtime (the reactor has not yet processed the event).
 pub trait Unread {
     /// `Some(true)`: bytes are waiting; `Some(false)`: none; `None`: cannot tell.
     fn unread(&self) -> Option<bool>;
@@ -330,31 +115,68 @@ impl<T> Unread for tokio::io::ReadHalf<T> {
     }
 }
 
+/// The lifecycle's phase as one connection reads it: the current [`Drain`], and a wake when
+/// it changes.
+struct DrainWatch {
+    handle: Handle,
+    last: Drain,
+}
+
+impl DrainWatch {
+    fn new(handle: &Handle) -> Self {
+        let mut watch = DrainWatch {
+            handle: handle.clone(),
+            last: Drain::SERVING,
+        };
+        watch.last = watch.now();
+        watch
+    }
+
+    fn now(&self) -> Drain {
+        Drain {
+            phase: self.handle.phase(),
+            exiting: self.handle.is_exiting(),
+        }
+    }
+
+    /// Resolves with the new state when it differs from the last one returned.
+    async fn changed(&mut self) -> Drain {
+        use lastcall::Phase;
+        loop {
+            let now = self.now();
+            if now != self.last {
+                self.last = now;
+                return now;
+            }
+            match now.phase {
+                Phase::Serving => self.handle.drain_started().await,
+                Phase::Refusing => self.handle.exiting().await,
+                Phase::Announcing | Phase::Lingering => {
+                    tokio::select! {
+                        () = self.handle.refusing() => {}
+                        () = self.handle.exiting() => {}
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// What one connection task owns.
 struct ConnTask<R, W> {
     conn: Conn,
-    buf: BytesMut,
-    /// NOTIFYs handed to the pool (queued, waiting for room, or running) and not yet ACKed.
-    inflight: usize,
-    /// Where the evaluation threads send this connection's ACKs (one per NOTIFY handed over).
-    acks_tx: UnboundedSender<Vec<u8>>,
-    acks: UnboundedReceiver<Vec<u8>>,
+    /// Whether the sink was last told to write ACKs directly.
+    direct: bool,
     /// Evaluations waiting for room in the pool's queue (it was full), in order.
     waiting: VecDeque<Work>,
     /// While `waiting` is not empty: this connection's place in line for the queue.
     slot: Option<SlotFuture>,
     /// Held from the HELLO on: the lifecycle session and the `spoa_connections` gauge.
     session: Option<(lastcall::SessionGuard, GaugeGuard)>,
-    partial_since: Option<Instant>,
-    /// Last NOTIFY received or ACK written.
-    last_activity: Instant,
-    /// While refusing and idle: when the connection will have been quiet for `drain_quiet`.
-    quiet_until: Option<Instant>,
-    eof: bool,
     rd: R,
     wr: W,
-    /// The socket's write half as the evaluation threads see it (socket connections only).
-    direct: Option<Arc<out::Shared>>,
+    sink: Arc<AckSink>,
+    watch: DrainWatch,
     peer: Option<IpAddr>,
     shared: Arc<Shared>,
 }
@@ -365,267 +187,174 @@ enum Flow {
     Done,
 }
 
-/// What a look at the socket found.
-enum Probe {
-    /// Nothing waiting: the connection is idle.
-    Idle,
-    /// Bytes were read into the buffer.
-    Read,
-    /// Bytes are waiting but the reactor has not said so yet: wait for the read.
-    Waiting,
-}
-
 impl<R, W> ConnTask<R, W>
 where
     R: AsyncRead + Unread + Unpin,
     W: AsyncWrite + Unpin,
 {
+    /// Protocol events first, then one input to the `Conn` and the action it answers with.
     async fn run(&mut self) {
-        let mut phase = PhaseWatch::new(&self.shared.handle);
+        let mut input = Input::Nothing;
         loop {
-            if let Flow::Done = self.pump().await {
-                return;
-            }
-            if self.eof && self.inflight == 0 {
-                if let Some(Event::Close { reply, reason }) = self.conn.on_eof(&self.buf) {
-                    self.close(reply, &reason).await;
+            while let Some(event) = self.conn.poll(Instant::now()) {
+                if let Flow::Done = self.on_event(event).await {
+                    return;
                 }
-                return;
             }
-            self.quiet_until = None;
-            if self.idle_while_refusing() {
-                let quiet_at = self.last_activity + self.shared.limits.drain_quiet;
-                if Instant::now() >= quiet_at {
-                    match self.probe().await {
-                        Probe::Idle => {
-                            self.goodbye(Vec::new(), "draining").await;
-                            return;
-                        }
-                        Probe::Read => continue,
-                        Probe::Waiting => {}
+            let action = self.conn.handle(Instant::now(), input);
+            if self.direct != self.conn.direct_acks() {
+                self.direct = self.conn.direct_acks();
+                self.sink.set_direct(self.direct);
+            }
+            input = match action {
+                Action::Wait { read, until } => match self.next_input(read, until).await {
+                    Some(input) => input,
+                    None => return,
+                },
+                Action::Probe => Input::Probed(self.probe().await),
+                Action::Write(bytes) => {
+                    if send_all(&mut self.wr, &bytes).await.is_err() {
+                        return;
                     }
-                } else {
-                    self.quiet_until = Some(quiet_at);
+                    Input::Nothing
                 }
-            }
-            if let Flow::Done = self.wait(&mut phase).await {
-                return;
-            }
+                Action::Close { bytes, reason } => {
+                    self.close(&bytes, &reason).await;
+                    return;
+                }
+            };
         }
     }
 
-    /// Turns buffered bytes into events while there is room for more evaluations.
-    async fn pump(&mut self) -> Flow {
-        self.sync_direct();
-        while self.inflight < self.per_conn() {
-            let Some(ev) = self.conn.poll(&mut self.buf, self.shared.policy()) else {
-                break;
-            };
-            match ev {
-                Event::Ready { reply, negotiated } => {
-                    tracing::debug!(peer = ?self.peer, max_frame_size = negotiated.max_frame_size, engine = ?negotiated.engine_id, "SPOP connection ready");
-                    if send_all(&mut self.wr, &reply).await.is_err() {
-                        return Flow::Done;
-                    }
-                    let id = self
-                        .peer
-                        .map_or_else(|| PeerId::named("unix"), PeerId::from);
-                    let guard = self.shared.handle.session(id);
-                    self.session = Some((guard, GaugeGuard::new(&self.shared.metrics.connections)));
-                }
-                Event::Notify {
-                    stream_id,
-                    frame_id,
-                    messages,
-                } => {
-                    self.last_activity = Instant::now();
-                    let max = self.conn.max_frame_size();
-                    let inline = match self.shared.handle.phase() {
-                        Phase::Serving => self.shared.handler.answer_inline(&messages),
-                        // Once a drain has started, through the pool as before: with
-                        // `--on-sigterm linger` and HAProxy 2.6 soft-stopping under load
-                        // (tests/rollout.rs), immediate answers there left a request waiting
-                        // for `timeout processing` in 3 of 4 runs (measured before
-                        // `LINGER_RECONNECT_HOLD`, which addresses the likely cause).
-                        _ => None,
-                    };
-                    if let Some(vars) = inline {
-                        // No engine work (e.g. `coraza-res` without response checks): answer
-                        // here, without any hand-off.
-                        self.shared.metrics.observe(0.0);
-                        let mut ack = Vec::new();
-                        frame::encode_ack(stream_id, frame_id, &vars, max, &mut ack);
-                        if let Flow::Done = self.on_ack(ack).await {
-                            return Flow::Done;
-                        }
-                        continue;
-                    }
-                    if let Some(claim) = self.run_here() {
-                        // The engine on this thread, as nginx runs it: no queue, no wake of
-                        // another thread, the ACK written by the thread that evaluated.
-                        let vars = self.evaluate_here(&messages);
-                        let mut ack = Vec::new();
-                        frame::encode_ack(stream_id, frame_id, &vars, max, &mut ack);
-                        let flow = self.on_ack(ack).await;
-                        // Phase 5 and cleanup, now that HAProxy has the verdict.
-                        self.shared.handler.after_reply();
-                        drop(claim);
-                        if let Flow::Done = flow {
-                            return Flow::Done;
-                        }
-                        // Let this thread's other connections (and the I/O driver) have a
-                        // turn between two evaluations of a pipelining connection.
-                        tokio::task::yield_now().await;
-                        continue;
-                    }
-                    let direct = match self.shared.handle.phase() {
-                        Phase::Serving => self.direct.clone(),
-                        _ => None,
-                    };
-                    let reply = Reply {
-                        tx: Some(self.acks_tx.clone()),
-                        direct,
-                        stream_id,
-                        frame_id,
-                        max_frame_size: max,
-                        inflight: Some(GaugeGuard::new(&self.shared.metrics.inflight)),
-                    };
-                    let work = evaluation(&self.shared, messages, reply);
-                    self.inflight += 1;
-                    self.hand_over(work);
-                }
-                Event::Close { reply, reason } => {
-                    self.close(reply, &reason).await;
+    async fn on_event(&mut self, event: Event) -> Flow {
+        match event {
+            Event::Ready { reply, negotiated } => {
+                tracing::debug!(peer = ?self.peer, max_frame_size = negotiated.max_frame_size, engine = ?negotiated.engine_id, "SPOP connection ready");
+                if send_all(&mut self.wr, &reply).await.is_err() {
                     return Flow::Done;
                 }
+                let id = self
+                    .peer
+                    .map_or_else(|| PeerId::named("unix"), PeerId::from);
+                let guard = self.shared.handle.session(id);
+                self.session = Some((guard, GaugeGuard::new(&self.shared.metrics.connections)));
+            }
+            Event::Notify {
+                stream_id,
+                frame_id,
+                messages,
+            } => {
+                let ticket = self.sink.ticket(
+                    stream_id,
+                    frame_id,
+                    self.conn.max_frame_size(),
+                    &self.shared.metrics.inflight,
+                );
+                self.evaluate(messages, ticket).await;
+            }
+            Event::Close { reply, reason } => {
+                self.close(&reply, &reason).await;
+                return Flow::Done;
             }
         }
-        self.partial_since = match (self.buf.is_empty(), self.partial_since) {
-            (true, _) => None,
-            (false, None) => Some(Instant::now()),
-            (false, since) => since,
-        };
         Flow::Continue
     }
 
-    /// Waits for the next thing to do: the deadline, a finished evaluation, bytes, a stalled
-    /// frame, or a phase change.
-    async fn wait(&mut self, phase: &mut PhaseWatch) -> Flow {
-        if let Some(d) = &self.direct {
-            let serving = self.shared.handle.phase() == Phase::Serving;
-            if !serving {
-                d.stop_direct();
+    /// Answers one NOTIFY: here if it needs no engine work, on this thread if the pool
+    /// would start it at once, else on the pool (see the module's doc).
+    async fn evaluate(&mut self, messages: Vec<Message>, ticket: Ticket) {
+        if self.conn.drain().serving() {
+            if let Some(vars) = self.shared.handler.answer_inline(&messages) {
+                self.shared.metrics.observe(0.0);
+                ticket.send(&vars);
+                return;
             }
-            // Before counting what was done, so that no ACK written after the count goes
-            // unnoticed (an extra wake is harmless).
-            d.set_interest(!serving || self.eof || self.inflight >= self.per_conn());
+            if let Some(claim) = self.run_here() {
+                // The engine on this thread, as nginx runs it: no queue, no wake of
+                // another thread, the ACK written by the thread that evaluated.
+                let answer = self.evaluate_here(&messages);
+                ticket.send(&answer.vars);
+                // Phase 5 and cleanup, now that HAProxy has the verdict.
+                answer.later.run();
+                drop(claim);
+                // Let this thread's other connections (and the I/O driver) have a turn
+                // between two evaluations of a pipelining connection.
+                tokio::task::yield_now().await;
+                return;
+            }
         }
-        self.sync_direct();
-        let can_read = !self.eof && self.inflight < self.per_conn();
-        let timeout_at = self
-            .partial_since
-            .map(|s| s + self.shared.limits.partial_frame_timeout);
-        tokio::select! {
+        let work = evaluation(&self.shared, messages, ticket);
+        self.hand_over(work);
+    }
+
+    /// The next input when the `Conn` waits: ACKs the sink has for it first, then whatever
+    /// comes (the lifecycle, a wake from the sink, room in the pool, bytes, the timer).
+    /// `None` when the socket failed.
+    async fn next_input(&mut self, read: bool, until: Option<Instant>) -> Option<Input> {
+        // Before counting what was written, so that no ACK written after the count goes
+        // unnoticed (an extra wake is harmless).
+        self.sink.set_interest(self.conn.wants_ack_wakes());
+        let written = self.sink.take_written();
+        if written > 0 {
+            return Some(Input::AcksWritten(written));
+        }
+        if let Some((bytes, count)) = self.sink.take_held() {
+            return Some(Input::HeldAcks { bytes, count });
+        }
+        let input = tokio::select! {
             biased;
-            () = self.shared.handle.exiting() => {
-                self.goodbye(Vec::new(), "shutting down").await;
-                Flow::Done
-            }
-            Some(ack) = self.acks.recv(), if self.inflight > 0 => {
-                self.inflight -= 1;
-                self.on_ack(ack).await
+            drain = self.watch.changed() => Input::Drain(drain),
+            () = self.sink.woken() => {
+                // ACKs written or held (taken at the next call), or bytes left to flush.
+                if self.wr.flush().await.is_err() {
+                    return None;
+                }
+                Input::Nothing
             }
             slot = wait_slot(&mut self.slot), if self.slot.is_some() => {
                 self.slot = None;
-                match slot {
-                    Some(slot) => {
-                        if let Some(work) = self.waiting.pop_front() {
-                            self.shared.pool.submit(slot, work);
-                        }
-                        while let Some(work) = self.waiting.pop_front() {
-                            if let Err(work) = self.shared.pool.try_submit(work) {
-                                self.waiting.push_front(work);
-                                self.slot = Some(self.shared.pool.slot());
-                                break;
-                            }
-                        }
-                    }
-                    // The pool is gone: dropping the work answers with errors.
-                    None => self.waiting.clear(),
-                }
-                Flow::Continue
+                self.on_slot(slot);
+                Input::Nothing
             }
-            read = self.rd.read_buf(&mut self.buf), if can_read => {
-                if !matches!(read, Ok(n) if n > 0) {
-                    self.eof = true;
-                }
-                Flow::Continue
-            }
-            () = sleep_until(self.quiet_until), if self.quiet_until.is_some() => Flow::Continue,
-            () = sleep_until(timeout_at), if timeout_at.is_some() => {
-                if let Event::Close { reply, reason } = self.conn.on_read_timeout() {
-                    self.close(reply, &reason).await;
-                }
-                Flow::Done
-            }
-            () = phase.changed() => Flow::Continue,
-            () = woken(&self.direct), if self.direct.is_some() => {
-                // ACKs written (counted at the next pump), or bytes left for us to flush.
-                self.sync_direct();
-                if self.wr.flush().await.is_err() {
-                    return Flow::Done;
-                }
-                Flow::Continue
-            }
-        }
+            got = self.rd.read_buf(self.conn.buffer()), if read => match got {
+                Ok(n) if n > 0 => Input::Read,
+                _ => Input::Eof,
+            },
+            () = sleep_until(until), if until.is_some() => Input::Timeout,
+        };
+        Some(input)
     }
 
-    /// Counts the ACKs the evaluation threads wrote themselves.
-    fn sync_direct(&mut self) {
-        if let Some(d) = &self.direct {
-            let n = d.take_done();
-            if n > 0 {
-                debug_assert!(n <= self.inflight);
-                self.inflight = self.inflight.saturating_sub(n);
-                self.last_activity = Instant::now();
+    /// Room in the pool's queue: the first waiting evaluation takes it, the others follow
+    /// while there is room.
+    fn on_slot(&mut self, slot: Option<Slot>) {
+        let Some(slot) = slot else {
+            // The pool is gone: dropping the work answers with errors.
+            self.waiting.clear();
+            return;
+        };
+        if let Some(work) = self.waiting.pop_front() {
+            self.shared.pool.submit(slot, work);
+        }
+        while let Some(work) = self.waiting.pop_front() {
+            if let Err(work) = self.shared.pool.try_submit(work) {
+                self.waiting.push_front(work);
+                self.slot = Some(self.shared.pool.slot());
+                break;
             }
         }
-    }
-
-    /// Writes an ACK. The last ACK of a connection that is idle while refusing carries the
-    /// goodbye in the same write.
-    ///
-    /// Without pipelining this is race-free: HAProxy sends nothing on the connection while it
-    /// waits for the ACK, and it reads the ACK and the DISCONNECT together, before it could
-    /// send again. With pipelining HAProxy may already have sent the next NOTIFY, so the
-    /// goodbye waits for `drain_quiet` like any idle connection (unless that is zero).
-    async fn on_ack(&mut self, ack: Vec<u8>) -> Flow {
-        let piggyback = !self.conn.pipelined() || self.shared.limits.drain_quiet.is_zero();
-        if piggyback && self.idle_while_refusing() && matches!(self.probe().await, Probe::Idle) {
-            self.goodbye(ack, "draining").await;
-            return Flow::Done;
-        }
-        if !ack.is_empty() && send_all(&mut self.wr, &ack).await.is_err() {
-            return Flow::Done;
-        }
-        self.last_activity = Instant::now();
-        Flow::Continue
     }
 
     /// Looks for bytes not yet read: first through tokio (moving them into the buffer), then,
     /// if tokio says nothing, at the socket itself.
     async fn probe(&mut self) -> Probe {
-        if !nothing_unread(&mut self.rd, &mut self.buf).await {
+        if !nothing_unread(&mut self.rd, self.conn.buffer()).await {
             return Probe::Read;
         }
         match self.rd.unread() {
             Some(true) => Probe::Waiting,
             _ => Probe::Idle,
         }
-    }
-
-    fn idle_while_refusing(&self) -> bool {
-        self.shared.refusing() && self.conn.is_ready() && self.inflight == 0 && self.buf.is_empty()
     }
 
     /// Queues an evaluation on the pool at once if there is room and nothing of this
@@ -649,9 +378,10 @@ where
     /// pool's room: always with `evaluation: inline`; with `pool`, when the pool would start
     /// it at once anyway (nothing queued, a thread's room free) and another I/O thread is
     /// left to serve timers, the other connections and the admin listener (so never on a
-    /// single-threaded runtime). Only while serving, and not for a pipelined burst.
-    fn run_here(&self) -> Option<Option<crate::pool::Claim>> {
-        if self.shared.handle.phase() != Phase::Serving || self.frame_waiting() {
+    /// single-threaded runtime). Never for a pipelined burst: NOTIFYs with another whole
+    /// frame buffered behind them go to the pool, to be evaluated in parallel.
+    fn run_here(&self) -> Option<Option<Claim>> {
+        if self.conn.frame_waiting() {
             return None;
         }
         match self.shared.limits.evaluation {
@@ -666,50 +396,27 @@ where
         }
     }
 
-    /// Whether another whole frame is already buffered behind the one just decoded (HAProxy
-    /// pipelined a burst on this connection). Such NOTIFYs go to the pool, so that they are
-    /// evaluated in parallel instead of one after another on this thread.
-    fn frame_waiting(&self) -> bool {
-        match self.buf.get(..4) {
-            Some(&[a, b, c, d]) => {
-                let len = u32::from_be_bytes([a, b, c, d]) as usize;
-                self.buf.len() >= len.saturating_add(4)
-            }
-            _ => false,
-        }
-    }
-
     /// Runs one NOTIFY's messages through the engine on this thread. A panic in the handler
     /// answers with the error variable, as on the pool.
-    fn evaluate_here(&self, messages: &[Message]) -> Vars {
-        let started = Instant::now();
-        let _inflight = GaugeGuard::new(&self.shared.metrics.inflight);
+    fn evaluate_here(&self, messages: &[Message]) -> Answer {
+        let started = std::time::Instant::now();
         let handler = &self.shared.handler;
-        let vars =
+        let answer =
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| handler.handle(messages)))
                 .unwrap_or_else(|_| {
                     tracing::error!("evaluation panicked; answering with the error variable");
-                    vec![("error", TypedData::Int64(AGENT_ERROR))]
+                    Answer::from(error_vars())
                 });
         self.shared.metrics.observe(started.elapsed().as_secs_f64());
-        vars
+        answer
     }
 
-    fn per_conn(&self) -> usize {
-        self.shared.limits.max_inflight_per_connection.max(1)
-    }
-
-    /// Writes `before` (an ACK, or nothing) and AGENT-DISCONNECT status 0 in one write, then
-    /// closes.
-    async fn goodbye(&mut self, mut before: Vec<u8>, message: &str) {
-        before.extend_from_slice(&self.conn.goodbye(message));
-        let _ = send_all(&mut self.wr, &before).await;
-        let _ = self.wr.shutdown().await;
-    }
-
-    async fn close(&mut self, reply: Vec<u8>, reason: &CloseReason) {
+    async fn close(&mut self, bytes: &[u8], reason: &CloseReason) {
         match reason {
-            CloseReason::HealthCheck => {}
+            CloseReason::HealthCheck
+            | CloseReason::PeerClosed
+            | CloseReason::Drained
+            | CloseReason::Exiting => {}
             CloseReason::Refused => self.shared.handle.record_refused(),
             CloseReason::PeerDisconnect(status) => {
                 tracing::debug!(peer = ?self.peer, status, "HAPROXY-DISCONNECT answered");
@@ -719,34 +426,29 @@ where
                 tracing::warn!(peer = ?self.peer, status = e.status.to_u32(), "closing connection: {}", e.reason);
             }
         }
-        let _ = send_all(&mut self.wr, &reply).await;
+        if !bytes.is_empty() {
+            let _ = send_all(&mut self.wr, bytes).await;
+        }
         let _ = self.wr.shutdown().await;
     }
 }
 
-/// Writes `bytes` whole and waits until the socket has taken them (an [`out::Writer`]
+/// Writes `bytes` whole and waits until the socket has taken them (the sink's writer
 /// accepts a write at once and queues what the socket does not take).
 async fn send_all<W: AsyncWrite + Unpin>(wr: &mut W, bytes: &[u8]) -> io::Result<()> {
     wr.write_all(bytes).await?;
     wr.flush().await
 }
 
-async fn woken(direct: &Option<Arc<out::Shared>>) {
-    match direct {
-        Some(d) => d.woken().await,
-        None => std::future::pending().await,
-    }
-}
-
 async fn sleep_until(at: Option<Instant>) {
     match at {
-        Some(at) => tokio::time::sleep_until(at.into()).await,
+        Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
     }
 }
 
 /// True when no bytes are waiting on the socket; bytes that are waiting are moved into `buf`.
-async fn nothing_unread<R: AsyncRead + Unpin>(rd: &mut R, buf: &mut BytesMut) -> bool {
+async fn nothing_unread<R: AsyncRead + Unpin>(rd: &mut R, buf: &mut bytes::BytesMut) -> bool {
     use std::task::Poll;
     let mut fut = std::pin::pin!(rd.read_buf(buf));
     std::future::poll_fn(|cx| match fut.as_mut().poll(cx) {
@@ -758,128 +460,29 @@ async fn nothing_unread<R: AsyncRead + Unpin>(rd: &mut R, buf: &mut BytesMut) ->
     .await
 }
 
-async fn wait_slot(slot: &mut Option<SlotFuture>) -> Option<crate::pool::Slot> {
+async fn wait_slot(slot: &mut Option<SlotFuture>) -> Option<Slot> {
     match slot {
         Some(f) => f.await,
         None => std::future::pending().await,
     }
 }
 
-/// Where one NOTIFY's ACK goes. Exactly one ACK is sent for it: the verdict, or, if the
-/// evaluation panicked or was dropped unrun, an error (`txn.<prefix>.error`).
-struct Reply {
-    tx: Option<UnboundedSender<Vec<u8>>>,
-    /// While serving: the socket, for the evaluation thread to write the ACK itself.
-    direct: Option<Arc<out::Shared>>,
-    stream_id: u64,
-    frame_id: u64,
-    max_frame_size: u32,
-    inflight: Option<GaugeGuard>,
-}
-
-impl Reply {
-    fn closed(&self) -> bool {
-        self.tx.as_ref().is_none_or(UnboundedSender::is_closed)
-    }
-
-    fn send(&mut self, vars: &Vars) {
-        if let Some(tx) = self.tx.take() {
-            let mut out = Vec::new();
-            frame::encode_ack(
-                self.stream_id,
-                self.frame_id,
-                vars,
-                self.max_frame_size,
-                &mut out,
-            );
-            // Not counted as in flight any more once the connection can see the ACK.
-            self.inflight = None;
-            if let Some(direct) = self.direct.take() {
-                if direct.write_ack(&out) {
-                    return;
-                }
-            }
-            let _ = tx.send(out);
-        }
-    }
-}
-
-impl Drop for Reply {
-    fn drop(&mut self) {
-        if self.tx.is_some() {
-            self.send(&vec![("error", TypedData::Int64(AGENT_ERROR))]);
-        }
-    }
-}
-
 /// One NOTIFY's evaluation, to run on an evaluation thread.
-fn evaluation(shared: &Shared, messages: Vec<Message>, mut reply: Reply) -> Work {
-    let started = Instant::now();
-    let handler = Arc::clone(&shared.handler);
+fn evaluation(shared: &Shared, messages: Vec<Message>, ticket: Ticket) -> Work {
+    let started = std::time::Instant::now();
+    let handler: Arc<dyn Handler> = Arc::clone(&shared.handler);
     let metrics = Arc::clone(&shared.metrics);
     Box::new(move || {
-        if reply.closed() {
+        if ticket.abandoned() {
             // The connection is gone (closed at the deadline): nobody waits for this.
             return;
         }
-        let vars = handler.handle(&messages);
+        let answer = handler.handle(&messages);
         metrics.observe(started.elapsed().as_secs_f64());
-        reply.send(&vars);
-        handler.after_reply();
+        ticket.send(&answer.vars);
+        // Phase 5 and cleanup, now that the ACK is on its way.
+        answer.later.run();
     })
-}
-
-/// Holds a gauge one higher while alive: a NOTIFY in `spoa_inflight` from its arrival until its
-/// evaluation ends (or is dropped unrun), an open (handshaken) connection in `spoa_connections`.
-struct GaugeGuard(Gauge);
-
-impl GaugeGuard {
-    fn new(gauge: &Gauge) -> Self {
-        gauge.inc();
-        GaugeGuard(gauge.clone())
-    }
-}
-
-impl Drop for GaugeGuard {
-    fn drop(&mut self) {
-        self.0.dec();
-    }
-}
-
-/// Wakes a connection when the lifecycle phase changes or the process is exiting.
-struct PhaseWatch {
-    handle: Handle,
-    last: (Phase, bool),
-}
-
-impl PhaseWatch {
-    fn new(handle: &Handle) -> Self {
-        PhaseWatch {
-            handle: handle.clone(),
-            last: (handle.phase(), handle.is_exiting()),
-        }
-    }
-
-    /// Resolves when the phase differs from the last one seen.
-    async fn changed(&mut self) {
-        loop {
-            let now = (self.handle.phase(), self.handle.is_exiting());
-            if now != self.last {
-                self.last = now;
-                return;
-            }
-            if now.0 == Phase::Serving {
-                self.handle.drain_started().await;
-            } else if now.0 != Phase::Refusing {
-                tokio::select! {
-                    () = self.handle.refusing() => {}
-                    () = self.handle.exiting() => {}
-                }
-            } else {
-                std::future::pending::<()>().await;
-            }
-        }
-    }
 }
 
 #[cfg(test)]
@@ -887,28 +490,34 @@ mod tests {
     //! In-process tests of the connection engine over `tokio::io::duplex`, with a trivial
     //! handler (the WAF itself is tested in `waf` and end to end through HAProxy).
     use super::*;
-    use crate::frame::{decode_agent_frame, AgentFrame};
+    use crate::engine::{Limits, Vars};
+    use crate::metrics::Metrics;
+    use crate::protocol::frame::{self, decode_agent_frame, AgentFrame};
+    use bytes::BytesMut;
     use lastcall::{Lifecycle, OnSigterm, TerminationConfig, Trigger};
+    use spop::TypedData;
     use std::pin::Pin;
     use std::sync::Mutex;
+    use std::time::Duration;
     use tokio::io::DuplexStream;
+    use tokio::net::TcpListener;
 
     /// Answers `verdict=ok`; blocks while the gate is closed.
     struct Gated(Mutex<std::sync::mpsc::Receiver<()>>);
 
     impl Handler for Gated {
-        fn handle(&self, _: &[Message]) -> crate::waf::Vars {
+        fn handle(&self, _: &[Message]) -> Answer {
             if let Ok(rx) = self.0.lock() {
                 let _ = rx.recv_timeout(Duration::from_secs(20));
             }
-            vec![("verdict", TypedData::String("ok".into()))]
+            Answer::from(vec![("verdict", TypedData::String("ok".into()))])
         }
     }
 
     struct Open;
     impl Handler for Open {
-        fn handle(&self, _: &[Message]) -> crate::waf::Vars {
-            Vec::new()
+        fn handle(&self, _: &[Message]) -> Answer {
+            Answer::from(Vec::new())
         }
     }
 
@@ -929,13 +538,13 @@ mod tests {
     }
 
     impl Handler for Where {
-        fn handle(&self, _: &[Message]) -> crate::waf::Vars {
+        fn handle(&self, _: &[Message]) -> Answer {
             let name = std::thread::current().name().unwrap_or("").to_string();
             if let Ok(mut t) = self.threads.lock() {
                 t.push(name);
             }
             assert!(!self.panic, "handler asked to panic");
-            vec![("verdict", TypedData::String("ok".into()))]
+            Answer::from(vec![("verdict", TypedData::String("ok".into()))])
         }
     }
 
@@ -1385,12 +994,12 @@ mod tests {
     struct Split(std::sync::atomic::AtomicUsize);
 
     impl Handler for Split {
-        fn handle(&self, m: &[Message]) -> crate::waf::Vars {
+        fn handle(&self, m: &[Message]) -> Answer {
             assert!(!m.iter().any(|m| m.name.contains("boom")), "boom");
             self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            vec![("verdict", TypedData::String("pool".into()))]
+            Answer::from(vec![("verdict", TypedData::String("pool".into()))])
         }
-        fn answer_inline(&self, m: &[Message]) -> Option<crate::waf::Vars> {
+        fn answer_inline(&self, m: &[Message]) -> Option<Vars> {
             m.iter()
                 .all(|m| m.name == "inline")
                 .then(|| vec![("verdict", TypedData::String("inline".into()))])
