@@ -11,9 +11,11 @@
 //! - [`waf`]: the evaluation itself, with libmodsecurity.
 //!
 //! Beside them: [`config`] reads coraza-spoa's YAML, [`metrics`] holds the Prometheus
-//! metrics; the binary (`main.rs`) wires them to the `lastcall` lifecycle.
+//! metrics, [`checks`] holds what the decoders must hold on any input (for `fuzz/`); the
+//! binary (`main.rs`) wires them to the `lastcall` lifecycle.
 #![forbid(unsafe_code)]
 
+pub mod checks;
 pub mod config;
 pub mod engine;
 pub mod metrics;

@@ -20,6 +20,7 @@ use lastcall_spoa::waf::{Apps, Waf};
 /// mimalloc for Rust's allocations; its `override` feature also makes it the process's
 /// `malloc`, so libmodsecurity's many small C++ allocations (most of an evaluation's time
 /// outside the regex engine) skip glibc's arenas. Measured in docs/benchmarks.md.
+#[cfg(feature = "mimalloc")]
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
