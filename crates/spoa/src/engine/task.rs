@@ -2,10 +2,15 @@
 //! [`Conn`]'s buffer, starts an evaluation for each NOTIFY, and carries out what the `Conn`
 //! decides ([`Action`]); it decides nothing about the protocol or the drain itself.
 //!
-//! Where a NOTIFY is evaluated, while serving: answered on the task when it needs no engine
-//! work ([`Handler::answer_inline`]); evaluated on the task's own I/O thread when the pool
-//! would start it at once anyway ([`super::pool::Pool::try_run_here`]) and it is not part of a pipelined
-//! burst; otherwise queued on the pool, in order. While draining, always on the pool.
+//! Where a NOTIFY is evaluated: answered on the task when it needs no engine work
+//! ([`Handler::answer_inline`], while serving); with `evaluation: inline`, on the task's own
+//! I/O thread while serving, unless it is part of a pipelined burst; otherwise queued on the
+//! pool, in order.
+//!
+//! Only `inline` evaluates on an I/O thread: an evaluation there holds that thread, and when
+//! the runtime's other threads are parked nobody polls the I/O driver for as long (measured:
+//! a 6 s evaluation delayed `/livez` by 6 s and the SIGTERM by 12 s), so with `pool` a slow
+//! rule never holds up another connection, a signal or the admin listener.
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -21,7 +26,7 @@ use tokio::time::Instant;
 use super::ack::{AckSink, Ticket};
 use super::conn::{Action, CloseReason, Conn, Drain, Event, Input, Probe};
 use super::handler::{error_vars, Answer, Handler};
-use super::pool::{Claim, Slot, SlotFuture, Work};
+use super::pool::{Slot, SlotFuture, Work};
 use super::{GaugeGuard, Shared};
 use crate::config::Evaluation;
 
@@ -260,8 +265,8 @@ where
         Flow::Continue
     }
 
-    /// Answers one NOTIFY: here if it needs no engine work, on this thread if the pool
-    /// would start it at once, else on the pool (see the module's doc).
+    /// Answers one NOTIFY: here if it needs no engine work, on this thread with
+    /// `evaluation: inline`, else on the pool (see the module's doc).
     async fn evaluate(&mut self, messages: Vec<Message>, ticket: Ticket) {
         if self.conn.drain().serving() {
             if let Some(vars) = self.shared.handler.answer_inline(&messages) {
@@ -269,14 +274,15 @@ where
                 ticket.send(&vars);
                 return;
             }
-            if let Some(claim) = self.run_here() {
-                // The engine on this thread, as nginx runs it: no queue, no wake of
-                // another thread, the ACK written by the thread that evaluated.
+            if self.shared.limits.evaluation == Evaluation::Inline && !self.conn.frame_waiting() {
+                // The engine on this thread, as nginx runs it: no queue, no wake of another
+                // thread, the ACK written by the thread that evaluated. A NOTIFY with another
+                // whole frame buffered behind it (a pipelined burst) goes to the pool, to be
+                // evaluated in parallel.
                 let answer = self.evaluate_here(&messages);
                 ticket.send(&answer.vars);
                 // Phase 5 and cleanup, now that HAProxy has the verdict.
                 answer.later.run();
-                drop(claim);
                 // Let this thread's other connections (and the I/O driver) have a turn
                 // between two evaluations of a pipelining connection.
                 tokio::task::yield_now().await;
@@ -371,28 +377,6 @@ where
         self.waiting.push_back(work);
         if self.slot.is_none() {
             self.slot = Some(self.shared.pool.slot());
-        }
-    }
-
-    /// Whether to evaluate the NOTIFY just decoded on this thread, and with what claim on the
-    /// pool's room: always with `evaluation: inline`; with `pool`, when the pool would start
-    /// it at once anyway (nothing queued, a thread's room free) and another I/O thread is
-    /// left to serve timers, the other connections and the admin listener (so never on a
-    /// single-threaded runtime). Never for a pipelined burst: NOTIFYs with another whole
-    /// frame buffered behind them go to the pool, to be evaluated in parallel.
-    fn run_here(&self) -> Option<Option<Claim>> {
-        if self.conn.frame_waiting() {
-            return None;
-        }
-        match self.shared.limits.evaluation {
-            Evaluation::Inline => Some(None),
-            Evaluation::Pool => {
-                let io_threads = tokio::runtime::Handle::current().metrics().num_workers();
-                self.shared
-                    .pool
-                    .try_run_here(io_threads.saturating_sub(1))
-                    .map(Some)
-            }
         }
     }
 
@@ -634,15 +618,60 @@ mod tests {
             threads.iter().all(|t| !t.starts_with("spoa-eval")),
             "{threads:?}"
         );
-        // The pool, one NOTIFY at a time: each would start at once on an idle pool, so each
-        // runs where it was read, under a claim on the pool's room (pool::try_run_here).
+        // The pool, one NOTIFY at a time on an idle pool: still on the pool's threads, never
+        // on an I/O thread (see `a_blocked_evaluation_never_holds_up_the_runtime`).
         let (frames, threads) = evaluate_three(Evaluation::Pool, false, false).await;
         assert_eq!(frames.len(), 3, "{frames:?}");
         assert_eq!(threads.len(), 3);
         assert!(
-            threads.iter().all(|t| !t.starts_with("spoa-eval")),
+            threads.iter().all(|t| t.starts_with("spoa-eval")),
             "{threads:?}"
         );
+    }
+
+    /// An evaluation that does not end (held at a gate) on an otherwise idle two-thread
+    /// runtime: the listener still accepts, and another connection's health check is still
+    /// answered, over real sockets (an evaluation on an I/O thread would leave the I/O driver
+    /// unpolled while the other thread sleeps).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_blocked_evaluation_never_holds_up_the_runtime() {
+        let handle = serving_lifecycle();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let s = shared(Arc::new(Gated(Mutex::new(rx))), &handle);
+        let listener =
+            super::super::Listener::bind(&crate::config::Bind::Tcp("127.0.0.1:0".into()))
+                .await
+                .unwrap();
+        let addr: std::net::SocketAddr = listener.local_addr().parse().unwrap();
+        tokio::spawn(super::super::serve(listener, Arc::clone(&s)));
+        let clients = tokio::task::spawn_blocking(move || {
+            use std::io::{Read, Write};
+            let exchange = |bytes: &[u8], busy: &mut Vec<std::net::TcpStream>| {
+                let mut c = std::net::TcpStream::connect(addr).unwrap();
+                c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+                c.write_all(bytes).unwrap();
+                let mut got = [0u8; 4];
+                let answered = c.read_exact(&mut got).is_ok();
+                busy.push(c);
+                answered
+            };
+            let mut conns = Vec::new();
+            let mut first = Vec::new();
+            frame::encode_haproxy_hello(16380, false, &mut first);
+            assert!(exchange(&first, &mut conns), "the first HELLO");
+            conns[0].write_all(&notify(1)).unwrap();
+            // Let the evaluation start and block.
+            std::thread::sleep(Duration::from_millis(300));
+            let mut check = Vec::new();
+            frame::encode_haproxy_hello(16380, true, &mut check);
+            let started = std::time::Instant::now();
+            let answered = exchange(&check, &mut conns);
+            (answered, started.elapsed())
+        });
+        let (answered, took) = clients.await.unwrap();
+        tx.send(()).unwrap();
+        assert!(answered, "the health check was not answered within 10 s");
+        assert!(took < Duration::from_secs(5), "answered after {took:?}");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
