@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what is missing, then runs every check and test: formatting, clippy, the Rust test
 # suite (unit, paused-clock, process-level and interop tests against real HAProxy, coturn's
-# clients and libmodsecurity), and the chart tests.
+# clients and libmodsecurity), the chart tests, and every fuzz target for a bounded time
+# (FUZZ_SECONDS, default 20 s each; see scripts/fuzz.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -23,3 +24,5 @@ if cargo nextest --version >/dev/null 2>&1; then
 else
   cargo test --workspace --locked --no-fail-fast
 fi
+echo "== fuzz targets (${FUZZ_SECONDS:-20} s each)"
+bash scripts/fuzz.sh
