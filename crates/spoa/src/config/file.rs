@@ -2,16 +2,17 @@
 //! collected with its line (unknown and duplicate keys, wrong types, values out of range,
 //! names that refer to nothing), and what would be valid.
 //!
-//! The messages keep serde's words where coraza-spoa users have seen them
-//! (``unknown field `x`, expected one of ...``, `invalid type: string "yes", expected a
-//! boolean`), prefixed by where the key is (`applications[0].response_check`).
+//! Each problem is a [`lastcall::Problem`] placed by line, keyed by where it is in the file
+//! (`applications[0].response_check`), in serde's words where coraza-spoa users have seen
+//! them (``unknown field `x` ``, `invalid type: string "yes"`), with what would be valid.
 
 use std::collections::HashSet;
 
+use lastcall::{Problem, Problems, Source};
+
 use super::yaml::{self, Node, Typed, Value};
 use super::{
-    Application, Bind, BodyLimitAction, Config, Evaluation, Problem, DEFAULT_ACTIVE_LIMIT,
-    DEFAULT_TTL_MS,
+    Application, Bind, BodyLimitAction, Config, Evaluation, DEFAULT_ACTIVE_LIMIT, DEFAULT_TTL_MS,
 };
 use crate::protocol::payload::MIN_FRAME_SIZE;
 
@@ -48,25 +49,29 @@ const APPLICATION: &[&str] = &[
 
 const LOG_LEVELS: &str = "debug, info, warn, error, panic or fatal";
 
-/// Reads YAML text into a checked configuration, or returns every problem found.
-pub(super) fn read(text: &str) -> Result<Config, Vec<Problem>> {
+/// Reads YAML text into a checked configuration, or returns every problem found, in the
+/// order of their lines.
+pub(super) fn read(text: &str) -> Result<Config, Problems> {
     let mut r = Reader::default();
     let root = match yaml::parse(text) {
         Ok(root) => root,
         Err(e) => {
-            return Err(vec![Problem {
-                line: Some(e.line),
-                message: format!("invalid YAML: {}", e.message),
-            }])
+            return Err(Problems::from(
+                Problem::new("", format!("invalid YAML: {}", e.message)).at(Source::line(e.line)),
+            ))
         }
     };
     let cfg = r.config(root.as_ref());
     if r.problems.is_empty() {
-        Ok(cfg)
-    } else {
-        r.problems.sort_by_key(|p| p.line.unwrap_or(usize::MAX));
-        Err(r.problems)
+        return Ok(cfg);
     }
+    r.problems.sort_by_key(|p| match p.source {
+        Source::File {
+            line: Some(line), ..
+        } => line,
+        _ => usize::MAX,
+    });
+    Err(Problems::from(r.problems))
 }
 
 /// Maps coraza-spoa's log levels to ours.
@@ -87,20 +92,26 @@ struct Reader {
 }
 
 impl Reader {
+    /// A problem whose message says it all (the wording users know), at `line`.
     fn problem(&mut self, line: usize, message: String) {
-        self.problems.push(Problem {
-            line: Some(line),
-            message,
-        });
+        self.keyed(line, "", message, None);
+    }
+
+    /// A problem with `key` (where it is in the file), what is wrong, and what is valid.
+    fn keyed(&mut self, line: usize, key: &str, message: String, expected: Option<String>) {
+        let mut p = Problem::new(key, message).at(Source::line(line));
+        if let Some(expected) = expected {
+            p = p.expected(expected);
+        }
+        self.problems.push(p);
     }
 
     fn invalid_type(&mut self, path: &str, node: &Node, expected: &str) {
-        self.problem(
+        self.keyed(
             node.line,
-            format!(
-                "{path}: invalid type: {}, expected {expected}",
-                node.describe()
-            ),
+            path,
+            format!("invalid type: {}", node.describe()),
+            Some(expected.to_owned()),
         );
     }
 
@@ -113,18 +124,15 @@ impl Reader {
         entries: &'n [(Node, Node)],
         known: &[&str],
     ) -> Vec<(&'n str, &'n Node)> {
-        let lead = if prefix.is_empty() {
-            String::new()
-        } else {
-            format!("{prefix}: ")
-        };
         let mut seen: Vec<(&str, usize)> = Vec::new();
         let mut out = Vec::new();
         for (key, value) in entries {
             let Some(name) = key.text() else {
-                self.problem(
+                self.keyed(
                     key.line,
-                    format!("{lead}a key must be a name, found {}", key.describe()),
+                    prefix,
+                    format!("a key must be a name, found {}", key.describe()),
+                    None,
                 );
                 continue;
             };
@@ -134,16 +142,20 @@ impl Reader {
                     .map(|k| format!("`{k}`"))
                     .collect::<Vec<_>>()
                     .join(", ");
-                self.problem(
+                self.keyed(
                     key.line,
-                    format!("{lead}unknown field `{name}`, expected one of {expected}"),
+                    prefix,
+                    format!("unknown field `{name}`"),
+                    Some(format!("one of {expected}")),
                 );
                 continue;
             }
             if let Some((_, first)) = seen.iter().find(|(k, _)| *k == name) {
-                self.problem(
+                self.keyed(
                     key.line,
-                    format!("{lead}duplicate field `{name}` (first given on line {first})"),
+                    prefix,
+                    format!("duplicate field `{name}` (first given on line {first})"),
+                    None,
                 );
                 continue;
             }
@@ -182,11 +194,11 @@ impl Reader {
             Some(Typed::Int(n)) => match u64::try_from(n) {
                 Ok(n) => Some(n),
                 Err(_) => {
-                    self.problem(
+                    self.keyed(
                         node.line,
-                        format!(
-                            "{path}: invalid value: integer `{n}`, expected a non-negative integer"
-                        ),
+                        path,
+                        format!("invalid value: integer `{n}`"),
+                        Some("a non-negative integer".into()),
                     );
                     None
                 }
@@ -308,12 +320,10 @@ impl Reader {
             other => cfg.default_application = other.map(|(d, _)| d),
         }
         if cfg.applications.is_empty() {
-            self.problems.push(Problem {
-                line: None,
-                message:
-                    "no applications defined (omit --config to run the built-in CRS application)"
-                        .into(),
-            });
+            self.problems.push(Problem::new(
+                "",
+                "no applications defined (omit --config to run the built-in CRS application)",
+            ));
         }
         cfg
     }
@@ -412,11 +422,11 @@ impl Reader {
                     Some("process_partial") => {
                         app.body_limit_action = BodyLimitAction::ProcessPartial;
                     }
-                    Some(other) => self.problem(
+                    Some(other) => self.keyed(
                         node.line,
-                        format!(
-                            "{at}: unknown variant `{other}`, expected `reject` or `process_partial`"
-                        ),
+                        &at,
+                        format!("unknown variant `{other}`"),
+                        Some("`reject` or `process_partial`".into()),
                     ),
                 },
                 "paranoia_level" => match self.unsigned(&at, node) {
@@ -430,7 +440,7 @@ impl Reader {
             }
         }
         let Some((name, name_line)) = name else {
-            self.problem(item.line, format!("{path}: missing field `name`"));
+            self.keyed(item.line, path, "missing field `name`".into(), None);
             return None;
         };
         app.name = name;

@@ -12,6 +12,8 @@ pub mod yaml;
 
 use std::path::{Path, PathBuf};
 
+use lastcall::{Problem, Problems, Source};
+
 /// Where the agent listens.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Bind {
@@ -136,46 +138,6 @@ pub const DEFAULT_ACTIVE_LIMIT: usize = 100_000;
 /// Name of the built-in application used when no file is given.
 pub const DEFAULT_APP: &str = "default";
 
-/// One configuration problem, with its line when known.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Problem {
-    /// 1-based line, if known.
-    pub line: Option<usize>,
-    /// What is wrong.
-    pub message: String,
-}
-
-impl std::fmt::Display for Problem {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.line {
-            Some(l) => write!(f, "line {l}: {}", self.message),
-            None => f.write_str(&self.message),
-        }
-    }
-}
-
-/// Every problem found in a configuration.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{}", render(.file, .problems))]
-pub struct ConfigErrors {
-    /// The file, if any.
-    pub file: Option<PathBuf>,
-    /// The problems.
-    pub problems: Vec<Problem>,
-}
-
-fn render(file: &Option<PathBuf>, problems: &[Problem]) -> String {
-    let name = file
-        .as_ref()
-        .map(|p| p.display().to_string())
-        .unwrap_or_else(|| "configuration".into());
-    problems
-        .iter()
-        .map(|p| format!("{name}: {p}"))
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
 fn cpus() -> usize {
     std::thread::available_parallelism().map_or(2, |n| n.get())
 }
@@ -206,23 +168,23 @@ impl Config {
         }
     }
 
-    /// Reads and checks a file.
-    pub fn load(path: &Path) -> Result<Self, ConfigErrors> {
-        let text = std::fs::read_to_string(path).map_err(|e| ConfigErrors {
-            file: Some(path.to_owned()),
-            problems: vec![Problem {
-                line: None,
-                message: format!("cannot read: {e}"),
-            }],
+    /// Reads and checks a file. Its problems are placed by line (`line 6: ...`): the file is
+    /// the one `--config` names.
+    pub fn load(path: &Path) -> Result<Self, Problems> {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            Problems::from(
+                Problem::new("", format!("cannot read: {e}")).at(Source::File {
+                    path: Some(path.to_owned()),
+                    line: None,
+                }),
+            )
         })?;
-        Self::parse(&text).map_err(|problems| ConfigErrors {
-            file: Some(path.to_owned()),
-            problems,
-        })
+        Self::parse(&text)
     }
 
-    /// Parses and checks YAML text, returning every problem found.
-    pub fn parse(text: &str) -> Result<Self, Vec<Problem>> {
+    /// Parses and checks YAML text, returning every problem found, in the order of their
+    /// lines.
+    pub fn parse(text: &str) -> Result<Self, Problems> {
         file::read(text)
     }
 }
@@ -296,7 +258,10 @@ applications:
 ";
         let errs = Config::parse(text).unwrap_err();
         assert_eq!(errs.len(), 3, "{errs:?}");
-        assert_eq!(errs[0].line, Some(1));
+        assert_eq!(
+            errs.iter().next().map(|e| &e.source),
+            Some(&Source::line(1))
+        );
     }
 
     /// Wrong types, duplicates, missing names and bad values, all reported in one pass, each
@@ -323,21 +288,21 @@ default_application: b
         assert_eq!(
             shown,
             [
-                "line 2: workers: invalid type: string \"4\", expected a non-negative integer",
+                "line 2: workers: invalid type: string \"4\"; expected a non-negative integer",
                 "line 3: duplicate field `bind` (first given on line 1)",
                 "line 4: max_frame_size 100: must be between 256 and 1048576",
-                "line 7: applications[0].response_check: invalid type: string \"yes\", expected a boolean (true or false)",
-                "line 8: applications[0].body_limit_action: unknown variant `drop`, expected `reject` or `process_partial`",
-                "line 9: applications[0].rules: invalid type: string \"SecRuleEngine On\", expected a sequence of directive lines",
+                "line 7: applications[0].response_check: invalid type: string \"yes\"; expected a boolean (true or false)",
+                "line 8: applications[0].body_limit_action: unknown variant `drop`; expected `reject` or `process_partial`",
+                "line 9: applications[0].rules: invalid type: string \"SecRuleEngine On\"; expected a sequence of directive lines",
                 "line 10: applications[1]: missing field `name`",
-                "line 11: applications[2]: invalid type: integer `3`, expected an application (a mapping with a `name`)",
+                "line 11: applications[2]: invalid type: integer `3`; expected an application (a mapping with a `name`)",
                 "line 12: application `a` defined twice",
                 "line 13: default_application `b` is not among the applications",
             ]
         );
         let errs = Config::parse("applications:\n  - name: a\n    rules: [\n").unwrap_err();
         assert!(
-            errs.len() == 1 && errs[0].message.starts_with("invalid YAML: "),
+            errs.len() == 1 && errs.to_string().contains("invalid YAML: "),
             "{errs:?}"
         );
     }

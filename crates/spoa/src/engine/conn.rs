@@ -49,6 +49,15 @@ pub struct Drain {
     pub exiting: bool,
 }
 
+impl From<lastcall::Seen> for Drain {
+    fn from(seen: lastcall::Seen) -> Drain {
+        Drain {
+            phase: seen.phase,
+            exiting: seen.exiting,
+        }
+    }
+}
+
 impl Drain {
     /// Serving, not exiting.
     pub const SERVING: Drain = Drain {

@@ -1,14 +1,14 @@
-//! Where HAProxy connects: a TCP or `unix://` listener, and the accept loop that starts one
-//! connection task per accepted socket.
+//! Where HAProxy connects: a TCP or `unix://` listener, accepted from by lastcall's
+//! [`Daemon`](lastcall::Daemon) (which owns the accept loop and waits for every connection
+//! task after the exit decision), and the start of one connection's task.
 
 use std::io;
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
+use lastcall::Watch;
 use tokio::net::{TcpListener, UnixListener};
-use tokio::task::JoinSet;
 
 use super::ack::AckSink;
 use super::task::serve_split;
@@ -52,8 +52,8 @@ impl Listener {
         }
     }
 
-    /// Waits for the next connection.
-    async fn accept(&self) -> io::Result<(Accepted, Option<IpAddr>)> {
+    /// Waits for the next connection (cancel-safe, as tokio's `accept`).
+    async fn next(&self) -> io::Result<(Accepted, Option<IpAddr>)> {
         match self {
             Listener::Tcp(l) => {
                 let (s, a) = l.accept().await?;
@@ -67,27 +67,46 @@ impl Listener {
     }
 }
 
-enum Accepted {
+impl lastcall::Accept for Listener {
+    type Conn = (Accepted, Option<IpAddr>);
+
+    fn accept(&mut self) -> impl std::future::Future<Output = io::Result<Self::Conn>> + Send {
+        self.next()
+    }
+
+    fn describe(&self) -> String {
+        self.local_addr()
+    }
+}
+
+/// An accepted connection.
+#[derive(Debug)]
+pub enum Accepted {
+    /// Over TCP.
     Tcp(tokio::net::TcpStream),
+    /// Over a Unix socket.
     Unix(tokio::net::UnixStream),
 }
 
-impl Accepted {
-    /// Starts the connection's task in `conns`: the evaluation threads share its write half.
-    fn spawn(self, peer: Option<IpAddr>, shared: Arc<Shared>, conns: &mut JoinSet<()>) {
-        shared.metrics.connections_total.inc();
-        match self {
-            Accepted::Tcp(s) => {
-                let _ = s.set_nodelay(true);
-                let (rd, wr) = s.into_split();
-                let sink = AckSink::for_socket(wr);
-                conns.spawn(serve_split(rd, sink.writer(), sink, peer, shared));
-            }
-            Accepted::Unix(s) => {
-                let (rd, wr) = s.into_split();
-                let sink = AckSink::for_socket(wr);
-                conns.spawn(serve_split(rd, sink.writer(), sink, peer, shared));
-            }
+/// Serves one accepted connection to its end (what the accept loop runs for each): the
+/// evaluation threads share its write half, to write their ACKs themselves.
+pub async fn serve_accepted(
+    (io, peer): (Accepted, Option<IpAddr>),
+    shared: Arc<Shared>,
+    watch: Watch,
+) {
+    shared.metrics.connections_total.inc();
+    match io {
+        Accepted::Tcp(s) => {
+            let _ = s.set_nodelay(true);
+            let (rd, wr) = s.into_split();
+            let sink = AckSink::for_socket(wr);
+            serve_split(rd, sink.writer(), sink, peer, shared, watch).await;
+        }
+        Accepted::Unix(s) => {
+            let (rd, wr) = s.into_split();
+            let sink = AckSink::for_socket(wr);
+            serve_split(rd, sink.writer(), sink, peer, shared, watch).await;
         }
     }
 }
@@ -98,30 +117,4 @@ impl Drop for Listener {
             let _ = std::fs::remove_file(path);
         }
     }
-}
-
-/// Accepts connections until the process is exiting, then waits (bounded) for every
-/// connection task to send its goodbye.
-pub async fn serve(listener: Listener, shared: Arc<Shared>) {
-    let mut conns = JoinSet::new();
-    let exiting = shared.handle.exiting();
-    tokio::pin!(exiting);
-    loop {
-        tokio::select! {
-            _ = &mut exiting => break,
-            Some(_) = conns.join_next(), if !conns.is_empty() => {}
-            accepted = listener.accept() => match accepted {
-                Ok((io, peer)) => io.spawn(peer, Arc::clone(&shared), &mut conns),
-                Err(e) => {
-                    tracing::warn!("accept failed: {e}");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            },
-        }
-    }
-    drop(listener);
-    let _ = tokio::time::timeout(Duration::from_secs(2), async {
-        while conns.join_next().await.is_some() {}
-    })
-    .await;
 }

@@ -10,7 +10,7 @@
 //!   the connection while draining);
 //! - [`pool`]: the evaluation threads and their queue;
 //! - [`handler`]: what the engine asks of the WAF;
-//! - [`listener`]: binding and the accept loop.
+//! - [`listener`]: binding, and what lastcall's accept loop runs for each connection.
 
 pub mod ack;
 pub mod conn;
@@ -26,7 +26,7 @@ use lastcall::Handle;
 use prometheus_client::metrics::gauge::Gauge;
 
 pub use handler::{error_vars, Answer, Handler, Later, Vars, AGENT_ERROR};
-pub use listener::{serve, Listener};
+pub use listener::{serve_accepted, Accepted, Listener};
 pub use task::{serve_conn, Unread};
 
 use crate::config::Evaluation;

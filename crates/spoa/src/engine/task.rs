@@ -18,7 +18,7 @@ use std::io;
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use lastcall::{Handle, PeerId};
+use lastcall::{PeerId, Watch};
 use spop::frame::Message;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::time::Instant;
@@ -38,23 +38,24 @@ where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let (rd, wr) = tokio::io::split(io);
-    serve_split(rd, wr, AckSink::held_only(), peer, shared).await;
+    let watch = shared.handle.watch();
+    serve_split(rd, wr, AckSink::held_only(), peer, shared, watch).await;
 }
 
-/// Serves one connection, given its read and write halves and its ACK sink (for a socket,
-/// `wr` is the sink's own [`super::ack::Writer`]).
+/// Serves one connection, given its read and write halves, its ACK sink (for a socket, `wr`
+/// is the sink's own [`super::ack::Writer`]) and its watch on the lifecycle.
 pub(super) async fn serve_split<R, W>(
     rd: R,
     wr: W,
     sink: Arc<AckSink>,
     peer: Option<IpAddr>,
     shared: Arc<Shared>,
+    watch: Watch,
 ) where
     R: AsyncRead + Unread + Unpin,
     W: AsyncWrite + Unpin,
 {
-    let watch = DrainWatch::new(&shared.handle);
-    let drain = watch.now();
+    let drain = Drain::from(watch.now());
     sink.set_direct(drain.serving());
     let mut task = ConnTask {
         conn: Conn::new(shared.limits.conn_settings(), drain, Instant::now()),
@@ -72,7 +73,7 @@ pub(super) async fn serve_split<R, W>(
     task.run().await;
     // Evaluations still queued or running find nobody waiting for their ACK.
     task.sink.close();
-    let hold = task.conn.linger_hold(task.watch.now());
+    let hold = task.conn.linger_hold(Drain::from(task.watch.now()));
     if let Some((session, gauge)) = task.session.take() {
         drop(gauge);
         if let Some(hold) = hold {
@@ -120,53 +121,6 @@ impl<T> Unread for tokio::io::ReadHalf<T> {
     }
 }
 
-/// The lifecycle's phase as one connection reads it: the current [`Drain`], and a wake when
-/// it changes.
-struct DrainWatch {
-    handle: Handle,
-    last: Drain,
-}
-
-impl DrainWatch {
-    fn new(handle: &Handle) -> Self {
-        let mut watch = DrainWatch {
-            handle: handle.clone(),
-            last: Drain::SERVING,
-        };
-        watch.last = watch.now();
-        watch
-    }
-
-    fn now(&self) -> Drain {
-        Drain {
-            phase: self.handle.phase(),
-            exiting: self.handle.is_exiting(),
-        }
-    }
-
-    /// Resolves with the new state when it differs from the last one returned.
-    async fn changed(&mut self) -> Drain {
-        use lastcall::Phase;
-        loop {
-            let now = self.now();
-            if now != self.last {
-                self.last = now;
-                return now;
-            }
-            match now.phase {
-                Phase::Serving => self.handle.drain_started().await,
-                Phase::Refusing => self.handle.exiting().await,
-                Phase::Announcing | Phase::Lingering => {
-                    tokio::select! {
-                        () = self.handle.refusing() => {}
-                        () = self.handle.exiting() => {}
-                    }
-                }
-            }
-        }
-    }
-}
-
 /// What one connection task owns.
 struct ConnTask<R, W> {
     conn: Conn,
@@ -181,7 +135,8 @@ struct ConnTask<R, W> {
     rd: R,
     wr: W,
     sink: Arc<AckSink>,
-    watch: DrainWatch,
+    /// The lifecycle, as this connection follows it (fed to the `Conn` as [`Input::Drain`]).
+    watch: Watch,
     peer: Option<IpAddr>,
     shared: Arc<Shared>,
 }
@@ -312,7 +267,7 @@ where
         }
         let input = tokio::select! {
             biased;
-            drain = self.watch.changed() => Input::Drain(drain),
+            seen = self.watch.changed() => Input::Drain(Drain::from(seen)),
             () = self.sink.woken() => {
                 // ACKs written or held (taken at the next call), or bytes left to flush.
                 if self.wr.flush().await.is_err() {
@@ -481,7 +436,7 @@ mod tests {
     use crate::metrics::Metrics;
     use crate::protocol::frame::{self, decode_agent_frame, AgentFrame};
     use bytes::BytesMut;
-    use lastcall::{Lifecycle, OnSigterm, TerminationConfig, Trigger};
+    use lastcall::{Handle, Lifecycle, OnSigterm, TerminationConfig, Trigger};
     use spop::TypedData;
     use std::pin::Pin;
     use std::sync::Mutex;
@@ -638,15 +593,24 @@ mod tests {
     /// unpolled while the other thread sleeps).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_blocked_evaluation_never_holds_up_the_runtime() {
-        let handle = serving_lifecycle();
+        let daemon = lastcall::Daemon::start_with(
+            TerminationConfig::new(OnSigterm::Drain, Duration::ZERO, Duration::from_secs(30)),
+            futures_never(),
+        );
         let (tx, rx) = std::sync::mpsc::channel();
-        let s = shared(Arc::new(Gated(Mutex::new(rx))), &handle);
+        let s = shared(Arc::new(Gated(Mutex::new(rx))), daemon.handle());
         let listener =
             super::super::Listener::bind(&crate::config::Bind::Tcp("127.0.0.1:0".into()))
                 .await
                 .unwrap();
         let addr: std::net::SocketAddr = listener.local_addr().parse().unwrap();
-        tokio::spawn(super::super::serve(listener, Arc::clone(&s)));
+        let conns = Arc::clone(&s);
+        daemon.accept(
+            listener,
+            lastcall::AcceptUntil::Exiting,
+            move |conn, watch| super::super::serve_accepted(conn, Arc::clone(&conns), watch),
+        );
+        daemon.ready();
         let clients = tokio::task::spawn_blocking(move || {
             use std::io::{Read, Write};
             let exchange = |bytes: &[u8], busy: &mut Vec<std::net::TcpStream>| {
