@@ -201,10 +201,15 @@ async fn start(cli: Cli, term: TerminationConfig, cfg: Config) -> ! {
     let compiled = tokio::select! {
         biased;
         () = handle.exiting() => None,
-        done = &mut compile => Some(done),
+        done = &mut compile => match done {
+            Ok((cfg, Some(apps))) => Some((cfg, apps)),
+            // Cancelled: only after the exit was decided.
+            Ok((_, None)) => None,
+            Err(e) => fail(exit::SOFTWARE, &format!("compiling the rules: {e}")),
+        },
     };
-    let Some(Ok((cfg, Some(apps)))) = compiled else {
-        // The exit was decided while starting (or compiling stopped): nothing is live.
+    let Some((cfg, apps)) = compiled else {
+        // The exit was decided while starting: nothing is live.
         cancel.store(true, Ordering::SeqCst);
         let _ = (&mut compile).await;
         let served = daemon.serve().await;

@@ -89,9 +89,10 @@ fn deadline_cuts_busy_connections_with_status_75() {
 }
 
 /// A rule that is slow on purpose: `^(a|aa)+$` backtracks exponentially on a run of `a`s
-/// that ends in `!`, until PCRE2's match limit stops the attempt (50-135 ms per argument of
-/// forty `a`s, measured with libmodsecurity 3.0.9 on the development machine), and
-/// [`SLOW_ARGS`] such arguments take 10-20 s in all.
+/// that ends in `!`, until PCRE2's match limit stops the attempt. [`SLOW_ARGS`] arguments of
+/// forty `a`s and a `!` took 6.6-7.9 s with the release build (libmodsecurity 3.0.9, the
+/// 2-core development machine under load 4-5), about 50 s with the debug build these tests
+/// run: still evaluating at any deadline below.
 const SLOW_RULE: &str = "\
 default_application: slow
 applications:
