@@ -211,7 +211,10 @@ else
     [ -x "$PREBUILT_DIR/$bin" ] || { log "$PREBUILT_DIR/$bin not built (cargo build --release -p lastcall-spoa -p lastcall-turn)"; exit 1; }
   done
   mkdir -p docker/prebuilt
-  cp -f "$PREBUILT_DIR/lastcall-spoa" "$PREBUILT_DIR/lastcall-turn" docker/prebuilt/
+  # Without debug information, like the source build (CARGO_PROFILE_RELEASE_DEBUG=0).
+  for bin in lastcall-spoa lastcall-turn; do
+    objcopy --strip-debug "$PREBUILT_DIR/$bin" "docker/prebuilt/$bin"
+  done
 fi
 
 images=()

@@ -35,6 +35,18 @@ def engine() -> Iterator[enginelib.Engine]:
         e.stop()
 
 
+def pytest_configure(config: Any) -> None:
+    config.addinivalue_line("markers", "containers: needs the private Docker engine (scripts/test_containers.sh runs these)")
+
+
+def pytest_collection_modifyitems(items: list[Any]) -> None:
+    """Every test that uses the engine (directly or through a fixture) is a container test:
+    scripts/test_python.sh leaves them out, scripts/test_containers.sh runs only them."""
+    for item in items:
+        if "engine" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.containers)
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     if enginelib.MEASURED:
         terminalreporter.section("container tests: measured")

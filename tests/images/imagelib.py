@@ -18,6 +18,7 @@ import signal
 import socket
 import struct
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Callable
@@ -536,15 +537,21 @@ class Call:
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, text=True)
         self.output = ""
-        self.ended_at: float | None = None
+        self.ended_at: float | None = None  # when uclient exited (its call, and allocation, ended)
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        self.output = self.proc.stdout.read()
+        self.proc.wait()
+        self.ended_at = time.monotonic()
 
     def wait(self, timeout: float = 180) -> "Call":
-        try:
-            self.output, _ = self.proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
+        self.reader.join(timeout)
+        if self.reader.is_alive():
             self.proc.kill()
-            self.output, _ = self.proc.communicate()
-        self.ended_at = time.monotonic()
+            self.reader.join(30)
         if self.log is not None:
             self.log.write_text(self.output)
         return self
