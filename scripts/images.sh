@@ -59,11 +59,19 @@ mkdir -p "$CACHE/bases"
 
 log() { printf 'images.sh: %s\n' "$*" >&2; }
 
+# What to undo at exit, last first (a private dockerd, a half-made base).
+undo=()
+on_exit() {
+  local i
+  for ((i = ${#undo[@]} - 1; i >= 0; i--)); do eval "${undo[i]}" || true; done
+}
+trap on_exit EXIT
+
 if ((OWN_DOCKERD)); then
   exec 9>"$CACHE/images.lock"
   flock 9
   eval "export $(bash scripts/dockerd.sh start)"
-  trap 'bash scripts/dockerd.sh stop' EXIT
+  undo+=("bash scripts/dockerd.sh stop")
 fi
 "$DOCKER" version >/dev/null || { log "no docker daemon at ${DOCKER_HOST:-the default socket} (try --own-dockerd)"; exit 1; }
 
@@ -156,6 +164,13 @@ BASE_TAR=$CACHE/bases/debian-$SUITE-minbase-$BASE_KEY.tar
 BASE_IMAGE=lastcall-local/debian:$SUITE
 RUST_IMAGE=lastcall-local/rust:$SUITE
 
+# A directory debootstrap worked in: what it may have left mounted there (proc, sys, after
+# a failure) unmounted first, then removed.
+remove_tree() {
+  awk -v r="$1/" 'index($2, r) == 1 { print $2 }' /proc/self/mounts | sort -r | xargs -r -n1 umount -l
+  rm -rf --one-file-system "$1"
+}
+
 label() { "$DOCKER" image inspect -f "{{ index .Config.Labels \"$2\" }}" "$1" 2>/dev/null || true; }
 
 if ((REFRESH)) || [ ! -s "$BASE_TAR" ]; then
@@ -166,15 +181,12 @@ if ((REFRESH)) || [ ! -s "$BASE_TAR" ]; then
   [ -n "$mirror" ] || { log "no Debian archive in apt's configuration"; exit 1; }
   log "debootstrap --variant=minbase $SUITE from the mirror in apt's configuration"
   work=$(mktemp -d "$CACHE/bases/.debootstrap.XXXXXX")
-  trap 'rm -rf "$work"' EXIT
+  undo+=("remove_tree '$work'")
   start=$SECONDS
   make_base "$work/root" "$mirror" "$security"
   tar --numeric-owner --xattrs -C "$work/root" -cf "$work/base.tar" .
   rm -f "$CACHE"/bases/debian-"$SUITE"-minbase-*.tar
   mv "$work/base.tar" "$BASE_TAR"
-  rm -rf "$work"
-  trap - EXIT
-  ((OWN_DOCKERD)) && trap 'bash scripts/dockerd.sh stop' EXIT
   log "base made in $((SECONDS - start)) s: $BASE_TAR"
 fi
 

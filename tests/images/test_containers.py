@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import secrets
 import socket
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -35,16 +36,18 @@ from chartlib import render
 from enginelib import (
     BASE_IMAGE,
     HAPROXY_IMAGE,
+    REPO,
     DockerPod,
     Engine,
     assert_runs_as_rendered,
     measured,
 )
-from imagelib import Call, Peer, TurnClient, free_port, free_udp_range, http_get, metric
+from imagelib import Call, Peer, TurnClient, free_port, free_udp_range, metric, target_dir
 from loadlib import Load, Origin, haproxy_config, spoe_config
 from podspec import PodSpec
 
 DELAY = 2  # shutdownDelaySeconds in the values below
+REPO_TARGET = target_dir()
 SPOA_VALUES: dict[str, Any] = {"gracefulTermination": {"shutdownDelaySeconds": DELAY, "drainTimeoutSeconds": 20}}
 START = 120.0  # seconds to become ready (the CRS compiles; the machine is busy)
 AT_ONCE = 3.0  # "at once" on a loaded 2-core machine
@@ -274,3 +277,49 @@ def test_turn_stopped_during_a_call_loses_nothing(engine: Engine, tmp_path: Path
     measured(f"turn container stopped during a call (uclient over TCP, {totals['sent']} messages, {totals['lost']} lost): "
              f"new Allocate -> {refused[0]}; exit 0 after {stopped.seconds:.2f} s (grace {pod.spec.grace} s), "
              f"{1000 * (stopped.exited_at - call.ended_at):+.0f} ms from the call's end")
+
+
+# --- the prebuilt-binaries stage ----------------------------------------------------------
+
+
+def test_prebuilt_stage_runs_host_binaries_on_debian_13(engine: Engine, tmp_path: Path) -> None:
+    """docker/Dockerfile's `prebuilt` stage (scripts/images.sh --binaries prebuilt) with the
+    binaries this checkout built on the host (Debian 12, linked against libmodsecurity
+    3.0.9's headers): they run in the Debian 13 runtime stages, the agent on
+    libmodsecurity 3.0.14 with Debian 13's CRS, ready and drained like the source build."""
+    target = REPO_TARGET / "debug"
+    if not (target / "lastcall-spoa").exists() or not (target / "lastcall-turn").exists():
+        pytest.skip("the daemons are not built (cargo build -p lastcall-spoa -p lastcall-turn)")
+    tag = "prebuilt-test"
+    out = subprocess.run(["bash", "scripts/images.sh", "--prebuilt-dir", str(target), "--tag", tag],
+                         capture_output=True, text=True, env=engine.env, cwd=REPO, timeout=900)
+    assert out.returncode == 0, out.stderr[-4000:]
+    spoa, turn = f"lastcall/lastcall-spoa:{tag}", f"lastcall/lastcall-turn:{tag}"
+    try:
+        for image, name in ((spoa, "lastcall-spoa"), (turn, "lastcall-turn")):
+            got = engine.docker("run", "--rm", "--network", "none", image, "--version").stdout
+            host = subprocess.run([str(target / name), "--version"], capture_output=True, text=True).stdout
+            assert got == host and got.startswith(name), (got, host)
+        # The agent with the image's default arguments (Debian 13's CRS), in its own
+        # network namespace: ready, then drained by docker stop.
+        name = "lc-prebuilt-spoa"
+        engine.docker("rm", "-f", name, check=False)
+        engine.docker("run", "-d", "--name", name, "--network", "none", "--read-only", "--cap-drop", "ALL",
+                      "--security-opt", "no-new-privileges", spoa)
+        try:
+            pid = int(engine.docker("inspect", "-f", "{{.State.Pid}}", name).stdout)
+            ns = f"/proc/{pid}/ns/net"
+            deadline = time.monotonic() + START
+            while (netns.http_get(ns, "127.0.0.1", 9901, "/readyz") or (0,))[0] != 200:
+                assert time.monotonic() < deadline, engine.docker("logs", name, check=False).stderr[-3000:]
+                time.sleep(0.1)
+            engine.docker("stop", "-t", "30", name, timeout=90)
+            code = int(engine.docker("inspect", "-f", "{{.State.ExitCode}}", name).stdout)
+            assert code == 0, engine.docker("logs", name, check=False).stderr[-3000:]
+        finally:
+            engine.docker("rm", "-f", name, check=False)
+        sizes = {i: int(engine.docker("image", "inspect", "-f", "{{.Size}}", i).stdout) for i in (spoa, turn)}
+        measured(f"prebuilt stage (host debug binaries, debug info stripped): {spoa} {sizes[spoa] / 1e6:.1f} MB, "
+                 f"{turn} {sizes[turn] / 1e6:.1f} MB; the agent ready on Debian 13's CRS, docker stop -> exit 0")
+    finally:
+        engine.docker("rmi", spoa, turn, check=False)
