@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what is missing, then runs every check and test: formatting, clippy, the Rust test
 # suite (unit, paused-clock, process-level and interop tests against real HAProxy, coturn's
-# clients and libmodsecurity), the chart tests, and the container tests
+# clients and libmodsecurity), the chart tests, every fuzz target for a bounded time
+# (FUZZ_SECONDS, default 20 s each; see scripts/fuzz.sh), and the container tests
 # (scripts/test_containers.sh, in the background beside the rest).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -46,6 +47,11 @@ if cargo nextest --version >/dev/null 2>&1; then
 else
   cargo test --workspace --locked --no-fail-fast || rust_status=$?
 fi
+fuzz_status=0
+if [ "$rust_status" -eq 0 ]; then
+  echo "== fuzz targets (${FUZZ_SECONDS:-20} s each)"
+  bash scripts/fuzz.sh || fuzz_status=$?
+fi
 
 echo "== container tests (started in the background; waiting)"
 containers_status=0
@@ -54,4 +60,4 @@ trap - EXIT
 cat "$containers_log"
 rm -f "$containers_log"
 echo "== container tests: exit $containers_status, $((SECONDS - containers_start)) s from their start"
-[ "$rust_status" -eq 0 ] && [ "$containers_status" -eq 0 ]
+[ "$rust_status" -eq 0 ] && [ "$fuzz_status" -eq 0 ] && [ "$containers_status" -eq 0 ]

@@ -3,7 +3,7 @@
 //! | request | answer |
 //! |---|---|
 //! | `GET /livez` | 200 while the process runs (never falls during a drain) |
-//! | `GET /readyz` | 200 while serving, 503 from the trigger on |
+//! | `GET /readyz` | 200 while serving; 503 while starting and from the trigger on |
 //! | `GET /metrics` | Prometheus/OpenMetrics text: the daemon's registry and `lastcall_*` |
 //! | `GET /drain` | JSON [`DrainStatus`](crate::DrainStatus) |
 //! | `POST /drain` | starts a drain (202 + JSON status); see below |
@@ -182,13 +182,13 @@ async fn route<B>(
     match (req.method(), req.uri().path()) {
         (&Method::GET | &Method::HEAD, "/livez") => text(StatusCode::OK, "ok\n"),
         (&Method::GET | &Method::HEAD, "/readyz") => {
-            if handle.draining() {
+            if handle.is_ready() {
+                text(StatusCode::OK, "ready\n")
+            } else {
                 text(
                     StatusCode::SERVICE_UNAVAILABLE,
                     &format!("{}\n", handle.phase()),
                 )
-            } else {
-                text(StatusCode::OK, "ready\n")
             }
         }
         (&Method::GET | &Method::HEAD, "/metrics") => metrics(ctx),
@@ -410,6 +410,45 @@ mod tests {
         let json: serde_json::Value = serde_json::from_str(&body).unwrap();
         assert_eq!(json["phase"], "serving");
         assert_eq!(json["trigger"], serde_json::Value::Null);
+    }
+
+    #[tokio::test]
+    async fn readiness_is_down_while_starting() {
+        let lifecycle = Lifecycle::build(
+            TerminationConfig::new(OnSigterm::Drain, Duration::ZERO, Duration::from_secs(30)),
+            Phase::Starting,
+        );
+        let handle = lifecycle.handle();
+        let ctx = Ctx {
+            own: own_registry(&handle),
+            handle: handle.clone(),
+            registry: Arc::new(Registry::default()),
+        };
+        let (tx, rx) = futures::channel::mpsc::unbounded::<crate::Trigger>();
+        let run = tokio::spawn(lifecycle.drive(Box::pin(rx)));
+        let (code, body) = call(&ctx, REMOTE, req(Method::GET, "/readyz", None)).await;
+        assert_eq!((code, body.as_str()), (503, "starting\n"));
+        assert_eq!(
+            call(&ctx, REMOTE, req(Method::GET, "/livez", None)).await.0,
+            200
+        );
+        let (_, body) = call(&ctx, REMOTE, req(Method::GET, "/metrics", None)).await;
+        assert!(body.contains("lastcall_drain_phase 4"), "{body}");
+        let (_, body) = call(&ctx, REMOTE, req(Method::GET, "/drain", None)).await;
+        assert!(body.contains("\"phase\": \"starting\""), "{body}");
+        handle.ready();
+        handle.watch().changed().await;
+        assert_eq!(
+            call(&ctx, REMOTE, req(Method::GET, "/readyz", None))
+                .await
+                .0,
+            200
+        );
+        let (_, body) = call(&ctx, REMOTE, req(Method::GET, "/metrics", None)).await;
+        assert!(body.contains("lastcall_drain_phase 0"), "{body}");
+        drop(tx);
+        handle.start_drain(crate::Trigger::Api);
+        assert_eq!(run.await.unwrap().outcome.reason, crate::EndReason::Idle);
     }
 
     #[tokio::test]

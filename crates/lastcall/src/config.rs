@@ -2,19 +2,21 @@
 //! [`Args`](clap::Args), and their validation into a [`TerminationConfig`].
 //!
 //! Each option is optional on the command line so that each daemon supplies its own
-//! defaults ([`Defaults`]); [`TerminationArgs::resolve`] fills them in and reports every
-//! problem at once. [`TerminationArgs::augment_help`] writes the daemon's defaults into
-//! `--help`, and [`parse_cli`] does both plus exit status 64 for usage errors.
+//! defaults ([`Defaults`]); [`TerminationArgs::validate`] fills them in and reports every
+//! problem at once, as [`Problems`] that name the flag or environment variable each value
+//! came from. [`TerminationArgs::augment_help`] writes the daemon's defaults into `--help`,
+//! and [`parse_cli`] does both plus exit status 64 for usage errors.
 
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::CommandFactory;
+use clap::{ArgMatches, CommandFactory};
 
 use crate::duration;
 use crate::exit;
+use crate::problem::{Problem, Problems, Source};
 
 /// What SIGTERM means (`--on-sigterm`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, clap::ValueEnum, serde::Serialize)]
@@ -54,10 +56,33 @@ impl fmt::Display for OnSigterm {
 /// The termination options, to `#[command(flatten)]` into a daemon's CLI.
 ///
 /// Values are kept as given (strings for durations, numbers and addresses) so that
-/// [`resolve`](Self::resolve) can report every malformed value at once, not just the first.
+/// [`validate`](Self::validate) can report every malformed value at once, not just the
+/// first; parsed from clap's matches, it also remembers whether each came from its flag, its
+/// environment variable or the default, for the problems it reports.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TerminationArgs {
+    /// `--on-sigterm`.
+    pub on_sigterm: Option<OnSigterm>,
+    /// `--shutdown-delay`, as given.
+    pub shutdown_delay: Option<String>,
+    /// `--drain-timeout`, as given.
+    pub drain_timeout: Option<String>,
+    /// `--drain-min-sessions`, as given.
+    pub drain_min_sessions: Option<String>,
+    /// `--admin-addr`, as given.
+    pub admin_addr: Option<String>,
+    /// `--admin-token`.
+    pub admin_token: Option<String>,
+    /// `--admin-token-file`.
+    pub admin_token_file: Option<PathBuf>,
+    /// Where each value came from, by argument id (absent: the command line).
+    sources: Vec<(&'static str, Source)>,
+}
+
+/// The clap definition behind [`TerminationArgs`] (which adds the value sources).
 #[derive(Debug, Clone, Default, PartialEq, Eq, clap::Args)]
 #[command(next_help_heading = "Termination (see docs/termination.md)")]
-pub struct TerminationArgs {
+struct TerminationFlags {
     /// What SIGTERM does: drain (announce, then refuse new work and serve the rest to its
     /// end), linger (sidecar: refuse nothing, leave when no session is left), ignore (log
     /// and carry on), exit (leave at once)
@@ -99,6 +124,89 @@ pub struct TerminationArgs {
     /// File holding the admin token (surrounding whitespace is trimmed) [default: none]
     #[arg(long, env = "LASTCALL_ADMIN_TOKEN_FILE", value_name = "PATH")]
     pub admin_token_file: Option<PathBuf>,
+}
+
+/// Argument ids (the field names, as clap names them) and their environment variables.
+const ARG_ENVS: [(&str, &str); 7] = [
+    (ID_ON_SIGTERM, "LASTCALL_ON_SIGTERM"),
+    (ID_SHUTDOWN_DELAY, "LASTCALL_SHUTDOWN_DELAY"),
+    (ID_DRAIN_TIMEOUT, "LASTCALL_DRAIN_TIMEOUT"),
+    (ID_DRAIN_MIN_SESSIONS, "LASTCALL_DRAIN_MIN_SESSIONS"),
+    (ID_ADMIN_ADDR, "LASTCALL_ADMIN_ADDR"),
+    (ID_ADMIN_TOKEN, "LASTCALL_ADMIN_TOKEN"),
+    (ID_ADMIN_TOKEN_FILE, "LASTCALL_ADMIN_TOKEN_FILE"),
+];
+
+impl TerminationArgs {
+    fn from_flags(f: TerminationFlags, matches: &ArgMatches) -> TerminationArgs {
+        let sources = ARG_ENVS
+            .iter()
+            .map(|(id, env)| (*id, Source::from_matches(matches, id, Some(env))))
+            .collect();
+        TerminationArgs {
+            on_sigterm: f.on_sigterm,
+            shutdown_delay: f.shutdown_delay,
+            drain_timeout: f.drain_timeout,
+            drain_min_sessions: f.drain_min_sessions,
+            admin_addr: f.admin_addr,
+            admin_token: f.admin_token,
+            admin_token_file: f.admin_token_file,
+            sources,
+        }
+    }
+
+    fn to_flags(&self) -> TerminationFlags {
+        TerminationFlags {
+            on_sigterm: self.on_sigterm,
+            shutdown_delay: self.shutdown_delay.clone(),
+            drain_timeout: self.drain_timeout.clone(),
+            drain_min_sessions: self.drain_min_sessions.clone(),
+            admin_addr: self.admin_addr.clone(),
+            admin_token: self.admin_token.clone(),
+            admin_token_file: self.admin_token_file.clone(),
+        }
+    }
+
+    /// Where the value of argument `id` came from.
+    fn source(&self, id: &str) -> Source {
+        self.sources
+            .iter()
+            .find(|(i, _)| *i == id)
+            .map_or(Source::Flag, |(_, s)| s.clone())
+    }
+
+    /// A problem with the option `flag` (argument `id`), at its source.
+    fn problem(&self, flag: &str, id: &str, message: impl Into<String>) -> Problem {
+        Problem::new(flag, message).at(self.source(id))
+    }
+}
+
+impl clap::FromArgMatches for TerminationArgs {
+    fn from_arg_matches(matches: &ArgMatches) -> Result<Self, clap::Error> {
+        let flags = TerminationFlags::from_arg_matches(matches)?;
+        Ok(TerminationArgs::from_flags(flags, matches))
+    }
+
+    fn update_from_arg_matches(&mut self, matches: &ArgMatches) -> Result<(), clap::Error> {
+        let mut flags = self.to_flags();
+        flags.update_from_arg_matches(matches)?;
+        *self = TerminationArgs::from_flags(flags, matches);
+        Ok(())
+    }
+}
+
+impl clap::Args for TerminationArgs {
+    fn group_id() -> Option<clap::Id> {
+        TerminationFlags::group_id()
+    }
+
+    fn augment_args(cmd: clap::Command) -> clap::Command {
+        TerminationFlags::augment_args(cmd)
+    }
+
+    fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
+        TerminationFlags::augment_args_for_update(cmd)
+    }
 }
 
 /// A daemon's defaults for the termination options.
@@ -161,11 +269,13 @@ impl fmt::Debug for TerminationConfig {
     }
 }
 
-/// Every problem found in the termination options; exit with [`ConfigError::EXIT_CODE`].
+/// Every problem found in the termination options, printed one a line; what
+/// [`TerminationArgs::resolve`] returns (new code uses [`TerminationArgs::validate`] and
+/// [`Problems`]). Exit with [`ConfigError::EXIT_CODE`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid termination options:\n  - {}", .problems.join("\n  - "))]
 pub struct ConfigError {
-    /// One sentence per problem, naming the option(s) involved.
+    /// One line per problem ([`Problem`]'s `Display`), naming the option(s) involved.
     pub problems: Vec<String>,
 }
 
@@ -174,26 +284,39 @@ impl ConfigError {
     pub const EXIT_CODE: i32 = exit::CONFIG;
 }
 
+impl From<Problems> for ConfigError {
+    fn from(problems: Problems) -> ConfigError {
+        ConfigError {
+            problems: problems.iter().map(ToString::to_string).collect(),
+        }
+    }
+}
+
 /// Ids of the flattened arguments, as clap names them (the field names).
 const ID_ON_SIGTERM: &str = "on_sigterm";
 const ID_SHUTDOWN_DELAY: &str = "shutdown_delay";
 const ID_DRAIN_TIMEOUT: &str = "drain_timeout";
 const ID_DRAIN_MIN_SESSIONS: &str = "drain_min_sessions";
 const ID_ADMIN_ADDR: &str = "admin_addr";
+const ID_ADMIN_TOKEN: &str = "admin_token";
+const ID_ADMIN_TOKEN_FILE: &str = "admin_token_file";
 
 impl TerminationArgs {
-    /// Validates the options, filling unset ones from `defaults`, and reports every problem.
-    pub fn resolve(&self, defaults: &Defaults) -> Result<TerminationConfig, ConfigError> {
-        let mut problems = Vec::new();
+    /// Validates the options, filling unset ones from `defaults`, and reports every problem,
+    /// each with the flag or environment variable its value came from.
+    pub fn validate(&self, defaults: &Defaults) -> Result<TerminationConfig, Problems> {
+        let mut problems = Problems::new();
         let on_sigterm = self.on_sigterm.unwrap_or_default();
-        let shutdown_delay = resolve_duration(
+        let shutdown_delay = self.duration(
             "--shutdown-delay",
+            ID_SHUTDOWN_DELAY,
             self.shutdown_delay.as_deref(),
             defaults.shutdown_delay,
             &mut problems,
         );
-        let drain_timeout = resolve_duration(
+        let drain_timeout = self.duration(
             "--drain-timeout",
+            ID_DRAIN_TIMEOUT,
             self.drain_timeout.as_deref(),
             defaults.drain_timeout,
             &mut problems,
@@ -201,9 +324,15 @@ impl TerminationArgs {
         let drain_min_sessions = match self.drain_min_sessions.as_deref() {
             None => defaults.drain_min_sessions,
             Some(text) => text.trim().parse().unwrap_or_else(|_| {
-                problems.push(format!(
-                    "--drain-min-sessions: `{text}` is not a whole number of sessions"
-                ));
+                problems.push(
+                    self.problem(
+                        "--drain-min-sessions",
+                        ID_DRAIN_MIN_SESSIONS,
+                        "not a whole number of sessions",
+                    )
+                    .value(text)
+                    .expected("0 or more"),
+                );
                 defaults.drain_min_sessions
             }),
         };
@@ -211,72 +340,144 @@ impl TerminationArgs {
             None => defaults.admin_addr,
             Some("off" | "none" | "") => None,
             Some(text) => text.parse().map(Some).unwrap_or_else(|_| {
-                problems.push(format!(
-                    "--admin-addr: `{text}` is not an IP:PORT address (e.g. 127.0.0.1:9090, [::1]:9090) or `off`"
-                ));
+                problems.push(
+                    self.problem("--admin-addr", ID_ADMIN_ADDR, "not an IP:PORT address")
+                        .value(text)
+                        .expected("IP:PORT (e.g. 127.0.0.1:9090, [::1]:9090) or `off`"),
+                );
                 defaults.admin_addr
             }),
         };
         let admin_token = self.resolve_token(&mut problems);
-        check_durations(shutdown_delay, drain_timeout, &mut problems);
-        let token_given = self.admin_token.is_some() || self.admin_token_file.is_some();
-        if token_given && admin_addr.is_none() {
-            problems.push(
-                "--admin-token/--admin-token-file is set but the admin listener is off: \
-                 set --admin-addr too"
-                    .to_string(),
-            );
+        self.check_durations(shutdown_delay, drain_timeout, &mut problems);
+        if admin_addr.is_none() {
+            let given = [
+                ("--admin-token", ID_ADMIN_TOKEN, self.admin_token.is_some()),
+                (
+                    "--admin-token-file",
+                    ID_ADMIN_TOKEN_FILE,
+                    self.admin_token_file.is_some(),
+                ),
+            ];
+            if let Some((flag, id, _)) = given.into_iter().find(|(_, _, set)| *set) {
+                problems.push(
+                    self.problem(flag, id, "is set but the admin listener is off")
+                        .expected("--admin-addr too"),
+                );
+            }
         }
-        if problems.is_empty() {
-            Ok(TerminationConfig {
-                on_sigterm,
-                shutdown_delay,
-                drain_timeout,
-                drain_min_sessions,
-                admin_addr,
-                admin_token,
-            })
-        } else {
-            Err(ConfigError { problems })
+        problems.into_result(TerminationConfig {
+            on_sigterm,
+            shutdown_delay,
+            drain_timeout,
+            drain_min_sessions,
+            admin_addr,
+            admin_token,
+        })
+    }
+
+    /// [`validate`](Self::validate), with the problems as lines of text.
+    pub fn resolve(&self, defaults: &Defaults) -> Result<TerminationConfig, ConfigError> {
+        self.validate(defaults).map_err(ConfigError::from)
+    }
+
+    fn duration(
+        &self,
+        flag: &str,
+        id: &str,
+        given: Option<&str>,
+        default: Duration,
+        problems: &mut Problems,
+    ) -> Duration {
+        match given {
+            None => default,
+            Some(text) => duration::parse(text).unwrap_or_else(|err| {
+                problems.push(self.problem(flag, id, err.to_string()).value(text));
+                default
+            }),
         }
     }
 
-    fn resolve_token(&self, problems: &mut Vec<String>) -> Option<String> {
+    fn check_durations(&self, delay: Duration, timeout: Duration, problems: &mut Problems) {
+        if timeout.is_zero() {
+            problems.push(
+                self.problem(
+                    "--drain-timeout",
+                    ID_DRAIN_TIMEOUT,
+                    "leaves no time to drain",
+                )
+                .value(duration::format(timeout))
+                .expected("a longer duration (--on-sigterm exit leaves at once)"),
+            );
+        } else if delay >= timeout {
+            let why = "the deadline is counted from the trigger and would end the drain before \
+                       new work is refused";
+            // Name the option the operator set: the delay, unless only the timeout was given.
+            let delay_defaulted =
+                self.shutdown_delay.is_none() || self.source(ID_SHUTDOWN_DELAY) == Source::Default;
+            let problem = if delay_defaulted {
+                self.problem(
+                    "--drain-timeout",
+                    ID_DRAIN_TIMEOUT,
+                    format!(
+                        "must be longer than --shutdown-delay ({}): {why}",
+                        duration::format(delay)
+                    ),
+                )
+                .value(duration::format(timeout))
+            } else {
+                self.problem(
+                    "--shutdown-delay",
+                    ID_SHUTDOWN_DELAY,
+                    format!(
+                        "must be shorter than --drain-timeout ({}): {why}",
+                        duration::format(timeout)
+                    ),
+                )
+                .value(duration::format(delay))
+            };
+            problems.push(problem);
+        }
+    }
+
+    fn resolve_token(&self, problems: &mut Problems) -> Option<String> {
         match (&self.admin_token, &self.admin_token_file) {
             (Some(_), Some(_)) => {
                 problems.push(
-                    "--admin-token and --admin-token-file are both set \
-                     (LASTCALL_ADMIN_TOKEN / LASTCALL_ADMIN_TOKEN_FILE): keep one"
-                        .to_string(),
+                    Problem::new(
+                        "--admin-token and --admin-token-file",
+                        "both are set (LASTCALL_ADMIN_TOKEN / LASTCALL_ADMIN_TOKEN_FILE)",
+                    )
+                    .expected("one of them"),
                 );
                 None
             }
             (Some(token), None) => {
                 let token = token.trim();
                 if token.is_empty() {
-                    problems.push("--admin-token is empty".to_string());
+                    problems.push(self.problem("--admin-token", ID_ADMIN_TOKEN, "is empty"));
                     None
                 } else {
                     Some(token.to_string())
                 }
             }
-            (None, Some(path)) => match std::fs::read_to_string(path) {
-                Ok(text) if text.trim().is_empty() => {
-                    problems.push(format!(
-                        "--admin-token-file {}: file is empty",
-                        path.display()
-                    ));
-                    None
+            (None, Some(path)) => {
+                let problem = |message: String| {
+                    self.problem("--admin-token-file", ID_ADMIN_TOKEN_FILE, message)
+                        .value(path.display().to_string())
+                };
+                match std::fs::read_to_string(path) {
+                    Ok(text) if text.trim().is_empty() => {
+                        problems.push(problem("file is empty".to_string()));
+                        None
+                    }
+                    Ok(text) => Some(text.trim().to_string()),
+                    Err(err) => {
+                        problems.push(problem(format!("cannot read: {err}")));
+                        None
+                    }
                 }
-                Ok(text) => Some(text.trim().to_string()),
-                Err(err) => {
-                    problems.push(format!(
-                        "--admin-token-file {}: cannot read: {err}",
-                        path.display()
-                    ));
-                    None
-                }
-            },
+            }
             (None, None) => None,
         }
     }
@@ -310,39 +511,6 @@ impl TerminationArgs {
             }
         }
         cmd
-    }
-}
-
-fn resolve_duration(
-    flag: &str,
-    given: Option<&str>,
-    default: Duration,
-    problems: &mut Vec<String>,
-) -> Duration {
-    match given {
-        None => default,
-        Some(text) => duration::parse(text).unwrap_or_else(|err| {
-            problems.push(format!("{flag}: `{text}`: {err}"));
-            default
-        }),
-    }
-}
-
-fn check_durations(delay: Duration, timeout: Duration, problems: &mut Vec<String>) {
-    if timeout.is_zero() {
-        problems.push(
-            "--drain-timeout is 0s, which leaves no time to drain \
-             (use --on-sigterm exit to leave at once)"
-                .to_string(),
-        );
-    } else if delay >= timeout {
-        problems.push(format!(
-            "--shutdown-delay ({}) must be shorter than --drain-timeout ({}): \
-             the deadline is counted from the trigger and would end the drain before \
-             new work is refused",
-            duration::format(delay),
-            duration::format(timeout)
-        ));
     }
 }
 
@@ -397,12 +565,7 @@ where
 {
     match try_parse_cli_with(args, defaults, customize) {
         Ok(cli) => cli,
-        Err(err) => {
-            let code = if err.use_stderr() { exit::CONFIG } else { 0 };
-            // Printing can only fail if stderr/stdout is gone; nothing better to do then.
-            let _ = err.print();
-            std::process::exit(code);
-        }
+        Err(err) => exit_on_clap_error(err),
     }
 }
 
@@ -427,9 +590,42 @@ where
     I: IntoIterator<Item = T>,
     T: Into<std::ffi::OsString> + Clone,
 {
+    try_parse_cli_matches(args, defaults, customize).map(|(cli, _)| cli)
+}
+
+/// [`parse_cli`], also returning clap's matches, so that problems with the daemon's own
+/// options can say where a value came from ([`Source::from_matches`]).
+pub fn parse_cli_matches<C: clap::Parser>(defaults: &Defaults) -> (C, ArgMatches) {
+    match try_parse_cli_matches(std::env::args_os(), defaults, |cmd| cmd) {
+        Ok(parsed) => parsed,
+        Err(err) => exit_on_clap_error(err),
+    }
+}
+
+/// [`try_parse_cli_with`], also returning clap's matches.
+pub fn try_parse_cli_matches<C, I, T>(
+    args: I,
+    defaults: &Defaults,
+    customize: impl FnOnce(clap::Command) -> clap::Command,
+) -> Result<(C, ArgMatches), clap::Error>
+where
+    C: clap::Parser,
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
     let cmd = customize(TerminationArgs::augment_help(C::command(), defaults));
-    let mut matches = cmd.try_get_matches_from(args)?;
-    C::from_arg_matches_mut(&mut matches)
+    let matches = cmd.try_get_matches_from(args)?;
+    // `from_arg_matches_mut` takes the values out of the matches it is given.
+    let cli = C::from_arg_matches_mut(&mut matches.clone())?;
+    Ok((cli, matches))
+}
+
+/// Prints clap's message and exits: 0 for `--help`/`--version`, 64 for usage errors.
+fn exit_on_clap_error(err: clap::Error) -> ! {
+    let code = if err.use_stderr() { exit::CONFIG } else { 0 };
+    // Printing can only fail if stderr/stdout is gone; nothing better to do then.
+    let _ = err.print();
+    std::process::exit(code);
 }
 
 /// Help text of a daemon CLI with the daemon's defaults, as `--help` prints it.
@@ -441,7 +637,7 @@ pub fn render_help<C: CommandFactory>(defaults: &Defaults) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser;
+    use clap::{FromArgMatches, Parser};
 
     #[derive(Debug, Parser)]
     struct Cli {
@@ -539,8 +735,12 @@ mod tests {
         // Equal is impossible too; the default delay counts.
         let err = parse(&["--drain-timeout", "5s"]).unwrap_err();
         assert!(err.problems[0].contains("--shutdown-delay (5s)"), "{err}");
+        assert!(err.problems[0].starts_with("--drain-timeout (5s)"), "{err}");
         let err = parse(&["--shutdown-delay", "0", "--drain-timeout", "0"]).unwrap_err();
-        assert!(err.problems[0].contains("--drain-timeout is 0s"), "{err}");
+        assert!(
+            err.problems[0].contains("--drain-timeout (0s): leaves no time to drain"),
+            "{err}"
+        );
 
         let dir = std::env::temp_dir().join(format!("lastcall-no-such-dir-{}", std::process::id()));
         let err = parse(&[
@@ -557,6 +757,86 @@ mod tests {
             "{err}"
         );
         assert!(err.problems[1].contains("--admin-addr"), "{err}");
+    }
+
+    #[test]
+    fn problems_say_where_each_value_came_from() {
+        let mut argv = vec![
+            "daemon",
+            "--drain-min-sessions",
+            "x",
+            "--admin-addr",
+            "nope",
+        ];
+        argv.extend(["--shutdown-delay", "1s", "--drain-timeout", "1s"]);
+        let cli: Cli = try_parse_cli_from(argv, &defaults()).unwrap();
+        let problems = cli.term.validate(&defaults()).unwrap_err();
+        let keys: Vec<_> = problems
+            .iter()
+            .map(|p| (p.key.as_str(), &p.source))
+            .collect();
+        assert_eq!(
+            keys,
+            [
+                ("--drain-min-sessions", &Source::Flag),
+                ("--admin-addr", &Source::Flag),
+                ("--shutdown-delay", &Source::Flag),
+            ],
+            "{problems}"
+        );
+        assert_eq!(
+            problems.iter().next().map(|p| p.value.as_deref()),
+            Some(Some("x"))
+        );
+        // Without the daemon's defaults in the command (no augment_help), a missing delay is
+        // still the default: the problem names the timeout that was given.
+        let cmd = <Cli as CommandFactory>::command();
+        let matches = cmd
+            .try_get_matches_from(["daemon", "--drain-timeout", "2s"])
+            .unwrap();
+        let cli = <Cli as FromArgMatches>::from_arg_matches(&matches).unwrap();
+        let problems = cli.term.validate(&defaults()).unwrap_err();
+        assert!(
+            problems
+                .to_string()
+                .starts_with("--drain-timeout (2s): must be longer than --shutdown-delay (5s)"),
+            "{problems}"
+        );
+        // Not parsed by clap (built in code): the command line is assumed.
+        let args = TerminationArgs {
+            drain_timeout: Some("soon".into()),
+            ..TerminationArgs::default()
+        };
+        let problems = args.validate(&defaults()).unwrap_err();
+        assert_eq!(
+            problems.to_string(),
+            "--drain-timeout (soon): expected a number at `soon` (write e.g. 30s, 5m, 1h30m, 250ms or 30)"
+        );
+        assert_eq!(
+            ConfigError::from(problems).problems,
+            ["--drain-timeout (soon): expected a number at `soon` (write e.g. 30s, 5m, 1h30m, 250ms or 30)"]
+        );
+    }
+
+    #[test]
+    fn matches_tell_where_a_daemons_own_option_came_from() {
+        #[derive(Debug, Parser)]
+        struct Own {
+            #[arg(long, env = "LASTCALL_TEST_NO_SUCH_VAR_BIND")]
+            bind: Option<String>,
+            #[arg(long, default_value = "x")]
+            mode: String,
+            #[command(flatten)]
+            term: TerminationArgs,
+        }
+        let (cli, matches): (Own, _) =
+            try_parse_cli_matches(["daemon", "--bind", "b"], &defaults(), |c| c).unwrap();
+        assert_eq!(cli.bind.as_deref(), Some("b"));
+        let of = |id| Source::from_matches(&matches, id, None);
+        assert_eq!(of("bind"), Source::Flag);
+        assert_eq!(of("mode"), Source::Default);
+        assert_eq!(of("drain_timeout"), Source::Default);
+        assert_eq!(of("no_such_argument"), Source::Default);
     }
 
     #[test]

@@ -21,8 +21,10 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex, MutexGuard};
 
 /// Signals the harness can send.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,6 +89,8 @@ struct Captured {
     closed: usize,
 }
 
+/// The captured lines and their condition variable (`parking_lot`: no lock poisoning, so a
+/// panicking test thread never turns every later wait into a second panic).
 type Lines = Arc<(Mutex<Captured>, Condvar)>;
 
 /// How long [`Pod::wait_exit`] waits for the last output after the exit.
@@ -234,9 +238,7 @@ impl Pod {
             let Some(left) = end.checked_duration_since(Instant::now()) else {
                 return;
             };
-            captured = cond
-                .wait_timeout(captured, left)
-                .map_or_else(|e| e.into_inner().0, |(guard, _)| guard);
+            cond.wait_for(&mut captured, left);
         }
     }
 
@@ -292,9 +294,7 @@ impl Pod {
                 return Some(line.clone());
             }
             let left = end.checked_duration_since(Instant::now())?;
-            captured = cond
-                .wait_timeout(captured, left.min(Duration::from_millis(100)))
-                .map_or_else(|e| e.into_inner().0, |(guard, _)| guard);
+            cond.wait_for(&mut captured, left.min(Duration::from_millis(100)));
         }
     }
 
@@ -304,7 +304,7 @@ impl Pod {
     }
 
     fn lock(&self) -> MutexGuard<'_, Captured> {
-        self.lines.0.lock().unwrap_or_else(|e| e.into_inner())
+        self.lines.0.lock()
     }
 }
 
@@ -326,7 +326,7 @@ fn capture<R: Read + Send + 'static>(stream: R, tag: String, lines: Lines) {
             match reader.read_until(b'\n', &mut buf) {
                 Ok(0) | Err(_) => {
                     let (lock, cond) = &*lines;
-                    lock.lock().unwrap_or_else(|e| e.into_inner()).closed += 1;
+                    lock.lock().closed += 1;
                     cond.notify_all();
                     break;
                 }
@@ -334,10 +334,7 @@ fn capture<R: Read + Send + 'static>(stream: R, tag: String, lines: Lines) {
                     let line = String::from_utf8_lossy(&buf).trim_end().to_string();
                     eprintln!("[{tag}] {line}");
                     let (lock, cond) = &*lines;
-                    lock.lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .lines
-                        .push(line);
+                    lock.lock().lines.push(line);
                     cond.notify_all();
                 }
             }

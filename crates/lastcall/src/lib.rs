@@ -1,24 +1,29 @@
 //! `lastcall`: the termination lifecycle shared by lastcall's daemons (see
 //! `docs/termination.md` for operators).
 //!
-//! A daemon flattens [`TerminationArgs`] and [`LogArgs`] into its CLI, resolves them with its
-//! own [`Defaults`] (every problem reported at once, exit status [`exit::CONFIG`]), creates a
-//! [`Lifecycle`], hands [`Handle`]s to its tasks, holds a [`SessionGuard`] per session, serves
-//! the [`admin`] listener, and finally awaits [`Lifecycle::run`], which returns the
-//! [`Outcome`] (and its exit status) when it is time to leave:
+//! A daemon flattens [`TerminationArgs`] and [`LogArgs`] into its CLI and validates them
+//! with its own [`Defaults`]; every [`Problem`] (its own too) is reported at once, before any
+//! port is bound, with exit status [`exit::CONFIG`]. It then starts a [`Daemon`] (the
+//! lifecycle in Starting, signals handled), binds its listeners and hands them to
+//! [`Daemon::accept`], serves the [`admin`] listener, says [`Daemon::ready`], and awaits
+//! [`Daemon::serve`], which returns when it is time to leave, never later than the
+//! deadline plus [`EXIT_GRACE`]. Each connection follows the phase through its [`Watch`] and
+//! holds a [`SessionGuard`] per session:
 //!
 //! ```text
-//!  Serving ──trigger──▶ Announcing ──shutdown-delay──▶ Refusing ──idle/threshold/deadline──▶ exit
+//!  Starting ──ready──▶ Serving ──trigger──▶ Announcing ──shutdown-delay──▶ Refusing ──idle/threshold/deadline──▶ exit
 //! ```
 //!
 //! The decisions live in a sans-IO state machine ([`machine::Machine`]: `now` and an input
-//! in, actions out); [`Lifecycle`] is the thin tokio driver around it. The kubelet-like
-//! process harness used by the daemons' tests is [`harness`] (cargo feature `harness`).
+//! in, actions out); [`Lifecycle`] is the thin tokio driver around it (usable on its own:
+//! [`Lifecycle::run`]). The kubelet-like process harness used by the daemons' tests is
+//! `harness` (cargo feature `harness`).
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod admin;
 pub mod config;
+pub mod daemon;
 pub mod duration;
 pub mod exit;
 #[cfg(feature = "harness")]
@@ -27,11 +32,17 @@ pub mod lifecycle;
 pub mod logging;
 pub mod machine;
 mod metrics;
+pub mod problem;
+pub mod watch;
 
 pub use config::{
-    parse_cli, parse_cli_from, parse_cli_with, render_help, try_parse_cli_from, try_parse_cli_with,
-    ConfigError, Defaults, OnSigterm, TerminationArgs, TerminationConfig,
+    parse_cli, parse_cli_from, parse_cli_matches, parse_cli_with, render_help, try_parse_cli_from,
+    try_parse_cli_matches, try_parse_cli_with, ConfigError, Defaults, OnSigterm, TerminationArgs,
+    TerminationConfig,
 };
+pub use daemon::{Accept, AcceptUntil, Daemon, Served, Spawner};
 pub use lifecycle::{DrainStatus, Handle, Lifecycle, PeerId, SessionGuard};
 pub use logging::{LogArgs, LogFormat};
-pub use machine::{EndReason, Outcome, Phase, Trigger};
+pub use machine::{EndReason, Outcome, Phase, Trigger, EXIT_GRACE};
+pub use problem::{Problem, Problems, Source};
+pub use watch::{Seen, Watch};

@@ -1,23 +1,26 @@
 //! The lifecycle driver: a thin tokio task around [`Machine`] that listens to signals (or a
-//! stream of [`Trigger`]s), session counts and the clock, publishes the phase to every
-//! [`Handle`], logs, keeps the metrics, and returns the [`Outcome`] when it is time to exit.
+//! stream of [`Trigger`]s), the readiness latch, session counts and the clock, publishes the
+//! phase to every [`Handle`] and [`Watch`], logs, keeps the metrics, and returns the
+//! [`Outcome`] when it is time to exit.
 
 use std::collections::HashMap;
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use futures::{Stream, StreamExt};
+use parking_lot::{Mutex, MutexGuard};
 use prometheus_client::registry::Registry;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 use crate::config::{OnSigterm, TerminationConfig};
-use crate::machine::{Action, Input, Machine, Outcome, Phase, Trigger};
+use crate::machine::{Action, Input, Machine, Outcome, Phase, Trigger, EXIT_GRACE};
 use crate::metrics::Metrics;
+use crate::watch::Watch;
 
 /// Who a session belongs to, for the distinct-peer count: usually the client's IP address.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -61,11 +64,11 @@ impl From<std::net::Ipv6Addr> for PeerId {
     }
 }
 
-/// The published state, read by handles and the admin listener.
+/// The published state, read by handles, watches and the admin listener.
 #[derive(Debug, Clone)]
-struct State {
-    phase: Phase,
-    exiting: bool,
+pub(crate) struct State {
+    pub(crate) phase: Phase,
+    pub(crate) exiting: bool,
     drain: Option<DrainInfo>,
     outcome: Option<Outcome>,
 }
@@ -86,13 +89,22 @@ struct Counts {
     peers: u64,
 }
 
+/// What handles send to the driver.
+#[derive(Debug, Clone, Copy)]
+enum Event {
+    Trigger(Trigger),
+    Ready,
+}
+
 struct Shared {
     config: TerminationConfig,
     state: watch::Sender<State>,
     counts: watch::Sender<Counts>,
+    /// Sessions per peer. `parking_lot`'s mutex: no poisoning, and no code under it can
+    /// panic half-way (one insert or remove).
     peers: Mutex<HashMap<PeerId, u64>>,
     reloads: watch::Sender<u64>,
-    triggers: mpsc::UnboundedSender<Trigger>,
+    events: mpsc::UnboundedSender<Event>,
     metrics: Metrics,
     metrics_registered: AtomicBool,
     /// Admin connections that carried an accepted `POST /drain` and are still open.
@@ -101,9 +113,7 @@ struct Shared {
 
 impl Shared {
     fn peers(&self) -> MutexGuard<'_, HashMap<PeerId, u64>> {
-        // A panic while holding this lock cannot leave the map inconsistent (single
-        // insert/remove), so a poisoned lock is still usable.
-        self.peers.lock().unwrap_or_else(|e| e.into_inner())
+        self.peers.lock()
     }
 
     fn publish_counts(&self, peers: &HashMap<PeerId, u64>, delta_sessions: i64) {
@@ -122,17 +132,26 @@ impl Shared {
     }
 }
 
-/// How long the exit waits for `POST /drain` answers to be written.
-const ADMIN_FLUSH: Duration = Duration::from_secs(1);
+pub(crate) type TriggerStream = Pin<Box<dyn Stream<Item = Trigger> + Send>>;
 
-type TriggerStream = Pin<Box<dyn Stream<Item = Trigger> + Send>>;
+/// The exit decision, as the driver returns it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Decision {
+    pub(crate) outcome: Outcome,
+    /// By when the process must be gone ([`Machine::leave_by`]).
+    pub(crate) leave_by: Instant,
+}
 
 /// Owns the termination state machine; create it early (inside the tokio runtime, so that
 /// signal handlers are installed at once), hand out [`Handle`]s, then [`run`](Self::run) it.
+///
+/// A daemon that wants the Starting phase, accept loops and a bounded exit uses
+/// [`Daemon`](crate::Daemon), which drives a `Lifecycle` itself.
 pub struct Lifecycle {
     shared: Arc<Shared>,
-    triggers: mpsc::UnboundedReceiver<Trigger>,
+    events: mpsc::UnboundedReceiver<Event>,
     signals: Option<TriggerStream>,
+    initial: Phase,
 }
 
 impl Lifecycle {
@@ -140,20 +159,22 @@ impl Lifecycle {
     /// SIGTERM, SIGINT, SIGQUIT, SIGUSR1 and SIGHUP handlers used by [`run`](Self::run), so
     /// that a signal arriving before `run` is queued instead of killing the process.
     pub fn new(config: TerminationConfig) -> Self {
-        let mut lifecycle = Self::build(config);
+        let mut lifecycle = Self::build(config, Phase::Serving);
         lifecycle.signals = tokio::runtime::Handle::try_current()
             .ok()
             .map(|_| signal_stream());
         lifecycle
     }
 
-    fn build(config: TerminationConfig) -> Self {
-        let (triggers_tx, triggers) = mpsc::unbounded_channel();
+    /// A lifecycle in `initial` (Serving, or Starting for [`Daemon`](crate::Daemon)).
+    pub(crate) fn build(config: TerminationConfig, initial: Phase) -> Self {
+        let (events_tx, events) = mpsc::unbounded_channel();
         let metrics = Metrics::default();
+        metrics.drain_phase.set(initial.metric_value());
         let shared = Arc::new(Shared {
             config,
             state: watch::Sender::new(State {
-                phase: Phase::Serving,
+                phase: initial,
                 exiting: false,
                 drain: None,
                 outcome: None,
@@ -161,24 +182,23 @@ impl Lifecycle {
             counts: watch::Sender::new(Counts::default()),
             peers: Mutex::new(HashMap::new()),
             reloads: watch::Sender::new(0),
-            triggers: triggers_tx,
+            events: events_tx,
             metrics,
             metrics_registered: AtomicBool::new(false),
             admin_drain_requests: watch::Sender::new(0),
         });
         Lifecycle {
             shared,
-            triggers,
+            events,
             signals: None,
+            initial,
         }
     }
 
     /// A lifecycle that never installs signal handlers, for [`run_with`](Self::run_with)
     /// (tests, embedding in a process that handles signals itself).
     pub fn without_signals(config: TerminationConfig) -> Self {
-        let mut lifecycle = Self::build(config);
-        lifecycle.signals = None;
-        lifecycle
+        Self::build(config, Phase::Serving)
     }
 
     /// A handle for the daemon's tasks and the admin listener.
@@ -193,14 +213,17 @@ impl Lifecycle {
     /// `lastcall_drain_duration_seconds` in the daemon's registry. (If it is never called,
     /// the admin listener's `/metrics` adds them by itself.)
     pub fn register_metrics(&self, registry: &mut Registry) {
-        self.shared.metrics.register(registry);
-        self.shared.metrics_registered.store(true, Ordering::SeqCst);
+        self.handle().register_metrics(registry);
     }
 
-    /// Runs the lifecycle with the real signals until it is time to exit.
+    /// Runs the lifecycle with the real signals until it is time to exit, then waits (at
+    /// most [`EXIT_GRACE`]) for the answers to `POST /drain` to reach their clients.
     pub async fn run(mut self) -> Outcome {
         let signals = self.signals.take().unwrap_or_else(signal_stream);
-        self.drive(signals).await
+        let shared = self.shared.clone();
+        let decision = self.drive(signals).await;
+        flush_admin(&shared, decision).await;
+        decision.outcome
     }
 
     /// Runs the lifecycle with `events` in place of the real signals (tests, embedding).
@@ -210,12 +233,19 @@ impl Lifecycle {
         S: Stream<Item = Trigger> + Send + 'static,
     {
         self.signals = None;
-        self.drive(Box::pin(events)).await
+        let shared = self.shared.clone();
+        let decision = self.drive(Box::pin(events)).await;
+        flush_admin(&shared, decision).await;
+        decision.outcome
     }
 
-    async fn drive(mut self, mut events: TriggerStream) -> Outcome {
+    /// Feeds the machine until it decides to exit; publishes the decision and returns it.
+    pub(crate) async fn drive(mut self, mut events: TriggerStream) -> Decision {
         let shared = self.shared.clone();
-        let mut machine = Machine::new(&shared.config);
+        let mut machine = match self.initial {
+            Phase::Starting => Machine::starting(&shared.config),
+            _ => Machine::new(&shared.config),
+        };
         let mut counts = shared.counts.subscribe();
         let mut events_open = true;
         let c = *counts.borrow_and_update();
@@ -236,17 +266,24 @@ impl Lifecycle {
                         peers: c.peers,
                     },
                 );
-                if let Some(outcome) = self.apply(&machine, actions) {
-                    return finish(&shared, outcome).await;
+                if let Some(decision) = self.apply(&machine, actions) {
+                    return decision;
                 }
             }
             let actions = machine.handle(now, input);
-            if let Some(outcome) = self.apply(&machine, actions) {
-                return finish(&shared, outcome).await;
+            if let Some(decision) = self.apply(&machine, actions) {
+                return decision;
             }
             let wake = machine.next_wakeup();
+            // The handles' events before the signals: a signal sent after `ready()` returned
+            // (or after a log line written after it) finds the daemon serving, even when
+            // both are pending at once.
             input = tokio::select! {
                 biased;
+                Some(event) = self.events.recv() => match event {
+                    Event::Trigger(trigger) => Input::Trigger(trigger),
+                    Event::Ready => Input::Ready,
+                },
                 event = events.next(), if events_open => match event {
                     Some(trigger) => Input::Trigger(trigger),
                     None => {
@@ -254,7 +291,6 @@ impl Lifecycle {
                         Input::Tick
                     }
                 },
-                Some(trigger) = self.triggers.recv() => Input::Trigger(trigger),
                 Ok(()) = counts.changed() => {
                     let c = *counts.borrow_and_update();
                     Input::Sessions { sessions: c.sessions, peers: c.peers }
@@ -264,8 +300,8 @@ impl Lifecycle {
         }
     }
 
-    /// Logs and publishes the actions; returns the outcome when it is time to exit.
-    fn apply(&self, machine: &Machine, actions: Vec<Action>) -> Option<Outcome> {
+    /// Logs and publishes the actions; returns the decision when it is time to exit.
+    fn apply(&self, machine: &Machine, actions: Vec<Action>) -> Option<Decision> {
         let shared = &self.shared;
         let mut exit = None;
         for action in actions {
@@ -318,7 +354,12 @@ impl Lifecycle {
                         s.exiting = true;
                         s.outcome = Some(*outcome);
                     });
-                    exit = Some(*outcome);
+                    exit = Some(Decision {
+                        outcome: *outcome,
+                        leave_by: machine
+                            .leave_by()
+                            .unwrap_or_else(|| Instant::now() + EXIT_GRACE),
+                    });
                 }
                 Action::AlreadyDraining { .. } | Action::Ignored { .. } => {
                     tracing::warn!("{action}");
@@ -330,12 +371,18 @@ impl Lifecycle {
     }
 }
 
-/// Lets the answers to `POST /drain` requests reach their clients (at most 1 s), so that a
-/// drain that ends at once does not leave the caller without a response.
-async fn finish(shared: &Shared, outcome: Outcome) -> Outcome {
+/// Lets the answers to `POST /drain` requests reach their clients (at most [`EXIT_GRACE`],
+/// never past the decision's `leave_by`), so that a drain that ends at once does not leave
+/// the caller without a response.
+async fn flush_admin(shared: &Shared, decision: Decision) {
+    let until = decision.leave_by.min(Instant::now() + EXIT_GRACE);
+    wait_admin_answers(shared, until).await;
+}
+
+/// Waits until no accepted `POST /drain` connection is open, or `until`.
+async fn wait_admin_answers(shared: &Shared, until: Instant) {
     let mut inflight = shared.admin_drain_requests.subscribe();
-    let _ = tokio::time::timeout(ADMIN_FLUSH, inflight.wait_for(|n| *n == 0)).await;
-    outcome
+    let _ = tokio::time::timeout_at(until, inflight.wait_for(|n| *n == 0)).await;
 }
 
 async fn sleep_until(wake: Option<Instant>) {
@@ -347,7 +394,7 @@ async fn sleep_until(wake: Option<Instant>) {
 
 /// The real signals as a stream of triggers. A handler that cannot be installed is logged
 /// and left out.
-fn signal_stream() -> TriggerStream {
+pub(crate) fn signal_stream() -> TriggerStream {
     use tokio::signal::unix::{signal, SignalKind};
     let kinds = [
         (SignalKind::terminate(), Trigger::Sigterm),
@@ -401,10 +448,30 @@ impl Handle {
         state.phase != Phase::Refusing && !state.exiting
     }
 
-    /// Whether a drain (or linger) has started: readiness is 503.
+    /// Whether `/readyz` answers 200: Serving, and not exiting.
+    pub fn is_ready(&self) -> bool {
+        let state = self.shared.state.borrow();
+        state.phase == Phase::Serving && !state.exiting
+    }
+
+    /// Whether a drain (or linger) has started, or the exit is decided.
     pub fn draining(&self) -> bool {
         let state = self.shared.state.borrow();
-        state.phase != Phase::Serving || state.exiting
+        !matches!(state.phase, Phase::Serving | Phase::Starting) || state.exiting
+    }
+
+    /// The readiness latch: the daemon is ready for work (its ports are bound), so Starting
+    /// ends and `/readyz` answers 200. A no-op in any other phase (a drain that started
+    /// while starting keeps readiness down).
+    pub fn ready(&self) {
+        // Err only if the lifecycle was dropped; then there is nothing to be ready for.
+        let _ = self.shared.events.send(Event::Ready);
+    }
+
+    /// A watch on the phase for one connection task: [`Watch::changed`] wakes it when the
+    /// phase changes or the exit is decided.
+    pub fn watch(&self) -> Watch {
+        Watch::new(self.clone(), self.shared.state.subscribe())
     }
 
     /// Whether the lifecycle has decided to exit.
@@ -430,12 +497,12 @@ impl Handle {
         }
     }
 
-    /// Resolves when a drain starts (readiness falls): Announcing, Refusing or Lingering.
+    /// Resolves when a drain starts: Announcing, Refusing or Lingering (or at exit).
     pub fn drain_started(&self) -> impl Future<Output = ()> + Send + 'static {
         let mut rx = self.shared.state.subscribe();
         async move {
             let _ = rx
-                .wait_for(|s| s.phase != Phase::Serving || s.exiting)
+                .wait_for(|s| !matches!(s.phase, Phase::Serving | Phase::Starting) || s.exiting)
                 .await;
         }
     }
@@ -463,7 +530,7 @@ impl Handle {
     /// (`Trigger::Api` for a plain programmatic drain).
     pub fn start_drain(&self, trigger: Trigger) {
         // Err only if the lifecycle was dropped; then there is nothing to drain.
-        let _ = self.shared.triggers.send(trigger);
+        let _ = self.shared.events.send(Event::Trigger(trigger));
     }
 
     /// Opens a session for `peer`; dropping the guard ends it.
@@ -520,6 +587,17 @@ impl Handle {
 
     pub(crate) fn metrics(&self) -> &Metrics {
         &self.shared.metrics
+    }
+
+    /// [`Lifecycle::register_metrics`], from a handle.
+    pub(crate) fn register_metrics(&self, registry: &mut Registry) {
+        self.shared.metrics.register(registry);
+        self.shared.metrics_registered.store(true, Ordering::SeqCst);
+    }
+
+    /// Waits until no accepted `POST /drain` connection is open, or `until`.
+    pub(crate) async fn admin_answers_sent(&self, until: Instant) {
+        wait_admin_answers(&self.shared, until).await;
     }
 
     /// An admin connection carried an accepted `POST /drain`: the exit waits (briefly) for

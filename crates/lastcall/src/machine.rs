@@ -3,9 +3,14 @@
 //! and tests drive it directly or under tokio's paused clock.
 //!
 //! ```text
-//!  Serving ──trigger──▶ Announcing ──shutdown-delay──▶ Refusing ──idle/threshold/deadline──▶ exit
+//!  Starting ──ready──▶ Serving ──trigger──▶ Announcing ──shutdown-delay──▶ Refusing ──idle/threshold/deadline──▶ exit
 //!  Serving ──SIGTERM (linger)──▶ Lingering ──(after the delay) idle/threshold, or deadline──▶ exit
+//!  Starting ──trigger──▶ Refusing (or Lingering), the delay skipped: nobody was told it was ready
 //! ```
+//!
+//! The machine also decides how long the process may take to leave once the exit is decided
+//! ([`Machine::leave_by`]): what is left of `--drain-timeout` plus [`EXIT_GRACE`], or just
+//! [`EXIT_GRACE`] for a forced exit.
 
 use std::fmt;
 use std::time::Duration;
@@ -18,10 +23,19 @@ use crate::exit;
 /// How often a progress line is logged while draining.
 pub const PROGRESS_EVERY: Duration = Duration::from_secs(5);
 
+/// The time a daemon's tasks get after the exit decision beyond `--drain-timeout` (and all
+/// they get after a forced exit): enough for every connection task to write its goodbye and
+/// close, never enough to keep a pod past a grace period chosen a little longer than the
+/// timeout.
+pub const EXIT_GRACE: Duration = Duration::from_secs(1);
+
 /// The lifecycle phase.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Phase {
+    /// From the start until the daemon says it is ready ([`Input::Ready`]): readiness 503,
+    /// nothing refused. A drain trigger here skips the shutdown delay.
+    Starting,
     /// Normal operation; readiness 200.
     Serving,
     /// From the trigger for `--shutdown-delay`: readiness 503, new work still accepted.
@@ -34,9 +48,10 @@ pub enum Phase {
 
 impl Phase {
     /// Value of the `lastcall_drain_phase` gauge: 0 serving, 1 announcing, 2 refusing,
-    /// 3 lingering.
+    /// 3 lingering, 4 starting.
     pub fn metric_value(self) -> i64 {
         match self {
+            Phase::Starting => 4,
             Phase::Serving => 0,
             Phase::Announcing => 1,
             Phase::Refusing => 2,
@@ -47,6 +62,7 @@ impl Phase {
     /// Lower-case name, as in logs and `GET /drain`.
     pub fn as_str(self) -> &'static str {
         match self {
+            Phase::Starting => "starting",
             Phase::Serving => "serving",
             Phase::Announcing => "announcing",
             Phase::Refusing => "refusing",
@@ -119,6 +135,9 @@ pub enum Input {
         /// Distinct peers among them.
         peers: u64,
     },
+    /// The daemon is ready for work (its ports are bound): Starting ends, readiness rises.
+    /// Ignored in every other phase.
+    Ready,
     /// Time passed (a wake-up asked for by [`Machine::next_wakeup`]).
     Tick,
 }
@@ -211,6 +230,8 @@ pub enum Action {
     DrainStarted {
         /// What started it.
         trigger: Trigger,
+        /// The phase it started from (Serving, or Starting when the delay is skipped).
+        from: Phase,
         /// The phase it starts in.
         phase: Phase,
         /// `--on-sigterm`.
@@ -261,6 +282,7 @@ impl fmt::Display for Action {
         match self {
             Action::DrainStarted {
                 trigger,
+                from,
                 phase,
                 policy,
                 shutdown_delay,
@@ -277,9 +299,14 @@ impl fmt::Display for Action {
                     ),
                     _ => "draining: refusing new work now".to_string(),
                 };
+                let when = if *from == Phase::Starting {
+                    " while starting"
+                } else {
+                    ""
+                };
                 write!(
                     f,
-                    "{trigger} received (--on-sigterm {policy}): {plan}; deadline in {}",
+                    "{trigger} received{when} (--on-sigterm {policy}): {plan}; deadline in {}",
                     secs(*deadline_in)
                 )
             }
@@ -343,6 +370,13 @@ struct Drain {
     term_seen: bool,
 }
 
+/// The exit decision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Exit {
+    /// By when the process must be gone.
+    leave_by: Instant,
+}
+
 /// The termination state machine.
 #[derive(Debug, Clone)]
 pub struct Machine {
@@ -354,11 +388,11 @@ pub struct Machine {
     drain: Option<Drain>,
     sessions: u64,
     peers: u64,
-    finished: bool,
+    exit: Option<Exit>,
 }
 
 impl Machine {
-    /// A machine in [`Phase::Serving`] with no session.
+    /// A machine in [`Phase::Serving`] with no session (a daemon that is ready from the start).
     pub fn new(config: &TerminationConfig) -> Self {
         Machine {
             on_sigterm: config.on_sigterm,
@@ -369,7 +403,15 @@ impl Machine {
             drain: None,
             sessions: 0,
             peers: 0,
-            finished: false,
+            exit: None,
+        }
+    }
+
+    /// A machine in [`Phase::Starting`]: readiness stays down until [`Input::Ready`].
+    pub fn starting(config: &TerminationConfig) -> Self {
+        Machine {
+            phase: Phase::Starting,
+            ..Machine::new(config)
         }
     }
 
@@ -380,7 +422,15 @@ impl Machine {
 
     /// Whether [`Action::Exit`] was returned; later inputs are ignored.
     pub fn is_finished(&self) -> bool {
-        self.finished
+        self.exit.is_some()
+    }
+
+    /// Once the exit is decided: the instant by which the process must be gone, its tasks
+    /// finished or abandoned. After a drain (idle, threshold, deadline) that is the drain's
+    /// deadline, or the decision if later, plus [`EXIT_GRACE`]; after a forced exit, or an
+    /// exit without a drain, the decision plus [`EXIT_GRACE`].
+    pub fn leave_by(&self) -> Option<Instant> {
+        self.exit.map(|e| e.leave_by)
     }
 
     /// When the drain started and what started it.
@@ -396,7 +446,7 @@ impl Machine {
     /// Feeds one input at time `now` (never earlier than a previous `now`).
     pub fn handle(&mut self, now: Instant, input: Input) -> Vec<Action> {
         let mut actions = Vec::new();
-        if self.finished {
+        if self.is_finished() {
             return actions;
         }
         match input {
@@ -405,9 +455,14 @@ impl Machine {
                 self.sessions = sessions;
                 self.peers = peers;
             }
+            Input::Ready => {
+                if self.phase == Phase::Starting {
+                    self.set_phase(Phase::Serving, &mut actions);
+                }
+            }
             Input::Tick => {}
         }
-        if !self.finished {
+        if !self.is_finished() {
             self.advance(now, &mut actions);
         }
         actions
@@ -415,7 +470,7 @@ impl Machine {
 
     /// When the machine wants a [`Input::Tick`] (end of the delay, progress, deadline).
     pub fn next_wakeup(&self) -> Option<Instant> {
-        if self.finished {
+        if self.is_finished() {
             return None;
         }
         let drain = self.drain.as_ref()?;
@@ -468,9 +523,15 @@ impl Machine {
     }
 
     fn start(&mut self, now: Instant, trigger: Trigger, linger: bool, out: &mut Vec<Action>) {
+        // While starting, readiness never rose: there is nothing to announce.
+        let delay = if self.phase == Phase::Starting {
+            Duration::ZERO
+        } else {
+            self.shutdown_delay
+        };
         let phase = if linger {
             Phase::Lingering
-        } else if self.shutdown_delay.is_zero() {
+        } else if delay.is_zero() {
             Phase::Refusing
         } else {
             Phase::Announcing
@@ -478,17 +539,18 @@ impl Machine {
         self.drain = Some(Drain {
             trigger,
             started: now,
-            delay_end: now + self.shutdown_delay,
-            delay_passed: self.shutdown_delay.is_zero(),
+            delay_end: now + delay,
+            delay_passed: delay.is_zero(),
             deadline: now + self.drain_timeout,
             next_progress: now + PROGRESS_EVERY,
             term_seen: false,
         });
         out.push(Action::DrainStarted {
             trigger,
+            from: self.phase,
             phase,
             policy: self.on_sigterm,
-            shutdown_delay: self.shutdown_delay,
+            shutdown_delay: delay,
             deadline_in: self.drain_timeout,
         });
         self.set_phase(phase, out);
@@ -518,7 +580,7 @@ impl Machine {
         let may_leave = match self.phase {
             Phase::Refusing => true,
             Phase::Lingering => delay_passed,
-            Phase::Serving | Phase::Announcing => false,
+            Phase::Starting | Phase::Serving | Phase::Announcing => false,
         };
         if may_leave && self.sessions <= self.min_sessions {
             let reason = if self.sessions == 0 {
@@ -555,8 +617,12 @@ impl Machine {
         by: Option<Trigger>,
         out: &mut Vec<Action>,
     ) {
-        self.finished = true;
         let drain = self.drain.as_ref();
+        let leave_by = match (reason, drain) {
+            (EndReason::Forced, _) | (_, None) => now + EXIT_GRACE,
+            (_, Some(d)) => d.deadline.max(now) + EXIT_GRACE,
+        };
+        self.exit = Some(Exit { leave_by });
         out.push(Action::Exit(Outcome {
             reason,
             trigger: drain.map(|d| d.trigger),

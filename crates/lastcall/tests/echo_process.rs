@@ -503,3 +503,127 @@ fn kubelet_rollout_loses_no_new_connection_during_endpoint_propagation() {
     assert!(report.exit.elapsed_since_signal >= Duration::from_secs(2));
     assert!(report.exit.elapsed_since_signal < Duration::from_secs(2) + ONE_SECOND_BOUND);
 }
+
+/// Starts echo with `args` and waits only for its admin listener (start-up work follows).
+fn start_admin_only(args: &[&str]) -> (Pod, SocketAddr) {
+    let mut cmd = Command::new(harness::example_path("lastcall", "echo"));
+    cmd.args(["--listen", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"])
+        .args(args);
+    for (key, _) in std::env::vars() {
+        if key.starts_with("LASTCALL_") || key == "ECHO_LISTEN" {
+            cmd.env_remove(key);
+        }
+    }
+    let pod = Pod::spawn(cmd);
+    let admin = addr_after(
+        &pod.wait_for_log("admin listener on ", START),
+        "admin listener on ",
+    );
+    (pod, admin)
+}
+
+#[test]
+fn readiness_is_503_while_starting_and_a_sigterm_then_exits_at_once() {
+    let (mut pod, admin) = start_admin_only(&["--startup-work", "60s"]);
+    pod.wait_for_log("start-up work", START);
+    assert_eq!(
+        harness::http_get(admin, "/readyz"),
+        (503, "starting\n".to_string())
+    );
+    assert_eq!(harness::http_get(admin, "/livez").0, 200);
+    let (_, drain) = harness::http_get(admin, "/drain");
+    assert!(drain.contains("\"phase\": \"starting\""), "{drain}");
+    let (_, metrics) = harness::http_get(admin, "/metrics");
+    assert_eq!(metric(&metrics, "lastcall_drain_phase"), 4.0);
+    pod.signal(Signal::Term);
+    let report = pod.wait_exit(GRACE);
+    println!(
+        "SIGTERM while starting: exit after {:?}",
+        report.elapsed_since_signal
+    );
+    assert_eq!(report.code, Some(0));
+    assert!(report.elapsed_since_signal < ONE_SECOND_BOUND);
+    assert!(pod.has_log("SIGTERM received while starting"));
+    assert!(!pod.has_log("echo listening on"), "nothing was bound");
+}
+
+#[test]
+fn readiness_rises_when_start_up_work_is_done() {
+    let (pod, admin) = start_admin_only(&["--startup-work", "1s"]);
+    pod.wait_for_log("start-up work", START);
+    assert_eq!(harness::http_get(admin, "/readyz").0, 503);
+    let line = pod.wait_for_log("echo listening on ", START);
+    let listen = addr_after(&line, "echo listening on ");
+    pod.wait_for_log("phase starting -> serving", START);
+    assert_eq!(
+        harness::http_get(admin, "/readyz"),
+        (200, "ready\n".to_string())
+    );
+    Conn::open(listen).assert_echoes();
+}
+
+/// An exit hook that outlives the deadline (an evaluation that cannot be interrupted): the
+/// process still leaves at `--drain-timeout` plus `EXIT_GRACE`, with the deadline's status.
+#[test]
+fn a_slow_exit_hook_does_not_hold_the_process_past_the_deadline() {
+    let mut echo = Echo::start(&[
+        "--shutdown-delay",
+        "0",
+        "--drain-timeout",
+        "2s",
+        "--exit-work",
+        "60s",
+    ]);
+    let _stuck = echo.connect();
+    echo.pod.signal(Signal::Term);
+    let report = echo.pod.wait_exit(GRACE);
+    let bound = Duration::from_secs(2) + lastcall::EXIT_GRACE;
+    println!(
+        "exit {:?} after SIGTERM (deadline + grace = {bound:?}): {report:?}",
+        report.elapsed_since_signal
+    );
+    assert_eq!(report.code, Some(lastcall::exit::DEADLINE));
+    assert!(!report.killed);
+    assert!(report.elapsed_since_signal >= bound - Duration::from_millis(100));
+    assert!(report.elapsed_since_signal < bound + ONE_SECOND_BOUND);
+    assert!(echo.pod.has_log("exit hook exit-work still running"));
+}
+
+/// Idle before the deadline: the hook gets what is left of it (and a quick one costs nothing).
+#[test]
+fn an_exit_hook_gets_what_is_left_of_the_deadline() {
+    let mut echo = Echo::start(&[
+        "--shutdown-delay",
+        "0",
+        "--drain-timeout",
+        "20s",
+        "--exit-work",
+        "1500ms",
+    ]);
+    echo.pod.signal(Signal::Term);
+    let report = echo.pod.wait_exit(GRACE);
+    println!("idle exit with a 1.5 s hook: {report:?}");
+    assert_eq!(report.code, Some(0));
+    assert!(report.elapsed_since_signal >= Duration::from_millis(1500));
+    assert!(report.elapsed_since_signal < Duration::from_millis(1500) + ONE_SECOND_BOUND);
+    assert!(!echo.pod.has_log("still running"));
+}
+
+#[test]
+fn problems_name_the_environment_variable_a_value_came_from() {
+    let out = Command::new(harness::example_path("lastcall", "echo"))
+        .args(["--admin-addr", "127.0.0.1:0", "--exit-work", "later"])
+        .env("LASTCALL_DRAIN_TIMEOUT", "soon")
+        .env_remove("LASTCALL_SHUTDOWN_DELAY")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    println!("{err}");
+    assert_eq!(out.status.code(), Some(lastcall::exit::CONFIG), "{err}");
+    assert!(err.starts_with("echo: configuration errors:\n"), "{err}");
+    assert!(err.contains("  - --exit-work (later): "), "{err}");
+    assert!(
+        err.contains("  - --drain-timeout (LASTCALL_DRAIN_TIMEOUT=soon): expected a number"),
+        "{err}"
+    );
+}

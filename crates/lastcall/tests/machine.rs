@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use lastcall::machine::{
-    Action, EndReason, Input, Machine, Outcome, Phase, Trigger, PROGRESS_EVERY,
+    Action, EndReason, Input, Machine, Outcome, Phase, Trigger, EXIT_GRACE, PROGRESS_EVERY,
 };
 use lastcall::{OnSigterm, TerminationConfig};
 use tokio::time::Instant;
@@ -534,4 +534,258 @@ fn log_lines_say_what_happened() {
         "{}",
         a[0]
     );
+}
+
+/// A machine in Starting with `live` sessions (under `policy`, delay 5 s, timeout 30 s).
+fn starting(policy: OnSigterm, live: u64) -> (Machine, Instant) {
+    let t0 = Instant::now();
+    let mut cfg = TerminationConfig::new(policy, s(5), s(30));
+    cfg.drain_min_sessions = 0;
+    let mut m = Machine::starting(&cfg);
+    sessions(&mut m, t0, live, live);
+    assert_eq!(m.phase(), Phase::Starting);
+    (m, t0)
+}
+
+#[test]
+fn every_trigger_while_starting_under_every_policy() {
+    use Effect::*;
+    use OnSigterm::*;
+    use Phase::*;
+    // A drain trigger while starting skips the shutdown delay: readiness never rose, so
+    // there is nothing to announce. (SIGTERM, SIGINT, SIGQUIT, SIGUSR1, SIGHUP, POST /drain,
+    // api), with one live session so that nothing exits at once.
+    let table: [(OnSigterm, [Effect; 7]); 4] = [
+        (
+            Drain,
+            [
+                To(Refusing),
+                To(Refusing),
+                Forced,
+                To(Refusing),
+                Reload,
+                To(Refusing),
+                To(Refusing),
+            ],
+        ),
+        (
+            Linger,
+            [
+                To(Lingering),
+                To(Refusing),
+                Forced,
+                To(Refusing),
+                Reload,
+                To(Refusing),
+                To(Refusing),
+            ],
+        ),
+        (
+            Ignore,
+            [
+                Ignored,
+                To(Refusing),
+                Forced,
+                To(Refusing),
+                Reload,
+                To(Refusing),
+                To(Refusing),
+            ],
+        ),
+        (
+            Exit,
+            [
+                Forced,
+                To(Refusing),
+                Forced,
+                To(Refusing),
+                Reload,
+                To(Refusing),
+                To(Refusing),
+            ],
+        ),
+    ];
+    for (policy, expected) in table {
+        for (trigger, want) in ALL.iter().zip(expected) {
+            let (mut m, t0) = starting(policy, 1);
+            let got = effect(&mut m, t0, *trigger);
+            assert_eq!(got, want, "--on-sigterm {policy}, starting, then {trigger}");
+        }
+    }
+}
+
+#[test]
+fn a_drain_trigger_while_starting_with_nothing_live_exits_at_once() {
+    for policy in [OnSigterm::Drain, OnSigterm::Linger] {
+        for trigger in [
+            Trigger::Sigterm,
+            Trigger::Sigint,
+            Trigger::Sigusr1,
+            Trigger::Admin,
+        ] {
+            let (mut m, t0) = starting(policy, 0);
+            let a = m.handle(t0, Input::Trigger(trigger));
+            let Some(Action::DrainStarted {
+                from,
+                shutdown_delay,
+                ..
+            }) = a.first()
+            else {
+                panic!("{policy} {trigger}: {a:?}");
+            };
+            assert_eq!((*from, *shutdown_delay), (Phase::Starting, Duration::ZERO));
+            assert!(
+                a[0].to_string()
+                    .contains(&format!("{trigger} received while starting")),
+                "{}",
+                a[0]
+            );
+            let o = exit_of(&a).unwrap_or_else(|| panic!("{policy} {trigger}: {a:?}"));
+            assert_eq!(
+                (o.reason, o.exit_code(), o.drain_duration),
+                (EndReason::Idle, 0, Duration::ZERO),
+                "{policy} {trigger}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_drain_started_while_starting_counts_its_deadline_and_a_second_sigterm_forces() {
+    let (mut m, t0) = starting(OnSigterm::Drain, 2);
+    m.handle(t0, Input::Trigger(Trigger::Sigterm));
+    assert_eq!(m.phase(), Phase::Refusing);
+    assert_eq!(m.deadline(), Some(t0 + s(30)));
+    assert!(
+        m.handle(t0 + s(1), Input::Ready).is_empty(),
+        "ready changes nothing"
+    );
+    assert_eq!(m.phase(), Phase::Refusing);
+    assert_eq!(effect(&mut m, t0 + s(2), Trigger::Sigterm), Effect::Forced);
+
+    let (mut m, t0) = starting(OnSigterm::Drain, 2);
+    m.handle(t0, Input::Trigger(Trigger::Sigterm));
+    let o = exit_of(&m.handle(t0 + s(30), Input::Tick)).unwrap();
+    assert_eq!((o.reason, o.exit_code()), (EndReason::Deadline, 75));
+}
+
+#[test]
+fn ready_ends_starting_and_nothing_else() {
+    let (mut m, t0) = starting(OnSigterm::Drain, 0);
+    assert_eq!(m.next_wakeup(), None, "starting has no timer");
+    assert_eq!(
+        m.handle(t0 + s(3600), Input::Ready),
+        vec![Action::PhaseChanged {
+            from: Phase::Starting,
+            to: Phase::Serving
+        }]
+    );
+    assert_eq!(
+        m.handle(t0 + s(3601), Input::Ready),
+        vec![],
+        "a second ready"
+    );
+    // Then the usual drain, with its delay.
+    let a = m.handle(t0 + s(3602), Input::Trigger(Trigger::Sigterm));
+    assert!(
+        matches!(
+            a[0],
+            Action::DrainStarted {
+                from: Phase::Serving,
+                phase: Phase::Announcing,
+                ..
+            }
+        ),
+        "{a:?}"
+    );
+    // Ready in every other phase changes nothing.
+    for (policy, entry, phase) in [
+        (OnSigterm::Drain, None, Phase::Serving),
+        (OnSigterm::Drain, Some(Trigger::Sigterm), Phase::Announcing),
+        (OnSigterm::Drain, Some(Trigger::Sigterm), Phase::Refusing),
+        (OnSigterm::Linger, Some(Trigger::Sigterm), Phase::Lingering),
+    ] {
+        let (mut m, now) = in_phase(policy, entry, phase);
+        assert!(quiet(m.handle(now, Input::Ready)), "{phase}");
+        assert_eq!(m.phase(), phase);
+    }
+    // And after the exit decision, nothing at all.
+    let (mut m, t0) = starting(OnSigterm::Drain, 0);
+    m.handle(t0, Input::Trigger(Trigger::Sigquit));
+    assert!(m.is_finished());
+    assert!(m.handle(t0, Input::Ready).is_empty());
+    assert_eq!(m.phase(), Phase::Starting);
+}
+
+#[test]
+fn starting_is_a_phase_of_its_own() {
+    assert_eq!(Phase::Starting.as_str(), "starting");
+    assert_eq!(Phase::Starting.metric_value(), 4);
+    assert_eq!(
+        Machine::new(&TerminationConfig::new(OnSigterm::Drain, s(1), s(2))).phase(),
+        Phase::Serving
+    );
+}
+
+/// When the process must be gone, by how the exit was decided: what is left of the deadline
+/// plus `EXIT_GRACE` after a drain, `EXIT_GRACE` after a forced exit.
+#[test]
+fn leave_by_is_inside_the_deadline_plus_the_grace() {
+    let t0 = Instant::now();
+    // (how, decided at, leave by), drain timeout 30 s from t0, delay 5 s.
+    type Case = (&'static str, fn(&mut Machine, Instant) -> Instant);
+    let cases: [Case; 7] = [
+        ("idle at 7 s", |m, t0| {
+            sessions(m, t0, 1, 1);
+            m.handle(t0, Input::Trigger(Trigger::Sigterm));
+            m.handle(t0 + s(5), Input::Tick);
+            sessions(m, t0 + s(7), 0, 0);
+            t0 + s(30) + EXIT_GRACE
+        }),
+        ("threshold at 6 s", |m, t0| {
+            sessions(m, t0, 1, 1);
+            m.handle(t0, Input::Trigger(Trigger::Sigusr1));
+            m.handle(t0 + s(6), Input::Tick);
+            t0 + s(30) + EXIT_GRACE
+        }),
+        ("deadline", |m, t0| {
+            sessions(m, t0, 2, 1);
+            m.handle(t0, Input::Trigger(Trigger::Sigterm));
+            m.handle(t0 + s(30), Input::Tick);
+            t0 + s(30) + EXIT_GRACE
+        }),
+        ("deadline noticed late", |m, t0| {
+            sessions(m, t0, 2, 1);
+            m.handle(t0, Input::Trigger(Trigger::Sigterm));
+            m.handle(t0 + s(33), Input::Tick);
+            t0 + s(33) + EXIT_GRACE
+        }),
+        ("second SIGTERM at 2 s", |m, t0| {
+            sessions(m, t0, 2, 1);
+            m.handle(t0, Input::Trigger(Trigger::Sigterm));
+            m.handle(t0 + s(2), Input::Trigger(Trigger::Sigterm));
+            t0 + s(2) + EXIT_GRACE
+        }),
+        ("SIGQUIT while serving", |m, t0| {
+            sessions(m, t0, 2, 1);
+            m.handle(t0 + s(4), Input::Trigger(Trigger::Sigquit));
+            t0 + s(4) + EXIT_GRACE
+        }),
+        ("--on-sigterm exit", |m, t0| {
+            m.handle(t0 + s(1), Input::Trigger(Trigger::Sigterm));
+            t0 + s(1) + EXIT_GRACE
+        }),
+    ];
+    for (how, run) in cases {
+        let policy = if how.contains("exit") {
+            OnSigterm::Exit
+        } else {
+            OnSigterm::Drain
+        };
+        let mut m = machine(policy, 5, 30, if how.contains("threshold") { 1 } else { 0 });
+        assert_eq!(m.leave_by(), None, "{how}: not decided yet");
+        let want = run(&mut m, t0);
+        assert!(m.is_finished(), "{how}");
+        assert_eq!(m.leave_by(), Some(want), "{how}");
+    }
 }

@@ -1,0 +1,117 @@
+//! [`Watch`]: what one connection task holds to follow the lifecycle without reading the
+//! phase in a dozen places. It wakes the task when something it must act on changes (the
+//! phase, or the exit decision) and answers the two questions a task asks then: is new work
+//! refused ([`Watch::refusing`]), and must I close now ([`Watch::exiting`]).
+//!
+//! ```no_run
+//! # async fn conn(mut watch: lastcall::Watch, mut read: impl FnMut() -> std::future::Ready<Option<u8>>) {
+//! loop {
+//!     tokio::select! {
+//!         byte = read() => match byte {
+//!             Some(_) => { /* serve it */ }
+//!             None => break,
+//!         },
+//!         _ = watch.changed() => {
+//!             if watch.exiting() {
+//!                 break; // the deadline (or a forced exit): say goodbye, close
+//!             }
+//!             if watch.refusing() {
+//!                 // refuse new work on this connection from now on
+//!             }
+//!         }
+//!     }
+//! }
+//! # }
+//! ```
+
+use tokio::sync::watch;
+
+use crate::lifecycle::{Handle, State};
+use crate::machine::Phase;
+
+/// The part of the lifecycle's state a connection follows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Seen {
+    /// The phase.
+    pub phase: Phase,
+    /// Whether the exit is decided.
+    pub exiting: bool,
+}
+
+impl Seen {
+    fn of(state: &State) -> Seen {
+        Seen {
+            phase: state.phase,
+            exiting: state.exiting,
+        }
+    }
+
+    /// New work is refused: Refusing, or the exit is decided.
+    pub fn refusing(self) -> bool {
+        self.phase == Phase::Refusing || self.exiting
+    }
+}
+
+/// A per-connection view of the lifecycle ([`Handle::watch`]).
+///
+/// The accessors read the current state; [`changed`](Self::changed) resolves when it differs
+/// from what `changed` last returned (or, the first time, from the state when the watch was
+/// made).
+#[derive(Debug, Clone)]
+pub struct Watch {
+    handle: Handle,
+    rx: watch::Receiver<State>,
+    last: Seen,
+}
+
+impl Watch {
+    pub(crate) fn new(handle: Handle, rx: watch::Receiver<State>) -> Watch {
+        let last = Seen::of(&rx.borrow());
+        Watch { handle, rx, last }
+    }
+
+    /// The lifecycle's handle (sessions, refused-work counter, config).
+    pub fn handle(&self) -> &Handle {
+        &self.handle
+    }
+
+    /// The current phase and exit decision.
+    pub fn now(&self) -> Seen {
+        Seen::of(&self.rx.borrow())
+    }
+
+    /// The current phase.
+    pub fn phase(&self) -> Phase {
+        self.now().phase
+    }
+
+    /// Whether new work is refused now: [`Phase::Refusing`], or the exit is decided.
+    /// (Never while Starting, Serving, Announcing or Lingering.)
+    pub fn refusing(&self) -> bool {
+        self.now().refusing()
+    }
+
+    /// Whether the exit is decided: close what is left, now.
+    pub fn exiting(&self) -> bool {
+        self.now().exiting
+    }
+
+    /// Resolves with the new state when the phase or the exit decision changes. Cancel-safe
+    /// (use it in `select!`); once exiting nothing changes any more and it never resolves.
+    pub async fn changed(&mut self) -> Seen {
+        let last = self.last;
+        let seen = self
+            .rx
+            .wait_for(|s| Seen::of(s) != last)
+            .await
+            .map(|state| Seen::of(&state));
+        match seen {
+            Ok(seen) => {
+                self.last = seen;
+                seen
+            }
+            // The lifecycle is gone (never while a handle lives, and this watch holds one).
+            Err(_) => std::future::pending().await,
+        }
+    }
+}
