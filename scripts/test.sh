@@ -59,5 +59,5 @@ wait "$containers_pid" || containers_status=$?
 trap - EXIT
 cat "$containers_log"
 rm -f "$containers_log"
-echo "== container tests: exit $containers_status, $((SECONDS - containers_start)) s from their start"
+echo "== container tests: exit $containers_status (started ${containers_start} s into this run; their own time is in the line test_containers: above)"
 [ "$rust_status" -eq 0 ] && [ "$fuzz_status" -eq 0 ] && [ "$containers_status" -eq 0 ]

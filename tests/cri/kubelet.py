@@ -29,6 +29,7 @@ have none; asserted), ephemeral containers, the pod status API."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 import uuid
@@ -423,6 +424,12 @@ class Pod:
         self.gone.set()
 
     # --- results -------------------------------------------------------------------------
+
+    def pid(self, container: str) -> int:
+        """The container's process on this machine (containerd's verbose status)."""
+        st = self.node.runtime.ContainerStatus(
+            cri.ContainerStatusRequest(container_id=self.runs[container].id, verbose=True), timeout=30)
+        return int(json.loads(st.info["info"])["pid"])
 
     def logs(self, container: str, tail: int = 30) -> str:
         run = self.runs[container]

@@ -24,7 +24,7 @@ import netns
 from chartlib import render
 from cluster import CriCluster
 from controllers import Deployment, Endpoints
-from enginelib import measured
+from enginelib import assert_runs_as_rendered, measured
 from kubelet import Pod
 from loadlib import Load, Origin, haproxy_config, spoe_config
 
@@ -108,6 +108,7 @@ def test_spoa_deployment_rolls_behind_haproxy_without_a_failed_request(
     load = None
     try:
         old = deployment.create(first)
+        st = assert_runs_as_rendered(old[0].pid("agent"), old[0].spec, old[0].runs["agent"].spec)
         endpoints.wait_for(lambda v: len(v) == 2)
         edge = cluster.edge
         load = Load(lambda: (edge, "127.0.0.1", haproxy.port), workers=4)
@@ -139,4 +140,5 @@ def test_spoa_deployment_rolls_behind_haproxy_without_a_failed_request(
         assert run.restarts == 0
         report.append(f"{pod.who} ready {pod.ready_at - run.started_at:.2f} s after start")  # type: ignore[operator]
     measured(f"cri spoa Deployment rollout behind {haproxy.version} on the edge host: {load.summary()}; "
-             + "; ".join(report))
+             + "; ".join(report) + f"; agent process uid {st['Uid'].split()[0]}, groups {st['Groups']}, "
+             f"CapEff {st['CapEff']}, NoNewPrivs {st['NoNewPrivs']}, Seccomp {st['Seccomp']}, read-only root")

@@ -25,7 +25,7 @@ import pytest
 from chartlib import render
 from cluster import CriCluster
 from controllers import Deployment, Endpoints
-from enginelib import HAPROXY_IMAGE, measured
+from enginelib import HAPROXY_IMAGE, assert_runs_as_rendered, measured
 from loadlib import PROCESSING, Load, Origin
 from nodes import Cluster
 
@@ -72,12 +72,13 @@ def test_sidecar_pods_roll_under_load_without_a_failed_request(cluster: CriClust
         old = deployment.create(first)
         if native:  # HAProxy started only once the agent's startup probe had passed
             for pod in old:
-                started = [t for t, who, what in cluster.timeline.events if who == pod.who]
                 agent_up = next(t for t, who, what in cluster.timeline.events
                                 if who == pod.who and what == "agent: startup probe passed")
                 haproxy_start = next(t for t, who, what in cluster.timeline.events
                                      if who == pod.who and what.startswith("haproxy: started"))
-                assert started and agent_up <= haproxy_start, cluster.timeline.text()
+                assert agent_up <= haproxy_start, cluster.timeline.text()
+        for name in ("haproxy", "agent"):  # both processes run as the pod's securityContext says
+            assert_runs_as_rendered(old[0].pid(name), old[0].spec, old[0].runs[name].spec)
         endpoints.wait_for(lambda v: len(v) == 2)
         load = Load(service, workers=4)
         load.wait_sent(200)

@@ -1,8 +1,10 @@
 """lastcall-turn's DaemonSet, as the chart renders it, on two test hosts through
 containerd's CRI (kubelet.py, controllers.py): host network (the node's address from
 `fieldRef: status.podIP`), the shared secret from a Secret through `secretKeyRef` and
-`$(TURN_STATIC_AUTH_SECRET)`, turnserver.conf from the ConfigMap volume, the probes with
-their periods, the rendered grace period, uid 65532 and the rest of the security context.
+`$(TURN_STATIC_AUTH_SECRET)`, turnserver.conf from the ConfigMap volume, the TLS
+certificate from a kubernetes.io/tls Secret's volume (served on 5349), the probes with
+their periods, the rendered grace period, uid 65532 and the rest of the security context
+(checked on the container's process).
 
 A rollout (a new pod template) with calls in flight, node by node (`maxUnavailable: 1`):
 before a node's pod is deleted a call starts on it (coturn's turnutils_uclient over TCP
@@ -15,13 +17,16 @@ pod is ready and available (minReadySeconds) before the next node is rolled."""
 from __future__ import annotations
 
 import secrets
+import ssl
+import subprocess
 import time
+from pathlib import Path
 from typing import Any
 
 from chartlib import render
 from cluster import CriCluster
 from controllers import DaemonSet
-from enginelib import measured
+from enginelib import assert_runs_as_rendered, measured
 from imagelib import Call, Peer, TurnClient
 from kubelet import Pod, wait_until
 import netns
@@ -29,6 +34,7 @@ from nodes import Cluster
 
 DELAY = 2
 PORT = 3478
+TLS_PORT = 5349
 ADMIN = 9641
 
 
@@ -37,9 +43,27 @@ def values(secret: str, **extra: Any) -> dict[str, Any]:
         "turn": {"realm": "turn.test", "auth": {"value": secret},
                  "alternateServers": [f"{ip}:{PORT}" for ip, _ in Cluster.NODES.values()],
                  "allowedPeerIPs": ["198.18.0.0-198.18.0.255"]},
+        "tls": {"enabled": True, "existingSecret": "turn-tls"},
         "gracefulTermination": {"shutdownDelaySeconds": DELAY, "drainTimeoutSeconds": 60},
         **extra,
     }
+
+
+def tls_secret(tmp: Path) -> dict[str, str]:
+    """A kubernetes.io/tls Secret's data (tls.crt, tls.key): a self-signed certificate."""
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                    "-nodes", "-days", "2", "-subj", "/CN=turn.test", "-keyout", str(tmp / "tls.key"),
+                    "-out", str(tmp / "tls.crt")], check=True, capture_output=True, timeout=60)
+    return {"tls.crt": (tmp / "tls.crt").read_text(), "tls.key": (tmp / "tls.key").read_text()}
+
+
+def served_certificate(edge: str, ip: str) -> bytes:
+    """The certificate (DER) the TURN server presents on its TLS port."""
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    with netns.connect(edge, (ip, TLS_PORT), timeout=10) as raw, ctx.wrap_socket(raw) as tls:
+        return tls.getpeercert(binary_form=True) or b""
 
 
 def metric(edge: str, ip: str, name: str) -> float:
@@ -51,13 +75,20 @@ def metric(edge: str, ip: str, name: str) -> float:
     raise AssertionError(f"no {name} in {ip}'s /metrics")
 
 
-def test_turn_daemonset_rolls_two_hosts_with_alternates(cluster: CriCluster) -> None:
+def test_turn_daemonset_rolls_two_hosts_with_alternates(cluster: CriCluster, tmp_path: Path) -> None:
     secret = secrets.token_hex(16)
     first, second = render("lastcall-turn", values(secret)), render("lastcall-turn", values(secret, logLevel="debug"))
     assert first.pod_spec() != second.pod_spec()
-    ds = DaemonSet("turn", cluster.kubelets, cluster.timeline)
+    tls = tls_secret(tmp_path)
+    ds = DaemonSet("turn", cluster.kubelets, cluster.timeline, secrets={"turn-tls": tls})
     ds.create(first)
     edge, ips = cluster.edge, cluster.addresses
+    # What the pod runs with: the security context, and the TLS Secret's volume serving.
+    pod = ds.pods["a"]
+    st = assert_runs_as_rendered(pod.pid("turn"), pod.spec, pod.runs["turn"].spec)
+    expected = ssl.PEM_cert_to_DER_cert(tls["tls.crt"])
+    for node in ds.pods:
+        assert served_certificate(edge, ips[node]) == expected, f"{node} serves another certificate on {TLS_PORT}"
     other = {"a": "b", "b": "a"}
     peer = Peer(Cluster.EDGE, edge)
     in_flight: dict[str, Call] = {}
@@ -117,4 +148,6 @@ def test_turn_daemonset_rolls_two_hosts_with_alternates(cluster: CriCluster) -> 
         report.append(f"new {pod.node.name}: ready {pod.ready_at - run.started_at:.2f} s after its container started")
     assert not [p.errors for p in ds.history if p.errors], [p.errors for p in ds.history]
     measured("cri turn DaemonSet rollout on 2 hosts (calls in flight: 0 lost; new Allocates during the drain -> "
-             "300 Try Alternate, relayed by the other host): " + "; ".join(report))
+             "300 Try Alternate, relayed by the other host): " + "; ".join(report)
+             + f"; pod process uid {st['Uid'].split()[0]}, CapEff {st['CapEff']}, NoNewPrivs {st['NoNewPrivs']}, "
+             f"Seccomp {st['Seccomp']}, read-only root; TLS on {TLS_PORT} from the Secret volume")

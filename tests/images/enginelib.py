@@ -102,6 +102,10 @@ class Engine:
         for line in out.stdout.strip().splitlines():
             measured(f"  {line}")
         self._build_pause()
+        # The private daemon's data root is a per-machine cache: old builds' images and the
+        # least recently used build cache go, the cargo cache of the last builds stays.
+        self.docker("image", "prune", "-f", timeout=300)
+        self.docker("builder", "prune", "-f", "--keep-storage", "8GB", timeout=300)
 
     def _build_pause(self) -> None:
         """The pod sandbox image: tests/images/pause.c linked statically, FROM scratch."""
