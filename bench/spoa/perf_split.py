@@ -65,9 +65,12 @@ CATEGORIES = [
     ("epoll / I/O driver", ("mio::poll", "epoll", "io::driver")),
     ("memory allocation", ("malloc", "free", "_int_", "tcache", "realloc", "finish_grow", "__rdl_", "__rust_alloc",
                            "__rust_dealloc", "cfree")),
-    ("SPOP framing and decoding", ("lastcall_spoa::frame", "lastcall_spoa::message", "spop::")),
+    # Module paths of both layouts (before and after crates/spoa/src/{protocol,engine}/), so
+    # that older builds' profiles split the same way.
+    ("SPOP framing and decoding", ("lastcall_spoa::protocol", "lastcall_spoa::frame",
+                                   "lastcall_spoa::message", "spop::")),
     ("agent code around the engine (WAF glue, report parsing)", ("lastcall_spoa::waf", "lastcall_modsec")),
-    ("connection loop", ("lastcall_spoa::server", "lastcall_spoa::conn")),
+    ("connection loop", ("lastcall_spoa::engine", "lastcall_spoa::server", "lastcall_spoa::conn")),
     ("tokio scheduler", ("tokio::",)),
 ]
 

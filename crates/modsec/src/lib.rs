@@ -11,6 +11,8 @@
 //!   [`MatchReport`] collects the rule ids, messages and anomaly scores from the log
 //!   callback and from interventions, because the C API cannot read TX variables.
 //! - [`crs`]: the engine settings Debian does not ship plus Debian's OWASP CRS.
+//! - [`exit_now`]: leaving while an evaluation still runs, without tearing down
+//!   libmodsecurity's static objects under it.
 //!
 //! Every call is synchronous and CPU-bound (1.5-1.8 ms of CPU per request with CRS at
 //! paranoia level 1 on the development machine; `examples/bench.rs`): callers in async
@@ -73,6 +75,19 @@ fn parser_lock() -> std::sync::MutexGuard<'static, ()> {
 }
 
 pub use report::{MatchReport, RuleMatch};
+
+/// Ends the process now with status `code`, without `atexit` handlers or C++ static
+/// destructors: for a process that must leave while an evaluation may still run on another
+/// thread, because destroying libmodsecurity's static objects under a running transaction
+/// races with it. Standard output and error are flushed first.
+pub fn exit_now(code: i32) -> ! {
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    let _ = std::io::stderr().flush();
+    // SAFETY: `_exit` takes no pointer and ends the process at once; no Rust invariant can
+    // be observed broken afterwards.
+    unsafe { libc::_exit(code) }
+}
 
 /// Errors of this crate.
 #[derive(Debug, thiserror::Error)]

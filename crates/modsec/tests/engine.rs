@@ -450,3 +450,58 @@ fn scores_of_allowed_requests_are_reported_exactly() {
     assert_eq!(tx.report().inbound_anomaly_score(), None);
     assert!(tx.report().is_empty());
 }
+
+/// `exit_now` ends the process with its status while an evaluation still runs on another
+/// thread (a rule that backtracks for seconds), without waiting for it or tearing
+/// libmodsecurity down under it. The child is this test binary, run again with
+/// `EXIT_NOW_CHILD` set.
+#[test]
+fn exit_now_leaves_while_an_evaluation_runs() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+    if std::env::var_os("EXIT_NOW_CHILD").is_some() {
+        let ms = lastcall_modsec::ModSecurity::new().expect("engine");
+        let rules = RuleSet::from_directives(
+            "SecRuleEngine On\nSecRule ARGS \"@rx ^(a|aa)+$\" \"id:1,phase:2,pass,t:none,log\"\n",
+            "slow",
+        )
+        .expect("rules");
+        let query: Vec<String> = (0..200)
+            .map(|i| format!("a{i}={}!", "a".repeat(40)))
+            .collect();
+        let uri = format!("/?{}", query.join("&"));
+        let started = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&started);
+        std::thread::spawn(move || {
+            let mut tx = Transaction::new(&ms, &rules, None).expect("tx");
+            tx.process_uri(&uri, "GET", "1.1").expect("uri");
+            tx.process_request_headers().expect("headers");
+            flag.store(true, Ordering::SeqCst);
+            let _ = tx.process_request_body();
+            eprintln!("EVALUATION FINISHED");
+        });
+        while !started.load(Ordering::SeqCst) {
+            std::thread::yield_now();
+        }
+        std::thread::sleep(Duration::from_millis(200));
+        lastcall_modsec::exit_now(75);
+    }
+    let t0 = Instant::now();
+    let out = std::process::Command::new(std::env::current_exe().expect("test binary"))
+        .args([
+            "--exact",
+            "exit_now_leaves_while_an_evaluation_runs",
+            "--nocapture",
+        ])
+        .env("EXIT_NOW_CHILD", "1")
+        .output()
+        .expect("child");
+    let took = t0.elapsed();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(75), "{stderr}");
+    assert!(!stderr.contains("EVALUATION FINISHED"), "{stderr}");
+    // The evaluation alone takes several seconds (8 s with a release build on a loaded
+    // 2-core machine); the child left right after its start.
+    assert!(took < Duration::from_secs(5), "took {took:?}");
+}

@@ -1,20 +1,23 @@
 //! `lastcall-spoa`: an HAProxy SPOE agent (SPOP 2.0) running ModSecurity with the OWASP Core
 //! Rule Set, a drop-in replacement for coraza-spoa that drains gracefully on SIGTERM.
 //!
-//! Layout: [`frame`] and [`conn`] are the sans-IO protocol core (bytes in, events out);
-//! [`server`] is the tokio connection engine (listeners, pipelining, bounded evaluation,
-//! drain); [`config`] reads coraza-spoa's YAML; [`message`] decodes the `coraza-req` and
-//! `coraza-res` messages; [`waf`] evaluates them with libmodsecurity on the evaluation
-//! threads of [`pool`]; [`metrics`] holds the Prometheus metrics; [`out`] lets the evaluation threads write
-//! their ACKs to the socket themselves.
+//! Three layers, each unaware of the one above it:
+//!
+//! - [`protocol`]: what HAProxy and the agent say (SPOP frames, their typed data, coraza-spoa's
+//!   messages, HAProxy's header blocks), sans-IO;
+//! - [`engine`]: the connections (handshake, pipelining, bounded evaluation, one ACK per
+//!   NOTIFY, the drain recipe), with each connection's decisions sans-IO in
+//!   [`engine::conn`];
+//! - [`waf`]: the evaluation itself, with libmodsecurity.
+//!
+//! Beside them: [`config`] reads coraza-spoa's YAML, [`metrics`] holds the Prometheus
+//! metrics, [`checks`] holds what the decoders must hold on any input (for `fuzz/`); the
+//! binary (`main.rs`) wires them to the `lastcall` lifecycle.
 #![forbid(unsafe_code)]
 
+pub mod checks;
 pub mod config;
-pub mod conn;
-pub mod frame;
-pub mod message;
+pub mod engine;
 pub mod metrics;
-pub mod out;
-pub mod pool;
-pub mod server;
+pub mod protocol;
 pub mod waf;

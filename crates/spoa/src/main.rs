@@ -3,23 +3,28 @@
 #![forbid(unsafe_code)]
 
 use std::path::PathBuf;
-use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context as _;
-use clap::Parser;
-use lastcall::{Defaults, Lifecycle, LogArgs, TerminationArgs};
+use clap::{ArgMatches, Parser};
+use lastcall::{
+    exit, AcceptUntil, Daemon, Defaults, LogArgs, Problem, Problems, Source, TerminationArgs,
+    TerminationConfig,
+};
 use lastcall_modsec::ModSecurity;
 use lastcall_spoa::config::{Bind, Config, Evaluation};
+use lastcall_spoa::engine::{self, Limits, Listener, Shared};
 use lastcall_spoa::metrics::Metrics;
-use lastcall_spoa::server::{self, Limits, Listener, Shared};
 use lastcall_spoa::waf::{Apps, Waf};
+
+/// The name configuration errors are reported under.
+const NAME: &str = "lastcall-spoa";
 
 /// mimalloc for Rust's allocations; its `override` feature also makes it the process's
 /// `malloc`, so libmodsecurity's many small C++ allocations (most of an evaluation's time
 /// outside the regex engine) skip glibc's arenas. Measured in docs/benchmarks.md.
+#[cfg(feature = "mimalloc")]
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
@@ -60,36 +65,68 @@ fn defaults() -> Defaults {
     }
 }
 
-fn main() -> ExitCode {
-    let cli: Cli = lastcall::parse_cli(&defaults());
-    match run(cli) {
-        Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
-        Err(e) => {
-            eprintln!("lastcall-spoa: {e:#}");
-            ExitCode::from(1)
-        }
+fn main() {
+    let (cli, matches): (Cli, ArgMatches) = lastcall::config::parse_cli_matches(&defaults());
+    if cli.validate {
+        validate(&cli, &matches);
     }
+    let (term, cfg) = match load_options(&cli, &matches) {
+        Ok(x) => x,
+        // Report the rules' errors too, all at once (nothing is bound yet).
+        Err(_) => config_errors(load(&cli, &matches).err().unwrap_or_default()),
+    };
+    let log = effective_log_args(&cli.log, &cfg);
+    lastcall::logging::init(&log);
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if cfg.evaluation == Evaluation::Inline {
+        // Evaluations run on the I/O threads: `workers` of them bound how many run at once.
+        builder.worker_threads(cfg.workers);
+    }
+    let runtime = match builder.enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(e) => fail(
+            exit::OS_ERROR,
+            &format!("cannot start the tokio runtime: {e}"),
+        ),
+    };
+    runtime.block_on(start(cli, term, cfg))
 }
 
-/// The command line and the file, without compiling the rules (cheap: done before the signal
-/// handlers exist). On errors, also returns the file if it loaded, so that the rules' own
+/// `--validate`: the options, the file and every application's rules, then exit 0 or 64.
+fn validate(cli: &Cli, matches: &ArgMatches) -> ! {
+    let (_, cfg, apps) = match load(cli, matches) {
+        Ok(x) => x,
+        Err(problems) => config_errors(problems),
+    };
+    println!(
+        "configuration OK: {} application(s), {} rules, bind {}",
+        cfg.applications.len(),
+        apps.rule_count(),
+        cfg.bind
+    );
+    std::process::exit(exit::DRAINED)
+}
+
+/// The command line and the file, without compiling the rules (cheap: done before the
+/// runtime exists). On errors, also returns the file if it loaded, so that the rules' own
 /// errors can be reported with the others.
-#[allow(clippy::type_complexity, clippy::result_large_err)]
+#[allow(clippy::result_large_err)]
 fn load_options(
     cli: &Cli,
-) -> Result<(lastcall::TerminationConfig, Config), (Vec<String>, Option<Config>)> {
-    let mut problems = Vec::new();
+    matches: &ArgMatches,
+) -> Result<(TerminationConfig, Config), (Problems, Option<Config>)> {
+    let mut problems = Problems::new();
     let term = cli
         .term
-        .resolve(&defaults())
-        .map_err(|e| problems.extend(e.problems))
+        .validate(&defaults())
+        .map_err(|e| problems.extend(e))
         .ok();
     let mut cfg = match &cli.config {
         None => Some(Config::builtin()),
         Some(path) => match Config::load(path) {
             Ok(c) => Some(c),
             Err(e) => {
-                problems.extend(e.to_string().lines().map(str::to_owned));
+                problems.extend(e);
                 None
             }
         },
@@ -97,7 +134,11 @@ fn load_options(
     if let (Some(b), Some(cfg)) = (&cli.bind, cfg.as_mut()) {
         match Bind::parse(b) {
             Ok(bind) => cfg.bind = bind,
-            Err(e) => problems.push(format!("--bind: {e}")),
+            Err(e) => problems.push(Problem::new("--bind", e).at(Source::from_matches(
+                matches,
+                "bind",
+                Some("LASTCALL_SPOA_BIND"),
+            ))),
         }
     }
     match (term, cfg) {
@@ -108,73 +149,44 @@ fn load_options(
 
 /// Everything that can be wrong with the command line and the file, at once (the options,
 /// the file, and every application's rules).
-fn load(cli: &Cli) -> Result<(lastcall::TerminationConfig, Config, Apps), Vec<String>> {
-    match load_options(cli) {
-        Ok((term, cfg)) => Apps::compile(&cfg).map(|apps| (term, cfg, apps)),
+fn load(cli: &Cli, matches: &ArgMatches) -> Result<(TerminationConfig, Config, Apps), Problems> {
+    match load_options(cli, matches) {
+        Ok((term, cfg)) => Apps::compile(&cfg)
+            .map(|apps| (term, cfg, apps))
+            .map_err(rule_problems),
         Err((mut problems, cfg)) => {
             if let Some(Err(errs)) = cfg.as_ref().map(Apps::compile) {
-                problems.extend(errs);
+                problems.extend(rule_problems(errs));
             }
             Err(problems)
         }
     }
 }
 
-fn config_errors(problems: Vec<String>) -> i32 {
-    eprintln!("lastcall-spoa: configuration errors:");
-    for p in problems {
-        eprintln!("  - {p}");
-    }
-    lastcall::exit::CONFIG
+/// libmodsecurity's messages for rules that do not compile (each names its application).
+fn rule_problems(errs: Vec<String>) -> Problems {
+    errs.into_iter().map(|e| Problem::new("", e)).collect()
 }
 
-fn run(cli: Cli) -> anyhow::Result<i32> {
-    if cli.validate {
-        let (_, cfg, apps) = match load(&cli) {
-            Ok(x) => x,
-            Err(problems) => return Ok(config_errors(problems)),
-        };
-        println!(
-            "configuration OK: {} application(s), {} rules, bind {}",
-            cfg.applications.len(),
-            apps.rule_count(),
-            cfg.bind
-        );
-        return Ok(0);
-    }
-    let (term, cfg) = match load_options(&cli) {
-        Ok(x) => x,
-        // Report the rules' errors too, all at once (nothing is bound yet).
-        Err(_) => return Ok(config_errors(load(&cli).err().unwrap_or_default())),
-    };
-    let log = effective_log_args(&cli.log, &cfg);
-    lastcall::logging::init(&log);
-    let mut builder = tokio::runtime::Builder::new_multi_thread();
-    if cfg.evaluation == Evaluation::Inline {
-        // Evaluations run on the I/O threads: `workers` of them bound how many run at once.
-        builder.worker_threads(cfg.workers);
-    }
-    let runtime = builder
-        .enable_all()
-        .build()
-        .context("starting the tokio runtime")?;
-    let result = runtime.block_on(start(cli, term, cfg));
-    let stopping = std::time::Instant::now();
-    drop(runtime);
-    tracing::debug!("runtime stopped in {} ms", stopping.elapsed().as_millis());
-    result
+/// Prints every problem and exits 64 (nothing is bound yet).
+fn config_errors(problems: Problems) -> ! {
+    problems.exit(NAME)
 }
 
-/// Installs the signal handlers first (the lifecycle's, plus a watch for the start-up
-/// window), then compiles the rules. A signal that ends the process, arriving while the rules
-/// compile (50-200 ms per application), exits 0 after the application being compiled:
-/// nothing is live yet. (Before this,
-/// a SIGTERM in that window was lost when the agent ran as PID 1, where a signal without a
-/// handler does nothing.)
-async fn start(cli: Cli, term: lastcall::TerminationConfig, cfg: Config) -> anyhow::Result<i32> {
-    let on_sigterm = term.on_sigterm;
-    let lifecycle = Lifecycle::new(term);
-    let mut early = StartupSignals::install();
+/// Prints `message` and exits with `code` (start-up failures that are not configuration).
+fn fail(code: i32, message: &str) -> ! {
+    tracing::error!("{message}");
+    eprintln!("{NAME}: {message}");
+    std::process::exit(code)
+}
+
+/// Starts the lifecycle (Starting: signals handled from here on, readiness 503), then
+/// compiles the rules. An exit decided while they compile (50-200 ms per application; a
+/// SIGTERM with nothing live, SIGQUIT) ends the process with status 0 after the application
+/// being compiled, and never while libmodsecurity is compiling on another thread.
+async fn start(cli: Cli, term: TerminationConfig, cfg: Config) -> ! {
+    let daemon = Daemon::start(term);
+    let handle = daemon.handle().clone();
     tracing::info!(
         "compiling the rules of {} application(s)",
         cfg.applications.len()
@@ -186,65 +198,35 @@ async fn start(cli: Cli, term: lastcall::TerminationConfig, cfg: Config) -> anyh
         (cfg, apps)
     });
     tokio::pin!(compile);
-    let (cfg, apps) = loop {
-        tokio::select! {
-            biased;
-            signal = early.next() => {
-                if signal == "SIGTERM" && on_sigterm == lastcall::OnSigterm::Ignore {
-                    tracing::warn!("SIGTERM received during start-up and ignored (--on-sigterm ignore)");
-                    continue;
-                }
-                tracing::warn!("{signal} received during start-up: nothing is live yet, exiting (status 0)");
-                // Stop after the application being compiled: exiting while libmodsecurity
-                // runs on another thread would race its static destructors.
-                cancel.store(true, Ordering::SeqCst);
-                let _ = (&mut compile).await;
-                return Ok(lastcall::exit::DRAINED);
-            }
-            done = &mut compile => break done.context("compiling the rules")?,
-        }
+    let compiled = tokio::select! {
+        biased;
+        () = handle.exiting() => None,
+        done = &mut compile => match done {
+            Ok((cfg, Some(apps))) => Some((cfg, apps)),
+            // Cancelled: only after the exit was decided.
+            Ok((_, None)) => None,
+            Err(e) => fail(exit::SOFTWARE, &format!("compiling the rules: {e}")),
+        },
     };
-    drop(early);
+    let Some((cfg, apps)) = compiled else {
+        // The exit was decided while starting: nothing is live.
+        cancel.store(true, Ordering::SeqCst);
+        let _ = (&mut compile).await;
+        let served = daemon.serve().await;
+        let by = served
+            .outcome
+            .forced_by
+            .or(served.outcome.trigger)
+            .map_or("a trigger", |t| t.as_str());
+        tracing::warn!(
+            "{by} received during start-up: nothing is live yet, exiting (status {})",
+            served.exit_code()
+        );
+        served.exit()
+    };
     match apps {
-        Some(Ok(apps)) => serve(cli, lifecycle, cfg, apps).await,
-        Some(Err(problems)) => Ok(config_errors(problems)),
-        None => Ok(lastcall::exit::DRAINED),
-    }
-}
-
-/// The signals that end a process with nothing live, watched only while starting (the
-/// lifecycle's handlers are installed first and queue the same signals for
-/// `Lifecycle::run`, so none is lost when start-up completes).
-struct StartupSignals(Vec<(tokio::signal::unix::Signal, &'static str)>);
-
-impl StartupSignals {
-    fn install() -> Self {
-        use tokio::signal::unix::{signal, SignalKind};
-        let kinds = [
-            (SignalKind::terminate(), "SIGTERM"),
-            (SignalKind::interrupt(), "SIGINT"),
-            (SignalKind::quit(), "SIGQUIT"),
-            (SignalKind::user_defined1(), "SIGUSR1"),
-        ];
-        StartupSignals(
-            kinds
-                .into_iter()
-                .filter_map(|(kind, name)| signal(kind).ok().map(|s| (s, name)))
-                .collect(),
-        )
-    }
-
-    /// The name of the next signal received.
-    async fn next(&mut self) -> &'static str {
-        std::future::poll_fn(|cx| {
-            for (sig, name) in &mut self.0 {
-                if let std::task::Poll::Ready(Some(())) = sig.poll_recv(cx) {
-                    return std::task::Poll::Ready(*name);
-                }
-            }
-            std::task::Poll::Pending
-        })
-        .await
+        Ok(apps) => serve(cli, daemon, cfg, apps).await,
+        Err(errs) => config_errors(rule_problems(errs)),
     }
 }
 
@@ -273,14 +255,17 @@ fn effective_log_args(cli: &LogArgs, cfg: &Config) -> LogArgs {
     log
 }
 
-async fn serve(cli: Cli, lifecycle: Lifecycle, cfg: Config, apps: Apps) -> anyhow::Result<i32> {
+async fn serve(cli: Cli, mut daemon: Daemon, cfg: Config, apps: Apps) -> ! {
     let metrics = Arc::new(Metrics::default());
     let mut registry = prometheus_client::registry::Registry::default();
     metrics.register(&mut registry);
-    lifecycle.register_metrics(&mut registry);
-    let handle = lifecycle.handle();
+    daemon.register_metrics(&mut registry);
+    let handle = daemon.handle().clone();
 
-    let engine = ModSecurity::new().context("starting libmodsecurity")?;
+    let engine = match ModSecurity::new() {
+        Ok(engine) => engine,
+        Err(e) => fail(exit::SOFTWARE, &format!("starting libmodsecurity: {e}")),
+    };
     tracing::info!(
         "{} application(s), {} rules compiled",
         cfg.applications.len(),
@@ -288,17 +273,18 @@ async fn serve(cli: Cli, lifecycle: Lifecycle, cfg: Config, apps: Apps) -> anyho
     );
     let waf = Arc::new(Waf::new(engine, apps, Arc::clone(&metrics)));
 
-    let listener = Listener::bind(&cfg.bind)
-        .await
-        .with_context(|| format!("cannot listen on {}", cfg.bind))?;
-    let _admin = lastcall::admin::serve(&handle, Arc::new(registry)).await?;
-    tracing::info!(
-        "listening on {} (SPOP; max-frame-size {}, {} workers, evaluation {})",
-        listener.local_addr(),
-        cfg.max_frame_size,
-        cfg.workers,
-        cfg.evaluation.as_str()
-    );
+    let listener = match Listener::bind(&cfg.bind).await {
+        Ok(l) => l,
+        Err(e) => fail(
+            exit::OS_ERROR,
+            &format!("cannot listen on {}: {e}", cfg.bind),
+        ),
+    };
+    let _admin = match lastcall::admin::serve(&handle, Arc::new(registry)).await {
+        Ok(admin) => admin,
+        Err(e) => fail(exit::OS_ERROR, &format!("{e:#}")),
+    };
+    let addr = listener.local_addr();
 
     let limits = Limits {
         max_frame_size: cfg.max_frame_size,
@@ -306,7 +292,7 @@ async fn serve(cli: Cli, lifecycle: Lifecycle, cfg: Config, apps: Apps) -> anyho
         evaluation: cfg.evaluation,
         ..Limits::default()
     };
-    let handler: Arc<dyn lastcall_spoa::waf::Handler> = waf.clone();
+    let handler: Arc<dyn engine::Handler> = waf.clone();
     let shared = Shared::new(
         handler,
         Arc::clone(&metrics),
@@ -314,7 +300,15 @@ async fn serve(cli: Cli, lifecycle: Lifecycle, cfg: Config, apps: Apps) -> anyho
         cfg.workers,
         limits,
     );
-    let server = tokio::spawn(server::serve(listener, Arc::clone(&shared)));
+    // New connections are accepted to the end, so that the drain refuses their HELLO with
+    // AGENT-DISCONNECT instead of a refused TCP connection.
+    let conns = Arc::clone(&shared);
+    daemon.accept(listener, AcceptUntil::Exiting, move |conn, watch| {
+        engine::serve_accepted(conn, Arc::clone(&conns), watch)
+    });
+    // After the connections: running evaluations finish (libmodsecurity must not run while
+    // the process exits), within what is left of the deadline.
+    daemon.on_exit("evaluations", move |left| shared.stop_workers(left));
     tokio::spawn(reload_loop(
         handle.clone(),
         cli.config.clone(),
@@ -330,22 +324,21 @@ async fn serve(cli: Cli, lifecycle: Lifecycle, cfg: Config, apps: Apps) -> anyho
             let _ = tokio::task::spawn_blocking(move || w.expire()).await;
         }
     });
-
-    let outcome = lifecycle.run().await;
-    let exiting = std::time::Instant::now();
-    let _ = tokio::time::timeout(Duration::from_secs(3), server).await;
-    tracing::debug!(
-        "connection tasks stopped {} ms after the exit decision",
-        exiting.elapsed().as_millis()
+    daemon.ready();
+    tracing::info!(
+        "listening on {addr} (SPOP; max-frame-size {}, {} workers, evaluation {})",
+        cfg.max_frame_size,
+        cfg.workers,
+        cfg.evaluation.as_str()
     );
-    // Let running evaluations finish (libmodsecurity must not run while the process exits).
-    let stopped = tokio::task::spawn_blocking(move || shared.stop_workers(Duration::from_secs(5)))
-        .await
-        .unwrap_or(false);
-    if !stopped {
-        tracing::warn!("an evaluation was still running at exit");
+
+    let served = daemon.serve().await;
+    if served.is_clean() {
+        served.exit()
     }
-    Ok(outcome.exit_code())
+    // An evaluation outlived the deadline: leave without tearing libmodsecurity down
+    // under it.
+    lastcall_modsec::exit_now(served.exit_code())
 }
 
 /// SIGHUP: re-read the file, recompile every application, swap all at once. A failed reload

@@ -228,7 +228,7 @@ fn ignored_sigterm_during_start_up_lets_the_agent_start() {
     let (_dir, mut pod) = start_compiling_slowly("ignore");
     pod.signal(Signal::Term);
     pod.wait_for_log("listening on", Duration::from_secs(60));
-    assert!(pod.has_log("SIGTERM received during start-up and ignored"));
+    assert!(pod.has_log("SIGTERM received and ignored (--on-sigterm ignore)"));
     assert!(pod.is_running());
     pod.signal(Signal::Quit);
     assert_eq!(pod.wait_exit(WAIT).code, Some(0));

@@ -1,4 +1,4 @@
-//! Differential check (issue 3): every request of `tests/corpus/requests.txt` goes through
+//! Differential check: every request of `tests/corpus/requests.txt` goes through
 //! nginx with Debian's `libnginx-mod-http-modsecurity` and through HAProxy 2.6 with
 //! `lastcall-spoa`, both running the same rule text (the built-in application's:
 //! `lastcall_modsec::crs::debian_default_directives`, CRS 3.3.4 at PL1). A request is

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::BytesMut;
-use lastcall_spoa::frame::{self, AgentFrame};
+use lastcall_spoa::protocol::frame::{self, AgentFrame};
 use spop::frame::Message;
 use spop::TypedData;
 use support::{get, Stack, StackOptions, WAIT};

@@ -1,4 +1,4 @@
-//! Issue 4's acceptance runs: real HAProxy 2.6 (the documented configuration), two agents
+//! Rollouts without a failed request: real HAProxy 2.6 (the documented configuration), two agents
 //! running the real CRS, 16 keep-alive clients and at least 20,000 requests per run (a mix
 //! of benign requests and attacks, `support::traffic`). Every request whose answer came from
 //! an SPOE error (500, fail-closed) instead of the WAF verdict is counted.

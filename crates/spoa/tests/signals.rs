@@ -1,20 +1,27 @@
-//! Issue 4's acceptance 4 and 5, through a real HAProxy 2.6 (the documented configuration)
-//! and the real CRS:
+//! Signals and deadlines, through a real HAProxy 2.6 (the documented configuration) and the
+//! real CRS, and with a raw SPOP client where HAProxy's own timeouts would get in the way:
 //!
 //! - the deadline: connections that never go idle (one agent with one evaluation worker,
 //!   saturated by 32 clients) are cut at `--drain-timeout`, the agent exits 75 and logs how
 //!   many sessions it cut;
+//! - the deadline is the deadline: an evaluation still running then does not hold the exit;
 //! - a second SIGTERM exits within 1 s;
 //! - `--on-sigterm ignore` survives SIGTERM (still serving, still ready) and drains on
 //!   SIGUSR1 or `POST /drain`.
 
 mod support;
 
+use std::io::{Read, Write};
+use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
+use bytes::BytesMut;
 use lastcall::harness::{self, Signal};
+use lastcall_spoa::protocol::frame::{self, AgentFrame};
+use spop::frame::Message;
+use spop::TypedData;
 use support::traffic::Load;
-use support::{Stack, StackOptions, WAIT};
+use support::{Agent, Stack, StackOptions, WAIT};
 
 /// Built-in CRS, a single evaluation worker: 32 clients keep every connection busy.
 const ONE_WORKER: &str = "\
@@ -79,6 +86,113 @@ fn deadline_cuts_busy_connections_with_status_75() {
         .unwrap_or_else(|| panic!("no session count in {line:?}"));
     assert!(cut >= 1, "{line}");
     assert!(line.contains("exit status 75"), "{line}");
+}
+
+/// A rule that is slow on purpose: `^(a|aa)+$` backtracks exponentially on a run of `a`s
+/// that ends in `!`, until PCRE2's match limit stops the attempt. [`SLOW_ARGS`] arguments of
+/// forty `a`s and a `!` took 6.6-7.9 s with the release build (libmodsecurity 3.0.9, the
+/// 2-core development machine under load 4-5), about 50 s with the debug build these tests
+/// run: still evaluating at any deadline below.
+const SLOW_RULE: &str = "\
+default_application: slow
+applications:
+  - name: slow
+    directives: |
+      SecRuleEngine On
+      SecRule ARGS \"@rx ^(a|aa)+$\" \"id:9001,phase:2,pass,t:none,log,msg:'slow on purpose'\"
+";
+
+/// Arguments in the slow request.
+const SLOW_ARGS: usize = 200;
+
+/// A NOTIFY carrying a `coraza-req` whose query string keeps [`SLOW_RULE`] busy for seconds.
+fn slow_notify() -> Vec<u8> {
+    let query: Vec<String> = (0..SLOW_ARGS)
+        .map(|i| format!("a{i}={}!", "a".repeat(40)))
+        .collect();
+    let msg = Message {
+        name: "coraza-req".into(),
+        args: vec![
+            ("app".into(), TypedData::String("slow".into())),
+            ("method".into(), TypedData::String("GET".into())),
+            ("path".into(), TypedData::String("/slow".into())),
+            ("query".into(), TypedData::String(query.join("&"))),
+            ("version".into(), TypedData::String("1.1".into())),
+            (
+                "headers".into(),
+                TypedData::String("host: slow.example\r\n\r\n".into()),
+            ),
+        ],
+    };
+    let mut v = Vec::new();
+    frame::encode_notify(1, 1, &msg, &mut v);
+    v
+}
+
+/// The agent's frames until EOF (or a read error after its close).
+fn read_until_eof(s: &mut TcpStream) -> Vec<AgentFrame> {
+    let mut buf = BytesMut::new();
+    let mut frames = Vec::new();
+    loop {
+        while let Some(f) = frame::decode_agent_frame(&mut buf).expect("agent frame") {
+            frames.push(f);
+        }
+        let mut chunk = [0u8; 4096];
+        match s.read(&mut chunk) {
+            Ok(0) | Err(_) => return frames,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+}
+
+/// The deadline is the deadline: with an evaluation still running when `--drain-timeout`
+/// runs out, the agent says goodbye on its connection and exits 75 within the deadline plus
+/// lastcall's exit grace (1 s) and a margin for a busy machine, instead of waiting for the
+/// evaluation.
+#[test]
+fn an_evaluation_running_at_the_deadline_does_not_hold_the_exit() {
+    let deadline = Duration::from_secs(3);
+    let mut agent = Agent::start(
+        Some(SLOW_RULE),
+        &["--shutdown-delay", "0s", "--drain-timeout", "3s"],
+    );
+    let mut s = TcpStream::connect(agent.addr).expect("connect agent");
+    s.set_read_timeout(Some(WAIT)).expect("timeout");
+    let mut hello = Vec::new();
+    frame::encode_haproxy_hello(16380, false, &mut hello);
+    s.write_all(&hello).expect("hello");
+    s.write_all(&slow_notify()).expect("notify");
+    let sent = Instant::now();
+    let end = sent + WAIT;
+    while agent.metric("spoa_inflight") < 1.0 {
+        assert!(Instant::now() < end, "the evaluation never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    agent.pod.signal(Signal::Term);
+    let report = agent.pod.wait_exit(Duration::from_secs(60));
+    eprintln!(
+        "SLOW EVALUATION AT THE DEADLINE: {report:?}, {:?} after the NOTIFY",
+        sent.elapsed()
+    );
+    assert_eq!(report.code, Some(lastcall::exit::DEADLINE), "{report:?}");
+    assert!(
+        report.elapsed_since_signal >= deadline - Duration::from_millis(100),
+        "left before the deadline: {report:?}"
+    );
+    assert!(
+        report.elapsed_since_signal < deadline + Duration::from_millis(2500),
+        "left {:?} after SIGTERM, deadline {deadline:?}",
+        report.elapsed_since_signal
+    );
+    // The evaluation had not finished: the connection got the goodbye, never the ACK.
+    let frames = read_until_eof(&mut s);
+    assert!(
+        matches!(
+            &frames[..],
+            [AgentFrame::Hello(_), AgentFrame::Disconnect(0, _)]
+        ),
+        "{frames:?}"
+    );
 }
 
 #[test]

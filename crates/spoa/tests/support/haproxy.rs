@@ -48,32 +48,9 @@ pub fn spoe_path() -> PathBuf {
 }
 
 impl Haproxy {
-    /// Starts HAProxy in front of `origin`, with agent servers `spoa1` and `spoa2`, and waits
-    /// until a benign request passes through an agent.
-    pub fn start(origin: SocketAddr, spoa1: SocketAddr, spoa2: SocketAddr) -> Haproxy {
-        Self::start_with(origin, spoa1, spoa2, false)
-    }
-
-    /// Like [`Haproxy::start`]; `quiet` runs a copy of the documented file without its
-    /// `log stdout` line (for load measurements, where per-request logs cost CPU).
-    pub fn start_with(
-        origin: SocketAddr,
-        spoa1: SocketAddr,
-        spoa2: SocketAddr,
-        quiet: bool,
-    ) -> Haproxy {
-        Self::start_variant(
-            origin,
-            spoa1,
-            spoa2,
-            &Variant {
-                quiet,
-                ..Variant::default()
-            },
-        )
-    }
-
-    /// Like [`Haproxy::start`], with a variant of the documented files (see [`Variant`]).
+    /// Starts HAProxy in front of `origin`, with agent servers `spoa1` and `spoa2`, running
+    /// the documented files or a variant of them (see [`Variant`]), and waits until a benign
+    /// request passes through an agent.
     pub fn start_variant(
         origin: SocketAddr,
         spoa1: SocketAddr,

@@ -99,11 +99,6 @@ impl Nginx {
         }
         ids
     }
-
-    /// The prefix directory.
-    pub fn prefix(&self) -> &Path {
-        self.dir.path()
-    }
 }
 
 /// nginx.conf for the test. Header handling is made as permissive as HAProxy's

@@ -1,15 +1,18 @@
-//! SPOP frames, sans-IO: splitting a byte stream into frames, decoding the payloads the agent
-//! receives, and encoding the frames it sends.
+//! SPOP frames, sans-IO: splitting a byte stream into frames (SPOE.txt 3.2: length, type,
+//! flags, stream-id, frame-id, payload) and encoding the frames the agent sends.
 //!
 //! Typed data and varints come from the `spop` crate; the frame header is parsed here so every
 //! problem maps to the status code SPOE.txt (section 3.5) assigns to it, which the crate's own
 //! parser cannot express (it reports one opaque `InvalidData` error for all of them, and it
-//! rejects a missing `version` and a missing `max-frame-size` the same way).
+//! rejects a missing `version` and a missing `max-frame-size` the same way). The payloads are
+//! read by [`super::payload`].
 
 use bytes::{Buf, BytesMut};
 use spop::frame::Message;
 use spop::frames::{Ack, AgentDisconnect, AgentHello, FrameCapabilities};
-use spop::{decode_varint, SpopFrame, StatusCode, TypedData, VarScope};
+use spop::{SpopFrame, StatusCode, TypedData, VarScope};
+
+use super::payload::{parse_kv_list, put_kv, put_string, string, typed, varint, Negotiated};
 
 /// Frame type bytes (SPOE.txt 3.2).
 pub mod kind {
@@ -23,9 +26,6 @@ pub mod kind {
 
 const FLAG_FIN: u32 = 0x1;
 const FLAG_ABORT: u32 = 0x2;
-
-/// The smallest `max-frame-size` a peer may announce (SPOE.txt 3.2).
-pub const MIN_FRAME_SIZE: u32 = 256;
 
 /// A protocol violation by the peer: the status code to put in AGENT-DISCONNECT and why.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -46,7 +46,7 @@ impl ProtocolError {
         }
     }
 
-    fn invalid(reason: impl Into<String>) -> Self {
+    pub(crate) fn invalid(reason: impl Into<String>) -> Self {
         Self::new(StatusCode::Invalid, reason)
     }
 
@@ -140,139 +140,6 @@ fn parse_header(mut frame: bytes::Bytes) -> Result<RawFrame, ProtocolError> {
         frame_id,
         payload: frame,
     })
-}
-
-fn varint<'a>(input: &'a [u8], what: &str) -> Result<(&'a [u8], u64), ProtocolError> {
-    decode_varint(input).map_err(|_| ProtocolError::invalid(format!("bad varint in {what}")))
-}
-
-fn string<'a>(input: &'a [u8], what: &str) -> Result<(&'a [u8], String), ProtocolError> {
-    let (rest, len) = varint(input, what)?;
-    let len =
-        usize::try_from(len).map_err(|_| ProtocolError::invalid(format!("{what} too long")))?;
-    let bytes = rest
-        .get(..len)
-        .ok_or_else(|| ProtocolError::invalid(format!("{what} runs past the frame end")))?;
-    let rest = rest.get(len..).unwrap_or_default();
-    Ok((rest, String::from_utf8_lossy(bytes).into_owned()))
-}
-
-fn typed<'a>(input: &'a [u8], what: &str) -> Result<(&'a [u8], TypedData), ProtocolError> {
-    spop::types::typed_data(input)
-        .map_err(|_| ProtocolError::invalid(format!("bad typed data in {what}")))
-}
-
-/// Decodes a KV-LIST payload (HELLO and DISCONNECT frames).
-pub fn parse_kv_list(mut input: &[u8]) -> Result<Vec<(String, TypedData)>, ProtocolError> {
-    let mut out = Vec::new();
-    while !input.is_empty() {
-        let (rest, name) = string(input, "KV name")?;
-        let (rest, value) = typed(rest, "KV value")?;
-        out.push((name, value));
-        input = rest;
-    }
-    Ok(out)
-}
-
-/// Decodes a LIST-OF-MESSAGES payload (NOTIFY frames).
-pub fn parse_messages(mut input: &[u8]) -> Result<Vec<Message>, ProtocolError> {
-    let mut out = Vec::new();
-    while !input.is_empty() {
-        let (rest, name) = string(input, "message name")?;
-        let (&nb_args, mut rest) = rest
-            .split_first()
-            .ok_or_else(|| ProtocolError::invalid("message without NB-ARGS"))?;
-        let mut args = Vec::with_capacity(usize::from(nb_args));
-        for _ in 0..nb_args {
-            let (r, arg) = string(rest, "argument name")?;
-            let (r, value) = typed(r, "argument value")?;
-            args.push((arg, value));
-            rest = r;
-        }
-        out.push(Message { name, args });
-        input = rest;
-    }
-    Ok(out)
-}
-
-/// What the agent agreed to in the HELLO handshake.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Negotiated {
-    /// `min(HAProxy's max-frame-size, ours)`.
-    pub max_frame_size: u32,
-    /// Whether HAProxy offered pipelining (we always accept it when offered).
-    pub pipelining: bool,
-    /// A health-check HELLO: answer and close.
-    pub healthcheck: bool,
-    /// HAProxy's `engine-id`, if sent.
-    pub engine_id: Option<String>,
-}
-
-/// Validates a HAPROXY-HELLO payload and negotiates with our own `max-frame-size`.
-pub fn negotiate_hello(payload: &[u8], our_max: u32) -> Result<Negotiated, ProtocolError> {
-    let kv = parse_kv_list(payload)?;
-    let get = |name: &str| kv.iter().find(|(k, _)| k == name).map(|(_, v)| v);
-    let versions = match get("supported-versions") {
-        Some(TypedData::String(s)) => s.clone(),
-        _ => {
-            return Err(ProtocolError::new(
-                StatusCode::NoVersion,
-                "supported-versions not found",
-            ))
-        }
-    };
-    if !versions.split(',').any(|v| version_is_2x(v.trim())) {
-        return Err(ProtocolError::new(
-            StatusCode::BadVersion,
-            format!("no supported SPOP version in \"{versions}\" (we speak 2.0)"),
-        ));
-    }
-    let theirs = match get("max-frame-size") {
-        Some(TypedData::UInt32(n)) => *n,
-        Some(TypedData::UInt64(n)) => u32::try_from(*n).unwrap_or(u32::MAX),
-        _ => {
-            return Err(ProtocolError::new(
-                StatusCode::NoFrameSize,
-                "max-frame-size not found",
-            ))
-        }
-    };
-    if theirs < MIN_FRAME_SIZE {
-        return Err(ProtocolError::new(
-            StatusCode::BadFrameSize,
-            format!("max-frame-size {theirs} is below {MIN_FRAME_SIZE}"),
-        ));
-    }
-    let caps = match get("capabilities") {
-        Some(TypedData::String(s)) => s.clone(),
-        _ => {
-            return Err(ProtocolError::new(
-                StatusCode::NoCapabilities,
-                "capabilities not found",
-            ))
-        }
-    };
-    let pipelining = caps
-        .split(',')
-        .any(|c| c.trim().eq_ignore_ascii_case("pipelining"));
-    let healthcheck = matches!(get("healthcheck"), Some(TypedData::Bool(true)));
-    let engine_id = match get("engine-id") {
-        Some(TypedData::String(s)) => Some(s.clone()),
-        _ => None,
-    };
-    Ok(Negotiated {
-        max_frame_size: theirs.min(our_max),
-        pipelining,
-        healthcheck,
-        engine_id,
-    })
-}
-
-fn version_is_2x(v: &str) -> bool {
-    let mut parts = v.splitn(2, '.');
-    let major = parts.next().and_then(|m| m.trim().parse::<u32>().ok());
-    let minor_ok = parts.next().is_none_or(|m| m.trim().parse::<u32>().is_ok());
-    major == Some(2) && minor_ok
 }
 
 /// Encodes AGENT-HELLO. We announce `pipelining` only when HAProxy offered it, and never
@@ -392,16 +259,6 @@ pub fn encode_haproxy_disconnect(status: u32, message: &str, out: &mut Vec<u8>) 
     put_frame(kind::HAPROXY_DISCONNECT, 0, 0, &payload, out);
 }
 
-fn put_string(out: &mut Vec<u8>, s: &str) {
-    spop::encode_varint_into(s.len() as u64, out);
-    out.extend_from_slice(s.as_bytes());
-}
-
-fn put_kv(out: &mut Vec<u8>, name: &str, value: &TypedData) {
-    put_string(out, name);
-    value.to_bytes(out);
-}
-
 /// Writes a frame with the given header fields and payload (FIN set).
 pub fn put_frame(kind: u8, stream_id: u64, frame_id: u64, payload: &[u8], out: &mut Vec<u8>) {
     let mut body = vec![kind];
@@ -490,15 +347,8 @@ fn parse_actions(mut input: &[u8]) -> Result<Vec<(String, TypedData)>, ProtocolE
 
 #[cfg(test)]
 mod tests {
+    use super::super::payload::{negotiate_hello, parse_messages};
     use super::*;
-
-    fn hello_payload(items: &[(&str, TypedData)]) -> Vec<u8> {
-        let mut p = Vec::new();
-        for (k, v) in items {
-            put_kv(&mut p, k, v);
-        }
-        p
-    }
 
     #[test]
     fn varint_matches_haproxy_encoding() {
@@ -562,64 +412,6 @@ mod tests {
     }
 
     #[test]
-    fn hello_negotiation_statuses() {
-        let ok = hello_payload(&[
-            ("supported-versions", TypedData::String("2.0".into())),
-            ("max-frame-size", TypedData::UInt32(16380)),
-            ("capabilities", TypedData::String("pipelining,async".into())),
-            ("healthcheck", TypedData::Bool(true)),
-        ]);
-        let n = negotiate_hello(&ok, 1 << 20).unwrap();
-        assert_eq!(n.max_frame_size, 16380);
-        assert!(n.pipelining && n.healthcheck);
-        assert_eq!(negotiate_hello(&ok, 4096).unwrap().max_frame_size, 4096);
-
-        let cases: [(&[(&str, TypedData)], StatusCode); 5] = [
-            (
-                &[
-                    ("max-frame-size", TypedData::UInt32(16380)),
-                    ("capabilities", TypedData::String(String::new())),
-                ],
-                StatusCode::NoVersion,
-            ),
-            (
-                &[
-                    ("supported-versions", TypedData::String("1.0, 3.0".into())),
-                    ("max-frame-size", TypedData::UInt32(16380)),
-                    ("capabilities", TypedData::String(String::new())),
-                ],
-                StatusCode::BadVersion,
-            ),
-            (
-                &[
-                    ("supported-versions", TypedData::String("2.0".into())),
-                    ("capabilities", TypedData::String(String::new())),
-                ],
-                StatusCode::NoFrameSize,
-            ),
-            (
-                &[
-                    ("supported-versions", TypedData::String("2.0".into())),
-                    ("max-frame-size", TypedData::UInt32(100)),
-                    ("capabilities", TypedData::String(String::new())),
-                ],
-                StatusCode::BadFrameSize,
-            ),
-            (
-                &[
-                    ("supported-versions", TypedData::String("2.0".into())),
-                    ("max-frame-size", TypedData::UInt32(16380)),
-                ],
-                StatusCode::NoCapabilities,
-            ),
-        ];
-        for (items, status) in cases {
-            let e = negotiate_hello(&hello_payload(items), 1 << 20).unwrap_err();
-            assert_eq!(e.status, status, "{e}");
-        }
-    }
-
-    #[test]
     fn notify_roundtrip_and_ack_fits() {
         let msg = Message {
             name: "coraza-req".into(),
@@ -676,19 +468,7 @@ mod tests {
             }
             let _ = parse_messages(&bytes);
             let _ = negotiate_hello(&bytes, 1 << 20);
-            let _ = crate::message::parse_hdrs_bin(&bytes);
-            // The same bytes behind a correct length prefix and a valid header, so the payload
-            // parsers see them too.
-            for kind in [kind::HAPROXY_HELLO, kind::NOTIFY, kind::HAPROXY_DISCONNECT] {
-                let mut framed = Vec::new();
-                put_frame(kind, 1, 1, &bytes, &mut framed);
-                let mut conn = crate::conn::Conn::new(1 << 20);
-                let mut hello = Vec::new();
-                encode_haproxy_hello(16380, false, &mut hello);
-                let mut buf = BytesMut::from(&hello[..]);
-                buf.extend_from_slice(&framed);
-                while conn.poll(&mut buf, crate::conn::HelloPolicy::default()).is_some() {}
-            }
+            let _ = super::super::hdrs::parse_hdrs_bin(&bytes);
         }
 
         /// Every NOTIFY we encode decodes back to the same message.
@@ -703,15 +483,5 @@ mod tests {
             proptest::prop_assert_eq!(&back[0].args, &msg.args);
             proptest::prop_assert_eq!(&back[0].name, &msg.name);
         }
-    }
-
-    #[test]
-    fn truncated_message_inside_frame_is_invalid() {
-        // NB-ARGS says 2 but only one argument follows.
-        let mut p = Vec::new();
-        put_string(&mut p, "coraza-req");
-        p.push(2);
-        put_kv(&mut p, "app", &TypedData::String("a".into()));
-        assert_eq!(parse_messages(&p).unwrap_err().status, StatusCode::Invalid);
     }
 }

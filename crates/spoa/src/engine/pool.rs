@@ -6,17 +6,10 @@
 //! full. A sleeping thread is woken only when a job needs it, so a busy pool takes jobs
 //! back to back without any park/unpark.
 //!
-//! A job the pool would start at once (nothing queued, fewer than `workers` evaluations
-//! running) may instead run on the thread that has it: [`Pool::try_run_here`] claims the
-//! room, so that evaluations on the pool and elsewhere together never exceed `workers`, and
-//! FIFO order is kept (a claim never passes a queued job). That spares the wake of a pool
-//! thread when the pool is idle, which is most of what a lightly loaded agent pays outside
-//! libmodsecurity.
-//!
-//! (Before, every NOTIFY took a semaphore permit and then went to tokio's blocking pool:
-//! because the permit was taken first, the blocking pool's queue was always empty when an
-//! evaluation finished, so every evaluation cost a thread park/unpark plus an async wake,
-//! and evaluations spread over up to 20 blocking threads.)
+//! Long-lived threads and a queue of our own, rather than a semaphore in front of tokio's
+//! blocking pool: with the permit taken first, that pool's queue is always empty when an
+//! evaluation finishes, so every evaluation costs a thread park/unpark plus an async wake
+//! (docs/benchmarks.md, *Optimisations*).
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -51,12 +44,10 @@ struct State {
     jobs: VecDeque<Job>,
     /// Threads waiting for a job.
     idle: usize,
-    /// Evaluations running: on pool threads, or claimed by [`Pool::try_run_here`].
+    /// Evaluations running.
     running: usize,
     /// Most evaluations at once (the threads started).
     limit: usize,
-    /// Claims held ([`Pool::try_run_here`]).
-    here: usize,
     /// Threads alive.
     alive: usize,
     closed: bool,
@@ -136,20 +127,6 @@ impl Pool {
         self.workers
     }
 
-    /// Claims the room to run one evaluation on the calling thread, if the pool would start
-    /// a job at once (nothing is queued and fewer than `workers` evaluations run) and fewer
-    /// than `max_here` claims are held. Hold the claim while evaluating; dropping it lets a
-    /// queued job start.
-    pub fn try_run_here(&self, max_here: usize) -> Option<Claim> {
-        let mut st = self.inner.lock();
-        if st.closed || !st.jobs.is_empty() || st.running >= st.limit || st.here >= max_here {
-            return None;
-        }
-        st.running += 1;
-        st.here += 1;
-        Some(Claim(Arc::clone(&self.inner)))
-    }
-
     /// Queues `work` if there is room; gives it back otherwise.
     pub fn try_submit(&self, work: Work) -> Result<(), Work> {
         match Arc::clone(&self.slots).try_acquire_owned() {
@@ -182,7 +159,7 @@ impl Pool {
         }
         st.jobs.push_back(job);
         // Jobs already queued have had a thread woken for them; wake one more only if an
-        // idle thread is left over and the job may start (claims can hold the room).
+        // idle thread is left over and the job may start.
         let wake = st.idle >= st.jobs.len() && st.running + st.jobs.len() <= st.limit;
         drop(st);
         if wake {
@@ -222,29 +199,6 @@ impl Drop for Pool {
     }
 }
 
-/// Room for one evaluation, held by the thread running it outside the pool.
-#[derive(Debug)]
-pub struct Claim(Arc<Inner>);
-
-impl std::fmt::Debug for Inner {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Inner").finish_non_exhaustive()
-    }
-}
-
-impl Drop for Claim {
-    fn drop(&mut self) {
-        let mut st = self.0.lock();
-        st.running -= 1;
-        st.here -= 1;
-        let wake = !st.jobs.is_empty() && st.idle > 0;
-        drop(st);
-        if wake {
-            self.0.ready.notify_one();
-        }
-    }
-}
-
 fn work(inner: &Inner) {
     let mut ran = false;
     loop {
@@ -277,8 +231,8 @@ fn work(inner: &Inner) {
                 st.idle -= 1;
             }
         };
-        // A panicking evaluation drops its reply channel (the connection answers with an
-        // error) and the thread goes on.
+        // A panicking evaluation drops its ACK ticket (the connection answers with the error
+        // variable) and the thread goes on.
         if std::panic::catch_unwind(AssertUnwindSafe(work)).is_err() {
             tracing::error!("evaluation panicked");
         }
@@ -343,46 +297,6 @@ mod tests {
         let max = running.lock().unwrap().1;
         assert!((1..=2).contains(&max), "{max}");
         assert_eq!(pool.workers(), 2);
-        assert!(pool.shutdown(Duration::from_secs(20)));
-    }
-
-    /// A claim is granted only when a job would start at once, counts against `workers`,
-    /// and lets a queued job start when dropped.
-    #[test]
-    fn claims_share_the_room_with_the_threads_and_never_pass_the_queue() {
-        let pool = Pool::new(2, "test-eval");
-        assert!(pool.try_run_here(0).is_none(), "no claim allowed");
-        let a = pool.try_run_here(2).expect("an idle pool has room");
-        let b = pool.try_run_here(2).expect("room for two");
-        assert!(pool.try_run_here(2).is_none(), "two claims fill the room");
-        let (tx, rx) = mpsc::channel();
-        let (gate_tx, gate_rx) = mpsc::channel::<()>();
-        let job: Work = Box::new(move || {
-            tx.send(1).unwrap();
-            let _ = gate_rx.recv_timeout(Duration::from_secs(20));
-        });
-        assert!(pool.try_submit(job).is_ok());
-        // The job waits for room; no claim may pass it.
-        assert!(rx.recv_timeout(Duration::from_millis(200)).is_err());
-        drop(a);
-        // Queued, or started and held at the gate: either way the room is full.
-        assert!(pool.try_run_here(2).is_none(), "a job is queued or running");
-        assert_eq!(rx.recv_timeout(Duration::from_secs(20)).unwrap(), 1);
-        assert!(
-            pool.try_run_here(2).is_none(),
-            "the running job holds the room"
-        );
-        gate_tx.send(()).unwrap();
-        // The job is done: with one claim held, one more fits.
-        let end = Instant::now() + Duration::from_secs(20);
-        let c = loop {
-            if let Some(c) = pool.try_run_here(2) {
-                break c;
-            }
-            assert!(Instant::now() < end, "the finished job's room came back");
-            std::thread::yield_now();
-        };
-        drop((b, c));
         assert!(pool.shutdown(Duration::from_secs(20)));
     }
 

@@ -1,213 +1,40 @@
-//! WAF evaluation: `coraza-req` / `coraza-res` messages through libmodsecurity, and the
-//! variables set back in HAProxy (coraza-spoa's names).
+//! The WAF: `coraza-req` / `coraza-res` messages through libmodsecurity, and the variables
+//! set back in HAProxy (coraza-spoa's names).
 //!
-//! Everything here is blocking and CPU-bound; the server calls [`Waf::handle`] on its
-//! evaluation threads ([`crate::pool`]), never on an async worker, and asks
+//! Everything here is blocking and CPU-bound: the engine calls [`Waf`]'s
+//! [`Handler::handle`] on an evaluation thread, never on an async worker, and asks
 //! [`Handler::answer_inline`] first, on the connection task, whether the engine is needed at
-//! all. Rules are compiled once per
-//! application and shared (`Arc`); [`Waf::swap`] replaces them all at once (a reload), while
-//! evaluations already running keep the rules they started with.
+//! all. The logging phase (phase 5) and a transaction's cleanup come back with the answer as
+//! a [`Later`], which the engine runs once the ACK is written, as nginx runs ModSecurity's log
+//! phase after the response.
+//!
+//! - [`apps`]: the applications' compiled rules, swapped all at once by a reload
+//!   ([`Waf::swap`]; evaluations already running keep the rules they started with);
+//! - [`cache`]: request transactions kept for their response check.
 
-use std::collections::{HashMap, VecDeque};
+pub mod apps;
+mod cache;
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use lastcall_modsec::{crs, Intervention, ModSecurity, RuleSet, Transaction};
+use lastcall_modsec::{Intervention, ModSecurity, Transaction};
 use spop::frame::Message;
 use spop::TypedData;
 
-use crate::config::{Application, BodyLimitAction, Config};
-use crate::message::{Request, Response, REQUEST_MESSAGE, RESPONSE_MESSAGE};
+pub use apps::{directives_for, App, Apps};
+use cache::{Kept, TxCache};
+
+use crate::config::BodyLimitAction;
+use crate::engine::{Answer, Handler, Later, Vars, AGENT_ERROR};
 use crate::metrics::{Metrics, Verdict};
-
-/// Value of `txn.<prefix>.error` when the agent itself could not evaluate (the spec's
-/// "unknown error"). HAProxy sets the same variable for its own SPOE errors, so one
-/// `deny if { var(txn.coraza.error) -m int gt 0 }` covers both.
-pub const AGENT_ERROR: i64 = 99;
-
-/// The variables to set in HAProxy's transaction scope.
-pub type Vars = Vec<(&'static str, TypedData)>;
-
-/// Blocking evaluation of one NOTIFY's messages: what the server's pool calls.
-pub trait Handler: Send + Sync + 'static {
-    /// Evaluates the messages and returns the variables to set in the ACK.
-    fn handle(&self, messages: &[Message]) -> Vars;
-
-    /// The ACK's variables when no message needs any engine work (cheap, non-blocking:
-    /// called on the connection task before any hand-off); `None` when
-    /// [`handle`](Self::handle) must run.
-    fn answer_inline(&self, _messages: &[Message]) -> Option<Vars> {
-        None
-    }
-
-    /// Work left over from this thread's last [`handle`](Self::handle) that need not delay
-    /// its answer; called on the same thread once the ACK is on its way.
-    fn after_reply(&self) {}
-}
-
-/// Most transactions a thread holds for [`Handler::after_reply`].
-const AFTER_REPLY_MAX: usize = 64;
+use crate::protocol::coraza::{self, Request, Response, REQUEST_MESSAGE, RESPONSE_MESSAGE};
 
 /// Runs the logging phase of finished request transactions, then frees them.
-fn finish(txs: impl Iterator<Item = Transaction>) {
+fn finish(txs: impl IntoIterator<Item = Transaction>) {
     for mut tx in txs {
         let _ = tx.process_logging();
-    }
-}
-
-thread_local! {
-    /// Request transactions whose verdict is known but whose logging phase (phase 5) and
-    /// cleanup have not run yet: they run after the ACK is written ([`Handler::after_reply`]),
-    /// as nginx runs ModSecurity's log phase after the response. Per thread, because
-    /// `after_reply` runs on the thread that evaluated.
-    static AFTER_REPLY: std::cell::RefCell<Vec<Transaction>> =
-        const { std::cell::RefCell::new(Vec::new()) };
-}
-
-/// One compiled application.
-#[derive(Debug)]
-pub struct App {
-    /// Its configuration.
-    pub config: Application,
-    /// Its compiled rules.
-    pub rules: Arc<RuleSet>,
-}
-
-/// All applications, as swapped by a reload.
-#[derive(Debug, Default)]
-pub struct Apps {
-    by_name: HashMap<String, Arc<App>>,
-    default: Option<Arc<App>>,
-}
-
-impl Apps {
-    /// Compiles every application of `cfg`; all compile errors are returned together.
-    pub fn compile(cfg: &Config) -> Result<Apps, Vec<String>> {
-        Self::compile_unless(cfg, &std::sync::atomic::AtomicBool::new(false))
-            .unwrap_or_else(|| Err(vec!["compilation cancelled".into()]))
-    }
-
-    /// Like [`compile`](Self::compile), but checks `cancel` before each application and
-    /// returns `None` once it is set (a signal during start-up: the process then exits
-    /// normally, never while libmodsecurity is compiling on another thread).
-    pub fn compile_unless(
-        cfg: &Config,
-        cancel: &std::sync::atomic::AtomicBool,
-    ) -> Option<Result<Apps, Vec<String>>> {
-        let mut apps = Apps::default();
-        let mut errors = Vec::new();
-        for a in &cfg.applications {
-            if cancel.load(std::sync::atomic::Ordering::SeqCst) {
-                return None;
-            }
-            let text = directives_for(a);
-            match RuleSet::from_directives(&text, &format!("application {}", a.name)) {
-                Ok(rules) => {
-                    let app = Arc::new(App {
-                        config: a.clone(),
-                        rules,
-                    });
-                    apps.by_name.insert(a.name.clone(), app);
-                }
-                Err(e) => errors.push(format!("application `{}`: {e}", a.name)),
-            }
-        }
-        if !errors.is_empty() {
-            return Some(Err(errors));
-        }
-        apps.default = cfg
-            .default_application
-            .as_ref()
-            .and_then(|d| apps.by_name.get(d).cloned());
-        Some(Ok(apps))
-    }
-
-    fn find(&self, name: &str) -> Option<Arc<App>> {
-        self.by_name.get(name).or(self.default.as_ref()).cloned()
-    }
-
-    /// Total rules compiled (logs).
-    pub fn rule_count(&self) -> usize {
-        self.by_name.values().map(|a| a.rules.rule_count()).sum()
-    }
-}
-
-/// The SecLang text an application runs.
-pub fn directives_for(a: &Application) -> String {
-    match &a.directives {
-        None => crs::debian_default_directives(&crs::CrsOptions {
-            paranoia_level: a.paranoia_level,
-            detect_only: a.detect_only,
-            response_check: a.response_check,
-            ..crs::CrsOptions::default()
-        }),
-        Some(d) if a.detect_only => format!("{d}\nSecRuleEngine DetectionOnly\n"),
-        Some(d) => d.clone(),
-    }
-}
-
-struct Kept {
-    tx: Transaction,
-    app: Arc<App>,
-}
-
-/// Transactions waiting for their response, by id, with a TTL and a bound.
-#[derive(Default)]
-struct TxCache {
-    map: HashMap<String, (Instant, Kept)>,
-    order: VecDeque<(Instant, String)>,
-}
-
-impl TxCache {
-    fn insert(&mut self, id: String, kept: Kept, ttl: Duration, limit: usize) -> Vec<Kept> {
-        let mut evicted = Vec::new();
-        while self.map.len() >= limit.max(1) {
-            match self.pop_oldest() {
-                Some(k) => evicted.push(k),
-                None => break,
-            }
-        }
-        let expiry = Instant::now() + ttl;
-        if let Some((_, old)) = self.map.insert(id.clone(), (expiry, kept)) {
-            evicted.push(old);
-        }
-        self.order.push_back((expiry, id));
-        evicted
-    }
-
-    fn pop_oldest(&mut self) -> Option<Kept> {
-        while let Some((_, id)) = self.order.pop_front() {
-            if let Some((_, k)) = self.map.remove(&id) {
-                return Some(k);
-            }
-        }
-        None
-    }
-
-    fn expire(&mut self, now: Instant) -> Vec<Kept> {
-        let mut out = Vec::new();
-        // TTLs differ per application, so the queue is not strictly ordered by expiry; this
-        // frees what is due at the front and leaves the rest for the next sweep.
-        while let Some((at, _)) = self.order.front() {
-            if *at > now {
-                break;
-            }
-            let Some((at, id)) = self.order.pop_front() else {
-                break;
-            };
-            if self.map.get(&id).is_some_and(|(exp, _)| *exp == at) {
-                if let Some((_, k)) = self.map.remove(&id) {
-                    out.push(k);
-                }
-            }
-        }
-        if self.order.len() > 2 * self.map.len() + 1024 {
-            let map = &self.map;
-            self.order
-                .retain(|(at, id)| map.get(id).is_some_and(|(e, _)| e == at));
-        }
-        out
     }
 }
 
@@ -308,8 +135,18 @@ impl Waf {
             .collect()
     }
 
-    /// Evaluates a request; returns the verdict and the variables.
+    /// Evaluates a request and runs its logging phase at once; returns the verdict and the
+    /// variables.
     pub fn evaluate_request(&self, req: &Request) -> (Verdict, Vars) {
+        let mut done = Vec::new();
+        let result = self.request(req, &mut done);
+        finish(done);
+        result
+    }
+
+    /// Evaluates a request; a transaction whose verdict is final (not kept for a response
+    /// check) is pushed to `done`, its logging phase still to run.
+    fn request(&self, req: &Request, done: &mut Vec<Transaction>) -> (Verdict, Vars) {
         let apps = self.current();
         let Some(app) = apps.find(&req.app) else {
             tracing::warn!(app = %req.app, "unknown application and no default_application");
@@ -345,7 +182,7 @@ impl Waf {
             }
         }
         match self.run_request(&app, req, &id) {
-            Ok((tx, it)) => self.conclude_request(app, tx, it, id, vars),
+            Ok((tx, it)) => self.conclude_request(app, tx, it, id, vars, done),
             Err(e) => {
                 tracing::error!(tx = %id, "evaluation failed: {e}");
                 vars.push(("error", TypedData::Int64(AGENT_ERROR)));
@@ -398,6 +235,7 @@ impl Waf {
         it: Option<Intervention>,
         id: String,
         mut vars: Vars,
+        done: &mut Vec<Transaction>,
     ) -> (Verdict, Vars) {
         let report = tx.report();
         let rules_hit = join_ids(report.rule_ids());
@@ -444,17 +282,7 @@ impl Waf {
             let evicted = self.cache().insert(id, Kept { tx, app }, ttl, limit);
             self.finish_kept(evicted);
         } else {
-            // Phase 5 and the transaction's cleanup wait until the ACK is written.
-            AFTER_REPLY.with(|q| match q.try_borrow_mut() {
-                Ok(mut q) => {
-                    // A caller that never calls `after_reply` must not grow the list.
-                    if q.len() >= AFTER_REPLY_MAX {
-                        finish(q.drain(..));
-                    }
-                    q.push(tx);
-                }
-                Err(_) => finish(std::iter::once(tx)),
-            });
+            done.push(tx);
         }
         (verdict, vars)
     }
@@ -565,19 +393,20 @@ fn join_ids(ids: &[u32]) -> String {
 }
 
 impl Handler for Waf {
-    fn handle(&self, messages: &[Message]) -> Vars {
-        let mut out = Vars::new();
+    fn handle(&self, messages: &[Message]) -> Answer {
+        let mut vars = Vars::new();
+        let mut done = Vec::new();
         for m in messages {
             match m.name.as_str() {
                 REQUEST_MESSAGE => {
-                    let (v, vars) = self.evaluate_request(&Request::from_message(m));
+                    let (v, more) = self.request(&Request::from_message(m), &mut done);
                     self.metrics.request(v);
-                    out.extend(vars);
+                    vars.extend(more);
                 }
                 RESPONSE_MESSAGE => {
-                    if let Some((v, vars)) = self.evaluate_response(&Response::from_message(m)) {
+                    if let Some((v, more)) = self.evaluate_response(&Response::from_message(m)) {
                         self.metrics.response(v);
-                        out.extend(vars);
+                        vars.extend(more);
                     }
                 }
                 other => {
@@ -585,15 +414,12 @@ impl Handler for Waf {
                 }
             }
         }
-        out
-    }
-
-    fn after_reply(&self) {
-        AFTER_REPLY.with(|q| {
-            if let Ok(mut q) = q.try_borrow_mut() {
-                finish(q.drain(..));
-            }
-        });
+        let later = if done.is_empty() {
+            Later::none()
+        } else {
+            Later::new(move || finish(done))
+        };
+        Answer { vars, later }
     }
 
     /// Inline when every message is a `coraza-res` of an application without response
@@ -606,7 +432,7 @@ impl Handler for Waf {
                 REQUEST_MESSAGE => return None,
                 RESPONSE_MESSAGE => {
                     let apps = apps.get_or_insert_with(|| self.current());
-                    let app = apps.find(&crate::message::app_of(m))?;
+                    let app = apps.find(&coraza::app_of(m))?;
                     if app.config.response_check {
                         return None;
                     }
@@ -707,7 +533,7 @@ SecRule RESPONSE_HEADERS:X-Leak \"@streq yes\" \"id:1002,phase:3,deny,status:403
             None
         );
         // What `handle` would have answered: nothing, and nothing counted.
-        assert!(off.handle(&[msg(RESPONSE_MESSAGE)]).is_empty());
+        assert!(off.handle(&[msg(RESPONSE_MESSAGE)]).vars.is_empty());
         assert_eq!(m.transactions_cached.get(), 0);
         let (on, _) = waf("    response_check: true\n");
         assert_eq!(on.answer_inline(&[msg(RESPONSE_MESSAGE)]), None);
@@ -767,29 +593,31 @@ SecRule RESPONSE_HEADERS:X-Leak \"@streq yes\" \"id:1002,phase:3,deny,status:403
         assert_eq!(var(&vars, "status"), Some(&TypedData::Int64(413)));
     }
 
-    fn pending_after_reply() -> usize {
-        AFTER_REPLY.with(|q| q.borrow().len())
-    }
-
+    /// A request's logging phase comes back with the answer, to run after the ACK; a
+    /// transaction kept for its response check has none yet.
     #[test]
-    fn logging_phase_waits_for_after_reply_and_is_bounded() {
+    fn logging_phase_comes_back_with_the_answer() {
+        let msg = |query: &str| Message {
+            name: REQUEST_MESSAGE.into(),
+            args: vec![
+                ("app".into(), TypedData::String("a".into())),
+                ("method".into(), TypedData::String("GET".into())),
+                ("path".into(), TypedData::String("/p".into())),
+                ("query".into(), TypedData::String(query.into())),
+            ],
+        };
         let (w, _) = waf("");
-        let (v, _) = w.evaluate_request(&req("q=good"));
-        assert_eq!(v, Verdict::Allow);
-        assert_eq!(pending_after_reply(), 1);
-        w.after_reply();
-        assert_eq!(pending_after_reply(), 0);
-        // A caller that never calls after_reply: the list stays bounded.
-        for _ in 0..(AFTER_REPLY_MAX + 5) {
-            w.evaluate_request(&req("q=good"));
-        }
-        assert!(
-            pending_after_reply() <= AFTER_REPLY_MAX,
-            "{}",
-            pending_after_reply()
-        );
-        w.after_reply();
-        assert_eq!(pending_after_reply(), 0);
+        let allowed = w.handle(&[msg("q=good")]);
+        assert!(allowed.later.is_pending());
+        assert!(var(&allowed.vars, "action").is_none());
+        allowed.later.run();
+        let denied = w.handle(&[msg("q=evil")]);
+        assert!(denied.later.is_pending());
+        assert_eq!(var(&denied.vars, "ruleid"), Some(&TypedData::Int64(1001)));
+        let (kept, m) = waf("    response_check: true\n");
+        let answer = kept.handle(&[msg("q=good")]);
+        assert!(!answer.later.is_pending(), "kept for the response");
+        assert_eq!(m.transactions_cached.get(), 1);
     }
 
     #[test]

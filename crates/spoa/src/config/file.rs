@@ -1,0 +1,471 @@
+//! Reading the file: its YAML tree walked key by key into a [`Config`], every problem
+//! collected with its line (unknown and duplicate keys, wrong types, values out of range,
+//! names that refer to nothing), and what would be valid.
+//!
+//! Each problem is a [`lastcall::Problem`] placed by line, keyed by where it is in the file
+//! (`applications[0].response_check`), in serde's words where coraza-spoa users have seen
+//! them (``unknown field `x` ``, `invalid type: string "yes"`), with what would be valid.
+
+use std::collections::HashSet;
+
+use lastcall::{Problem, Problems, Source};
+
+use super::yaml::{self, Node, Typed, Value};
+use super::{
+    Application, Bind, BodyLimitAction, Config, Evaluation, DEFAULT_ACTIVE_LIMIT, DEFAULT_TTL_MS,
+};
+use crate::protocol::payload::MIN_FRAME_SIZE;
+
+/// The top-level keys (coraza-spoa's, then ours).
+const TOP: &[&str] = &[
+    "bind",
+    "log_level",
+    "log_file",
+    "log_format",
+    "default_application",
+    "applications",
+    "max_frame_size",
+    "workers",
+    "max_inflight_per_connection",
+    "evaluation",
+];
+
+/// The keys of one application (coraza-spoa's, its older names, then ours).
+const APPLICATION: &[&str] = &[
+    "name",
+    "directives",
+    "response_check",
+    "transaction_ttl_ms",
+    "transaction_ttl",
+    "transaction_active_limit",
+    "log_level",
+    "log_file",
+    "log_format",
+    "rules",
+    "detect_only",
+    "body_limit_action",
+    "paranoia_level",
+];
+
+const LOG_LEVELS: &str = "debug, info, warn, error, panic or fatal";
+
+/// Reads YAML text into a checked configuration, or returns every problem found, in the
+/// order of their lines.
+pub(super) fn read(text: &str) -> Result<Config, Problems> {
+    let mut r = Reader::default();
+    let root = match yaml::parse(text) {
+        Ok(root) => root,
+        Err(e) => {
+            return Err(Problems::from(
+                Problem::new("", format!("invalid YAML: {}", e.message)).at(Source::line(e.line)),
+            ))
+        }
+    };
+    let cfg = r.config(root.as_ref());
+    if r.problems.is_empty() {
+        return Ok(cfg);
+    }
+    r.problems.sort_by_key(|p| match p.source {
+        Source::File {
+            line: Some(line), ..
+        } => line,
+        _ => usize::MAX,
+    });
+    Err(Problems::from(r.problems))
+}
+
+/// Maps coraza-spoa's log levels to ours.
+fn map_level(level: &str) -> Option<&'static str> {
+    match level.to_ascii_lowercase().as_str() {
+        "trace" => Some("trace"),
+        "debug" => Some("debug"),
+        "info" => Some("info"),
+        "warn" | "warning" => Some("warn"),
+        "error" | "panic" | "fatal" => Some("error"),
+        _ => None,
+    }
+}
+
+#[derive(Default)]
+struct Reader {
+    problems: Vec<Problem>,
+}
+
+impl Reader {
+    /// A problem whose message says it all (the wording users know), at `line`.
+    fn problem(&mut self, line: usize, message: String) {
+        self.keyed(line, "", message, None);
+    }
+
+    /// A problem with `key` (where it is in the file), what is wrong, and what is valid.
+    fn keyed(&mut self, line: usize, key: &str, message: String, expected: Option<String>) {
+        let mut p = Problem::new(key, message).at(Source::line(line));
+        if let Some(expected) = expected {
+            p = p.expected(expected);
+        }
+        self.problems.push(p);
+    }
+
+    fn invalid_type(&mut self, path: &str, node: &Node, expected: &str) {
+        self.keyed(
+            node.line,
+            path,
+            format!("invalid type: {}", node.describe()),
+            Some(expected.to_owned()),
+        );
+    }
+
+    /// The entries of a mapping whose keys must be among `known`: unknown keys, duplicate
+    /// keys and keys that are not text are reported (with `prefix`, where the mapping is),
+    /// and left out.
+    fn entries<'n>(
+        &mut self,
+        prefix: &str,
+        entries: &'n [(Node, Node)],
+        known: &[&str],
+    ) -> Vec<(&'n str, &'n Node)> {
+        let mut seen: Vec<(&str, usize)> = Vec::new();
+        let mut out = Vec::new();
+        for (key, value) in entries {
+            let Some(name) = key.text() else {
+                self.keyed(
+                    key.line,
+                    prefix,
+                    format!("a key must be a name, found {}", key.describe()),
+                    None,
+                );
+                continue;
+            };
+            if !known.contains(&name) {
+                let expected = known
+                    .iter()
+                    .map(|k| format!("`{k}`"))
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                self.keyed(
+                    key.line,
+                    prefix,
+                    format!("unknown field `{name}`"),
+                    Some(format!("one of {expected}")),
+                );
+                continue;
+            }
+            if let Some((_, first)) = seen.iter().find(|(k, _)| *k == name) {
+                self.keyed(
+                    key.line,
+                    prefix,
+                    format!("duplicate field `{name}` (first given on line {first})"),
+                    None,
+                );
+                continue;
+            }
+            seen.push((name, key.line));
+            out.push((name, value));
+        }
+        out
+    }
+
+    /// Any scalar, as text; `None` for null.
+    fn string(&mut self, path: &str, node: &Node) -> Option<String> {
+        match node.typed() {
+            Some(Typed::Null) => None,
+            Some(_) => node.text().map(str::to_owned),
+            None => {
+                self.invalid_type(path, node, "a string");
+                None
+            }
+        }
+    }
+
+    fn boolean(&mut self, path: &str, node: &Node) -> Option<bool> {
+        match node.typed() {
+            Some(Typed::Bool(b)) => Some(b),
+            _ => {
+                self.invalid_type(path, node, "a boolean (true or false)");
+                None
+            }
+        }
+    }
+
+    /// A non-negative integer; `None` for null, or after reporting anything else.
+    fn unsigned(&mut self, path: &str, node: &Node) -> Option<u64> {
+        match node.typed() {
+            Some(Typed::Null) => None,
+            Some(Typed::Int(n)) => match u64::try_from(n) {
+                Ok(n) => Some(n),
+                Err(_) => {
+                    self.keyed(
+                        node.line,
+                        path,
+                        format!("invalid value: integer `{n}`"),
+                        Some("a non-negative integer".into()),
+                    );
+                    None
+                }
+            },
+            _ => {
+                self.invalid_type(path, node, "a non-negative integer");
+                None
+            }
+        }
+    }
+
+    fn config(&mut self, root: Option<&Node>) -> Config {
+        let mut cfg = Config::builtin();
+        cfg.applications.clear();
+        cfg.default_application = None;
+        let entries: &[(Node, Node)] = match root {
+            None
+            | Some(Node {
+                value: Value::Null, ..
+            }) => &[],
+            Some(Node {
+                value: Value::Map(entries),
+                ..
+            }) => entries,
+            Some(other) => {
+                self.problem(
+                    other.line,
+                    format!(
+                        "the file must be a mapping of keys (bind, applications, ...), found {}",
+                        other.describe()
+                    ),
+                );
+                &[]
+            }
+        };
+        let mut default_application = None;
+        for (key, node) in self.entries("", entries, TOP) {
+            match key {
+                "bind" => {
+                    if let Some(b) = self.string(key, node) {
+                        match Bind::parse(&b) {
+                            Ok(bind) => cfg.bind = bind,
+                            Err(message) => self.problem(node.line, message),
+                        }
+                    }
+                }
+                "log_level" => {
+                    if let Some(level) = self.string(key, node) {
+                        match map_level(&level) {
+                            Some(l) => cfg.log_level = Some(l.into()),
+                            None => self.problem(
+                                node.line,
+                                format!("log_level `{level}`: expected {LOG_LEVELS}"),
+                            ),
+                        }
+                    }
+                }
+                // Accepted for compatibility: logs go to stderr.
+                "log_file" => {
+                    let _ = self.string(key, node);
+                }
+                "log_format" => match self.string(key, node).as_deref() {
+                    None => {}
+                    Some("console" | "text") => cfg.log_json = Some(false),
+                    Some("json") => cfg.log_json = Some(true),
+                    Some(other) => self.problem(
+                        node.line,
+                        format!("log_format `{other}`: expected console, text or json"),
+                    ),
+                },
+                "default_application" => {
+                    default_application = self.string(key, node).map(|d| (d, node.line));
+                }
+                "applications" => self.applications(node, &mut cfg),
+                "max_frame_size" => {
+                    if let Some(n) = self.unsigned(key, node) {
+                        match u32::try_from(n) {
+                            Ok(n) if (MIN_FRAME_SIZE..=spop::MAX_FRAME_SIZE_LIMIT).contains(&n) => {
+                                cfg.max_frame_size = n;
+                            }
+                            _ => self.problem(
+                                node.line,
+                                format!(
+                                    "max_frame_size {n}: must be between {MIN_FRAME_SIZE} and {}",
+                                    spop::MAX_FRAME_SIZE_LIMIT
+                                ),
+                            ),
+                        }
+                    }
+                }
+                "workers" | "max_inflight_per_connection" => {
+                    let n = self.unsigned(key, node);
+                    let target = match key {
+                        "workers" => &mut cfg.workers,
+                        _ => &mut cfg.max_inflight_per_connection,
+                    };
+                    match n {
+                        Some(0) => self.problem(node.line, format!("{key}: must be at least 1")),
+                        Some(n) => *target = usize::try_from(n).unwrap_or(usize::MAX),
+                        None => {}
+                    }
+                }
+                "evaluation" => match self.string(key, node).as_deref() {
+                    None | Some("pool") => {}
+                    Some("inline") => cfg.evaluation = Evaluation::Inline,
+                    Some(other) => self.problem(
+                        node.line,
+                        format!("evaluation `{other}`: expected inline or pool"),
+                    ),
+                },
+                _ => {}
+            }
+        }
+        match default_application {
+            Some((d, line)) if !cfg.applications.iter().any(|a| a.name == d) => self.problem(
+                line,
+                format!("default_application `{d}` is not among the applications"),
+            ),
+            other => cfg.default_application = other.map(|(d, _)| d),
+        }
+        if cfg.applications.is_empty() {
+            self.problems.push(Problem::new(
+                "",
+                "no applications defined (omit --config to run the built-in CRS application)",
+            ));
+        }
+        cfg
+    }
+
+    fn applications(&mut self, node: &Node, cfg: &mut Config) {
+        let items = match &node.value {
+            Value::Seq(items) => items.as_slice(),
+            Value::Null => &[],
+            _ => {
+                self.invalid_type("applications", node, "a sequence of applications");
+                return;
+            }
+        };
+        let mut names = HashSet::new();
+        for (i, item) in items.iter().enumerate() {
+            let path = format!("applications[{i}]");
+            let Value::Map(entries) = &item.value else {
+                self.invalid_type(&path, item, "an application (a mapping with a `name`)");
+                continue;
+            };
+            let Some(app) = self.application(&path, item, entries) else {
+                continue;
+            };
+            let (app, name_line) = app;
+            if app.name.trim().is_empty() {
+                self.problem(name_line, "application with an empty name".into());
+            }
+            if !names.insert(app.name.clone()) {
+                self.problem(
+                    name_line,
+                    format!("application `{}` defined twice", app.name),
+                );
+            }
+            cfg.applications.push(app);
+        }
+    }
+
+    /// One application; `None` (reported) without a name. Also returns the name's line.
+    fn application(
+        &mut self,
+        path: &str,
+        item: &Node,
+        entries: &[(Node, Node)],
+    ) -> Option<(Application, usize)> {
+        let mut name = None;
+        let mut directives = None;
+        let mut rules: Option<Vec<String>> = None;
+        let mut ttl_ms = None;
+        let mut ttl_s = None;
+        let mut app = Application {
+            name: String::new(),
+            directives: None,
+            response_check: false,
+            transaction_ttl_ms: DEFAULT_TTL_MS,
+            transaction_active_limit: DEFAULT_ACTIVE_LIMIT,
+            detect_only: false,
+            body_limit_action: BodyLimitAction::Reject,
+            paranoia_level: 1,
+        };
+        for (key, node) in self.entries(path, entries, APPLICATION) {
+            let at = format!("{path}.{key}");
+            match key {
+                "name" => match node.text() {
+                    Some(n) => name = Some((n.to_owned(), node.line)),
+                    None => self.invalid_type(&at, node, "a string"),
+                },
+                "directives" => directives = self.string(&at, node),
+                "response_check" => {
+                    app.response_check = self.boolean(&at, node).unwrap_or(false);
+                }
+                "detect_only" => app.detect_only = self.boolean(&at, node).unwrap_or(false),
+                "transaction_ttl_ms" => ttl_ms = self.unsigned(&at, node),
+                "transaction_ttl" => ttl_s = self.unsigned(&at, node),
+                "transaction_active_limit" => {
+                    if let Some(n) = self.unsigned(&at, node) {
+                        app.transaction_active_limit = usize::try_from(n).unwrap_or(usize::MAX);
+                    }
+                }
+                // Accepted for compatibility: per-application logs go to the process log.
+                "log_file" | "log_format" => {
+                    let _ = self.string(&at, node);
+                }
+                "log_level" => {
+                    if let Some(level) = self.string(&at, node) {
+                        if map_level(&level).is_none() {
+                            self.problem(
+                                node.line,
+                                format!("log_level `{level}`: expected {LOG_LEVELS}"),
+                            );
+                        }
+                    }
+                }
+                "rules" => rules = self.rule_lines(&at, node),
+                "body_limit_action" => match self.string(&at, node).as_deref() {
+                    None | Some("reject") => app.body_limit_action = BodyLimitAction::Reject,
+                    Some("process_partial") => {
+                        app.body_limit_action = BodyLimitAction::ProcessPartial;
+                    }
+                    Some(other) => self.keyed(
+                        node.line,
+                        &at,
+                        format!("unknown variant `{other}`"),
+                        Some("`reject` or `process_partial`".into()),
+                    ),
+                },
+                "paranoia_level" => match self.unsigned(&at, node) {
+                    Some(p @ 1..=4) => app.paranoia_level = p as u8,
+                    Some(p) => {
+                        self.problem(node.line, format!("paranoia_level {p}: must be 1 to 4"));
+                    }
+                    None => {}
+                },
+                _ => {}
+            }
+        }
+        let Some((name, name_line)) = name else {
+            self.keyed(item.line, path, "missing field `name`".into(), None);
+            return None;
+        };
+        app.name = name;
+        app.directives = directives.or(rules.map(|lines| lines.join("\n")));
+        app.transaction_ttl_ms = ttl_ms
+            .or(ttl_s.map(|s| s.saturating_mul(1000)))
+            .unwrap_or(DEFAULT_TTL_MS);
+        Some((app, name_line))
+    }
+
+    /// coraza-spoa's older `rules`: a list of directive lines.
+    fn rule_lines(&mut self, path: &str, node: &Node) -> Option<Vec<String>> {
+        match &node.value {
+            Value::Null => None,
+            Value::Seq(items) => Some(
+                items
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, line)| self.string(&format!("{path}[{i}]"), line))
+                    .collect(),
+            ),
+            _ => {
+                self.invalid_type(path, node, "a sequence of directive lines");
+                None
+            }
+        }
+    }
+}

@@ -1,0 +1,359 @@
+//! The configuration file: coraza-spoa's YAML format, plus a few options of our own.
+//!
+//! Every problem is collected and reported at once, each with the line it is on and what
+//! would be valid, before any port is bound. Unknown keys are errors (coraza-spoa also
+//! decodes with known fields only).
+//!
+//! - [`yaml`]: the document as a tree of nodes that know their line;
+//! - `file`: that tree walked key by key into a [`Config`].
+
+mod file;
+pub mod yaml;
+
+use std::path::{Path, PathBuf};
+
+use lastcall::{Problem, Problems, Source};
+
+/// Where the agent listens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Bind {
+    /// `host:port`.
+    Tcp(String),
+    /// `unix:///path/to.sock`.
+    Unix(PathBuf),
+}
+
+impl Bind {
+    /// Parses `host:port`, `tcp://host:port` or `unix://path`.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let s = s.trim();
+        if let Some(path) = s.strip_prefix("unix://") {
+            if path.is_empty() {
+                return Err(format!("bind `{s}`: empty unix socket path"));
+            }
+            return Ok(Bind::Unix(PathBuf::from(path)));
+        }
+        let hostport = s.strip_prefix("tcp://").unwrap_or(s);
+        match hostport.rsplit_once(':') {
+            Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => {
+                Ok(Bind::Tcp(hostport.to_owned()))
+            }
+            _ => Err(format!(
+                "bind `{s}`: expected host:port (e.g. 127.0.0.1:9000) or unix:///path"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for Bind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Bind::Tcp(a) => f.write_str(a),
+            Bind::Unix(p) => write!(f, "unix://{}", p.display()),
+        }
+    }
+}
+
+/// What to do when HAProxy hands the agent a truncated body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BodyLimitAction {
+    /// Deny with status 413 (never a silent fail-open). The default.
+    #[default]
+    Reject,
+    /// Inspect the part that arrived and decide on it (logged and counted).
+    ProcessPartial,
+}
+
+/// A checked application.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Application {
+    /// Name.
+    pub name: String,
+    /// Directives, or `None` for Debian's CRS with our engine settings.
+    pub directives: Option<String>,
+    /// Inspect responses.
+    pub response_check: bool,
+    /// Transaction TTL in milliseconds.
+    pub transaction_ttl_ms: u64,
+    /// Bound on kept transactions.
+    pub transaction_active_limit: usize,
+    /// DetectionOnly.
+    pub detect_only: bool,
+    /// Truncated-body policy.
+    pub body_limit_action: BodyLimitAction,
+    /// Paranoia level when using the default CRS.
+    pub paranoia_level: u8,
+}
+
+/// The checked configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// Listener.
+    pub bind: Bind,
+    /// Log level from the file, if any.
+    pub log_level: Option<String>,
+    /// `json` if the file asked for it.
+    pub log_json: Option<bool>,
+    /// Default application name.
+    pub default_application: Option<String>,
+    /// Applications.
+    pub applications: Vec<Application>,
+    /// Our max frame size.
+    pub max_frame_size: u32,
+    /// Global evaluation bound.
+    pub workers: usize,
+    /// Per-connection evaluation bound.
+    pub max_inflight_per_connection: usize,
+    /// Where requests are evaluated.
+    pub evaluation: Evaluation,
+}
+
+/// Where the engine runs a request (`evaluation` in the file).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Evaluation {
+    /// On the connection's own I/O thread, right after its NOTIFY is decoded (`workers` I/O
+    /// threads): no hand-off between threads, as nginx's in-process WAF.
+    Inline,
+    /// On `workers` dedicated evaluation threads fed by one queue: a slow evaluation never
+    /// holds up another connection's I/O.
+    Pool,
+}
+
+impl Evaluation {
+    /// The file's spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Evaluation::Inline => "inline",
+            Evaluation::Pool => "pool",
+        }
+    }
+}
+
+/// Default listener when neither the file nor `--bind` says.
+pub const DEFAULT_BIND: &str = "127.0.0.1:9000";
+/// Default transaction TTL (coraza-spoa's example value).
+pub const DEFAULT_TTL_MS: u64 = 60_000;
+/// Default bound on transactions waiting for a response.
+pub const DEFAULT_ACTIVE_LIMIT: usize = 100_000;
+/// Name of the built-in application used when no file is given.
+pub const DEFAULT_APP: &str = "default";
+
+fn cpus() -> usize {
+    std::thread::available_parallelism().map_or(2, |n| n.get())
+}
+
+impl Config {
+    /// The configuration used when no file is given: one application running Debian's CRS
+    /// at paranoia level 1.
+    pub fn builtin() -> Self {
+        Config {
+            bind: Bind::Tcp(DEFAULT_BIND.into()),
+            log_level: None,
+            log_json: None,
+            default_application: Some(DEFAULT_APP.into()),
+            applications: vec![Application {
+                name: DEFAULT_APP.into(),
+                directives: None,
+                response_check: false,
+                transaction_ttl_ms: DEFAULT_TTL_MS,
+                transaction_active_limit: DEFAULT_ACTIVE_LIMIT,
+                detect_only: false,
+                body_limit_action: BodyLimitAction::Reject,
+                paranoia_level: 1,
+            }],
+            max_frame_size: spop::MAX_FRAME_SIZE_LIMIT,
+            workers: 2 * cpus(),
+            max_inflight_per_connection: 64,
+            evaluation: Evaluation::Pool,
+        }
+    }
+
+    /// Reads and checks a file. Its problems are placed by line (`line 6: ...`): the file is
+    /// the one `--config` names.
+    pub fn load(path: &Path) -> Result<Self, Problems> {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            Problems::from(
+                Problem::new("", format!("cannot read: {e}")).at(Source::File {
+                    path: Some(path.to_owned()),
+                    line: None,
+                }),
+            )
+        })?;
+        Self::parse(&text)
+    }
+
+    /// Parses and checks YAML text, returning every problem found, in the order of their
+    /// lines.
+    pub fn parse(text: &str) -> Result<Self, Problems> {
+        file::read(text)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CORAZA_EXAMPLE: &str = "\
+# The SPOA server bind address
+bind: 0.0.0.0:9000
+log_level: info
+log_file: /dev/stdout
+log_format: console
+
+applications:
+  - name: sample_app
+    directives: |
+      SecRuleEngine On
+    response_check: false
+    transaction_ttl_ms: 60000
+    log_level: info
+    log_file: /dev/stdout
+    log_format: console
+";
+
+    #[test]
+    fn coraza_spoa_example_loads() {
+        let c = Config::parse(CORAZA_EXAMPLE).unwrap();
+        assert_eq!(c.bind, Bind::Tcp("0.0.0.0:9000".into()));
+        assert_eq!(c.applications.len(), 1);
+        assert_eq!(c.applications[0].transaction_ttl_ms, 60_000);
+        assert_eq!(c.log_json, Some(false));
+    }
+
+    #[test]
+    fn unknown_keys_are_all_reported_with_lines() {
+        let text = "\
+bind: 127.0.0.1:9000
+bnid: oops
+applications:
+  - name: a
+    directives: SecRuleEngine On
+    respons_check: true
+    transaction_ttl_ms: 5
+";
+        let errs = Config::parse(text).unwrap_err();
+        let shown: Vec<String> = errs.iter().map(ToString::to_string).collect();
+        assert!(
+            shown
+                .iter()
+                .any(|e| e.starts_with("line 2:") && e.contains("bnid")),
+            "{shown:?}"
+        );
+        assert!(
+            shown
+                .iter()
+                .any(|e| e.starts_with("line 6:") && e.contains("respons_check")),
+            "{shown:?}"
+        );
+    }
+
+    #[test]
+    fn semantic_errors_collected() {
+        let text = "\
+bind: nowhere
+default_application: missing
+applications:
+  - name: a
+    paranoia_level: 9
+";
+        let errs = Config::parse(text).unwrap_err();
+        assert_eq!(errs.len(), 3, "{errs:?}");
+        assert_eq!(
+            errs.iter().next().map(|e| &e.source),
+            Some(&Source::line(1))
+        );
+    }
+
+    /// Wrong types, duplicates, missing names and bad values, all reported in one pass, each
+    /// on its own line, with what would be valid.
+    #[test]
+    fn every_problem_at_once() {
+        let text = "\
+bind: 127.0.0.1:9000
+workers: \"4\"
+bind: 127.0.0.1:9001
+max_frame_size: 100
+applications:
+  - name: a
+    response_check: yes
+    body_limit_action: drop
+    rules: SecRuleEngine On
+  - directives: SecRuleEngine On
+  - 3
+  - name: a
+default_application: b
+";
+        let errs = Config::parse(text).unwrap_err();
+        let shown: Vec<String> = errs.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            shown,
+            [
+                "line 2: workers: invalid type: string \"4\"; expected a non-negative integer",
+                "line 3: duplicate field `bind` (first given on line 1)",
+                "line 4: max_frame_size 100: must be between 256 and 1048576",
+                "line 7: applications[0].response_check: invalid type: string \"yes\"; expected a boolean (true or false)",
+                "line 8: applications[0].body_limit_action: unknown variant `drop`; expected `reject` or `process_partial`",
+                "line 9: applications[0].rules: invalid type: string \"SecRuleEngine On\"; expected a sequence of directive lines",
+                "line 10: applications[1]: missing field `name`",
+                "line 11: applications[2]: invalid type: integer `3`; expected an application (a mapping with a `name`)",
+                "line 12: application `a` defined twice",
+                "line 13: default_application `b` is not among the applications",
+            ]
+        );
+        let errs = Config::parse("applications:\n  - name: a\n    rules: [\n").unwrap_err();
+        assert!(
+            errs.len() == 1 && errs.to_string().contains("invalid YAML: "),
+            "{errs:?}"
+        );
+    }
+
+    /// What serde_yaml accepted is still accepted: scalars as text where text is expected,
+    /// `0x` integers, capitalised booleans, coraza-spoa's older `rules` and
+    /// `transaction_ttl` (seconds).
+    #[test]
+    fn lenient_where_coraza_spoa_users_are() {
+        let c = Config::parse(
+            "bind: ~\nworkers: 0x10\napplications:\n  - name: 12\n    response_check: True\n    transaction_ttl: 5\n    rules:\n      - SecRuleEngine On\n      - 1\n",
+        )
+        .unwrap();
+        assert_eq!(c.bind, Bind::Tcp(DEFAULT_BIND.into()));
+        assert_eq!(c.workers, 16);
+        let a = &c.applications[0];
+        assert_eq!(a.name, "12");
+        assert!(a.response_check);
+        assert_eq!(a.transaction_ttl_ms, 5000);
+        assert_eq!(a.directives.as_deref(), Some("SecRuleEngine On\n1"));
+    }
+
+    #[test]
+    fn evaluation_modes() {
+        let base = "applications:\n  - name: a\n";
+        assert_eq!(Config::parse(base).unwrap().evaluation, Evaluation::Pool);
+        let inline = format!("evaluation: inline\n{base}");
+        assert_eq!(
+            Config::parse(&inline).unwrap().evaluation,
+            Evaluation::Inline
+        );
+        let bad = format!("{base}evaluation: threads\n");
+        let errs = Config::parse(&bad).unwrap_err();
+        let shown: Vec<String> = errs.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            shown,
+            ["line 3: evaluation `threads`: expected inline or pool"],
+            "{shown:?}"
+        );
+    }
+
+    #[test]
+    fn bind_forms() {
+        assert_eq!(
+            Bind::parse("unix:///run/a.sock"),
+            Ok(Bind::Unix("/run/a.sock".into()))
+        );
+        assert_eq!(
+            Bind::parse("[::1]:9000"),
+            Ok(Bind::Tcp("[::1]:9000".into()))
+        );
+        assert!(Bind::parse("9000").is_err());
+    }
+}

@@ -1,0 +1,732 @@
+//! [`Conn`] on its own, with explicit instants: the handshake and protocol errors, then the
+//! drain policy as tables (phase × state × input → action).
+
+use std::time::Duration;
+
+use bytes::BytesMut;
+use lastcall::Phase;
+use spop::frame::Message;
+use tokio::time::Instant;
+
+use super::*;
+use crate::protocol::frame::{decode_agent_frame, AgentFrame};
+
+const SERVING: Drain = Drain::SERVING;
+const ANNOUNCING: Drain = Drain {
+    phase: Phase::Announcing,
+    exiting: false,
+};
+const REFUSING: Drain = Drain {
+    phase: Phase::Refusing,
+    exiting: false,
+};
+const LINGERING: Drain = Drain {
+    phase: Phase::Lingering,
+    exiting: false,
+};
+const EXITING: Drain = Drain {
+    phase: Phase::Refusing,
+    exiting: true,
+};
+
+fn settings() -> Settings {
+    Settings {
+        max_frame_size: 1 << 20,
+        pipelining: true,
+        max_inflight: 4,
+        drain_quiet: Duration::ZERO,
+        partial_frame_timeout: Duration::from_secs(30),
+    }
+}
+
+fn agent_frames(bytes: &[u8]) -> Vec<AgentFrame> {
+    let mut buf = BytesMut::from(bytes);
+    let mut out = Vec::new();
+    while let Some(f) = decode_agent_frame(&mut buf).unwrap() {
+        out.push(f);
+    }
+    assert!(buf.is_empty());
+    out
+}
+
+fn hello(healthcheck: bool) -> Vec<u8> {
+    let mut v = Vec::new();
+    frame::encode_haproxy_hello(16380, healthcheck, &mut v);
+    v
+}
+
+/// HAPROXY-HELLO without `pipelining` in its capabilities.
+fn hello_without_pipelining() -> Vec<u8> {
+    let mut payload = Vec::new();
+    payload::put_kv(
+        &mut payload,
+        "supported-versions",
+        &spop::TypedData::String("2.0".into()),
+    );
+    payload::put_kv(
+        &mut payload,
+        "max-frame-size",
+        &spop::TypedData::UInt32(16380),
+    );
+    payload::put_kv(
+        &mut payload,
+        "capabilities",
+        &spop::TypedData::String(String::new()),
+    );
+    let mut v = Vec::new();
+    frame::put_frame(kind::HAPROXY_HELLO, 0, 0, &payload, &mut v);
+    v
+}
+
+fn notify(sid: u64) -> Vec<u8> {
+    let mut v = Vec::new();
+    let msg = Message {
+        name: "coraza-req".into(),
+        args: vec![],
+    };
+    frame::encode_notify(sid, 1, &msg, &mut v);
+    v
+}
+
+fn feed(c: &mut Conn, bytes: &[u8]) {
+    c.buffer().extend_from_slice(bytes);
+}
+
+#[test]
+fn handshake_then_notify() {
+    let t0 = Instant::now();
+    let mut c = Conn::new(settings(), SERVING, t0);
+    feed(&mut c, &hello(false));
+    let Some(Event::Ready { reply, negotiated }) = c.poll(t0) else {
+        panic!("expected Ready");
+    };
+    assert_eq!(negotiated.max_frame_size, 16380);
+    assert_eq!(c.max_frame_size(), 16380);
+    match &agent_frames(&reply)[..] {
+        [AgentFrame::Hello(kv)] => {
+            assert!(kv.contains(&(
+                "capabilities".into(),
+                spop::TypedData::String("pipelining".into())
+            )));
+            assert!(kv.contains(&("version".into(), spop::TypedData::String("2.0".into()))));
+        }
+        other => panic!("{other:?}"),
+    }
+    feed(&mut c, &notify(2));
+    assert!(matches!(
+        c.poll(t0),
+        Some(Event::Notify {
+            stream_id: 2,
+            frame_id: 1,
+            ..
+        })
+    ));
+    assert_eq!(c.owed(), 1);
+    assert!(c.poll(t0).is_none());
+}
+
+#[test]
+fn notify_before_hello_is_invalid() {
+    let t0 = Instant::now();
+    let mut c = Conn::new(settings(), SERVING, t0);
+    feed(&mut c, &notify(1));
+    match c.poll(t0) {
+        Some(Event::Close { reply, .. }) => {
+            assert!(matches!(
+                agent_frames(&reply)[..],
+                [AgentFrame::Disconnect(4, _)]
+            ));
+        }
+        other => panic!("{other:?}"),
+    }
+    feed(&mut c, &notify(1));
+    assert!(c.poll(t0).is_none(), "nothing after the close");
+}
+
+#[test]
+fn haproxy_disconnect_is_answered_with_status_0() {
+    let t0 = Instant::now();
+    let mut c = Conn::new(settings(), SERVING, t0);
+    feed(&mut c, &hello(false));
+    let _ = c.poll(t0);
+    let mut v = Vec::new();
+    frame::encode_haproxy_disconnect(0, "bye", &mut v);
+    feed(&mut c, &v);
+    match c.poll(t0) {
+        Some(Event::Close {
+            reply,
+            reason: CloseReason::PeerDisconnect(0),
+        }) => {
+            assert!(matches!(
+                agent_frames(&reply)[..],
+                [AgentFrame::Disconnect(0, _)]
+            ));
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+/// What a HELLO gets, by phase: the health checks are refused from the trigger on (so
+/// HAProxy marks the agent DOWN), every HELLO once refusing; nothing while lingering.
+#[test]
+fn hellos_by_phase() {
+    #[derive(Debug, PartialEq)]
+    enum Got {
+        Served,
+        Answered,
+        Refused,
+    }
+    use Got::*;
+    let table = [
+        (SERVING, Served, Answered),
+        (ANNOUNCING, Served, Refused),
+        (REFUSING, Refused, Refused),
+        (LINGERING, Served, Answered),
+        (EXITING, Refused, Refused),
+    ];
+    for (drain, normal, healthcheck) in table {
+        for (hc, want) in [(false, normal), (true, healthcheck)] {
+            let t0 = Instant::now();
+            let mut c = Conn::new(settings(), drain, t0);
+            feed(&mut c, &hello(hc));
+            let got = match c.poll(t0) {
+                Some(Event::Ready { .. }) => Served,
+                Some(Event::Close {
+                    reason: CloseReason::HealthCheck,
+                    reply,
+                }) => {
+                    assert!(matches!(agent_frames(&reply)[..], [AgentFrame::Hello(_)]));
+                    Answered
+                }
+                Some(Event::Close {
+                    reason: CloseReason::Refused,
+                    reply,
+                }) => {
+                    assert!(matches!(
+                        agent_frames(&reply)[..],
+                        [AgentFrame::Disconnect(0, _)]
+                    ));
+                    Refused
+                }
+                other => panic!("{drain:?} healthcheck={hc}: {other:?}"),
+            };
+            assert_eq!(got, want, "{drain:?} healthcheck={hc}");
+        }
+    }
+}
+
+/// The connection's state for a drain-policy row.
+#[derive(Debug, Clone, Copy)]
+struct Setup {
+    /// Handshake done (pipelining agreed or not), or still waiting for the HELLO.
+    hello: Hello,
+    /// NOTIFYs decoded whose ACK is owed.
+    owed: u64,
+    /// Half a frame in the buffer.
+    partial: bool,
+    /// The peer closed its side.
+    eof: bool,
+    /// `drain_quiet`.
+    quiet: Duration,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Hello {
+    Waiting,
+    Pipelined,
+    OneAtATime,
+}
+
+const READY: Setup = Setup {
+    hello: Hello::Pipelined,
+    owed: 0,
+    partial: false,
+    eof: false,
+    quiet: Duration::ZERO,
+};
+
+/// The action, reduced to what a row checks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Act {
+    /// Wait, reading or not, with a wake-up or not.
+    Wait {
+        read: bool,
+        timer: bool,
+    },
+    Probe,
+    /// Write this many ACKs.
+    Write(usize),
+    /// Close after this many ACKs and an AGENT-DISCONNECT with this status.
+    Goodbye {
+        acks: usize,
+        status: u32,
+        reason: CloseReason,
+    },
+    /// Close without writing anything.
+    Close(CloseReason),
+}
+
+fn act(action: Action) -> Act {
+    match action {
+        Action::Wait { read, until } => Act::Wait {
+            read,
+            timer: until.is_some(),
+        },
+        Action::Probe => Act::Probe,
+        Action::Write(bytes) => {
+            let frames = agent_frames(&bytes);
+            assert!(frames.iter().all(|f| matches!(f, AgentFrame::Ack(..))));
+            Act::Write(frames.len())
+        }
+        Action::Close { bytes, reason } if bytes.is_empty() => Act::Close(reason),
+        Action::Close { bytes, reason } => {
+            let frames = agent_frames(&bytes);
+            let (last, acks) = frames.split_last().expect("frames");
+            assert!(acks.iter().all(|f| matches!(f, AgentFrame::Ack(..))));
+            let AgentFrame::Disconnect(status, _) = last else {
+                panic!("{frames:?}");
+            };
+            Act::Goodbye {
+                acks: acks.len(),
+                status: *status,
+                reason,
+            }
+        }
+    }
+}
+
+/// A connection in `drain` brought to `setup` at `t0`.
+fn conn(drain: Drain, setup: Setup, t0: Instant) -> Conn {
+    let mut c = Conn::new(
+        Settings {
+            drain_quiet: setup.quiet,
+            ..settings()
+        },
+        SERVING,
+        t0,
+    );
+    match setup.hello {
+        Hello::Waiting => {}
+        Hello::Pipelined => feed(&mut c, &hello(false)),
+        Hello::OneAtATime => feed(&mut c, &hello_without_pipelining()),
+    }
+    for sid in 0..setup.owed {
+        feed(&mut c, &notify(sid));
+    }
+    while let Some(event) = c.poll(t0) {
+        assert!(matches!(event, Event::Ready { .. } | Event::Notify { .. }));
+    }
+    assert_eq!(c.owed() as u64, setup.owed);
+    if setup.partial {
+        feed(&mut c, &notify(99)[..5]);
+    }
+    if setup.eof {
+        c.eof = true;
+    }
+    c.drain = drain;
+    c
+}
+
+/// One ACK frame, as the sink holds it.
+fn held(count: usize) -> Input {
+    let mut bytes = Vec::new();
+    for sid in 0..count {
+        frame::encode_ack(sid as u64, 1, &[], 16380, &mut bytes);
+    }
+    Input::HeldAcks { bytes, count }
+}
+
+fn goodbye(acks: usize, reason: CloseReason) -> Act {
+    Act::Goodbye {
+        acks,
+        status: 0,
+        reason,
+    }
+}
+
+const WAIT: Act = Act::Wait {
+    read: true,
+    timer: false,
+};
+
+/// The drain recipe, one row per (phase, state, inputs fed in order): the action after the
+/// last input.
+#[test]
+fn drain_policy() {
+    use CloseReason::{Drained, Exiting, PeerClosed};
+    let quiet = Duration::from_secs(1);
+    let one_at_a_time = Setup {
+        hello: Hello::OneAtATime,
+        ..READY
+    };
+    let owed = |n| Setup { owed: n, ..READY };
+    let table: Vec<(Drain, Setup, Vec<Input>, Act)> = vec![
+        // An idle connection: kept, except while refusing, where a look at the socket comes
+        // first and an empty socket gets the goodbye.
+        (SERVING, READY, vec![Input::Nothing], WAIT),
+        (ANNOUNCING, READY, vec![Input::Nothing], WAIT),
+        (LINGERING, READY, vec![Input::Nothing], WAIT),
+        (REFUSING, READY, vec![Input::Nothing], Act::Probe),
+        (
+            REFUSING,
+            READY,
+            vec![Input::Probed(Probe::Idle)],
+            goodbye(0, Drained),
+        ),
+        // Bytes the reactor has not reported: no new look before they are read.
+        (REFUSING, READY, vec![Input::Probed(Probe::Waiting)], WAIT),
+        (
+            REFUSING,
+            READY,
+            vec![
+                Input::Probed(Probe::Waiting),
+                Input::Nothing,
+                Input::Timeout,
+            ],
+            WAIT,
+        ),
+        (
+            REFUSING,
+            READY,
+            vec![Input::Probed(Probe::Waiting), Input::Read],
+            Act::Probe,
+        ),
+        // Before the handshake a connection is not idle: the drain does not close it.
+        (
+            REFUSING,
+            Setup {
+                hello: Hello::Waiting,
+                ..READY
+            },
+            vec![Input::Nothing],
+            WAIT,
+        ),
+        // Exiting: goodbye at once, whatever is owed or buffered.
+        (
+            SERVING,
+            READY,
+            vec![Input::Drain(EXITING)],
+            goodbye(0, Exiting),
+        ),
+        (
+            REFUSING,
+            owed(3),
+            vec![Input::Drain(EXITING)],
+            goodbye(0, Exiting),
+        ),
+        (
+            LINGERING,
+            Setup {
+                hello: Hello::Waiting,
+                partial: true,
+                ..READY
+            },
+            vec![Input::Drain(EXITING)],
+            goodbye(0, Exiting),
+        ),
+        // A phase change that is not an exit changes what the idle connection gets.
+        (SERVING, READY, vec![Input::Drain(REFUSING)], Act::Probe),
+        (REFUSING, READY, vec![Input::Drain(LINGERING)], WAIT),
+        // Owed NOTIFYs keep a refusing connection open; their ACKs are placed by the
+        // connection: the last one rides with the goodbye once the socket is empty.
+        (REFUSING, owed(1), vec![Input::Nothing], WAIT),
+        (REFUSING, owed(2), vec![held(1)], Act::Write(1)),
+        (REFUSING, owed(2), vec![held(2)], Act::Probe),
+        (
+            REFUSING,
+            owed(2),
+            vec![held(2), Input::Probed(Probe::Idle)],
+            goodbye(2, Drained),
+        ),
+        (
+            REFUSING,
+            owed(1),
+            vec![held(1), Input::Probed(Probe::Waiting)],
+            Act::Write(1),
+        ),
+        (
+            REFUSING,
+            owed(1),
+            vec![held(1), Input::Probed(Probe::Read)],
+            Act::Write(1),
+        ),
+        (ANNOUNCING, owed(1), vec![held(1)], Act::Write(1)),
+        (LINGERING, owed(1), vec![held(1)], Act::Write(1)),
+        (SERVING, owed(1), vec![held(1)], Act::Write(1)),
+        // An ACK written directly (a drain that began while it was written): the connection
+        // is idle after it, and looks.
+        (REFUSING, owed(1), vec![Input::AcksWritten(1)], Act::Probe),
+        (SERVING, owed(1), vec![Input::AcksWritten(1)], WAIT),
+        // With pipelining and a quiet period, HAProxy may have sent the next NOTIFY: the
+        // goodbye waits for the quiet period instead of riding on the ACK.
+        (
+            REFUSING,
+            Setup { quiet, ..owed(1) },
+            vec![held(1)],
+            Act::Write(1),
+        ),
+        (
+            REFUSING,
+            Setup { quiet, ..owed(1) },
+            vec![held(1), Input::Nothing],
+            Act::Wait {
+                read: true,
+                timer: true,
+            },
+        ),
+        // Without pipelining HAProxy sends nothing while it waits for the ACK: the goodbye
+        // rides on it even with a quiet period.
+        (
+            REFUSING,
+            Setup {
+                quiet,
+                owed: 1,
+                ..one_at_a_time
+            },
+            vec![held(1)],
+            Act::Probe,
+        ),
+        (
+            REFUSING,
+            Setup {
+                quiet,
+                owed: 1,
+                ..one_at_a_time
+            },
+            vec![held(1), Input::Probed(Probe::Idle)],
+            goodbye(1, Drained),
+        ),
+        // End of input: close once nothing is owed; a half frame is a protocol error.
+        (
+            SERVING,
+            Setup { eof: true, ..READY },
+            vec![Input::Nothing],
+            Act::Close(PeerClosed),
+        ),
+        (
+            REFUSING,
+            Setup { eof: true, ..READY },
+            vec![Input::Nothing],
+            Act::Close(PeerClosed),
+        ),
+        (
+            SERVING,
+            Setup {
+                eof: true,
+                ..owed(1)
+            },
+            vec![Input::Nothing],
+            Act::Wait {
+                read: false,
+                timer: false,
+            },
+        ),
+        (
+            SERVING,
+            Setup {
+                eof: true,
+                ..owed(1)
+            },
+            vec![Input::AcksWritten(1)],
+            Act::Close(PeerClosed),
+        ),
+        (
+            REFUSING,
+            Setup {
+                eof: true,
+                ..owed(1)
+            },
+            vec![held(1)],
+            Act::Write(1),
+        ),
+        // A half frame: waits with the stall timer, and is not idle.
+        (
+            SERVING,
+            Setup {
+                partial: true,
+                ..READY
+            },
+            vec![Input::Nothing],
+            Act::Wait {
+                read: true,
+                timer: true,
+            },
+        ),
+        (
+            REFUSING,
+            Setup {
+                partial: true,
+                ..READY
+            },
+            vec![Input::Nothing],
+            Act::Wait {
+                read: true,
+                timer: true,
+            },
+        ),
+        // Reading pauses at the bound of owed NOTIFYs.
+        (
+            SERVING,
+            owed(4),
+            vec![Input::Nothing],
+            Act::Wait {
+                read: false,
+                timer: false,
+            },
+        ),
+    ];
+    for (i, (drain, setup, inputs, want)) in table.into_iter().enumerate() {
+        let t0 = Instant::now();
+        let mut c = conn(drain, setup, t0);
+        let mut last = None;
+        for input in inputs.clone() {
+            last = Some(c.handle(t0, input));
+        }
+        let got = act(last.expect("at least one input"));
+        assert_eq!(got, want, "row {i}: {drain:?} {setup:?} after {inputs:?}");
+    }
+}
+
+/// The quiet period and the stall timer, with time passing.
+#[test]
+fn timers() {
+    let t0 = Instant::now();
+    let quiet = Duration::from_secs(1);
+    let mut c = conn(
+        REFUSING,
+        Setup {
+            quiet,
+            owed: 1,
+            ..READY
+        },
+        t0,
+    );
+    let t1 = t0 + Duration::from_millis(300);
+    assert_eq!(act(c.handle(t1, held(1))), Act::Write(1));
+    // Quiet since the ACK at t1: the look comes at t1 + 1 s, not before.
+    assert_eq!(
+        c.handle(t1, Input::Nothing),
+        Action::Wait {
+            read: true,
+            until: Some(t1 + quiet)
+        }
+    );
+    assert!(matches!(
+        c.handle(t1 + Duration::from_millis(999), Input::Timeout),
+        Action::Wait { .. }
+    ));
+    assert_eq!(c.handle(t1 + quiet, Input::Timeout), Action::Probe);
+
+    // A frame begun and not finished within the timeout: status 2 (timeout).
+    let mut c = conn(
+        SERVING,
+        Setup {
+            partial: true,
+            ..READY
+        },
+        t0,
+    );
+    assert_eq!(
+        c.handle(t0, Input::Read),
+        Action::Wait {
+            read: true,
+            until: Some(t0 + Duration::from_secs(30))
+        }
+    );
+    assert!(matches!(
+        c.handle(t0 + Duration::from_secs(29), Input::Timeout),
+        Action::Wait { .. }
+    ));
+    match act(c.handle(t0 + Duration::from_secs(30), Input::Timeout)) {
+        Act::Goodbye {
+            acks: 0,
+            status: 2,
+            reason: CloseReason::Protocol(_),
+        } => {}
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn eof_mid_frame_is_invalid() {
+    let t0 = Instant::now();
+    let mut c = Conn::new(settings(), SERVING, t0);
+    feed(&mut c, &hello(false)[..10]);
+    assert!(c.poll(t0).is_none());
+    match act(c.handle(t0, Input::Eof)) {
+        Act::Goodbye {
+            acks: 0,
+            status: 4,
+            reason: CloseReason::Protocol(_),
+        } => {}
+        other => panic!("{other:?}"),
+    }
+    let mut c = Conn::new(settings(), SERVING, t0);
+    assert_eq!(
+        act(c.handle(t0, Input::Eof)),
+        Act::Close(CloseReason::PeerClosed)
+    );
+}
+
+/// Who writes ACKs, who is woken for them, and whose session is held after the close.
+#[test]
+fn ack_routing_and_linger_hold() {
+    let t0 = Instant::now();
+    let table = [
+        // (phase, writes ACKs directly, wakes for every ACK, hold after close)
+        (SERVING, true, false, None),
+        (ANNOUNCING, false, true, None),
+        (REFUSING, false, true, None),
+        (LINGERING, false, true, Some(LINGER_HOLD)),
+        (
+            Drain {
+                phase: Phase::Lingering,
+                exiting: true,
+            },
+            false,
+            true,
+            None,
+        ),
+    ];
+    for (drain, direct, wakes, hold) in table {
+        let c = conn(drain, READY, t0);
+        assert_eq!(c.direct_acks(), direct, "{drain:?}");
+        assert_eq!(c.wants_ack_wakes(), wakes, "{drain:?}");
+        assert_eq!(c.linger_hold(drain), hold, "{drain:?}");
+        let before_hello = conn(
+            drain,
+            Setup {
+                hello: Hello::Waiting,
+                ..READY
+            },
+            t0,
+        );
+        assert_eq!(
+            before_hello.linger_hold(drain),
+            None,
+            "no session: {drain:?}"
+        );
+    }
+    // Serving, the task is woken for ACKs only when it waits for them.
+    assert!(conn(SERVING, Setup { owed: 4, ..READY }, t0).wants_ack_wakes());
+    assert!(conn(SERVING, Setup { eof: true, ..READY }, t0).wants_ack_wakes());
+}
+
+proptest::proptest! {
+    /// Whatever a peer sends after a good HELLO, the connection ends in events or waits for
+    /// more; it never panics.
+    #[test]
+    fn arbitrary_frames_never_panic(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..600)) {
+        for kind in [kind::HAPROXY_HELLO, kind::NOTIFY, kind::HAPROXY_DISCONNECT] {
+            let t0 = Instant::now();
+            let mut framed = Vec::new();
+            frame::put_frame(kind, 1, 1, &bytes, &mut framed);
+            let mut c = Conn::new(settings(), SERVING, t0);
+            feed(&mut c, &hello(false));
+            feed(&mut c, &framed);
+            feed(&mut c, &bytes);
+            while c.poll(t0).is_some() {}
+            let _ = c.handle(t0, Input::Eof);
+        }
+    }
+}
