@@ -33,7 +33,7 @@ REFRESH=0
 TAG=$(awk '$1 == "appVersion:" {gsub(/"/, "", $2); print $2}' charts/lastcall-spoa/Chart.yaml)
 SUITE=trixie
 
-usage() { sed -n '2,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//' >&2; exit 64; }
+usage() { sed -n '2,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//' >&2; exit "${1:-64}"; }
 while (($#)); do
   case "$1" in
     --binaries) BINARIES=${2:?}; shift ;;
@@ -42,7 +42,7 @@ while (($#)); do
     --own-dockerd) OWN_DOCKERD=1 ;;
     --refresh) REFRESH=1 ;;
     --tag) TAG=${2:?}; shift ;;
-    -h | --help) usage ;;
+    -h | --help) usage 0 ;;
     *) echo "images.sh: unknown argument $1" >&2; usage ;;
   esac
   shift
