@@ -263,8 +263,15 @@ class Pid1:
         return os.readlink(f"/proc/{self.host_pid}/exe")
 
     def assert_pid1(self, binary: Path) -> None:
-        """The daemon itself (not a shell, not unshare) is PID 1 of its own namespace."""
-        assert self.exe() == str(binary.resolve()), f"host pid {self.host_pid} runs {self.exe()}"
+        """The daemon itself (not a shell, not unshare) is PID 1 of its own namespace.
+
+        unshare's forked child becomes the daemon when it calls exec, a moment after the fork
+        that `_find_child` saw: wait for that exec (bounded), then check."""
+        want = str(binary.resolve())
+        deadline = time.monotonic() + 10.0
+        while self.exe() != want and time.monotonic() < deadline and self.running():
+            time.sleep(0.01)
+        assert self.exe() == want, f"host pid {self.host_pid} runs {self.exe()}"
         ns = self.nspid()
         assert ns == [self.host_pid, 1], f"NSpid {ns}: not PID 1 of a child namespace"
         if self.user is not None:
