@@ -269,29 +269,6 @@ impl fmt::Debug for TerminationConfig {
     }
 }
 
-/// Every problem found in the termination options, printed one a line; what
-/// [`TerminationArgs::resolve`] returns (new code uses [`TerminationArgs::validate`] and
-/// [`Problems`]). Exit with [`ConfigError::EXIT_CODE`].
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid termination options:\n  - {}", .problems.join("\n  - "))]
-pub struct ConfigError {
-    /// One line per problem ([`Problem`]'s `Display`), naming the option(s) involved.
-    pub problems: Vec<String>,
-}
-
-impl ConfigError {
-    /// Exit status for configuration errors (64, `EX_USAGE`).
-    pub const EXIT_CODE: i32 = exit::CONFIG;
-}
-
-impl From<Problems> for ConfigError {
-    fn from(problems: Problems) -> ConfigError {
-        ConfigError {
-            problems: problems.iter().map(ToString::to_string).collect(),
-        }
-    }
-}
-
 /// Ids of the flattened arguments, as clap names them (the field names).
 const ID_ON_SIGTERM: &str = "on_sigterm";
 const ID_SHUTDOWN_DELAY: &str = "shutdown_delay";
@@ -374,11 +351,6 @@ impl TerminationArgs {
             admin_addr,
             admin_token,
         })
-    }
-
-    /// [`validate`](Self::validate), with the problems as lines of text.
-    pub fn resolve(&self, defaults: &Defaults) -> Result<TerminationConfig, ConfigError> {
-        self.validate(defaults).map_err(ConfigError::from)
     }
 
     fn duration(
@@ -551,7 +523,7 @@ where
 ///     &defaults,
 ///     |cmd| cmd.mut_arg("drain_min_sessions", |a| a.visible_alias("drain-min-allocations")),
 /// );
-/// assert_eq!(cli.term.resolve(&defaults).unwrap().drain_min_sessions, 3);
+/// assert_eq!(cli.term.validate(&defaults).unwrap().drain_min_sessions, 3);
 /// ```
 pub fn parse_cli_with<C, I, T>(
     args: I,
@@ -654,17 +626,35 @@ mod tests {
         }
     }
 
-    fn parse(args: &[&str]) -> Result<TerminationConfig, ConfigError> {
+    /// The problems as lines of text, for assertions on their wording.
+    #[derive(Debug)]
+    struct Lines {
+        problems: Vec<String>,
+    }
+
+    impl std::fmt::Display for Lines {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(&self.problems.join("\n"))
+        }
+    }
+
+    fn lines(problems: &Problems) -> Vec<String> {
+        problems.iter().map(ToString::to_string).collect()
+    }
+
+    fn parse(args: &[&str]) -> Result<TerminationConfig, Lines> {
         let mut argv = vec!["daemon"];
         argv.extend_from_slice(args);
         let cli: Cli = try_parse_cli_from(argv, &defaults()).unwrap();
-        cli.term.resolve(&defaults())
+        cli.term.validate(&defaults()).map_err(|p| Lines {
+            problems: lines(&p),
+        })
     }
 
     #[test]
     fn defaults_apply() {
         let cli = Cli::try_parse_from(["daemon"]).unwrap();
-        let cfg = cli.term.resolve(&defaults()).unwrap();
+        let cfg = cli.term.validate(&defaults()).unwrap();
         assert_eq!(cfg.on_sigterm, OnSigterm::Drain);
         assert_eq!(cfg.shutdown_delay, Duration::from_secs(5));
         assert_eq!(cfg.drain_timeout, Duration::from_secs(30));
@@ -813,7 +803,7 @@ mod tests {
             "--drain-timeout (soon): expected a number at `soon` (write e.g. 30s, 5m, 1h30m, 250ms or 30)"
         );
         assert_eq!(
-            ConfigError::from(problems).problems,
+            lines(&problems),
             ["--drain-timeout (soon): expected a number at `soon` (write e.g. 30s, 5m, 1h30m, 250ms or 30)"]
         );
     }

@@ -15,8 +15,8 @@
 //! ```
 //!
 //! The decisions live in a sans-IO state machine ([`machine::Machine`]: `now` and an input
-//! in, actions out); [`Lifecycle`] is the thin tokio driver around it (usable on its own:
-//! [`Lifecycle::run`]). The kubelet-like process harness used by the daemons' tests is
+//! in, actions out); [`Lifecycle`] is the thin tokio driver around it (usable on its own,
+//! with triggers from the caller: [`Lifecycle::run_with`]). The kubelet-like process harness used by the daemons' tests is
 //! `harness` (cargo feature `harness`).
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -37,7 +37,7 @@ pub mod watch;
 
 pub use config::{
     parse_cli, parse_cli_from, parse_cli_matches, parse_cli_with, render_help, try_parse_cli_from,
-    try_parse_cli_matches, try_parse_cli_with, ConfigError, Defaults, OnSigterm, TerminationArgs,
+    try_parse_cli_matches, try_parse_cli_with, Defaults, OnSigterm, TerminationArgs,
     TerminationConfig,
 };
 pub use daemon::{Accept, AcceptUntil, Daemon, Served, Spawner};

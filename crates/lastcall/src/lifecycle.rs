@@ -142,30 +142,18 @@ pub(crate) struct Decision {
     pub(crate) leave_by: Instant,
 }
 
-/// Owns the termination state machine; create it early (inside the tokio runtime, so that
-/// signal handlers are installed at once), hand out [`Handle`]s, then [`run`](Self::run) it.
+/// Owns the termination state machine: hand out [`Handle`]s, then [`run_with`](Self::run_with)
+/// it on the caller's triggers (tests, embedding in a process that handles signals itself).
 ///
-/// A daemon that wants the Starting phase, accept loops and a bounded exit uses
-/// [`Daemon`](crate::Daemon), which drives a `Lifecycle` itself.
+/// A daemon uses [`Daemon`](crate::Daemon), which drives a `Lifecycle` itself on the real
+/// signals, with the Starting phase, accept loops and a bounded exit.
 pub struct Lifecycle {
     shared: Arc<Shared>,
     events: mpsc::UnboundedReceiver<Event>,
-    signals: Option<TriggerStream>,
     initial: Phase,
 }
 
 impl Lifecycle {
-    /// A lifecycle in [`Phase::Serving`]. Inside a tokio runtime this also installs the
-    /// SIGTERM, SIGINT, SIGQUIT, SIGUSR1 and SIGHUP handlers used by [`run`](Self::run), so
-    /// that a signal arriving before `run` is queued instead of killing the process.
-    pub fn new(config: TerminationConfig) -> Self {
-        let mut lifecycle = Self::build(config, Phase::Serving);
-        lifecycle.signals = tokio::runtime::Handle::try_current()
-            .ok()
-            .map(|_| signal_stream());
-        lifecycle
-    }
-
     /// A lifecycle in `initial` (Serving, or Starting for [`Daemon`](crate::Daemon)).
     pub(crate) fn build(config: TerminationConfig, initial: Phase) -> Self {
         let (events_tx, events) = mpsc::unbounded_channel();
@@ -190,7 +178,6 @@ impl Lifecycle {
         Lifecycle {
             shared,
             events,
-            signals: None,
             initial,
         }
     }
@@ -216,23 +203,12 @@ impl Lifecycle {
         self.handle().register_metrics(registry);
     }
 
-    /// Runs the lifecycle with the real signals until it is time to exit, then waits (at
-    /// most [`EXIT_GRACE`]) for the answers to `POST /drain` to reach their clients.
-    pub async fn run(mut self) -> Outcome {
-        let signals = self.signals.take().unwrap_or_else(signal_stream);
-        let shared = self.shared.clone();
-        let decision = self.drive(signals).await;
-        flush_admin(&shared, decision).await;
-        decision.outcome
-    }
-
     /// Runs the lifecycle with `events` in place of the real signals (tests, embedding).
     /// [`Handle::start_drain`] works as well. The lifecycle keeps running when `events` ends.
-    pub async fn run_with<S>(mut self, events: S) -> Outcome
+    pub async fn run_with<S>(self, events: S) -> Outcome
     where
         S: Stream<Item = Trigger> + Send + 'static,
     {
-        self.signals = None;
         let shared = self.shared.clone();
         let decision = self.drive(Box::pin(events)).await;
         flush_admin(&shared, decision).await;

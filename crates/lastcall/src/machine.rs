@@ -156,7 +156,7 @@ pub enum EndReason {
     Forced,
 }
 
-/// The end of the lifecycle, returned by [`crate::Lifecycle::run`].
+/// The end of the lifecycle, returned by [`crate::Lifecycle::run_with`] and [`crate::Daemon::serve`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct Outcome {
     /// Why it ended.
