@@ -131,7 +131,7 @@ struct Demo<'a> {
 }
 
 /// Runs the demo; returns the exit status.
-pub fn main(opts: &Opts, registry: &Registry, started: Instant) -> i32 {
+pub(crate) fn main(opts: &Opts, registry: &Registry, started: Instant) -> i32 {
     let workdir = match tempfile::Builder::new().prefix("lastcall-demo-").tempdir() {
         Ok(d) => d,
         Err(e) => {

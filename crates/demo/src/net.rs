@@ -16,7 +16,7 @@ use anyhow::{anyhow, bail, Context, Result};
 const IO_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A port that was free a moment ago on 127.0.0.1, for both TCP and UDP.
-pub fn free_port() -> Result<u16> {
+pub(crate) fn free_port() -> Result<u16> {
     for _ in 0..100 {
         let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
         if UdpSocket::bind(("127.0.0.1", port)).is_ok() {
@@ -27,24 +27,24 @@ pub fn free_port() -> Result<u16> {
 }
 
 /// A loopback address with a free port.
-pub fn free_addr() -> Result<SocketAddr> {
+pub(crate) fn free_addr() -> Result<SocketAddr> {
     Ok(SocketAddr::from(([127, 0, 0, 1], free_port()?)))
 }
 
 /// Whether `addr` accepts TCP connections.
-pub fn tcp_open(addr: SocketAddr) -> bool {
+pub(crate) fn tcp_open(addr: SocketAddr) -> bool {
     TcpStream::connect_timeout(&addr, Duration::from_millis(500)).is_ok()
 }
 
 /// The origin: HTTP/1.1 on 127.0.0.1, keep-alive, answers every request with 200.
-pub struct Origin {
+pub(crate) struct Origin {
     pub addr: SocketAddr,
     pub served: Arc<AtomicU64>,
     stop: Arc<AtomicBool>,
 }
 
 impl Origin {
-    pub fn start() -> Result<Origin> {
+    pub(crate) fn start() -> Result<Origin> {
         let listener = TcpListener::bind("127.0.0.1:0").context("origin: bind")?;
         let addr = listener.local_addr()?;
         let served = Arc::new(AtomicU64::new(0));
@@ -122,7 +122,7 @@ fn serve_origin(conn: TcpStream, served: &AtomicU64) {
 
 /// An HTTP response.
 #[derive(Debug, Clone)]
-pub struct Reply {
+pub(crate) struct Reply {
     pub status: u16,
     pub headers: Vec<(String, String)>,
     pub body: String,
@@ -130,7 +130,7 @@ pub struct Reply {
 
 impl Reply {
     /// The first header named `name` (lower-case).
-    pub fn header(&self, name: &str) -> Option<&str> {
+    pub(crate) fn header(&self, name: &str) -> Option<&str> {
         self.headers
             .iter()
             .find(|(k, _)| k == name)
@@ -139,7 +139,7 @@ impl Reply {
 }
 
 /// One `GET target` with `Connection: close`.
-pub fn get(addr: SocketAddr, target: &str) -> Result<Reply> {
+pub(crate) fn get(addr: SocketAddr, target: &str) -> Result<Reply> {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))
         .with_context(|| format!("connect {addr}"))?;
     s.set_read_timeout(Some(IO_TIMEOUT))?;
@@ -173,7 +173,7 @@ pub fn get(addr: SocketAddr, target: &str) -> Result<Reply> {
 }
 
 /// `GET /drain` of a daemon's admin listener, as JSON.
-pub fn drain_state(admin: SocketAddr) -> Result<serde_json::Value> {
+pub(crate) fn drain_state(admin: SocketAddr) -> Result<serde_json::Value> {
     let r = get(admin, "/drain")?;
     if r.status != 200 {
         bail!("GET /drain on {admin}: status {}", r.status);
@@ -182,7 +182,7 @@ pub fn drain_state(admin: SocketAddr) -> Result<serde_json::Value> {
 }
 
 /// The value of metric series `series` (`name{labels}` exactly as exported), if present.
-pub fn metric(admin: SocketAddr, series: &str) -> Result<Option<f64>> {
+pub(crate) fn metric(admin: SocketAddr, series: &str) -> Result<Option<f64>> {
     let r = get(admin, "/metrics")?;
     Ok(r.body.lines().find_map(|l| {
         l.strip_prefix(series)?
@@ -195,7 +195,7 @@ pub fn metric(admin: SocketAddr, series: &str) -> Result<Option<f64>> {
 }
 
 /// HAProxy's admin socket.
-pub struct Stats(pub PathBuf);
+pub(crate) struct Stats(pub PathBuf);
 
 impl Stats {
     fn command(&self, command: &str) -> Result<String> {
@@ -209,7 +209,7 @@ impl Stats {
     }
 
     /// Status ("UP", "DOWN", ...) of server `name` of backend `backend`, from `show stat`.
-    pub fn server_status(&self, backend: &str, name: &str) -> Result<String> {
+    pub(crate) fn server_status(&self, backend: &str, name: &str) -> Result<String> {
         let stat = self.command("show stat")?;
         Ok(stat
             .lines()
@@ -222,7 +222,7 @@ impl Stats {
 
 /// Counters of the load generator.
 #[derive(Default)]
-pub struct LoadCounters {
+pub(crate) struct LoadCounters {
     pub sent: AtomicU64,
     pub passed: AtomicU64,
     pub blocked: AtomicU64,
@@ -233,17 +233,17 @@ pub struct LoadCounters {
 /// Steady HTTP load through HAProxy: `workers` threads, each sending about `rate` requests
 /// per second; every fifth request is an attack that must be blocked (403), the others must
 /// pass (200). Anything else is a failure.
-pub struct Load {
+pub(crate) struct Load {
     pub counters: Arc<LoadCounters>,
     stop: Arc<AtomicBool>,
     threads: Vec<thread::JoinHandle<()>>,
 }
 
 /// The attack the demo sends (SQL injection in a query parameter).
-pub const ATTACK: &str = "/products?id=1%27%20OR%20%271%27=%271";
+pub(crate) const ATTACK: &str = "/products?id=1%27%20OR%20%271%27=%271";
 
 impl Load {
-    pub fn start(addr: SocketAddr, workers: usize, rate: u32) -> Load {
+    pub(crate) fn start(addr: SocketAddr, workers: usize, rate: u32) -> Load {
         let counters = Arc::new(LoadCounters::default());
         let stop = Arc::new(AtomicBool::new(false));
         let period = Duration::from_secs(1) / rate.max(1);
@@ -300,7 +300,7 @@ impl Load {
     }
 
     /// Requests answered so far (as wanted or not).
-    pub fn answered(&self) -> u64 {
+    pub(crate) fn answered(&self) -> u64 {
         let c = &self.counters;
         c.passed.load(Ordering::SeqCst)
             + c.blocked.load(Ordering::SeqCst)
@@ -308,7 +308,7 @@ impl Load {
     }
 
     /// Stops the workers and waits for their last requests.
-    pub fn stop(&mut self) {
+    pub(crate) fn stop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
         for t in self.threads.drain(..) {
             let _ = t.join();
@@ -323,7 +323,7 @@ impl Drop for Load {
 }
 
 /// Waits until the UDP echo server at `addr` echoes.
-pub fn udp_echoes(addr: SocketAddr) -> Result<bool> {
+pub(crate) fn udp_echoes(addr: SocketAddr) -> Result<bool> {
     let probe = UdpSocket::bind("127.0.0.1:0")?;
     probe.set_read_timeout(Some(Duration::from_millis(100)))?;
     probe.send_to(b"ping", addr)?;

@@ -16,10 +16,10 @@ use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 
 /// Set by the signal thread on the first Ctrl-C (or SIGTERM): every wait gives up.
-pub static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+pub(crate) static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 
 /// Fails if the demo was interrupted.
-pub fn check_interrupted() -> Result<()> {
+pub(crate) fn check_interrupted() -> Result<()> {
     if INTERRUPTED.load(Ordering::SeqCst) {
         bail!("interrupted (Ctrl-C)");
     }
@@ -28,7 +28,7 @@ pub fn check_interrupted() -> Result<()> {
 
 /// Polls `f` every `every` until it returns `Some`, for at most `timeout`; the error names
 /// `what` was awaited.
-pub fn wait_until<T>(
+pub(crate) fn wait_until<T>(
     what: &str,
     timeout: Duration,
     every: Duration,
@@ -49,7 +49,7 @@ pub fn wait_until<T>(
 
 /// Process groups of the children still running.
 #[derive(Clone, Default)]
-pub struct Registry(Arc<Mutex<Vec<i32>>>);
+pub(crate) struct Registry(Arc<Mutex<Vec<i32>>>);
 
 impl Registry {
     fn add(&self, pgid: i32) {
@@ -67,7 +67,7 @@ impl Registry {
     }
 
     /// SIGKILL to every registered group (the second Ctrl-C).
-    pub fn kill_all(&self) {
+    pub(crate) fn kill_all(&self) {
         for pgid in self.0.lock().unwrap_or_else(PoisonError::into_inner).iter() {
             let _ = killpg(Pid::from_raw(*pgid), Signal::SIGKILL);
         }
@@ -76,14 +76,14 @@ impl Registry {
 
 /// How a process ended, and when the demo saw it.
 #[derive(Debug, Clone, Copy)]
-pub struct Exit {
+pub(crate) struct Exit {
     pub status: ExitStatus,
     pub at: Instant,
 }
 
 impl Exit {
     /// `exit 0`, `exit 75`, `killed by signal 9`.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         match (self.status.code(), self.status.signal()) {
             (Some(c), _) => format!("exit {c}"),
             (None, Some(s)) => format!("killed by signal {s}"),
@@ -93,7 +93,7 @@ impl Exit {
 }
 
 /// A child process of the demo.
-pub struct Proc {
+pub(crate) struct Proc {
     pub name: String,
     child: Child,
     pgid: i32,
@@ -104,7 +104,12 @@ pub struct Proc {
 
 impl Proc {
     /// Starts `cmd` in a new process group, stdin closed, stdout and stderr appended to `log`.
-    pub fn spawn(name: &str, mut cmd: Command, log: &Path, registry: &Registry) -> Result<Proc> {
+    pub(crate) fn spawn(
+        name: &str,
+        mut cmd: Command,
+        log: &Path,
+        registry: &Registry,
+    ) -> Result<Proc> {
         let out = File::options()
             .create(true)
             .append(true)
@@ -131,12 +136,12 @@ impl Proc {
     }
 
     /// The process id.
-    pub fn pid(&self) -> u32 {
+    pub(crate) fn pid(&self) -> u32 {
         self.child.id()
     }
 
     /// Sends `sig` to the process (not its group: the daemons are alone in theirs anyway).
-    pub fn signal(&mut self, sig: Signal) -> Result<()> {
+    pub(crate) fn signal(&mut self, sig: Signal) -> Result<()> {
         if self.exit.is_some() {
             bail!("{} already exited", self.name);
         }
@@ -146,7 +151,7 @@ impl Proc {
     }
 
     /// The exit, if it happened (collects it without blocking).
-    pub fn try_exit(&mut self) -> Result<Option<Exit>> {
+    pub(crate) fn try_exit(&mut self) -> Result<Option<Exit>> {
         if self.exit.is_none() {
             if let Some(status) = self
                 .child
@@ -166,7 +171,7 @@ impl Proc {
     }
 
     /// Fails, naming the process and showing its last log lines, if it has exited.
-    pub fn ensure_running(&mut self) -> Result<()> {
+    pub(crate) fn ensure_running(&mut self) -> Result<()> {
         if let Some(exit) = self.try_exit()? {
             bail!(
                 "{} ended unexpectedly ({}); its last log lines:\n{}",
@@ -179,7 +184,7 @@ impl Proc {
     }
 
     /// Waits for the exit for at most `timeout`.
-    pub fn wait_exit(&mut self, timeout: Duration) -> Result<Exit> {
+    pub(crate) fn wait_exit(&mut self, timeout: Duration) -> Result<Exit> {
         let name = self.name.clone();
         wait_until(
             &format!("{name} to exit"),
@@ -190,14 +195,14 @@ impl Proc {
     }
 
     /// The whole log so far.
-    pub fn log_text(&self) -> String {
+    pub(crate) fn log_text(&self) -> String {
         std::fs::read(&self.log)
             .map(|b| String::from_utf8_lossy(&b).into_owned())
             .unwrap_or_default()
     }
 
     /// The last `n` lines of the log, indented.
-    pub fn tail(&self, n: usize) -> String {
+    pub(crate) fn tail(&self, n: usize) -> String {
         let text = self.log_text();
         let lines: Vec<&str> = text.lines().collect();
         let from = lines.len().saturating_sub(n);
@@ -210,7 +215,7 @@ impl Proc {
     }
 
     /// The last log line containing `needle`.
-    pub fn last_line_with(&self, needle: &str) -> Option<String> {
+    pub(crate) fn last_line_with(&self, needle: &str) -> Option<String> {
         self.log_text()
             .lines()
             .rev()
@@ -219,7 +224,7 @@ impl Proc {
     }
 
     /// Waits until the log has a line containing `needle` (fails at once if the process ends).
-    pub fn wait_for_log(&mut self, needle: &str, timeout: Duration) -> Result<()> {
+    pub(crate) fn wait_for_log(&mut self, needle: &str, timeout: Duration) -> Result<()> {
         let what = format!("{} to log {needle:?}", self.name);
         wait_until(&what, timeout, Duration::from_millis(20), || {
             if self.log_text().contains(needle) {
@@ -232,7 +237,7 @@ impl Proc {
     }
 
     /// Stops it: `sig`, then SIGKILL to the group after `grace`. Returns the exit.
-    pub fn stop(&mut self, sig: Signal, grace: Duration) -> Result<Exit> {
+    pub(crate) fn stop(&mut self, sig: Signal, grace: Duration) -> Result<Exit> {
         if let Some(exit) = self.try_exit()? {
             return Ok(exit);
         }
@@ -258,7 +263,7 @@ impl Proc {
     }
 
     /// Whether any process of its group is still alive (after the exit: what it left behind).
-    pub fn group_alive(&self) -> bool {
+    pub(crate) fn group_alive(&self) -> bool {
         killpg(Pid::from_raw(self.pgid), None::<Signal>).is_ok()
     }
 }

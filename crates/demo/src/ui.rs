@@ -16,7 +16,7 @@ macro_rules! say {
 }
 
 /// The live progress line.
-pub struct Ticker {
+pub(crate) struct Ticker {
     tty: bool,
     /// Terminal width (progress lines are cut to fit, so `\r` can rewrite them).
     columns: usize,
@@ -28,7 +28,7 @@ pub struct Ticker {
 
 impl Ticker {
     /// `origin` is the demo's start (the line shows seconds since then).
-    pub fn new(origin: Instant) -> Ticker {
+    pub(crate) fn new(origin: Instant) -> Ticker {
         let tty = std::io::stdout().is_terminal();
         let every = if tty {
             Duration::from_millis(200)
@@ -46,12 +46,12 @@ impl Ticker {
     }
 
     /// Whether a progress line is due now.
-    pub fn due(&self) -> bool {
+    pub(crate) fn due(&self) -> bool {
         self.last.is_none_or(|l| l.elapsed() >= self.every)
     }
 
     /// Shows `line` if a progress line is due.
-    pub fn tick(&mut self, line: impl FnOnce() -> String) {
+    pub(crate) fn tick(&mut self, line: impl FnOnce() -> String) {
         if !self.due() {
             return;
         }
@@ -73,7 +73,7 @@ impl Ticker {
     }
 
     /// Prints an event on its own line (above the progress line on a terminal).
-    pub fn event(&mut self, msg: &str) {
+    pub(crate) fn event(&mut self, msg: &str) {
         self.clear();
         say!("  [{:5.1}s] {msg}", self.origin.elapsed().as_secs_f64());
         // The next progress line comes one interval after the event.
@@ -81,7 +81,7 @@ impl Ticker {
     }
 
     /// Removes the progress line (on a terminal).
-    pub fn clear(&mut self) {
+    pub(crate) fn clear(&mut self) {
         if self.tty && self.shown {
             let mut out = std::io::stdout().lock();
             let _ = write!(out, "\r\x1b[2K");

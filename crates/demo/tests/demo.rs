@@ -6,6 +6,12 @@
 //! Needs the `lastcall-spoa` and `lastcall-turn` binaries next to the demo's (CI builds every
 //! binary first; when one is missing the test builds it with cargo).
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a panic is the failure report"
+)]
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

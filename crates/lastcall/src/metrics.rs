@@ -24,7 +24,7 @@ pub(crate) struct Metrics {
 }
 
 impl Metrics {
-    pub fn register(&self, registry: &mut Registry) {
+    pub(crate) fn register(&self, registry: &mut Registry) {
         registry.register(
             "lastcall_drain_phase",
             "Lifecycle phase: 0 serving, 1 announcing, 2 refusing, 3 lingering",

@@ -3,6 +3,12 @@
 //! `--drain-timeout` (paused clock where only timers are involved; real loopback sockets and
 //! the real clock, with generous bounds, where sockets or threads are).
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a panic is the failure report"
+)]
+
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 

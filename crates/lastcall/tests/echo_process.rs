@@ -2,6 +2,12 @@
 //! (127.0.0.1, ephemeral ports), driven by `lastcall::harness` like a kubelet would.
 //! Timing bounds are generous (busy machine); measured figures are printed.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a panic is the failure report"
+)]
+
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::process::Command;

@@ -3,6 +3,12 @@
 //! Every transition, every signal in every phase, a second signal, a trigger during
 //! Announcing, the threshold reached during the delay, the deadline with sessions left.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a panic is the failure report"
+)]
+
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 

@@ -1,6 +1,12 @@
 //! The sans-IO state machine on its own: every trigger in every phase under every policy,
 //! the timers, progress lines and outcomes, with explicit instants (no clock at all).
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a panic is the failure report"
+)]
+
 use std::time::Duration;
 
 use lastcall::machine::{

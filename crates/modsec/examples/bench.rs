@@ -8,6 +8,7 @@
 //! agent runs per `coraza-req` message) for a benign GET, a benign form POST, a SQLi GET
 //! and an XSS POST.
 
+use std::error::Error;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -59,20 +60,23 @@ fn thread_cpu_ns() -> u128 {
         tv_nsec: 0,
     };
     // SAFETY: valid out-pointer; CLOCK_THREAD_CPUTIME_ID is always available on Linux.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    #[allow(unsafe_code, reason = "clock_gettime through libc")]
+    unsafe {
+        libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts)
+    };
     u128::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000 + u128::try_from(ts.tv_nsec).unwrap_or(0)
 }
 
-fn one(ms: &Arc<ModSecurity>, rules: &Arc<RuleSet>, c: &Case) -> bool {
-    let mut tx = Transaction::new(ms, rules, None).expect("tx");
+fn one(
+    ms: &Arc<ModSecurity>,
+    rules: &Arc<RuleSet>,
+    c: &Case,
+) -> Result<bool, lastcall_modsec::Error> {
+    let mut tx = Transaction::new(ms, rules, None)?;
     let mut blocked = tx
-        .process_connection("192.0.2.7", 50123, "127.0.0.1", 8080)
-        .expect("conn")
+        .process_connection("192.0.2.7", 50123, "127.0.0.1", 8080)?
         .is_some();
-    blocked |= tx
-        .process_uri(c.uri, c.method, "1.1")
-        .expect("uri")
-        .is_some();
+    blocked |= tx.process_uri(c.uri, c.method, "1.1")?.is_some();
     let len = c.body.len().to_string();
     let mut headers: Vec<(&str, &str)> = vec![
         ("Host", "shop.example.com"),
@@ -97,23 +101,22 @@ fn one(ms: &Arc<ModSecurity>, rules: &Arc<RuleSet>, c: &Case) -> bool {
         headers.push(("Content-Length", &len));
     }
     for (k, v) in headers {
-        tx.add_request_header(k.as_bytes(), v.as_bytes())
-            .expect("hdr");
+        tx.add_request_header(k.as_bytes(), v.as_bytes())?;
     }
-    blocked |= tx.process_request_headers().expect("headers").is_some();
+    blocked |= tx.process_request_headers()?.is_some();
     if !c.body.is_empty() {
-        tx.append_request_body(c.body).expect("body");
+        tx.append_request_body(c.body)?;
     }
-    blocked |= tx.process_request_body().expect("body phase").is_some();
-    tx.process_logging().expect("logging");
-    blocked
+    blocked |= tx.process_request_body()?.is_some();
+    tx.process_logging()?;
+    Ok(blocked)
 }
 
-fn main() {
+fn main() -> Result<(), Box<dyn Error>> {
     let mut args = std::env::args().skip(1);
     let n: u32 = args.next().and_then(|a| a.parse().ok()).unwrap_or(2000);
     let pl: u8 = args.next().and_then(|a| a.parse().ok()).unwrap_or(1);
-    let ms = ModSecurity::new().expect("engine");
+    let ms = ModSecurity::new()?;
     let t = Instant::now();
     let rules = RuleSet::from_directives(
         &debian_default_directives(&CrsOptions {
@@ -121,8 +124,7 @@ fn main() {
             ..CrsOptions::default()
         }),
         "bench",
-    )
-    .expect("rules");
+    )?;
     println!(
         "{}; CRS PL{pl}: {} rules compiled in {:.0} ms",
         ms.who_am_i(),
@@ -131,11 +133,11 @@ fn main() {
     );
     for c in CASES {
         for _ in 0..n.min(200) {
-            one(&ms, &rules, c); // warm-up
+            one(&ms, &rules, c)?; // warm-up
         }
         let (cpu0, wall0) = (thread_cpu_ns(), Instant::now());
         for _ in 0..n {
-            assert_eq!(one(&ms, &rules, c), c.expect_block, "{}", c.name);
+            assert_eq!(one(&ms, &rules, c)?, c.expect_block, "{}", c.name);
         }
         let cpu = (thread_cpu_ns() - cpu0) as f64 / f64::from(n) / 1e3;
         let wall = wall0.elapsed().as_secs_f64() * 1e6 / f64::from(n);
@@ -144,4 +146,5 @@ fn main() {
             c.name
         );
     }
+    Ok(())
 }

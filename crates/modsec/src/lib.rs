@@ -54,6 +54,11 @@
 //! # Ok::<(), lastcall_modsec::Error>(())
 //! ```
 
+#![allow(
+    unsafe_code,
+    reason = "the FFI crate: every unsafe block calls libmodsecurity's C API"
+)]
+
 pub mod crs;
 mod ffi;
 mod report;
@@ -62,16 +67,17 @@ use std::ffi::{CStr, CString};
 use std::os::raw::{c_char, c_int, c_void};
 use std::path::Path;
 use std::ptr::NonNull;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::{Mutex, MutexGuard};
 
 /// libmodsecurity's rule parser (flex/bison) keeps global state: two threads compiling
 /// rules at the same time crash the process ("fatal flex scanner internal error"). Every
 /// compilation, and engine creation, holds this lock. Evaluation does not need it.
 static PARSER_LOCK: Mutex<()> = Mutex::new(());
 
-fn parser_lock() -> std::sync::MutexGuard<'static, ()> {
-    // The guarded data is `()`: a poisoned lock protects nothing broken.
-    PARSER_LOCK.lock().unwrap_or_else(|e| e.into_inner())
+fn parser_lock() -> MutexGuard<'static, ()> {
+    PARSER_LOCK.lock()
 }
 
 pub use report::{MatchReport, RuleMatch};
@@ -175,7 +181,7 @@ impl ModSecurity {
     /// destroying one engine while another engine's transactions parse XML in another
     /// thread is a use-after-free inside libxml2.
     pub fn new() -> Result<Arc<Self>> {
-        let mut slot = ENGINE.lock().unwrap_or_else(|e| e.into_inner());
+        let mut slot = ENGINE.lock();
         if let Some(engine) = slot.as_ref() {
             return Ok(Arc::clone(engine));
         }

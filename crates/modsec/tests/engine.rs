@@ -1,5 +1,11 @@
 //! The wrapper against real libmodsecurity 3.0.9 and Debian's OWASP CRS 3.3.4.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a panic is the failure report"
+)]
+
 mod common;
 
 use common::{crs_engine, drive_request, drive_response, engine_with, run_request, Req};

@@ -1,5 +1,11 @@
 //! Threads and memory: transactions moved across threads, rules shared, no leaks.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a panic is the failure report"
+)]
+
 mod common;
 
 use std::sync::mpsc;
@@ -115,6 +121,7 @@ fn rss_kib() -> u64 {
         .and_then(|s| s.parse().ok())
         .expect("resident pages");
     // SAFETY: sysconf has no preconditions.
+    #[allow(unsafe_code, reason = "sysconf(_SC_PAGESIZE) through libc")]
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
     pages * u64::try_from(page).unwrap_or(4096) / 1024
 }

@@ -3,6 +3,11 @@
 //! below run them over the seed corpus in `fuzz/seeds/` (so CI checks every seed on stable,
 //! without a sanitizer).
 
+#![allow(
+    clippy::expect_used,
+    reason = "a check that does not hold panics: that is how the fuzzer and the corpus tests see it"
+)]
+
 use bytes::BytesMut;
 
 use crate::engine::conn::{Conn, Drain, Input, Settings};

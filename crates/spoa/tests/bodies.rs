@@ -4,6 +4,12 @@
 //! `reject` (default) answers 413, `process_partial` inspects the part it got. Never a
 //! silent fail-open.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a panic is the failure report"
+)]
+
 mod support;
 
 use support::{http, Stack, StackOptions};

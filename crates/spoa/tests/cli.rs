@@ -1,6 +1,12 @@
 //! The command line and process behaviour: `--validate` exit codes, configuration errors
 //! (unknown YAML keys named with their line), SIGHUP reloads while requests flow.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a panic is the failure report"
+)]
+
 mod support;
 
 use std::process::Command;

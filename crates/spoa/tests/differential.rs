@@ -9,6 +9,12 @@
 //! the agent's `rules_hit`): they must be identical except where nginx refused a request
 //! itself before ModSecurity saw it.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a panic is the failure report"
+)]
+
 mod support;
 
 use support::nginx::{self, Entry, Nginx, Outcome};

@@ -1,5 +1,11 @@
 //! `docs/spoa.md` shows the HAProxy configuration the tests run, exactly.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a panic is the failure report"
+)]
+
 mod support;
 
 #[test]

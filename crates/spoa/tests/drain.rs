@@ -2,6 +2,12 @@
 //! flow; its health checks are refused (HAProxy marks it DOWN), its connections close when
 //! idle, it exits 0 well before its deadline, and no request fails.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a panic is the failure report"
+)]
+
 mod support;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -3,6 +3,12 @@
 //! attacks through and records them. Timeouts: SPOE `timeout processing 2s` (the documented
 //! file), client waits up to 30 s.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a panic is the failure report"
+)]
+
 mod support;
 
 use support::{get, post_form, Stack, StackOptions};

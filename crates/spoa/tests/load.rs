@@ -10,6 +10,12 @@
 //! injection that must get 403), and prints latency percentiles through HAProxy and the
 //! agent's RSS (`VmRSS` of `/proc/<pid>/status`) before and after.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a panic is the failure report"
+)]
+
 mod support;
 
 use std::io::{BufReader, Write};

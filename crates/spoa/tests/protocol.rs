@@ -2,6 +2,12 @@
 //! the status SPOE.txt assigns, then the connection is closed, while HAProxy traffic through
 //! the same agent carries on unaffected. Also: health checks, HAPROXY-DISCONNECT, pipelining.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a panic is the failure report"
+)]
+
 mod support;
 
 use std::io::{Read, Write};

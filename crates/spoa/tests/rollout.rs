@@ -23,6 +23,12 @@
 //!   cargo test -p lastcall-spoa --test rollout rolling_restart_fails -- --nocapture
 //! ```
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a panic is the failure report"
+)]
+
 mod support;
 
 use std::net::SocketAddr;

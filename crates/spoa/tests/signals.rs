@@ -9,6 +9,12 @@
 //! - `--on-sigterm ignore` survives SIGTERM (still serving, still ready) and drains on
 //!   SIGUSR1 or `POST /drain`.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a panic is the failure report"
+)]
+
 mod support;
 
 use std::io::{Read, Write};

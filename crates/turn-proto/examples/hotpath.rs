@@ -55,11 +55,11 @@ fn main() {
     let n: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(10_000);
     let payload = vec![0xABu8; args.next().and_then(|a| a.parse().ok()).unwrap_or(160)];
     let mut config = ServerConfig::new("example.org"); // anonymous: no per-request HMAC here
-    config.relay.relay_ips = vec!["10.1.0.0".parse().unwrap()];
+    config.relay.relay_ips = vec![std::net::Ipv4Addr::new(10, 1, 0, 0).into()];
     let now = Instant::now();
     let mut server = Server::new(config, now, SystemTime::now());
     let mut out = Vec::with_capacity(2048);
-    let local: SocketAddr = "198.51.100.1:3478".parse().unwrap();
+    let local = SocketAddr::from(([198, 51, 100, 1], 3478));
     let mut clients = Vec::new();
     let mut relay_addrs = Vec::new();
     for i in 0..n {

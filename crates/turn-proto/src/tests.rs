@@ -31,7 +31,7 @@ impl TestRelays {
     }
 
     /// The answer the I/O layer would give to `r`.
-    pub fn bind(&mut self, r: &RelayRequest) -> RelayBound {
+    pub(crate) fn bind(&mut self, r: &RelayRequest) -> RelayBound {
         let primary = match (&self.fail, r.ports) {
             (Some(e), _) => Err(e.clone()),
             (None, RelayPorts::Any) => Ok((self.port(r.ip), None)),
@@ -62,7 +62,7 @@ pub(crate) enum Sent {
 }
 
 impl Sent {
-    pub fn of(t: Transmit<'_>) -> Sent {
+    pub(crate) fn of(t: Transmit<'_>) -> Sent {
         match t {
             Transmit::Client { to, data } => Sent::Client(to, data.to_vec()),
             Transmit::Peer { relay, peer, data } => Sent::Peer(relay, peer, data.to_vec()),
@@ -108,7 +108,7 @@ pub(crate) fn udp(client: &str) -> ClientAddr {
 }
 
 impl H {
-    pub fn new(config: ServerConfig) -> H {
+    pub(crate) fn new(config: ServerConfig) -> H {
         let now = Instant::now();
         let wall0 = 1_800_000_000;
         let wall = UNIX_EPOCH + Duration::from_secs(wall0);
@@ -121,12 +121,12 @@ impl H {
         }
     }
 
-    pub fn unix_now(&self) -> u64 {
+    pub(crate) fn unix_now(&self) -> u64 {
         let _ = SystemTime::now();
         self.wall0
     }
 
-    pub fn advance(&mut self, secs: u64) {
+    pub(crate) fn advance(&mut self, secs: u64) {
         self.now += Duration::from_secs(secs);
         self.wall0 += secs;
         self.server.handle_timeout(self.now);
@@ -134,7 +134,7 @@ impl H {
     }
 
     /// Moves the relay sockets the server let go into `relays.released`.
-    pub fn collect_releases(&mut self) {
+    pub(crate) fn collect_releases(&mut self) {
         while let Some(r) = self.server.poll_release() {
             self.relays.released.push(r);
         }
@@ -142,7 +142,7 @@ impl H {
 
     /// One datagram from a client; a request for relay sockets is answered at once by
     /// `relays`, as the I/O layer does. `f` gets what the server returned to send.
-    pub fn with_client<R>(
+    pub(crate) fn with_client<R>(
         &mut self,
         from: ClientAddr,
         data: &[u8],
@@ -171,12 +171,12 @@ impl H {
         r
     }
 
-    pub fn client(&mut self, from: ClientAddr, data: &[u8]) -> Option<Sent> {
+    pub(crate) fn client(&mut self, from: ClientAddr, data: &[u8]) -> Option<Sent> {
         self.with_client(from, data, |t| t.map(Sent::of))
     }
 
     /// One datagram from a client, without answering a request for relay sockets.
-    pub fn client_raw(&mut self, from: ClientAddr, data: &[u8]) -> Raw {
+    pub(crate) fn client_raw(&mut self, from: ClientAddr, data: &[u8]) -> Raw {
         let r = match self
             .server
             .handle_client(self.now, from, data, &mut self.out)
@@ -190,21 +190,26 @@ impl H {
     }
 
     /// The I/O layer's answer to a request for relay sockets.
-    pub fn answer(&mut self, answer: RelayBound) -> Option<Sent> {
+    pub(crate) fn answer(&mut self, answer: RelayBound) -> Option<Sent> {
         let t = self.server.relay_bound(self.now, answer, &mut self.out);
         let sent = t.map(Sent::of);
         self.collect_releases();
         sent
     }
 
-    pub fn peer(&mut self, relay: SocketAddr, peer: SocketAddr, data: &[u8]) -> Option<Sent> {
+    pub(crate) fn peer(
+        &mut self,
+        relay: SocketAddr,
+        peer: SocketAddr,
+        data: &[u8],
+    ) -> Option<Sent> {
         let t = self
             .server
             .handle_peer(self.now, relay, peer, data, &mut self.out);
         t.map(Sent::of)
     }
 
-    pub fn events(&mut self) -> Vec<Event> {
+    pub(crate) fn events(&mut self) -> Vec<Event> {
         std::iter::from_fn(|| self.server.poll_event()).collect()
     }
 }
@@ -221,23 +226,23 @@ pub(crate) struct Resp {
 }
 
 impl Resp {
-    pub fn get(&self, t: u16) -> Option<&[u8]> {
+    pub(crate) fn get(&self, t: u16) -> Option<&[u8]> {
         self.attrs
             .iter()
             .find(|(a, _)| *a == t)
             .map(|(_, v)| v.as_slice())
     }
-    pub fn all(&self, t: u16) -> Vec<&[u8]> {
+    pub(crate) fn all(&self, t: u16) -> Vec<&[u8]> {
         self.attrs
             .iter()
             .filter(|(a, _)| *a == t)
             .map(|(_, v)| v.as_slice())
             .collect()
     }
-    pub fn addr(&self, t: u16) -> Option<SocketAddr> {
+    pub(crate) fn addr(&self, t: u16) -> Option<SocketAddr> {
         decode_address(self.get(t)?, &self.txid, true)
     }
-    pub fn lifetime(&self) -> Option<u32> {
+    pub(crate) fn lifetime(&self) -> Option<u32> {
         self.get(attr::LIFETIME)
             .map(|v| u32::from_be_bytes(v.try_into().unwrap()))
     }
@@ -274,13 +279,13 @@ pub(crate) struct Creds {
 }
 
 impl Creds {
-    pub fn password(user: &str, pass: &str) -> Creds {
+    pub(crate) fn password(user: &str, pass: &str) -> Creds {
         Creds {
             user: user.into(),
             key: long_term_key(user, REALM, pass),
         }
     }
-    pub fn rest(secret: &[u8], expiry: u64, user: &str) -> Creds {
+    pub(crate) fn rest(secret: &[u8], expiry: u64, user: &str) -> Creds {
         let name = format!("{expiry}:{user}");
         let pass = rest_password(secret, &name);
         Creds::password(&name, &pass)
@@ -307,7 +312,7 @@ pub(crate) struct Req {
 }
 
 impl Req {
-    pub fn new(method: u16) -> Req {
+    pub(crate) fn new(method: u16) -> Req {
         Req {
             method,
             class: Class::Request,
@@ -318,41 +323,41 @@ impl Req {
             sha256: false,
         }
     }
-    pub fn indication(method: u16) -> Req {
+    pub(crate) fn indication(method: u16) -> Req {
         Req {
             class: Class::Indication,
             ..Req::new(method)
         }
     }
-    pub fn attr(mut self, t: u16, v: impl Into<Vec<u8>>) -> Req {
+    pub(crate) fn attr(mut self, t: u16, v: impl Into<Vec<u8>>) -> Req {
         self.attrs.push((t, v.into()));
         self
     }
-    pub fn transport_udp(self) -> Req {
+    pub(crate) fn transport_udp(self) -> Req {
         self.attr(attr::REQUESTED_TRANSPORT, vec![17, 0, 0, 0])
     }
-    pub fn peer(self, p: &str) -> Req {
+    pub(crate) fn peer(self, p: &str) -> Req {
         let p: SocketAddr = p.parse().unwrap();
         let mut v = [0u8; 20];
         let n = stun::encode_xor_address(&mut v, p, &self.txid);
         self.attr(attr::XOR_PEER_ADDRESS, v[..n].to_vec())
     }
-    pub fn channel(self, n: u16) -> Req {
+    pub(crate) fn channel(self, n: u16) -> Req {
         let b = n.to_be_bytes();
         self.attr(attr::CHANNEL_NUMBER, vec![b[0], b[1], 0, 0])
     }
-    pub fn lifetime(self, s: u32) -> Req {
+    pub(crate) fn lifetime(self, s: u32) -> Req {
         self.attr(attr::LIFETIME, s.to_be_bytes().to_vec())
     }
-    pub fn auth(mut self, c: &Creds, nonce: &[u8]) -> Req {
+    pub(crate) fn auth(mut self, c: &Creds, nonce: &[u8]) -> Req {
         self.auth = Some((c.clone(), nonce.to_vec()));
         self
     }
-    pub fn fp(mut self) -> Req {
+    pub(crate) fn fp(mut self) -> Req {
         self.fingerprint = true;
         self
     }
-    pub fn bytes(&self) -> Vec<u8> {
+    pub(crate) fn bytes(&self) -> Vec<u8> {
         let mut buf = Vec::new();
         let mut b = Builder::new(&mut buf, self.method, self.class, self.txid);
         for (t, v) in &self.attrs {
@@ -377,7 +382,7 @@ impl Req {
 
 impl H {
     /// Get a nonce the way a client does: an unauthenticated Allocate answered 401.
-    pub fn nonce(&mut self, from: ClientAddr) -> Vec<u8> {
+    pub(crate) fn nonce(&mut self, from: ClientAddr) -> Vec<u8> {
         let r = self
             .client(from, &Req::new(method::ALLOCATE).transport_udp().bytes())
             .unwrap();
@@ -387,7 +392,7 @@ impl H {
     }
 
     /// Send `req` authenticated with `c` (fetching a nonce first).
-    pub fn authed(&mut self, from: ClientAddr, c: &Creds, req: Req) -> Resp {
+    pub(crate) fn authed(&mut self, from: ClientAddr, c: &Creds, req: Req) -> Resp {
         let nonce = self.nonce(from);
         let bytes = req.auth(c, &nonce).bytes();
         let sent = self.client(from, &bytes).expect("a response");
@@ -395,7 +400,7 @@ impl H {
     }
 
     /// Allocate for `from` with `c`; returns the relay address (local).
-    pub fn allocate(&mut self, from: ClientAddr, c: &Creds) -> SocketAddr {
+    pub(crate) fn allocate(&mut self, from: ClientAddr, c: &Creds) -> SocketAddr {
         let r = self.authed(from, c, Req::new(method::ALLOCATE).transport_udp());
         assert_eq!(r.class, Class::Success, "allocate failed: {:?}", r.code);
         r.addr(attr::XOR_RELAYED_ADDRESS).unwrap()

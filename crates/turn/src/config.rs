@@ -36,11 +36,14 @@ pub enum Parsed {
 /// Everything `main` needs.
 #[derive(Debug)]
 pub struct Settings {
+    /// The TURN server's own settings.
     pub turn: TurnConfig,
     /// The certificate and key of [`TurnConfig::tls`], loaded (they are configuration too:
     /// a bad one is a problem reported with the others).
     pub certs: Option<Arc<Certs>>,
+    /// The termination options (`--drain-timeout`, ...).
     pub term: lastcall::TerminationConfig,
+    /// Log format and level.
     pub log: lastcall::LogArgs,
     /// Options accepted with a caveat, to log once logging is up.
     pub warnings: Vec<Problem>,
@@ -61,7 +64,9 @@ pub fn termination_defaults() -> lastcall::Defaults {
 /// The TURN daemon's own configuration, typed and checked.
 #[derive(Debug, Clone)]
 pub struct TurnConfig {
+    /// The turnserver.conf read, if any (`-c`).
     pub config_file: Option<PathBuf>,
+    /// The long-term credential realm (coturn's `realm`).
     pub realm: String,
     /// Empty means every address of the host (see `listen::listening_addresses`).
     pub listening_ips: Vec<IpAddr>,
@@ -76,24 +81,36 @@ pub struct TurnConfig {
     /// The TLS listener's certificate and key: both `cert` and `pkey` given, and not
     /// `no-tls`.
     pub tls: Option<TlsFiles>,
+    /// Addresses relay sockets bind to (coturn's `relay-ip`); empty means the listening address the client used.
     pub relay_ips: Vec<IpAddr>,
+    /// Public addresses advertised for relay addresses (coturn's `external-ip`).
     pub external_ips: Vec<ExternalIp>,
+    /// Lowest relay port (coturn's `min-port`).
     pub min_port: u16,
+    /// Highest relay port (coturn's `max-port`).
     pub max_port: u16,
     /// coturn's `relay-threads`: UDP I/O threads; 0 = one per CPU this process may run on
     /// (see [`TurnConfig::udp_workers`]).
     pub relay_threads: usize,
+    /// How clients authenticate.
     pub auth: AuthMode,
+    /// Peer ranges refused (coturn's `denied-peer-ip`).
     pub denied_peer_ips: Vec<IpRange>,
+    /// Peer ranges allowed even inside a denied one (coturn's `allowed-peer-ip`).
     pub allowed_peer_ips: Vec<IpRange>,
+    /// Whether loopback peers are allowed (coturn's `allow-loopback-peers`).
     pub allow_loopback_peers: bool,
+    /// Allocations per user; 0 = unlimited (coturn's `user-quota`).
     pub user_quota: u32,
+    /// Allocations in all; 0 = unlimited (coturn's `total-quota`).
     pub total_quota: u32,
     /// Seconds.
     pub max_allocate_lifetime: u32,
     /// Seconds.
     pub stale_nonce: u32,
+    /// Where to write the process id (coturn's `pidfile`).
     pub pidfile: Option<PathBuf>,
+    /// Where new allocations are sent (300 Try Alternate) while refusing (coturn's `alternate-server`).
     pub alternate_servers: Vec<SocketAddr>,
 }
 
@@ -114,7 +131,9 @@ pub enum AuthMode {
     /// coturn's `use-auth-secret`: TURN REST API credentials made with any of `secrets` (all
     /// are accepted, for rotation); static `users` are accepted too.
     RestApi {
+        /// The shared secrets (coturn's `static-auth-secret`).
         secrets: Vec<String>,
+        /// Static users, accepted alongside.
         users: Vec<(String, UserKey)>,
     },
     /// Static users only (`user=name:password`, `user=name:0xKEY`).

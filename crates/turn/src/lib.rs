@@ -27,7 +27,6 @@ mod shared;
 mod sockets;
 mod sources;
 mod stream;
-mod sync;
 mod timers;
 pub mod tls;
 mod udp;

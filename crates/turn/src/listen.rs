@@ -11,14 +11,20 @@ use crate::sockets::{bind_tcp, bind_udp, LISTENER_BUFFER};
 /// A listening socket that could not be bound.
 #[derive(Debug, thiserror::Error)]
 pub enum ListenError {
+    /// A socket could not be bound.
     #[error("cannot bind {proto} {addr}: {source}")]
     Bind {
+        /// `UDP`, `TCP` or `TLS`.
         proto: &'static str,
+        /// The address asked for.
         addr: SocketAddr,
+        /// What the OS said.
         source: io::Error,
     },
+    /// The host's addresses could not be listed (no `listening-ip` given).
     #[error("cannot list the host's addresses for the default listening-ip: {0}")]
     Interfaces(String),
+    /// Nothing to listen on.
     #[error("no address to listen on")]
     NoAddress,
 }

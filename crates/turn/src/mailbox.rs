@@ -6,11 +6,10 @@ use std::cell::Cell;
 use std::io;
 use std::net::{SocketAddr, UdpSocket};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use nix::sys::eventfd::{EfdFlags, EventFd};
-
-use crate::sync::lock;
+use parking_lot::Mutex;
 
 thread_local! {
     /// The UDP I/O thread running on this thread, if any.
@@ -28,7 +27,7 @@ pub(crate) fn enter_worker(id: usize) {
 }
 
 /// A change to a worker's set of sockets, posted by any thread.
-pub enum Cmd {
+pub(crate) enum Cmd {
     /// Read this relay socket.
     Add(SocketAddr, Arc<UdpSocket>),
     /// Stop reading (and drop) the relay socket bound on this address.
@@ -38,7 +37,7 @@ pub enum Cmd {
 }
 
 /// One UDP I/O thread's mailbox.
-pub struct Mailbox {
+pub(crate) struct Mailbox {
     id: usize,
     cmds: Mutex<Vec<Cmd>>,
     pending: AtomicBool,
@@ -47,7 +46,7 @@ pub struct Mailbox {
 
 impl Mailbox {
     /// The mailbox of worker `id`.
-    pub fn new(id: usize) -> io::Result<Mailbox> {
+    pub(crate) fn new(id: usize) -> io::Result<Mailbox> {
         let wake = EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)
             .map_err(io::Error::from)?;
         Ok(Mailbox {
@@ -59,13 +58,13 @@ impl Mailbox {
     }
 
     /// The worker this mailbox belongs to.
-    pub fn id(&self) -> usize {
+    pub(crate) fn id(&self) -> usize {
         self.id
     }
 
     /// Queues `cmd`; wakes the worker unless it is the caller or a wake-up is pending already.
-    pub fn post(&self, cmd: Cmd) {
-        lock(&self.cmds).push(cmd);
+    pub(crate) fn post(&self, cmd: Cmd) {
+        self.cmds.lock().push(cmd);
         let was_pending = self.pending.swap(true, Ordering::AcqRel);
         if !was_pending && current_worker() != Some(self.id) {
             // A full eventfd counter (never, at 2^64 - 2) is the only error: it is awake.
@@ -90,6 +89,6 @@ impl Mailbox {
         }
         // Cleared before taking, so a command posted meanwhile wakes the worker again.
         self.pending.store(false, Ordering::Release);
-        std::mem::swap(&mut *lock(&self.cmds), into);
+        std::mem::swap(&mut *self.cmds.lock(), into);
     }
 }

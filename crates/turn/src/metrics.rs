@@ -27,8 +27,11 @@ use prometheus_client::registry::Registry;
 /// Client transport, as coturn labels allocations.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Transport {
+    /// UDP.
     Udp,
+    /// TCP.
     Tcp,
+    /// TLS over TCP.
     Tls,
 }
 
@@ -53,8 +56,10 @@ struct RealmLabel {
     realm: String,
 }
 
+/// The label of a per-I/O-thread metric.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub struct WorkerLabel {
+    /// The UDP I/O thread's index.
     pub worker: String,
 }
 

@@ -14,7 +14,7 @@ use nix::sys::socket::{
 use crate::sockets::MAX_DATAGRAM;
 
 /// Datagrams asked of one `recvmmsg`, and sent by one `sendmmsg`.
-pub const BATCH: usize = 32;
+pub(crate) const BATCH: usize = 32;
 
 /// `recvmmsg` headers, one set per address family: the kernel shortens a header's address
 /// length to what it wrote, and nix does not reset it between calls.

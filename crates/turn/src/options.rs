@@ -4,7 +4,7 @@
 
 /// How an option takes its value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
+pub(crate) enum Kind {
     /// A boolean: `--name`, `--name=false`; in a file `name`, `name=0`, `name off`.
     Flag,
     /// A flag whose value is optional (coturn's `stale-nonce[=SECONDS]`).
@@ -17,14 +17,14 @@ pub enum Kind {
 
 impl Kind {
     /// Whether the option is followed by a value on the command line (`--name VALUE`).
-    pub fn takes_value(self) -> bool {
+    pub(crate) fn takes_value(self) -> bool {
         matches!(self, Kind::Value | Kind::Multi)
     }
 }
 
 /// What `lastcall-turn` does with an option.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Policy {
+pub(crate) enum Policy {
     /// Read into the configuration and acted on.
     Honoured,
     /// Accepted (its value is still checked) and changes nothing: what it asks for is always
@@ -39,7 +39,7 @@ pub enum Policy {
 
 /// One option.
 #[derive(Debug, Clone, Copy)]
-pub struct Spec {
+pub(crate) struct Spec {
     /// Long name, as in coturn (`listening-port`).
     pub name: &'static str,
     /// coturn's short forms.
@@ -54,7 +54,7 @@ pub struct Spec {
 
 impl Spec {
     /// Whether the option may be given (honoured or accepted).
-    pub fn accepted(&self) -> bool {
+    pub(crate) fn accepted(&self) -> bool {
         !matches!(self.policy, Policy::Refused { .. })
     }
 }
@@ -99,7 +99,7 @@ use Policy::{Accepted, Honoured};
 /// Every coturn option, plus `alternate-server` (whose meaning differs: used only while
 /// draining) and `verbose`.
 #[rustfmt::skip]
-pub const OPTIONS: &[Spec] = &[
+pub(crate) const OPTIONS: &[Spec] = &[
     spec("listening-port", &['p'], Value, Honoured, "PORT", "UDP and TCP listening port [default: 3478]"),
     spec("tls-listening-port", &[], Value, Honoured, "PORT", "TLS listening port [default: 5349]"),
     spec("listening-ip", &['L'], Multi, Honoured, "IP", "Listening address (repeatable); 0.0.0.0 or :: mean every host address of that family [default: every host address]"),
@@ -249,17 +249,17 @@ pub const OPTIONS: &[Spec] = &[
 ];
 
 /// The option with this long name.
-pub fn find(name: &str) -> Option<&'static Spec> {
+pub(crate) fn find(name: &str) -> Option<&'static Spec> {
     OPTIONS.iter().find(|s| s.name == name)
 }
 
 /// The option with this short form.
-pub fn find_short(c: char) -> Option<&'static Spec> {
+pub(crate) fn find_short(c: char) -> Option<&'static Spec> {
     OPTIONS.iter().find(|s| s.shorts.contains(&c))
 }
 
 /// The options that may be given (honoured or accepted).
-pub fn accepted() -> impl Iterator<Item = &'static Spec> {
+pub(crate) fn accepted() -> impl Iterator<Item = &'static Spec> {
     OPTIONS.iter().filter(|s| s.accepted())
 }
 

@@ -7,14 +7,14 @@ use std::hash::BuildHasher;
 use std::io;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::Arc;
 use std::time::Instant;
 
 use lastcall_turn_proto::{RelayBound, RelayError, RelayPorts, RelayRequest};
+use parking_lot::{Mutex, RwLock};
 
 use crate::mailbox::{Cmd, Mailbox};
 use crate::sockets::{bind_udp, RELAY_BUFFER};
-use crate::sync::{lock, read, write};
 
 /// Every relay socket, and the ports in use.
 pub(crate) struct RelaySockets {
@@ -54,7 +54,7 @@ impl RelaySockets {
     pub(crate) fn bind(&self, request: &RelayRequest, worker: Option<usize>) -> RelayBound {
         let worker = worker.unwrap_or_else(|| self.next_worker.fetch_add(1, Ordering::Relaxed))
             % self.mailboxes.len().max(1);
-        let mut ports = lock(&self.ports);
+        let mut ports = self.ports.lock();
         let primary = match request.ports {
             RelayPorts::Any => ports.bind_any(request.ip).map(|s| (s, None)),
             RelayPorts::Even => ports.bind_even(request.ip, false),
@@ -80,7 +80,7 @@ impl RelaySockets {
     /// Makes a bound socket a relay: in the registry, and read by `worker`.
     fn register(&self, (addr, sock): (SocketAddr, UdpSocket), worker: usize) -> SocketAddr {
         let sock = Arc::new(sock);
-        write(&self.sockets).insert(
+        self.sockets.write().insert(
             addr,
             RelaySocket {
                 sock: Arc::clone(&sock),
@@ -95,18 +95,18 @@ impl RelaySockets {
 
     /// Closes the relay socket bound on `relay` and frees its port.
     pub(crate) fn release(&self, relay: SocketAddr) {
-        let removed = write(&self.sockets).remove(&relay);
+        let removed = self.sockets.write().remove(&relay);
         if let Some(r) = removed {
             if let Some(m) = self.mailboxes.get(r.worker) {
                 m.post(Cmd::Remove(relay));
             }
         }
-        lock(&self.ports).free(relay);
+        self.ports.lock().free(relay);
     }
 
     /// The relay socket bound on `relay`, for a sender that does not read it.
     pub(crate) fn get(&self, relay: SocketAddr) -> Option<Arc<UdpSocket>> {
-        read(&self.sockets).get(&relay).map(|r| Arc::clone(&r.sock))
+        self.sockets.read().get(&relay).map(|r| Arc::clone(&r.sock))
     }
 }
 

@@ -10,15 +10,15 @@
 use std::collections::HashMap;
 use std::net::{SocketAddr, UdpSocket};
 use std::ops::Range;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use lastcall_turn_proto::{ClientAddr, Transmit, Transport};
+use parking_lot::Mutex;
 use tokio::sync::{mpsc, Notify};
 
 use crate::metrics::Metrics;
 use crate::mmsg::{send_run, Queued, SendHeaders};
 use crate::relay::RelaySockets;
-use crate::sync::lock;
 
 /// The sockets one sender may batch on: a UDP I/O thread's client listeners (one per
 /// listening address) and the relay sockets it reads. A tokio task has none.
@@ -105,16 +105,16 @@ pub(crate) struct Streams {
 
 impl Streams {
     pub(crate) fn insert(&self, client: ClientAddr, handle: StreamHandle) {
-        lock(&self.map).insert(client, handle);
+        self.map.lock().insert(client, handle);
     }
 
     pub(crate) fn remove(&self, client: &ClientAddr) {
-        lock(&self.map).remove(client);
+        self.map.lock().remove(client);
     }
 
     /// Asks `client`'s connection to close.
     pub(crate) fn close(&self, client: &ClientAddr) {
-        if let Some(h) = lock(&self.map).get(client) {
+        if let Some(h) = self.map.lock().get(client) {
             h.close.notify_one();
         }
     }
@@ -306,7 +306,7 @@ impl TxQueue {
             }
         }
         if !self.streams.is_empty() {
-            let map = lock(&streams.map);
+            let map = streams.map.lock();
             for (to, frame) in self.streams.drain(..) {
                 // A connection that is gone takes its frames with it: not a drop.
                 if let Some(Err(_)) = map.get(&to).map(|h| h.tx.try_send(frame)) {

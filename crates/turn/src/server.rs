@@ -30,17 +30,28 @@ use crate::{drain, stream, timers};
 /// A start-up failure (binding a socket, starting a thread).
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
+    /// A listening socket could not be bound.
     #[error(transparent)]
     Listen(#[from] ListenError),
+    /// A UDP I/O thread could not be started.
     #[error("cannot start UDP I/O thread {worker}: {source}")]
-    Worker { worker: usize, source: io::Error },
+    Worker {
+        /// The thread's index.
+        worker: usize,
+        /// What the OS said.
+        source: io::Error,
+    },
 }
 
 /// A running server: its bound addresses, for logs and tests.
 pub struct Running {
+    /// The state every task shares.
     pub shared: Arc<Shared>,
+    /// Bound UDP listeners.
     pub udp: Vec<SocketAddr>,
+    /// Bound TCP listeners.
     pub tcp: Vec<SocketAddr>,
+    /// Bound TLS listeners.
     pub tls: Vec<SocketAddr>,
     /// UDP I/O threads.
     pub udp_workers: usize,

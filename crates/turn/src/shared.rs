@@ -8,18 +8,17 @@
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
-use std::sync::Mutex;
 use std::time::Instant;
 
 use lastcall::{Handle, PeerId, SessionGuard};
 use lastcall_turn_proto::{
     ClientAddr, Counters, DeleteReason, Event, RelayAddrs, RelayRequest, Server,
 };
+use parking_lot::Mutex;
 
 use crate::metrics::{CoreCounters, Metrics};
 use crate::relay::RelaySockets;
 use crate::route::{LocalSockets, Streams, TxQueue};
-use crate::sync::lock;
 
 /// State shared by every thread and task.
 pub struct Shared {
@@ -85,7 +84,7 @@ impl Shared {
     /// Runs `f` on the locked core; its events and relay releases are moved into `fx`
     /// before the lock is released.
     pub(crate) fn with_core<R>(&self, fx: &mut Effects, f: impl FnOnce(&mut Server) -> R) -> R {
-        let mut server = lock(&self.core);
+        let mut server = self.core.lock();
         let r = f(&mut server);
         fx.events.extend(std::iter::from_fn(|| server.poll_event()));
         fx.releases
@@ -130,7 +129,7 @@ impl Shared {
             return;
         }
         if fx.events.iter().any(is_session_event) {
-            let mut guards = lock(&self.guards);
+            let mut guards = self.guards.lock();
             for ev in fx.events.iter().filter(|e| is_session_event(e)) {
                 self.session(&mut guards, ev, &mut fx.ended);
             }
@@ -230,12 +229,12 @@ impl Shared {
 
     /// Live allocations.
     pub fn allocations(&self) -> usize {
-        lock(&self.core).allocation_count()
+        self.core.lock().allocation_count()
     }
 
     /// Whether `client` holds an allocation.
     pub(crate) fn has_allocation(&self, client: &ClientAddr) -> bool {
-        lock(&self.core).has_allocation(client)
+        self.core.lock().has_allocation(client)
     }
 
     /// Deletes every allocation (the deadline has come).
@@ -251,7 +250,7 @@ impl Shared {
 
 impl CoreCounters for Shared {
     fn snapshot(&self) -> (Counters, (usize, usize, usize)) {
-        let server = lock(&self.core);
+        let server = self.core.lock();
         (*server.counters(), server.allocation_count_by_transport())
     }
 }

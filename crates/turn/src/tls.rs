@@ -5,24 +5,35 @@
 //! that does not match the certificate) is logged and the previous certificate stays.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
+
+use parking_lot::RwLock;
 
 /// Why a certificate could not be loaded.
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
+    /// A file could not be read.
     #[error("cannot read {path}: {source}")]
     Read {
+        /// The file.
         path: PathBuf,
+        /// What the OS said.
         source: std::io::Error,
     },
+    /// The certificate file holds no PEM certificate.
     #[error("{0}: no PEM certificate found")]
     NoCertificate(PathBuf),
+    /// The key file holds no PEM private key.
     #[error("{0}: no PEM private key found")]
     NoKey(PathBuf),
+    /// rustls refused the pair.
     #[error("certificate {cert} and key {key}: {source}")]
     Rustls {
+        /// The certificate file.
         cert: PathBuf,
+        /// The key file.
         key: PathBuf,
+        /// What rustls said.
         source: rustls::Error,
     },
 }
@@ -50,19 +61,13 @@ impl Certs {
 
     /// The configuration for a new connection.
     pub fn current(&self) -> Arc<rustls::ServerConfig> {
-        match self.current.read() {
-            Ok(c) => Arc::clone(&c),
-            Err(poisoned) => Arc::clone(&poisoned.into_inner()),
-        }
+        Arc::clone(&self.current.read())
     }
 
     /// Reads the files again; on error the previous configuration stays in use.
     pub fn reload(&self) -> Result<(), TlsError> {
         let config = Arc::new(build(&self.cert, &self.key, self.tls13_only)?);
-        match self.current.write() {
-            Ok(mut c) => *c = config,
-            Err(poisoned) => *poisoned.into_inner() = config,
-        }
+        *self.current.write() = config;
         Ok(())
     }
 }

@@ -42,7 +42,7 @@ use crate::shared::{Effects, Shared};
 use crate::sockets::MAX_DATAGRAM;
 
 /// Datagrams held (and run through the core under one lock) before they are processed.
-pub const SLOTS: usize = 64;
+pub(crate) const SLOTS: usize = 64;
 /// Events taken from one `epoll_wait`.
 const EVENTS: usize = 256;
 
@@ -66,7 +66,7 @@ struct RxItem {
 
 /// Counters of one worker, for the metrics and the tests.
 #[derive(Default, Clone, Copy, Debug, PartialEq, Eq)]
-pub struct WorkerStats {
+pub(crate) struct WorkerStats {
     /// Returns of `epoll_wait` with at least one event.
     pub wakeups: u64,
     /// `recvmmsg` calls.
@@ -82,7 +82,7 @@ pub struct WorkerStats {
 }
 
 /// One UDP I/O thread's state.
-pub struct Worker {
+pub(crate) struct Worker {
     id: usize,
     shared: Arc<Shared>,
     mailbox: Arc<Mailbox>,
@@ -111,7 +111,7 @@ fn nix_err(e: Errno) -> io::Error {
 
 impl Worker {
     /// A worker reading `listeners` (their local addresses given), reached through `mailbox`.
-    pub fn new(
+    pub(crate) fn new(
         shared: Arc<Shared>,
         mailbox: Arc<Mailbox>,
         listeners: Vec<(SocketAddr, UdpSocket)>,
@@ -165,7 +165,7 @@ impl Worker {
     }
 
     /// Runs until told to stop.
-    pub fn run(mut self) {
+    pub(crate) fn run(mut self) {
         enter_worker(self.id);
         while !self.stopping {
             self.poll(EpollTimeout::NONE);
@@ -173,7 +173,7 @@ impl Worker {
     }
 
     /// Waits up to `timeout` for sockets to be ready, then handles everything ready.
-    pub fn poll(&mut self, timeout: EpollTimeout) {
+    pub(crate) fn poll(&mut self, timeout: EpollTimeout) {
         let n = match self.epoll.wait(&mut self.events, timeout) {
             Ok(n) => n,
             Err(Errno::EINTR) => 0,
@@ -364,7 +364,7 @@ impl Worker {
 
     /// Relay sockets this worker reads.
     #[cfg(test)]
-    pub fn relay_count(&self) -> usize {
+    pub(crate) fn relay_count(&self) -> usize {
         self.sockets.relay_count()
     }
 }

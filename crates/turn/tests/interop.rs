@@ -6,6 +6,12 @@
 //! random); the `rtp_rtcp_*` tests run its default mode, where each client allocates an RTP
 //! relay with EVEN-PORT R=1 and its RTCP relay with the RESERVATION-TOKEN it got.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a panic is the failure report"
+)]
+
 mod common;
 
 use std::time::Duration;

@@ -2,6 +2,12 @@
 //! exit 64 naming them, `--help`, TLS certificate reload on SIGHUP, and the drain (SIGTERM:
 //! live allocations keep relaying, a new Allocate gets 403).
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a panic is the failure report"
+)]
+
 mod common;
 
 use std::process::Command;

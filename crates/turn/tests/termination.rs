@@ -13,6 +13,12 @@
 //! `turnutils_peer`. Every figure is printed (`cargo nextest run -p lastcall-turn --test
 //! termination --no-capture`, lines starting with `FIGURES`).
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a panic is the failure report"
+)]
+
 #[path = "common/client.rs"]
 mod client;
 mod common;

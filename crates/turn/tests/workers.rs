@@ -4,6 +4,12 @@
 //! (`common/client.rs`), coturn's `turnutils_peer` as the echo peer; the per-thread
 //! counters are read from `/metrics`.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a panic is the failure report"
+)]
+
 #[path = "common/client.rs"]
 mod client;
 mod common;

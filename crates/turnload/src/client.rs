@@ -17,7 +17,7 @@ const TRIES: u32 = 6;
 
 /// Why a transaction failed.
 #[derive(Debug, thiserror::Error)]
-pub enum ClientError {
+pub(crate) enum ClientError {
     #[error("socket: {0}")]
     Io(#[from] io::Error),
     #[error("no response after {TRIES} transmissions")]
@@ -30,7 +30,7 @@ pub enum ClientError {
 
 /// TURN REST API credentials (coturn's `use-auth-secret`).
 #[derive(Clone, Debug)]
-pub struct Credentials {
+pub(crate) struct Credentials {
     pub username: String,
     pub password: String,
 }
@@ -38,7 +38,7 @@ pub struct Credentials {
 impl Credentials {
     /// Username `expiry:user` valid for `valid` from now, password
     /// base64(HMAC-SHA1(secret, username)).
-    pub fn rest(secret: &[u8], user: &str, valid: Duration) -> Credentials {
+    pub(crate) fn rest(secret: &[u8], user: &str, valid: Duration) -> Credentials {
         let expiry = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .unwrap_or_default()
@@ -60,7 +60,7 @@ struct Response {
 }
 
 /// One client 5-tuple talking to the server.
-pub struct Session {
+pub(crate) struct Session {
     sock: UdpSocket,
     creds: Credentials,
     realm: String,
@@ -73,7 +73,7 @@ pub struct Session {
 
 impl Session {
     /// A new UDP socket on `local_ip`, connected to `server`.
-    pub fn new(server: SocketAddr, creds: Credentials) -> Result<Session, ClientError> {
+    pub(crate) fn new(server: SocketAddr, creds: Credentials) -> Result<Session, ClientError> {
         let local: SocketAddr = if server.is_ipv4() {
             ([127, 0, 0, 1], 0).into()
         } else {
@@ -93,7 +93,7 @@ impl Session {
     }
 
     /// The socket (for the data path once the control messages are done).
-    pub fn socket(&self) -> &UdpSocket {
+    pub(crate) fn socket(&self) -> &UdpSocket {
         &self.sock
     }
 
@@ -178,7 +178,7 @@ impl Session {
     }
 
     /// Allocate a UDP relay (lifetime in seconds).
-    pub fn allocate(&mut self, lifetime: u32) -> Result<SocketAddr, ClientError> {
+    pub(crate) fn allocate(&mut self, lifetime: u32) -> Result<SocketAddr, ClientError> {
         let r = self.request(method::ALLOCATE, &|b| {
             b.u32(attr::REQUESTED_TRANSPORT, 17 << 24)
                 .u32(attr::LIFETIME, lifetime);
@@ -189,7 +189,7 @@ impl Session {
     }
 
     /// Refresh (lifetime 0 deletes the allocation).
-    pub fn refresh(&mut self, lifetime: u32) -> Result<(), ClientError> {
+    pub(crate) fn refresh(&mut self, lifetime: u32) -> Result<(), ClientError> {
         self.request(method::REFRESH, &|b| {
             b.u32(attr::LIFETIME, lifetime);
         })
@@ -197,7 +197,7 @@ impl Session {
     }
 
     /// CreatePermission for `peer`'s IP address.
-    pub fn create_permission(&mut self, peer: SocketAddr) -> Result<(), ClientError> {
+    pub(crate) fn create_permission(&mut self, peer: SocketAddr) -> Result<(), ClientError> {
         self.request(method::CREATE_PERMISSION, &|b| {
             b.xor_address(attr::XOR_PEER_ADDRESS, peer);
         })
@@ -205,7 +205,11 @@ impl Session {
     }
 
     /// ChannelBind `channel` to `peer`.
-    pub fn channel_bind(&mut self, channel: u16, peer: SocketAddr) -> Result<(), ClientError> {
+    pub(crate) fn channel_bind(
+        &mut self,
+        channel: u16,
+        peer: SocketAddr,
+    ) -> Result<(), ClientError> {
         self.request(method::CHANNEL_BIND, &|b| {
             b.u32(attr::CHANNEL_NUMBER, u32::from(channel) << 16)
                 .xor_address(attr::XOR_PEER_ADDRESS, peer);

@@ -1,11 +1,11 @@
 //! Latency histograms with 1 µs buckets.
 
 /// Largest latency with its own bucket; larger ones land in the last bucket.
-pub const MAX_US: usize = 200_000;
+pub(crate) const MAX_US: usize = 200_000;
 
 /// A histogram of round-trip times in microseconds.
 #[derive(Clone, Debug)]
-pub struct Histogram {
+pub(crate) struct Histogram {
     buckets: Vec<u64>,
     count: u64,
     max: u64,
@@ -23,7 +23,7 @@ impl Default for Histogram {
 
 impl Histogram {
     /// Records one value.
-    pub fn record(&mut self, us: u64) {
+    pub(crate) fn record(&mut self, us: u64) {
         let i = usize::try_from(us).unwrap_or(MAX_US).min(MAX_US);
         if let Some(b) = self.buckets.get_mut(i) {
             *b += 1;
@@ -33,12 +33,12 @@ impl Histogram {
     }
 
     /// Values recorded.
-    pub fn count(&self) -> u64 {
+    pub(crate) fn count(&self) -> u64 {
         self.count
     }
 
     /// Adds `other` into this one.
-    pub fn merge(&mut self, other: &Histogram) {
+    pub(crate) fn merge(&mut self, other: &Histogram) {
         for (a, b) in self.buckets.iter_mut().zip(&other.buckets) {
             *a += b;
         }
@@ -47,7 +47,7 @@ impl Histogram {
     }
 
     /// The `q` quantile (0..=1) in µs; `None` when empty.
-    pub fn quantile(&self, q: f64) -> Option<u64> {
+    pub(crate) fn quantile(&self, q: f64) -> Option<u64> {
         if self.count == 0 {
             return None;
         }
@@ -63,7 +63,7 @@ impl Histogram {
     }
 
     /// Clears every bucket.
-    pub fn reset(&mut self) {
+    pub(crate) fn reset(&mut self) {
         self.buckets.iter_mut().for_each(|b| *b = 0);
         self.count = 0;
         self.max = 0;

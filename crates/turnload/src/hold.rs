@@ -16,7 +16,7 @@ use crate::procfs::{cpu_ticks, rss_kib};
 
 /// What to run.
 #[derive(Clone, Debug)]
-pub struct HoldOpts {
+pub(crate) struct HoldOpts {
     pub server: SocketAddr,
     pub secret: String,
     pub count: usize,
@@ -92,7 +92,7 @@ fn worker(o: HoldOpts, first: usize, n: usize, c: Arc<Counters>, done: mpsc::Sen
 }
 
 /// Runs the allocation load; prints one JSON line when every allocation is up, one at the end.
-pub fn run(o: &HoldOpts) -> anyhow::Result<()> {
+pub(crate) fn run(o: &HoldOpts) -> anyhow::Result<()> {
     let c = Arc::new(Counters {
         ok: AtomicU64::new(0),
         failed: AtomicU64::new(0),

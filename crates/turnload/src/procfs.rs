@@ -4,7 +4,7 @@
 use std::fs;
 
 /// utime + stime of a process in clock ticks (all its threads), from `/proc/PID/stat`.
-pub fn cpu_ticks(pid: u32) -> Option<u64> {
+pub(crate) fn cpu_ticks(pid: u32) -> Option<u64> {
     parse_stat_ticks(&fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
 }
 
@@ -19,7 +19,7 @@ fn parse_stat_ticks(stat: &str) -> Option<u64> {
 }
 
 /// Resident memory of a process in KiB, from `VmRSS` in `/proc/PID/status`.
-pub fn rss_kib(pid: u32) -> Option<u64> {
+pub(crate) fn rss_kib(pid: u32) -> Option<u64> {
     parse_vmrss(&fs::read_to_string(format!("/proc/{pid}/status")).ok()?)
 }
 

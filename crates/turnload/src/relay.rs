@@ -23,7 +23,7 @@ use crate::procfs::cpu_ticks;
 /// Payload marker.
 const MAGIC: [u8; 4] = *b"LCTL";
 /// Bytes of the stamp at the start of each payload: magic, phase, sequence, send time (µs).
-pub const STAMP_LEN: usize = 24;
+pub(crate) const STAMP_LEN: usize = 24;
 /// How long the sender sleeps between bursts.
 const TICK: Duration = Duration::from_micros(200);
 /// Socket buffer asked for on the generator's sockets (the kernel caps it at rmem_max).
@@ -31,7 +31,7 @@ const SOCK_BUF: usize = 4 << 20;
 
 /// What to run.
 #[derive(Clone, Debug)]
-pub struct RelayOpts {
+pub(crate) struct RelayOpts {
     pub server: SocketAddr,
     pub secret: String,
     pub clients: usize,
@@ -148,7 +148,7 @@ fn receiver(
 }
 
 /// Writes the stamp at the start of `payload` (at least [`STAMP_LEN`] bytes).
-pub fn write_stamp(payload: &mut [u8], phase: u32, seq: u64, sent_us: u64) {
+pub(crate) fn write_stamp(payload: &mut [u8], phase: u32, seq: u64, sent_us: u64) {
     if let Some(p) = payload.get_mut(..STAMP_LEN) {
         p[..4].copy_from_slice(&MAGIC);
         p[4..8].copy_from_slice(&phase.to_be_bytes());
@@ -158,7 +158,7 @@ pub fn write_stamp(payload: &mut [u8], phase: u32, seq: u64, sent_us: u64) {
 }
 
 /// Reads a stamp: `(phase, sequence, send time in µs)`.
-pub fn read_stamp(payload: &[u8]) -> Option<(u32, u64, u64)> {
+pub(crate) fn read_stamp(payload: &[u8]) -> Option<(u32, u64, u64)> {
     let p = payload.get(..STAMP_LEN)?;
     if p[..4] != MAGIC {
         return None;
@@ -171,7 +171,7 @@ pub fn read_stamp(payload: &[u8]) -> Option<(u32, u64, u64)> {
 
 /// Result of one phase.
 #[derive(Clone, Debug)]
-pub struct PhaseResult {
+pub(crate) struct PhaseResult {
     pub rate: f64,
     pub offered: f64,
     pub sent: u64,
@@ -184,11 +184,11 @@ pub struct PhaseResult {
 }
 
 impl PhaseResult {
-    pub fn lost(&self) -> u64 {
+    pub(crate) fn lost(&self) -> u64 {
         self.sent.saturating_sub(self.received)
     }
 
-    pub fn loss_pct(&self) -> f64 {
+    pub(crate) fn loss_pct(&self) -> f64 {
         if self.sent == 0 {
             return 0.0;
         }
@@ -196,7 +196,7 @@ impl PhaseResult {
     }
 
     /// Datagrams the server forwarded: client -> peer plus peer -> client.
-    pub fn relayed(&self) -> u64 {
+    pub(crate) fn relayed(&self) -> u64 {
         self.peer_rx + self.received
     }
 }
@@ -355,7 +355,7 @@ fn passes(r: &PhaseResult, threshold_pct: f64) -> bool {
 }
 
 /// Sets up the clients and the peer, runs the baseline and every rate, then the search.
-pub fn run(o: &RelayOpts) -> anyhow::Result<()> {
+pub(crate) fn run(o: &RelayOpts) -> anyhow::Result<()> {
     let shared = Arc::new(Shared {
         t0: Instant::now(),
         phase: AtomicU32::new(0),

@@ -2,6 +2,12 @@
 //! loopback: every datagram relayed and echoed at a low rate, allocations counted and
 //! memory read. Skipped (with a message) where coturn is not installed.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a panic is the failure report"
+)]
+
 use std::net::UdpSocket;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};

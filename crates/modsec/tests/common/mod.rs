@@ -6,7 +6,7 @@ use std::sync::Arc;
 use lastcall_modsec::{crs, Intervention, ModSecurity, RuleSet, Transaction};
 
 /// A request as the tests describe it.
-pub struct Req<'a> {
+pub(crate) struct Req<'a> {
     pub method: &'a str,
     pub uri: &'a str,
     pub headers: Vec<(&'a str, &'a str)>,
@@ -14,7 +14,7 @@ pub struct Req<'a> {
 }
 
 impl<'a> Req<'a> {
-    pub fn get(uri: &'a str) -> Self {
+    pub(crate) fn get(uri: &'a str) -> Self {
         Req {
             method: "GET",
             uri,
@@ -23,7 +23,7 @@ impl<'a> Req<'a> {
         }
     }
 
-    pub fn post_form(uri: &'a str, body: &'a [u8]) -> Self {
+    pub(crate) fn post_form(uri: &'a str, body: &'a [u8]) -> Self {
         let mut headers = browser_headers();
         headers.push(("Content-Type", "application/x-www-form-urlencoded"));
         Req {
@@ -35,7 +35,7 @@ impl<'a> Req<'a> {
     }
 }
 
-pub fn browser_headers() -> Vec<(&'static str, &'static str)> {
+pub(crate) fn browser_headers() -> Vec<(&'static str, &'static str)> {
     vec![
         ("Host", "shop.example.com"),
         (
@@ -48,19 +48,19 @@ pub fn browser_headers() -> Vec<(&'static str, &'static str)> {
     ]
 }
 
-pub fn engine_with(directives: &str) -> (Arc<ModSecurity>, Arc<RuleSet>) {
+pub(crate) fn engine_with(directives: &str) -> (Arc<ModSecurity>, Arc<RuleSet>) {
     let ms = ModSecurity::new().expect("msc_init");
     let rules = RuleSet::from_directives(directives, "test").expect("rules compile");
     (ms, rules)
 }
 
-pub fn crs_engine(opts: &crs::CrsOptions) -> (Arc<ModSecurity>, Arc<RuleSet>) {
+pub(crate) fn crs_engine(opts: &crs::CrsOptions) -> (Arc<ModSecurity>, Arc<RuleSet>) {
     engine_with(&crs::debian_default_directives(opts))
 }
 
 /// Runs phases 0-2 (always including the request body phase) and returns the first
 /// intervention with the transaction (for its report or a response check).
-pub fn run_request(
+pub(crate) fn run_request(
     ms: &Arc<ModSecurity>,
     rules: &Arc<RuleSet>,
     req: &Req<'_>,
@@ -70,7 +70,7 @@ pub fn run_request(
     (verdict, tx)
 }
 
-pub fn drive_request(tx: &mut Transaction, req: &Req<'_>) -> Option<Intervention> {
+pub(crate) fn drive_request(tx: &mut Transaction, req: &Req<'_>) -> Option<Intervention> {
     if let Some(i) = tx
         .process_connection("192.0.2.10", 51334, "127.0.0.1", 8080)
         .expect("connection")
@@ -99,7 +99,7 @@ pub fn drive_request(tx: &mut Transaction, req: &Req<'_>) -> Option<Intervention
 }
 
 /// Runs phases 3-4 for a response.
-pub fn drive_response(
+pub(crate) fn drive_response(
     tx: &mut Transaction,
     status: u16,
     headers: &[(&str, &str)],

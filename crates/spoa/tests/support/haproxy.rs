@@ -14,11 +14,11 @@ use lastcall::harness::{self, Pod};
 use super::{crate_dir, http, WAIT};
 
 /// The HAProxy binary.
-pub const HAPROXY: &str = "/usr/sbin/haproxy";
+pub(crate) const HAPROXY: &str = "/usr/sbin/haproxy";
 
 /// Variants of the documented configuration, for measurements.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Variant {
+pub(crate) struct Variant {
     /// Without the `log stdout` line (no per-request log: load runs).
     pub quiet: bool,
     /// Without the safety net: no second `send-spoe-group` on `txn.coraza.error` (the lines
@@ -27,7 +27,7 @@ pub struct Variant {
 }
 
 /// A running HAProxy.
-pub struct Haproxy {
+pub(crate) struct Haproxy {
     /// The process (its log lines, one per request, are captured).
     pub pod: Pod,
     /// HTTP frontend.
@@ -38,12 +38,12 @@ pub struct Haproxy {
 }
 
 /// The documented HAProxy configuration.
-pub fn config_path() -> PathBuf {
+pub(crate) fn config_path() -> PathBuf {
     crate_dir().join("examples/haproxy/haproxy.cfg")
 }
 
 /// The documented SPOE configuration.
-pub fn spoe_path() -> PathBuf {
+pub(crate) fn spoe_path() -> PathBuf {
     crate_dir().join("examples/haproxy/coraza.cfg")
 }
 
@@ -51,7 +51,7 @@ impl Haproxy {
     /// Starts HAProxy in front of `origin`, with agent servers `spoa1` and `spoa2`, running
     /// the documented files or a variant of them (see [`Variant`]), and waits until a benign
     /// request passes through an agent.
-    pub fn start_variant(
+    pub(crate) fn start_variant(
         origin: SocketAddr,
         spoa1: SocketAddr,
         spoa2: SocketAddr,
@@ -116,7 +116,7 @@ impl Haproxy {
     }
 
     /// Runs an admin-socket command (e.g. `show servers state coraza-spoa`).
-    pub fn admin(&self, command: &str) -> String {
+    pub(crate) fn admin(&self, command: &str) -> String {
         let mut s = UnixStream::connect(&self.stats).expect("stats socket");
         s.set_read_timeout(Some(WAIT)).expect("timeout");
         s.write_all(format!("{command}\n").as_bytes())
@@ -128,13 +128,13 @@ impl Haproxy {
 
     /// Soft stop (SIGUSR1, HAProxy's graceful stop): stops listening, finishes what it has,
     /// closes its SPOE connections and exits.
-    pub fn soft_stop(&mut self) {
+    pub(crate) fn soft_stop(&mut self) {
         self.pod.signal(lastcall::harness::Signal::Usr1);
     }
 
     /// The operational state of backend `coraza-spoa`'s server `name` ("UP", "DOWN", ...),
     /// from `show stat`.
-    pub fn agent_server_status(&self, name: &str) -> String {
+    pub(crate) fn agent_server_status(&self, name: &str) -> String {
         let stat = self.admin("show stat");
         stat.lines()
             .map(|l| l.split(',').collect::<Vec<_>>())

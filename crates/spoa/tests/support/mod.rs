@@ -5,9 +5,9 @@
 //! addresses; everything is killed when the values are dropped (also on panic).
 #![allow(dead_code)]
 
-pub mod haproxy;
-pub mod nginx;
-pub mod traffic;
+pub(crate) mod haproxy;
+pub(crate) mod nginx;
+pub(crate) mod traffic;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -20,18 +20,18 @@ use std::time::Duration;
 
 use lastcall::harness::{self, Pod, Signal};
 
-pub use haproxy::Haproxy;
+pub(crate) use haproxy::Haproxy;
 
 /// Generous bound for anything a test waits for on this busy machine.
-pub const WAIT: Duration = Duration::from_secs(30);
+pub(crate) const WAIT: Duration = Duration::from_secs(30);
 
 /// Marker the origin puts in `/leak` responses; the test rules block responses carrying it.
-pub const LEAK_HEADER: &str = "x-secret-leak";
+pub(crate) const LEAK_HEADER: &str = "x-secret-leak";
 
 /// A real HTTP/1.1 origin on 127.0.0.1 (one thread per connection, keep-alive). Answers
 /// every request with 200 and `origin ok <method> <path> <body-length>`; `/leak` adds the
 /// [`LEAK_HEADER`] header and a body with an SQL error message.
-pub struct Origin {
+pub(crate) struct Origin {
     /// Where it listens.
     pub addr: SocketAddr,
     stop: Arc<AtomicBool>,
@@ -41,7 +41,7 @@ pub struct Origin {
 
 impl Origin {
     /// Starts the origin.
-    pub fn start() -> Origin {
+    pub(crate) fn start() -> Origin {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind origin");
         let addr = listener.local_addr().expect("origin addr");
         let stop = Arc::new(AtomicBool::new(false));
@@ -110,7 +110,7 @@ fn origin_conn(conn: TcpStream, served: &AtomicU64) {
 /// up to the blank line, then a `Content-Length` body (read and discarded). Returns the
 /// body length and whether the message carries `Connection: close`. Used by the origin for
 /// requests and by the keep-alive clients ([`read_response`]) for answers.
-pub fn read_headers_and_body(reader: &mut impl BufRead) -> std::io::Result<(usize, bool)> {
+pub(crate) fn read_headers_and_body(reader: &mut impl BufRead) -> std::io::Result<(usize, bool)> {
     let mut len = 0usize;
     let mut close = false;
     let mut chunked = false;
@@ -174,7 +174,7 @@ fn read_chunked(reader: &mut impl BufRead) -> std::io::Result<usize> {
 
 /// Reads one HTTP/1.1 response from a keep-alive connection (status line, headers,
 /// `Content-Length` body); returns the status and whether the server closes the connection.
-pub fn read_response(reader: &mut impl BufRead) -> std::io::Result<(u16, bool)> {
+pub(crate) fn read_response(reader: &mut impl BufRead) -> std::io::Result<(u16, bool)> {
     let mut line = String::new();
     if reader.read_line(&mut line)? == 0 {
         return Err(std::io::Error::other("connection closed before the answer"));
@@ -190,7 +190,7 @@ pub fn read_response(reader: &mut impl BufRead) -> std::io::Result<(u16, bool)> 
 
 /// An HTTP response as the client saw it.
 #[derive(Debug, Clone)]
-pub struct Reply {
+pub(crate) struct Reply {
     /// Status code.
     pub status: u16,
     /// Headers (names lower-cased).
@@ -201,7 +201,7 @@ pub struct Reply {
 
 impl Reply {
     /// First header named `name` (lower-case).
-    pub fn header(&self, name: &str) -> Option<&str> {
+    pub(crate) fn header(&self, name: &str) -> Option<&str> {
         self.headers
             .iter()
             .find(|(k, _)| k == name)
@@ -209,13 +209,13 @@ impl Reply {
     }
 
     /// Body as text.
-    pub fn text(&self) -> String {
+    pub(crate) fn text(&self) -> String {
         String::from_utf8_lossy(&self.body).into_owned()
     }
 }
 
 /// One HTTP/1.1 request (`Connection: close`).
-pub fn http(
+pub(crate) fn http(
     addr: SocketAddr,
     method: &str,
     target: &str,
@@ -269,12 +269,12 @@ fn parse_reply(raw: &[u8]) -> std::io::Result<Reply> {
 }
 
 /// `GET target`.
-pub fn get(addr: SocketAddr, target: &str) -> Reply {
+pub(crate) fn get(addr: SocketAddr, target: &str) -> Reply {
     http(addr, "GET", target, &[], b"").unwrap_or_else(|e| panic!("GET {target}: {e}"))
 }
 
 /// `POST target` with a form body.
-pub fn post_form(addr: SocketAddr, target: &str, body: &str) -> Reply {
+pub(crate) fn post_form(addr: SocketAddr, target: &str, body: &str) -> Reply {
     http(
         addr,
         "POST",
@@ -286,12 +286,12 @@ pub fn post_form(addr: SocketAddr, target: &str, body: &str) -> Reply {
 }
 
 /// Path of the agent binary under test.
-pub fn agent_bin() -> PathBuf {
+pub(crate) fn agent_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_lastcall-spoa"))
 }
 
 /// A running `lastcall-spoa` process.
-pub struct Agent {
+pub(crate) struct Agent {
     /// The process (stderr lines captured).
     pub pod: Pod,
     /// SPOP listener.
@@ -304,7 +304,7 @@ pub struct Agent {
 impl Agent {
     /// Sends `signal` and waits (up to [`WAIT`]) for a log line containing `needle` written
     /// after the signal; returns that line.
-    pub fn signal_and_wait_for_log(&mut self, signal: Signal, needle: &str) -> String {
+    pub(crate) fn signal_and_wait_for_log(&mut self, signal: Signal, needle: &str) -> String {
         let mark = self.pod.log_len();
         self.pod.signal(signal);
         self.pod.wait_for_log_after(mark, needle, WAIT)
@@ -312,7 +312,7 @@ impl Agent {
 
     /// Starts an agent on free loopback ports with `config` (YAML; `None` = built-in CRS
     /// application) and extra arguments; waits until it listens.
-    pub fn start(config: Option<&str>, extra: &[&str]) -> Agent {
+    pub(crate) fn start(config: Option<&str>, extra: &[&str]) -> Agent {
         let port = harness::free_port();
         let addr: SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
         Self::start_at(addr, config, extra)
@@ -320,7 +320,7 @@ impl Agent {
 
     /// Like [`Agent::start`], on a given SPOP address (a restarted agent takes its
     /// predecessor's address, as a new pod takes the Service's).
-    pub fn start_at(addr: SocketAddr, config: Option<&str>, extra: &[&str]) -> Agent {
+    pub(crate) fn start_at(addr: SocketAddr, config: Option<&str>, extra: &[&str]) -> Agent {
         let admin: SocketAddr = format!("127.0.0.1:{}", harness::free_port())
             .parse()
             .expect("addr");
@@ -351,25 +351,25 @@ impl Agent {
     }
 
     /// The config file path, if one was given.
-    pub fn config_path(&self) -> Option<PathBuf> {
+    pub(crate) fn config_path(&self) -> Option<PathBuf> {
         self._dir
             .as_ref()
             .map(|d| d.path().join("lastcall-spoa.yaml"))
     }
 
     /// `/metrics` text.
-    pub fn metrics(&self) -> String {
+    pub(crate) fn metrics(&self) -> String {
         harness::http_get(self.admin, "/metrics").1
     }
 
     /// Value of one metric line (exact name with labels), 0 if absent.
-    pub fn metric(&self, name_and_labels: &str) -> f64 {
+    pub(crate) fn metric(&self, name_and_labels: &str) -> f64 {
         metric_value(&self.metrics(), name_and_labels)
     }
 }
 
 /// Value of the metric line starting with `name_and_labels` followed by a space.
-pub fn metric_value(text: &str, name_and_labels: &str) -> f64 {
+pub(crate) fn metric_value(text: &str, name_and_labels: &str) -> f64 {
     text.lines()
         .find_map(|l| {
             l.strip_prefix(name_and_labels)
@@ -381,7 +381,7 @@ pub fn metric_value(text: &str, name_and_labels: &str) -> f64 {
 
 /// Options for [`Stack::start`].
 #[derive(Debug, Clone, Default)]
-pub struct StackOptions {
+pub(crate) struct StackOptions {
     /// Agent configuration (YAML); `None` = the built-in CRS application.
     pub agent_config: Option<String>,
     /// How many agent processes (1 or 2; with 1, both HAProxy servers point at it).
@@ -395,7 +395,7 @@ pub struct StackOptions {
 }
 
 /// Origin + agent(s) + HAProxy, all on loopback.
-pub struct Stack {
+pub(crate) struct Stack {
     /// HAProxy (drop order: HAProxy first, then agents, then origin).
     pub haproxy: Haproxy,
     /// The agents.
@@ -406,7 +406,7 @@ pub struct Stack {
 
 impl Stack {
     /// Starts everything and waits until HAProxy answers through the agent.
-    pub fn start(opts: StackOptions) -> Stack {
+    pub(crate) fn start(opts: StackOptions) -> Stack {
         let origin = Origin::start();
         let args: Vec<&str> = opts.agent_args.iter().map(String::as_str).collect();
         let agents: Vec<Agent> = (0..opts.agents.max(1))
@@ -431,13 +431,13 @@ impl Stack {
     }
 
     /// HAProxy's HTTP address.
-    pub fn http(&self) -> SocketAddr {
+    pub(crate) fn http(&self) -> SocketAddr {
         self.haproxy.addr
     }
 }
 
 /// The directory of this crate (for example files).
-pub fn crate_dir() -> &'static Path {
+pub(crate) fn crate_dir() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
@@ -446,11 +446,11 @@ pub fn crate_dir() -> &'static Path {
 /// every latency and turn HAProxy's `timeout processing` into failures that are about the
 /// machine, not the agent). A listening socket on a fixed loopback port is the lock: the
 /// kernel releases it when the process ends, even on a crash. Nothing connects to it.
-pub struct HeavyLock(TcpListener);
+pub(crate) struct HeavyLock(TcpListener);
 
 impl HeavyLock {
     /// Waits (up to 20 minutes) until no other heavy test runs.
-    pub fn acquire() -> HeavyLock {
+    pub(crate) fn acquire() -> HeavyLock {
         let end = std::time::Instant::now() + Duration::from_secs(1200);
         loop {
             if let Ok(l) = TcpListener::bind("127.0.0.1:47931") {

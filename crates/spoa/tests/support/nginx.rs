@@ -22,12 +22,12 @@ use lastcall::harness::{self, Pod};
 use super::{Origin, WAIT};
 
 /// Debian's nginx.
-pub const NGINX: &str = "/usr/sbin/nginx";
+pub(crate) const NGINX: &str = "/usr/sbin/nginx";
 /// Debian's ModSecurity connector module for nginx.
-pub const MODSECURITY_MODULE: &str = "/usr/lib/nginx/modules/ngx_http_modsecurity_module.so";
+pub(crate) const MODSECURITY_MODULE: &str = "/usr/lib/nginx/modules/ngx_http_modsecurity_module.so";
 
 /// A running nginx with ModSecurity.
-pub struct Nginx {
+pub(crate) struct Nginx {
     /// The process (stderr captured).
     pub pod: Pod,
     /// Where it listens for HTTP.
@@ -38,7 +38,7 @@ pub struct Nginx {
 impl Nginx {
     /// Starts nginx in front of `origin`, running `rules` (SecLang text, written to
     /// `rules.conf` and loaded with `modsecurity_rules_file`), and waits until it listens.
-    pub fn start(rules: &str, origin: SocketAddr) -> Nginx {
+    pub(crate) fn start(rules: &str, origin: SocketAddr) -> Nginx {
         let dir = tempfile::tempdir().expect("tempdir");
         let prefix = dir.path();
         std::fs::write(prefix.join("rules.conf"), rules).expect("write rules");
@@ -71,12 +71,12 @@ impl Nginx {
     }
 
     /// nginx's error log (ModSecurity's messages land here).
-    pub fn error_log(&self) -> String {
+    pub(crate) fn error_log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("error.log")).unwrap_or_default()
     }
 
     /// What nginx appended to its error log since `*offset` (moved to the end).
-    pub fn error_log_since(&self, offset: &mut usize) -> String {
+    pub(crate) fn error_log_since(&self, offset: &mut usize) -> String {
         let log = self.error_log();
         let new = log.get(*offset..).unwrap_or_default().to_owned();
         *offset = log.len();
@@ -85,7 +85,7 @@ impl Nginx {
 
     /// The rule ids (below 950000: request rules) in the ModSecurity lines nginx logged
     /// since `*offset`, in order, without duplicates.
-    pub fn request_rules_since(&self, offset: &mut usize) -> Vec<u32> {
+    pub(crate) fn request_rules_since(&self, offset: &mut usize) -> Vec<u32> {
         let mut ids = Vec::new();
         for part in self.error_log_since(offset).split("[id \"").skip(1) {
             let id = part
@@ -142,7 +142,7 @@ http {{
 
 /// One corpus entry.
 #[derive(Debug, Clone)]
-pub struct Entry {
+pub(crate) struct Entry {
     /// Unique name.
     pub name: String,
     /// `benign`, `attack` or `policy` (what the author meant; the differential compares
@@ -155,18 +155,18 @@ pub struct Entry {
 }
 
 /// Path of the corpus file.
-pub fn corpus_path() -> PathBuf {
+pub(crate) fn corpus_path() -> PathBuf {
     super::crate_dir().join("tests/corpus/requests.txt")
 }
 
 /// Parses the corpus (format described in `tests/corpus/gen_requests.py`).
-pub fn load_corpus(path: &Path) -> Vec<Entry> {
+pub(crate) fn load_corpus(path: &Path) -> Vec<Entry> {
     let text = std::fs::read_to_string(path).expect("read corpus");
     parse_corpus(&text)
 }
 
 /// See [`load_corpus`].
-pub fn parse_corpus(text: &str) -> Vec<Entry> {
+pub(crate) fn parse_corpus(text: &str) -> Vec<Entry> {
     let mut entries = Vec::new();
     let mut current: Option<(String, String, Vec<&str>)> = None;
     for line in text.lines() {
@@ -253,7 +253,7 @@ fn build_entry(name: String, kind: String, lines: &[&str]) -> Entry {
 
 /// What happened to one request at one proxy.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Outcome {
+pub(crate) struct Outcome {
     /// Did the origin receive it? (The verdict: allowed iff it reached the origin.)
     pub reached_origin: bool,
     /// Status the client got; 0 when the connection closed without a response.
@@ -264,7 +264,7 @@ pub struct Outcome {
 
 impl Outcome {
     /// `allow` or `deny`.
-    pub fn verdict(&self) -> &'static str {
+    pub(crate) fn verdict(&self) -> &'static str {
         if self.reached_origin {
             "allow"
         } else {
@@ -275,7 +275,7 @@ impl Outcome {
 
 /// A response as the raw client saw it.
 #[derive(Debug, Clone, Default)]
-pub struct RawReply {
+pub(crate) struct RawReply {
     /// Status; 0 when the connection closed without a response.
     pub status: u16,
     /// Headers, names lower-cased.
@@ -284,7 +284,7 @@ pub struct RawReply {
 
 impl RawReply {
     /// First header named `name` (lower-case).
-    pub fn header(&self, name: &str) -> Option<&str> {
+    pub(crate) fn header(&self, name: &str) -> Option<&str> {
         self.headers
             .iter()
             .find(|(k, _)| k == name)
@@ -294,7 +294,7 @@ impl RawReply {
 
 /// Sends raw request bytes and reads the whole response (the request says
 /// `Connection: close`).
-pub fn send_raw(addr: SocketAddr, raw: &[u8]) -> std::io::Result<RawReply> {
+pub(crate) fn send_raw(addr: SocketAddr, raw: &[u8]) -> std::io::Result<RawReply> {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
     s.set_read_timeout(Some(WAIT))?;
     s.set_write_timeout(Some(WAIT))?;
@@ -326,7 +326,7 @@ pub fn send_raw(addr: SocketAddr, raw: &[u8]) -> std::io::Result<RawReply> {
 /// Sends every entry, one at a time, to `proxy`, and reports whether `origin` saw each;
 /// `rules_of` tells which request rules matched (from the reply or the proxy's log).
 /// Requests are sequential, so the origin's counter tells which request reached it.
-pub fn run_corpus(
+pub(crate) fn run_corpus(
     proxy: SocketAddr,
     origin: &Origin,
     corpus: &[Entry],
@@ -355,7 +355,7 @@ pub fn run_corpus(
 
 /// The request rule ids HAProxy's documented configuration shows in `x-waf-rules-hit`
 /// (coraza-spoa's `rules_hit` variable).
-pub fn rules_from_header(reply: &RawReply) -> Vec<u32> {
+pub(crate) fn rules_from_header(reply: &RawReply) -> Vec<u32> {
     reply
         .header("x-waf-rules-hit")
         .unwrap_or_default()

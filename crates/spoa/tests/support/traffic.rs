@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 /// Counters of a [`Load`].
 #[derive(Debug, Default)]
-pub struct Counters {
+pub(crate) struct Counters {
     /// Requests answered with the WAF's verdict.
     pub ok: AtomicU64,
     /// Requests answered 500 (an SPOE error, fail-closed).
@@ -33,7 +33,7 @@ pub struct Counters {
 
 /// What a load run saw.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Totals {
+pub(crate) struct Totals {
     /// Requests sent and answered (or failed).
     pub requests: u64,
     /// With the WAF's verdict.
@@ -48,7 +48,7 @@ pub struct Totals {
 
 impl Totals {
     /// Every request that did not get the WAF's verdict.
-    pub fn failed(&self) -> u64 {
+    pub(crate) fn failed(&self) -> u64 {
         self.spoe_errors + self.other
     }
 }
@@ -64,7 +64,7 @@ impl std::fmt::Display for Totals {
 }
 
 /// Running clients; [`Load::stop`] joins them.
-pub struct Load {
+pub(crate) struct Load {
     stop: Arc<AtomicBool>,
     counters: Arc<Counters>,
     failures: Arc<Mutex<Vec<String>>>,
@@ -74,7 +74,7 @@ pub struct Load {
 
 impl Load {
     /// Starts `clients` clients against HAProxy at `addr`.
-    pub fn start(addr: SocketAddr, clients: usize) -> Load {
+    pub(crate) fn start(addr: SocketAddr, clients: usize) -> Load {
         let stop = Arc::new(AtomicBool::new(false));
         let counters = Arc::new(Counters::default());
         let failures = Arc::new(Mutex::new(Vec::new()));
@@ -100,7 +100,7 @@ impl Load {
     }
 
     /// Requests finished so far (whatever their outcome).
-    pub fn done(&self) -> u64 {
+    pub(crate) fn done(&self) -> u64 {
         let c = &self.counters;
         c.ok.load(Ordering::SeqCst)
             + c.spoe_errors.load(Ordering::SeqCst)
@@ -109,7 +109,7 @@ impl Load {
 
     /// Waits until `n` requests in all have finished. Panics after `timeout`, or if the
     /// traffic stalls for 30 s.
-    pub fn wait_until(&self, n: u64, timeout: Duration) {
+    pub(crate) fn wait_until(&self, n: u64, timeout: Duration) {
         let end = Instant::now() + timeout;
         let mut last = (self.done(), Instant::now());
         while self.done() < n {
@@ -128,12 +128,12 @@ impl Load {
     }
 
     /// Waits for `n` more requests.
-    pub fn wait_more(&self, n: u64, timeout: Duration) {
+    pub(crate) fn wait_more(&self, n: u64, timeout: Duration) {
         self.wait_until(self.done() + n, timeout);
     }
 
     /// The totals so far (the clients keep running).
-    pub fn totals(&self) -> Totals {
+    pub(crate) fn totals(&self) -> Totals {
         let c = &self.counters;
         let (ok, spoe_errors, other) = (
             c.ok.load(Ordering::SeqCst),
@@ -150,7 +150,7 @@ impl Load {
     }
 
     /// Stops the clients (each finishes its request) and returns the totals.
-    pub fn stop(mut self) -> Totals {
+    pub(crate) fn stop(mut self) -> Totals {
         self.stop.store(true, Ordering::SeqCst);
         for t in std::mem::take(&mut self.threads) {
             let _ = t.join();

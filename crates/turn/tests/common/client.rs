@@ -35,7 +35,7 @@ const PAYLOAD: usize = 160;
 
 /// Why a request failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum TurnError {
+pub(crate) enum TurnError {
     /// An error response: the code and, for 300, the ALTERNATE-SERVER.
     Code {
         code: u16,
@@ -77,7 +77,7 @@ struct Log {
 
 /// What a stream saw, split at one instant (e.g. the SIGTERM).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Split {
+pub(crate) struct Split {
     pub sent_before: u64,
     pub lost_before: u64,
     pub sent_after: u64,
@@ -85,10 +85,10 @@ pub struct Split {
 }
 
 impl Split {
-    pub fn sent(&self) -> u64 {
+    pub(crate) fn sent(&self) -> u64 {
         self.sent_before + self.sent_after
     }
-    pub fn lost(&self) -> u64 {
+    pub(crate) fn lost(&self) -> u64 {
         self.lost_before + self.lost_after
     }
 }
@@ -104,7 +104,7 @@ fn lock(m: &Mutex<Log>) -> MutexGuard<'_, Log> {
 }
 
 /// One client 5-tuple (a UDP socket connected to the server) with at most one allocation.
-pub struct TurnClient {
+pub(crate) struct TurnClient {
     sock: UdpSocket,
     username: String,
     password: String,
@@ -138,7 +138,7 @@ fn txid() -> [u8; 12] {
 
 impl TurnClient {
     /// A client of `server` with TURN REST API credentials for `user` (valid one hour).
-    pub fn new(server: SocketAddr, secret: &str, user: &str) -> TurnClient {
+    pub(crate) fn new(server: SocketAddr, secret: &str, user: &str) -> TurnClient {
         let sock = UdpSocket::bind(("127.0.0.1", 0)).expect("bind client socket");
         sock.connect(server).expect("connect client socket");
         sock.set_read_timeout(Some(Duration::from_millis(50)))
@@ -264,7 +264,7 @@ impl TurnClient {
     }
 
     /// STUN Binding: the reflexive address.
-    pub fn binding(&mut self) -> Result<SocketAddr, TurnError> {
+    pub(crate) fn binding(&mut self) -> Result<SocketAddr, TurnError> {
         let r = self.transact(method::BINDING, &|_| {})?;
         if !r.success {
             return Err(TurnError::Code {
@@ -276,7 +276,7 @@ impl TurnClient {
     }
 
     /// Allocate a UDP relay for `lifetime` seconds.
-    pub fn allocate(&mut self, lifetime: u32) -> Result<SocketAddr, TurnError> {
+    pub(crate) fn allocate(&mut self, lifetime: u32) -> Result<SocketAddr, TurnError> {
         let r = self.request(method::ALLOCATE, &|b| {
             b.u32(attr::REQUESTED_TRANSPORT, 17 << 24)
                 .u32(attr::LIFETIME, lifetime);
@@ -287,7 +287,7 @@ impl TurnClient {
     }
 
     /// Refresh; lifetime 0 deletes the allocation.
-    pub fn refresh(&mut self, lifetime: u32) -> Result<(), TurnError> {
+    pub(crate) fn refresh(&mut self, lifetime: u32) -> Result<(), TurnError> {
         self.request(method::REFRESH, &|b| {
             b.u32(attr::LIFETIME, lifetime);
         })
@@ -295,7 +295,7 @@ impl TurnClient {
     }
 
     /// CreatePermission for `peer`'s address.
-    pub fn create_permission(&mut self, peer: SocketAddr) -> Result<(), TurnError> {
+    pub(crate) fn create_permission(&mut self, peer: SocketAddr) -> Result<(), TurnError> {
         self.request(method::CREATE_PERMISSION, &|b| {
             b.xor_address(attr::XOR_PEER_ADDRESS, peer);
         })
@@ -303,7 +303,7 @@ impl TurnClient {
     }
 
     /// ChannelBind `channel` to `peer` (again: a refresh of the binding).
-    pub fn channel_bind(&mut self, channel: u16, peer: SocketAddr) -> Result<(), TurnError> {
+    pub(crate) fn channel_bind(&mut self, channel: u16, peer: SocketAddr) -> Result<(), TurnError> {
         self.request(method::CHANNEL_BIND, &|b| {
             b.u32(attr::CHANNEL_NUMBER, u32::from(channel) << 16)
                 .xor_address(attr::XOR_PEER_ADDRESS, peer);
@@ -312,7 +312,7 @@ impl TurnClient {
     }
 
     /// Allocate, permit `peer` and bind `channel` to it: ready for [`TurnClient::stream`].
-    pub fn call(&mut self, peer: SocketAddr, channel: u16) -> Result<SocketAddr, TurnError> {
+    pub(crate) fn call(&mut self, peer: SocketAddr, channel: u16) -> Result<SocketAddr, TurnError> {
         let relayed = self.allocate(600)?;
         self.create_permission(peer)?;
         self.channel_bind(channel, peer)?;
@@ -322,7 +322,7 @@ impl TurnClient {
 
     /// Starts sending ChannelData on the bound channel, one datagram every `interval`
     /// (on a fixed schedule: a late tick does not shift the following ones).
-    pub fn stream(&mut self, interval: Duration) {
+    pub(crate) fn stream(&mut self, interval: Duration) {
         let channel = self.channel.expect("stream needs a bound channel");
         let sock = self.sock.try_clone().expect("clone socket");
         let shared = Arc::clone(&self.shared);
@@ -358,7 +358,7 @@ impl TurnClient {
 
     /// Stops the stream and waits until every datagram sent came back, or nothing came back
     /// for `quiet` (bounded by 10 s in all).
-    pub fn stop_stream(&mut self, quiet: Duration) {
+    pub(crate) fn stop_stream(&mut self, quiet: Duration) {
         self.shared.stop_stream.store(true, Ordering::Relaxed);
         if let Some(t) = self.stream.take() {
             let _ = t.join();
@@ -379,17 +379,17 @@ impl TurnClient {
     }
 
     /// Datagrams sent so far.
-    pub fn sent(&self) -> u64 {
+    pub(crate) fn sent(&self) -> u64 {
         lock(&self.shared.log).sent.len() as u64
     }
 
     /// Echoes received so far.
-    pub fn received(&self) -> u64 {
+    pub(crate) fn received(&self) -> u64 {
         lock(&self.shared.log).received.len() as u64
     }
 
     /// Waits (bounded) until at least `n` echoes came back.
-    pub fn wait_received(&self, n: u64, timeout: Duration) {
+    pub(crate) fn wait_received(&self, n: u64, timeout: Duration) {
         let until = Instant::now() + timeout;
         while self.received() < n {
             assert!(
@@ -402,7 +402,7 @@ impl TurnClient {
     }
 
     /// Sent and lost datagrams, split at `at` by their send time.
-    pub fn split(&self, at: Instant) -> Split {
+    pub(crate) fn split(&self, at: Instant) -> Split {
         let log = lock(&self.shared.log);
         let mut s = Split::default();
         for (seq, sent) in log.sent.iter().enumerate() {
@@ -420,7 +420,7 @@ impl TurnClient {
 
     /// The lost datagrams: sequence number, send time relative to `origin` (ms, negative
     /// before it), and the send error if the send itself failed.
-    pub fn lost_detail(&self, origin: Instant) -> Vec<(u64, f64, Option<String>)> {
+    pub(crate) fn lost_detail(&self, origin: Instant) -> Vec<(u64, f64, Option<String>)> {
         let log = lock(&self.shared.log);
         log.sent
             .iter()
@@ -443,12 +443,12 @@ impl TurnClient {
     }
 
     /// When the last echo arrived.
-    pub fn last_echo(&self) -> Option<Instant> {
+    pub(crate) fn last_echo(&self) -> Option<Instant> {
         lock(&self.shared.log).received.values().max().copied()
     }
 
     /// Send time of the first datagram that was lost, if any.
-    pub fn first_lost_sent_at(&self) -> Option<Instant> {
+    pub(crate) fn first_lost_sent_at(&self) -> Option<Instant> {
         let log = lock(&self.shared.log);
         log.sent
             .iter()

@@ -10,13 +10,13 @@ use std::time::{Duration, Instant};
 
 use lastcall::harness::{self, Pod};
 
-pub const SECRET: &str = "s3cret-for-tests";
-pub const UCLIENT: &str = "/usr/bin/turnutils_uclient";
-pub const PEER: &str = "/usr/bin/turnutils_peer";
-pub const WAIT: Duration = Duration::from_secs(30);
+pub(crate) const SECRET: &str = "s3cret-for-tests";
+pub(crate) const UCLIENT: &str = "/usr/bin/turnutils_uclient";
+pub(crate) const PEER: &str = "/usr/bin/turnutils_peer";
+pub(crate) const WAIT: Duration = Duration::from_secs(30);
 
 /// A running `lastcall-turn`.
-pub struct Turn {
+pub(crate) struct Turn {
     pub pod: Pod,
     pub port: u16,
     pub tls_port: u16,
@@ -24,7 +24,7 @@ pub struct Turn {
 }
 
 /// The start-up command of docs/turn.md (*Running it*) on free ports.
-pub fn turn_args(port: u16, admin: &str) -> Vec<String> {
+pub(crate) fn turn_args(port: u16, admin: &str) -> Vec<String> {
     [
         "-n",
         "--listening-ip=127.0.0.1",
@@ -43,7 +43,7 @@ pub fn turn_args(port: u16, admin: &str) -> Vec<String> {
 
 impl Turn {
     /// Starts with that command line and `extra` options; waits until it listens.
-    pub fn start(extra: &[&str]) -> Turn {
+    pub(crate) fn start(extra: &[&str]) -> Turn {
         let port = free_udp_tcp_port();
         let admin = format!("127.0.0.1:{}", harness::free_port());
         let mut args = turn_args(port, &admin);
@@ -52,7 +52,7 @@ impl Turn {
     }
 
     /// Starts with exactly `args` (the caller chose the ports).
-    pub fn spawn(args: Vec<String>, port: u16, tls_port: u16, admin: String) -> Turn {
+    pub(crate) fn spawn(args: Vec<String>, port: u16, tls_port: u16, admin: String) -> Turn {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_lastcall-turn"));
         cmd.args(&args);
         let pod = Pod::spawn(cmd);
@@ -66,7 +66,7 @@ impl Turn {
     }
 
     /// The value of one metric line (`name{labels}`), if present.
-    pub fn metric(&self, series: &str) -> Option<f64> {
+    pub(crate) fn metric(&self, series: &str) -> Option<f64> {
         let (status, body) = harness::http_get(&self.admin, "/metrics");
         assert_eq!(status, 200, "GET /metrics");
         body.lines().find_map(|l| {
@@ -76,7 +76,7 @@ impl Turn {
     }
 
     /// Waits until `series` is at least `min`.
-    pub fn wait_metric_at_least(&self, series: &str, min: f64) {
+    pub(crate) fn wait_metric_at_least(&self, series: &str, min: f64) {
         let deadline = Instant::now() + WAIT;
         loop {
             if self.metric(series).is_some_and(|v| v >= min) {
@@ -89,7 +89,7 @@ impl Turn {
 }
 
 /// A port free for both UDP and TCP on 127.0.0.1.
-pub fn free_udp_tcp_port() -> u16 {
+pub(crate) fn free_udp_tcp_port() -> u16 {
     loop {
         let port = harness::free_port();
         if UdpSocket::bind(("127.0.0.1", port)).is_ok() {
@@ -99,19 +99,19 @@ pub fn free_udp_tcp_port() -> u16 {
 }
 
 /// coturn's UDP echo peer.
-pub struct Peer {
+pub(crate) struct Peer {
     child: Child,
     pub port: u16,
 }
 
 impl Peer {
     /// Starts `turnutils_peer` on 127.0.0.1 on a free port and waits until it echoes.
-    pub fn start() -> Peer {
+    pub(crate) fn start() -> Peer {
         Peer::start_on("127.0.0.1")
     }
 
     /// Starts `turnutils_peer` on `ip` (127.0.0.1 or ::1) and waits until it echoes.
-    pub fn start_on(ip: &str) -> Peer {
+    pub(crate) fn start_on(ip: &str) -> Peer {
         let port = free_udp_tcp_port();
         let child = Command::new(PEER)
             .args(["-L", ip, "-p", &port.to_string()])
@@ -147,7 +147,7 @@ impl Drop for Peer {
 
 /// What `turnutils_uclient` reported.
 #[derive(Debug, Default, Clone)]
-pub struct Report {
+pub(crate) struct Report {
     pub status: Option<i32>,
     pub send_msgs: u64,
     pub recv_msgs: u64,
@@ -160,7 +160,7 @@ pub struct Report {
 
 impl Report {
     /// Every message echoed, none lost, a clean exit.
-    pub fn assert_all_echoed(&self, expected_msgs: u64) {
+    pub(crate) fn assert_all_echoed(&self, expected_msgs: u64) {
         assert_eq!(self.status, Some(0), "uclient failed:\n{}", self.output);
         assert_eq!(self.send_msgs, expected_msgs, "sent:\n{}", self.output);
         assert_eq!(self.recv_msgs, expected_msgs, "received:\n{}", self.output);
@@ -170,14 +170,14 @@ impl Report {
 }
 
 /// Runs `turnutils_uclient ARGS 127.0.0.1`, killed after `limit`.
-pub fn uclient(args: &[&str], limit: Duration) -> Report {
+pub(crate) fn uclient(args: &[&str], limit: Duration) -> Report {
     uclient_to("127.0.0.1", args, limit)
 }
 
 /// A bounded uclient call to a peer with TURN REST credentials (`-W SECRET`):
 /// `turnutils_uclient FLAGS -X -n N -m M -z Z -p PORT -e 127.0.0.1 -r PEER_PORT -u USER`,
 /// with `(n, m, z)` = messages per client, clients, and milliseconds between messages.
-pub fn rest_call(
+pub(crate) fn rest_call(
     flags: &[&str],
     (n, m, z): (u32, u32, u32),
     port: &str,
@@ -210,7 +210,7 @@ pub fn rest_call(
 }
 
 /// Runs `turnutils_uclient ARGS SERVER`, killed after `limit`.
-pub fn uclient_to(server: &str, args: &[&str], limit: Duration) -> Report {
+pub(crate) fn uclient_to(server: &str, args: &[&str], limit: Duration) -> Report {
     let started = Instant::now();
     let mut child = Command::new(UCLIENT)
         .args(args)
@@ -268,7 +268,7 @@ fn number_after(line: &str, key: &str) -> Option<u64> {
 }
 
 /// Parses uclient's summary lines (the totals, not the per-client `msz=` lines).
-pub fn parse_report(output: &str) -> Report {
+pub(crate) fn parse_report(output: &str) -> Report {
     let mut r = Report::default();
     for line in output.lines() {
         if line.contains("msz=") {
@@ -290,7 +290,7 @@ pub fn parse_report(output: &str) -> Report {
 }
 
 /// A self-signed certificate and key (PEM) for CN `cn`, made with the openssl CLI.
-pub fn self_signed(dir: &Path, name: &str, cn: &str) -> (PathBuf, PathBuf) {
+pub(crate) fn self_signed(dir: &Path, name: &str, cn: &str) -> (PathBuf, PathBuf) {
     let cert = dir.join(format!("{name}-cert.pem"));
     let key = dir.join(format!("{name}-key.pem"));
     let status = Command::new("openssl")
@@ -316,7 +316,7 @@ pub fn self_signed(dir: &Path, name: &str, cn: &str) -> (PathBuf, PathBuf) {
 }
 
 /// The subject of the certificate a TLS server presents (openssl s_client).
-pub fn served_subject(port: u16) -> String {
+pub(crate) fn served_subject(port: u16) -> String {
     let out = Command::new("sh")
         .arg("-c")
         .arg(format!(
