@@ -4,7 +4,6 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::Ordering;
-use std::sync::PoisonError;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
@@ -312,7 +311,7 @@ impl Demo<'_> {
     // ---- step 1 ---------------------------------------------------------------------------
 
     fn start(&mut self) -> Result<()> {
-        let origin = Origin::start()?;
+        let origin = Origin::try_start().context("origin")?;
         self.event(&format!(
             "origin (in-process HTTP server) on {}",
             origin.addr
@@ -545,13 +544,13 @@ impl Demo<'_> {
             bail!(
                 "GET {benign}: status {} (wanted 200 from the origin): {}",
                 r.status,
-                r.body.trim()
+                r.text().trim()
             );
         }
         self.event(&format!(
             "GET {benign}  -> {} {} (CRS anomaly score {})",
             r.status,
-            r.body.trim(),
+            r.text().trim(),
             r.header("x-waf-anomaly-score").unwrap_or("?")
         ));
         let r = net::get(frontend, net::ATTACK).with_context(|| format!("GET {}", net::ATTACK))?;
@@ -623,7 +622,7 @@ impl Demo<'_> {
             .as_ref()
             .map_or(0, |o| o.served.load(Ordering::SeqCst));
         if outcome.is_err() {
-            let failures = c.failures.lock().unwrap_or_else(PoisonError::into_inner);
+            let failures = c.failures.lock();
             self.event(&format!(
                 "load stopped: {} requests sent, {} failed{}{}",
                 self.totals.http_sent,
@@ -645,7 +644,7 @@ impl Demo<'_> {
             self.totals.http_failed
         ));
         if self.totals.http_failed > 0 {
-            let failures = c.failures.lock().unwrap_or_else(PoisonError::into_inner);
+            let failures = c.failures.lock();
             bail!(
                 "{} of {} requests failed during the rollout, e.g.:\n  {}",
                 self.totals.http_failed,

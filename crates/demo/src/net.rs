@@ -1,17 +1,22 @@
-//! The network pieces the demo needs in-process: an origin server, a tiny HTTP/1.1 client,
-//! a paced load generator, and readers for the daemons' admin endpoints and HAProxy's stats
-//! socket.
+//! The network pieces the demo needs in-process: free ports, a paced load generator, and
+//! readers for the daemons' admin endpoints and HAProxy's stats socket. The origin, the
+//! HTTP/1.1 client and the metrics parser are `lastcall-testkit`'s, the tests' own.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{bail, Context, Result};
+use lastcall_testkit::{http, metrics};
+use parking_lot::Mutex;
+
+pub(crate) use lastcall_testkit::http::Reply;
+pub(crate) use lastcall_testkit::Origin;
 
 const IO_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -36,140 +41,9 @@ pub(crate) fn tcp_open(addr: SocketAddr) -> bool {
     TcpStream::connect_timeout(&addr, Duration::from_millis(500)).is_ok()
 }
 
-/// The origin: HTTP/1.1 on 127.0.0.1, keep-alive, answers every request with 200.
-pub(crate) struct Origin {
-    pub addr: SocketAddr,
-    pub served: Arc<AtomicU64>,
-    stop: Arc<AtomicBool>,
-}
-
-impl Origin {
-    pub(crate) fn start() -> Result<Origin> {
-        let listener = TcpListener::bind("127.0.0.1:0").context("origin: bind")?;
-        let addr = listener.local_addr()?;
-        let served = Arc::new(AtomicU64::new(0));
-        let stop = Arc::new(AtomicBool::new(false));
-        let (n, s) = (served.clone(), stop.clone());
-        thread::spawn(move || {
-            for conn in listener.incoming() {
-                if s.load(Ordering::SeqCst) {
-                    return;
-                }
-                if let Ok(conn) = conn {
-                    let n = n.clone();
-                    thread::spawn(move || serve_origin(conn, &n));
-                }
-            }
-        });
-        Ok(Origin { addr, served, stop })
-    }
-}
-
-impl Drop for Origin {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_millis(200));
-    }
-}
-
-fn serve_origin(conn: TcpStream, served: &AtomicU64) {
-    let _ = conn.set_read_timeout(Some(Duration::from_secs(60)));
-    let Ok(mut writer) = conn.try_clone() else {
-        return;
-    };
-    let mut reader = BufReader::new(conn);
-    loop {
-        let mut line = String::new();
-        if reader.read_line(&mut line).unwrap_or(0) == 0 {
-            return;
-        }
-        let path = line.split_whitespace().nth(1).unwrap_or("/").to_string();
-        let mut len = 0usize;
-        let mut close = false;
-        loop {
-            let mut h = String::new();
-            if reader.read_line(&mut h).unwrap_or(0) == 0 {
-                return;
-            }
-            let h = h.trim_end();
-            if h.is_empty() {
-                break;
-            }
-            if let Some((k, v)) = h.split_once(':') {
-                let v = v.trim();
-                if k.eq_ignore_ascii_case("content-length") {
-                    len = v.parse().unwrap_or(0);
-                } else if k.eq_ignore_ascii_case("connection") && v.eq_ignore_ascii_case("close") {
-                    close = true;
-                }
-            }
-        }
-        let mut body = vec![0; len.min(1 << 20)];
-        if reader.read_exact(&mut body).is_err() {
-            return;
-        }
-        served.fetch_add(1, Ordering::Relaxed);
-        let text = format!("hello from the origin: {path}\n");
-        let resp = format!(
-            "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n\r\n{text}",
-            text.len()
-        );
-        if writer.write_all(resp.as_bytes()).is_err() || close {
-            return;
-        }
-    }
-}
-
-/// An HTTP response.
-#[derive(Debug, Clone)]
-pub(crate) struct Reply {
-    pub status: u16,
-    pub headers: Vec<(String, String)>,
-    pub body: String,
-}
-
-impl Reply {
-    /// The first header named `name` (lower-case).
-    pub(crate) fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.as_str())
-    }
-}
-
 /// One `GET target` with `Connection: close`.
 pub(crate) fn get(addr: SocketAddr, target: &str) -> Result<Reply> {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))
-        .with_context(|| format!("connect {addr}"))?;
-    s.set_read_timeout(Some(IO_TIMEOUT))?;
-    s.set_write_timeout(Some(IO_TIMEOUT))?;
-    write!(
-        s,
-        "GET {target} HTTP/1.1\r\nHost: shop.example\r\nUser-Agent: lastcall-demo/1.0\r\nAccept: */*\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw)
-        .with_context(|| format!("read the response from {addr}"))?;
-    let text = String::from_utf8_lossy(&raw);
-    let (head, body) = text
-        .split_once("\r\n\r\n")
-        .ok_or_else(|| anyhow!("no HTTP response ({} bytes)", raw.len()))?;
-    let mut lines = head.split("\r\n");
-    let status = lines
-        .next()
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| anyhow!("bad status line in {head:?}"))?;
-    let headers = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
-        .collect();
-    Ok(Reply {
-        status,
-        headers,
-        body: body.to_string(),
-    })
+    http::http(addr, "GET", target, &[], b"").with_context(|| format!("GET {target} from {addr}"))
 }
 
 /// `GET /drain` of a daemon's admin listener, as JSON.
@@ -178,20 +52,13 @@ pub(crate) fn drain_state(admin: SocketAddr) -> Result<serde_json::Value> {
     if r.status != 200 {
         bail!("GET /drain on {admin}: status {}", r.status);
     }
-    serde_json::from_str(&r.body).with_context(|| format!("GET /drain on {admin}: not JSON"))
+    serde_json::from_str(&r.text()).with_context(|| format!("GET /drain on {admin}: not JSON"))
 }
 
 /// The value of metric series `series` (`name{labels}` exactly as exported), if present.
 pub(crate) fn metric(admin: SocketAddr, series: &str) -> Result<Option<f64>> {
     let r = get(admin, "/metrics")?;
-    Ok(r.body.lines().find_map(|l| {
-        l.strip_prefix(series)?
-            .strip_prefix(' ')?
-            .split_whitespace()
-            .next()?
-            .parse()
-            .ok()
-    }))
+    Ok(metrics::value(&r.text(), series))
 }
 
 /// HAProxy's admin socket.
@@ -274,8 +141,7 @@ impl Load {
                                     Ok(r) => format!("status {} (wanted {want})", r.status),
                                     Err(e) => format!("{e:#}"),
                                 };
-                                let mut f =
-                                    c.failures.lock().unwrap_or_else(PoisonError::into_inner);
+                                let mut f = c.failures.lock();
                                 if f.len() < 10 {
                                     f.push(format!("GET {target}: {what}"));
                                 }

@@ -8,12 +8,13 @@ use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
+use parking_lot::Mutex;
 
 /// Set by the signal thread on the first Ctrl-C (or SIGTERM): every wait gives up.
 pub(crate) static INTERRUPTED: AtomicBool = AtomicBool::new(false);
@@ -53,22 +54,16 @@ pub(crate) struct Registry(Arc<Mutex<Vec<i32>>>);
 
 impl Registry {
     fn add(&self, pgid: i32) {
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(pgid);
+        self.0.lock().push(pgid);
     }
 
     fn remove(&self, pgid: i32) {
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .retain(|p| *p != pgid);
+        self.0.lock().retain(|p| *p != pgid);
     }
 
     /// SIGKILL to every registered group (the second Ctrl-C).
     pub(crate) fn kill_all(&self) {
-        for pgid in self.0.lock().unwrap_or_else(PoisonError::into_inner).iter() {
+        for pgid in self.0.lock().iter() {
             let _ = killpg(Pid::from_raw(*pgid), Signal::SIGKILL);
         }
     }

@@ -24,19 +24,8 @@ const LIMIT: Duration = Duration::from_secs(180);
 
 /// The daemons' binaries next to the demo's, built if missing.
 fn daemons() -> (PathBuf, PathBuf) {
-    let dir = Path::new(DEMO).parent().expect("demo binary directory");
-    let spoa = dir.join("lastcall-spoa");
-    let turn = dir.join("lastcall-turn");
-    if !spoa.is_file() || !turn.is_file() {
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let mut cmd = Command::new(cargo);
-        cmd.args(["build", "-p", "lastcall-spoa", "-p", "lastcall-turn"]);
-        if dir.file_name().is_some_and(|n| n == "release") {
-            cmd.arg("--release");
-        }
-        let status = cmd.status().expect("run cargo build");
-        assert!(status.success(), "cargo build of the daemons failed");
-    }
+    let spoa = lastcall_testkit::bin_path("lastcall-spoa", "lastcall-spoa");
+    let turn = lastcall_testkit::bin_path("lastcall-turn", "lastcall-turn");
     assert!(spoa.is_file(), "{} missing", spoa.display());
     assert!(turn.is_file(), "{} missing", turn.display());
     (spoa, turn)

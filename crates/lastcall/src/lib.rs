@@ -16,8 +16,8 @@
 //!
 //! The decisions live in a sans-IO state machine ([`machine::Machine`]: `now` and an input
 //! in, actions out); [`Lifecycle`] is the thin tokio driver around it (usable on its own,
-//! with triggers from the caller: [`Lifecycle::run_with`]). The kubelet-like process harness used by the daemons' tests is
-//! `harness` (cargo feature `harness`).
+//! with triggers from the caller: [`Lifecycle::run_with`]). The daemons' tests drive them with the process harness of
+//! `lastcall-testkit`.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -26,8 +26,6 @@ pub mod config;
 pub mod daemon;
 pub mod duration;
 pub mod exit;
-#[cfg(feature = "harness")]
-pub mod harness;
 pub mod lifecycle;
 pub mod logging;
 pub mod machine;

@@ -22,7 +22,8 @@ impl Drop for Server {
 }
 
 fn have_coturn() -> bool {
-    Command::new("turnserver")
+    lastcall_testkit::peers::coturn()
+        .command("turnserver")
         .arg("--version")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -30,15 +31,11 @@ fn have_coturn() -> bool {
         .is_ok()
 }
 
-fn free_udp_port() -> u16 {
-    let s = UdpSocket::bind("127.0.0.1:0").unwrap();
-    s.local_addr().unwrap().port()
-}
-
 /// Starts coturn on a free port and waits until it answers a STUN Binding.
 fn coturn() -> (Server, u16) {
-    let port = free_udp_port();
-    let child = Command::new("turnserver")
+    let port = lastcall_testkit::free_udp_tcp_port();
+    let child = lastcall_testkit::peers::coturn()
+        .command("turnserver")
         .args([
             "-n",
             "--no-cli",

@@ -37,7 +37,7 @@ use crate::protocol::payload::{self, Negotiated};
 /// How long a connection closed while lingering still counts as a session: HAProxy 2.6
 /// soft-stopping closes every idle SPOE connection and opens a new one for the next message,
 /// and a lingering agent that saw no session in between would leave and fail that message
-/// (measured in tests/rollout.rs's sidecar test).
+/// (measured in tests/spoa/rollout.rs's sidecar test).
 pub const LINGER_HOLD: Duration = Duration::from_millis(250);
 
 /// The lifecycle as one connection sees it.

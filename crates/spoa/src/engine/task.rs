@@ -225,7 +225,7 @@ where
     async fn evaluate(&mut self, messages: Vec<Message>, ticket: Ticket) {
         // Only while serving: answered at once during a drain, a request waited for HAProxy's
         // `timeout processing` in 3 of 4 sidecar rollouts (`--on-sigterm linger`, HAProxy 2.6
-        // soft-stopping under load, tests/rollout.rs; measured without `LINGER_HOLD`).
+        // soft-stopping under load, tests/spoa/rollout.rs; measured without `LINGER_HOLD`).
         if self.conn.drain().serving() {
             if let Some(vars) = self.shared.handler.answer_inline(&messages) {
                 self.shared.metrics.observe(0.0);

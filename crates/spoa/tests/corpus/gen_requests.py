@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes requests.txt, the differential corpus (run: python3 gen_requests.py).
 
-Format of requests.txt (parsed by tests/support/nginx.rs `Corpus::parse`):
+Format of requests.txt (parsed by tests/spoa/support/nginx.rs `Corpus::parse`):
 
     === <name> <benign|attack|policy>
     <request line>

@@ -1,0 +1,14 @@
+//! The integration tests of `lastcall-modsec`, one test binary: real libmodsecurity with
+//! Debian's OWASP CRS.
+//!
+//! - `engine`: rules, phases, interventions, the CRS options.
+//! - `resources`: threads, memory and the one engine per process.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a panic is the failure report"
+)]
+
+mod common;
+mod engine;
+mod resources;

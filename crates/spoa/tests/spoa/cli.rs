@@ -1,0 +1,234 @@
+//! The command line and process behaviour: `--validate` exit codes, configuration errors
+//! (unknown YAML keys named with their line), SIGHUP reloads while requests flow.
+
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::support::{agent_bin, get, Stack, StackOptions, WAIT};
+use lastcall_testkit::Signal;
+
+fn validate(config: &str) -> (i32, String) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("c.yaml");
+    std::fs::write(&path, config).expect("write");
+    let out = Command::new(agent_bin())
+        .arg("--validate")
+        .arg("--config")
+        .arg(&path)
+        .output()
+        .expect("run");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.code().unwrap_or(-1), text)
+}
+
+#[test]
+fn validate_exit_codes() {
+    let ok = Command::new(agent_bin())
+        .arg("--validate")
+        .output()
+        .expect("run");
+    assert_eq!(ok.status.code(), Some(0), "{ok:?}");
+    assert!(String::from_utf8_lossy(&ok.stdout).contains("configuration OK"));
+
+    let (code, text) = validate(
+        "bind: 127.0.0.1:9000\napplications:\n  - name: a\n    directives: |\n      SecRuleEngine On\n",
+    );
+    assert_eq!(code, 0, "{text}");
+
+    // Rules that do not compile: 64, with libmodsecurity's message.
+    let (code, text) =
+        validate("applications:\n  - name: a\n    directives: |\n      SecRuleEngine Sometimes\n");
+    assert_eq!(code, 64, "{text}");
+    assert!(text.contains("application `a`"), "{text}");
+
+    // A bad termination option and a bad file are reported together.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("c.yaml");
+    std::fs::write(&path, "bind: nowhere\napplications: []\n").expect("write");
+    let out = Command::new(agent_bin())
+        .args(["--validate", "--drain-timeout", "soon", "--config"])
+        .arg(&path)
+        .output()
+        .expect("run");
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(64), "{text}");
+    assert!(text.contains("--drain-timeout"), "{text}");
+    assert!(text.contains("bind `nowhere`"), "{text}");
+    assert!(text.contains("no applications"), "{text}");
+}
+
+#[test]
+fn unknown_yaml_keys_are_named_with_their_lines() {
+    let (code, text) = validate(
+        "\
+bind: 127.0.0.1:9000
+log_levle: debug
+applications:
+  - name: a
+    directives: SecRuleEngine On
+    reponse_check: true
+",
+    );
+    assert_eq!(code, 64, "{text}");
+    assert!(text.contains("line 2: unknown field `log_levle`"), "{text}");
+    assert!(
+        text.contains("line 6: applications[0]: unknown field `reponse_check`"),
+        "{text}"
+    );
+}
+
+#[test]
+fn sighup_reload_while_requests_flow_fails_nothing() {
+    let detect = "\
+default_application: default
+applications:
+  - name: default
+    detect_only: true
+";
+    let block = "\
+default_application: default
+applications:
+  - name: default
+";
+    let mut stack = Stack::start(StackOptions {
+        agent_config: Some(detect.into()),
+        agents: 1,
+        ..StackOptions::default()
+    });
+    let http = stack.http();
+    let attack = "/?id=1'%20OR%20'1'='1";
+    assert_eq!(get(http, attack).status, 200, "detect-only lets it through");
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let ok = Arc::new(AtomicU64::new(0));
+    let failed = Arc::new(AtomicU64::new(0));
+    let workers: Vec<_> = (0..4)
+        .map(|w| {
+            let (stop, ok, failed) = (stop.clone(), ok.clone(), failed.clone());
+            std::thread::spawn(move || {
+                let mut i = 0;
+                while !stop.load(Ordering::SeqCst) {
+                    i += 1;
+                    match crate::support::http(http, "GET", &format!("/w{w}/{i}?q=fine"), &[], b"")
+                    {
+                        Ok(r) if r.status == 200 => ok.fetch_add(1, Ordering::SeqCst),
+                        other => {
+                            eprintln!("failed: {other:?}");
+                            failed.fetch_add(1, Ordering::SeqCst)
+                        }
+                    };
+                }
+            })
+        })
+        .collect();
+
+    let agent = &mut stack.agents[0];
+    let path = agent.config_path().expect("config path");
+    let wait_some = |n: u64| {
+        let target = ok.load(Ordering::SeqCst) + n;
+        let end = std::time::Instant::now() + WAIT;
+        while ok.load(Ordering::SeqCst) < target {
+            assert!(std::time::Instant::now() < end, "traffic stalled");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    };
+    for round in 0..4 {
+        wait_some(20);
+        let text = if round % 2 == 0 { block } else { detect };
+        std::fs::write(&path, text).expect("rewrite config");
+        agent.signal_and_wait_for_log(Signal::Hup, "rules reloaded");
+        let want = if round % 2 == 0 { 403 } else { 200 };
+        assert_eq!(get(http, attack).status, want, "after reload {round}");
+    }
+    // A broken file: the reload fails, the running rules stay.
+    wait_some(20);
+    std::fs::write(
+        &path,
+        "applications:\n  - name: default\n    directives: SecRuleEngine Maybe\n",
+    )
+    .expect("rewrite");
+    agent.signal_and_wait_for_log(Signal::Hup, "reload failed, keeping the running rules");
+    wait_some(20);
+    stop.store(true, Ordering::SeqCst);
+    for w in workers {
+        let _ = w.join();
+    }
+    assert_eq!(
+        failed.load(Ordering::SeqCst),
+        0,
+        "requests failed during reloads"
+    );
+    assert!(ok.load(Ordering::SeqCst) >= 100);
+
+    // The last good reload (round 3) installed detect-only again; round 2 had blocked.
+    assert_eq!(get(http, attack).status, 200);
+    assert_eq!(agent.metric("spoa_reloads_total{result=\"ok\"}"), 4.0);
+    assert_eq!(agent.metric("spoa_reloads_total{result=\"error\"}"), 1.0);
+    assert!(agent.pod.is_running());
+}
+
+/// A configuration whose rules take seconds to compile (20 applications running CRS).
+fn slow_to_compile(bind: &str) -> String {
+    let apps: String = (0..20)
+        .map(|i| format!("  - name: app{i}\n    paranoia_level: {}\n", 1 + i % 4))
+        .collect();
+    format!("bind: {bind}\ndefault_application: app0\napplications:\n{apps}")
+}
+
+/// Starts the agent on free ports with [`slow_to_compile`] rules and `--on-sigterm policy`;
+/// returns once it logs that the rules are compiling (the config's directory must outlive
+/// the process).
+fn start_compiling_slowly(policy: &str) -> (tempfile::TempDir, lastcall_testkit::Pod) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("c.yaml");
+    let port = lastcall_testkit::free_port();
+    std::fs::write(&path, slow_to_compile(&format!("127.0.0.1:{port}"))).expect("write");
+    let admin = format!("127.0.0.1:{}", lastcall_testkit::free_port());
+    let mut cmd = Command::new(agent_bin());
+    cmd.arg("--config")
+        .arg(&path)
+        .args(["--admin-addr", &admin, "--on-sigterm", policy]);
+    let pod = lastcall_testkit::Pod::spawn(cmd);
+    pod.wait_for_log("compiling the rules of 20 application(s)", WAIT);
+    (dir, pod)
+}
+
+/// The signal handlers exist before the rules compile: a SIGTERM while they compile ends the
+/// process at once with status 0 (nothing is live), instead of being lost (PID 1) or waiting
+/// for the compilation. Deterministic: the log line is written after the handlers are
+/// installed, and the rules take seconds to compile.
+#[test]
+fn sigterm_while_the_rules_compile_exits_at_once_with_status_0() {
+    for (signal, policy) in [(Signal::Term, "drain"), (Signal::Quit, "drain")] {
+        let (_dir, mut pod) = start_compiling_slowly(policy);
+        pod.signal(signal);
+        let report = pod.wait_exit(WAIT);
+        assert_eq!(report.code, Some(0), "{report:?}");
+        assert!(
+            report.elapsed_since_signal < Duration::from_secs(2),
+            "took {:?}",
+            report.elapsed_since_signal
+        );
+        assert!(pod.has_log("received during start-up: nothing is live yet"));
+        assert!(!pod.has_log("listening on"), "it should not have started");
+    }
+}
+
+/// Under `--on-sigterm ignore` a SIGTERM during start-up is ignored like any other: the
+/// agent starts and serves.
+#[test]
+fn ignored_sigterm_during_start_up_lets_the_agent_start() {
+    let (_dir, mut pod) = start_compiling_slowly("ignore");
+    pod.signal(Signal::Term);
+    pod.wait_for_log("listening on", Duration::from_secs(60));
+    assert!(pod.has_log("SIGTERM received and ignored (--on-sigterm ignore)"));
+    assert!(pod.is_running());
+    pod.signal(Signal::Quit);
+    assert_eq!(pod.wait_exit(WAIT).code, Some(0));
+}

@@ -1,0 +1,167 @@
+//! Acceptance through a real HAProxy 2.6 and a real origin: benign traffic passes, attacks
+//! are denied with the rule id visible to HAProxy, responses can be blocked, detect-only lets
+//! attacks through and records them. Timeouts: SPOE `timeout processing 2s` (the documented
+//! file), client waits up to 30 s.
+
+use crate::support::{get, post_form, Stack, StackOptions};
+
+fn crs_stack(config: Option<&str>) -> Stack {
+    Stack::start(StackOptions {
+        agent_config: config.map(str::to_owned),
+        agents: 1,
+        ..StackOptions::default()
+    })
+}
+
+#[test]
+fn benign_get_passes_and_sqli_is_denied_with_rule_id() {
+    let stack = crs_stack(None);
+    let ok = get(stack.http(), "/index.html?q=hello");
+    assert_eq!(ok.status, 200, "{}", ok.text());
+    assert!(
+        ok.text().starts_with("origin ok GET /index.html"),
+        "{}",
+        ok.text()
+    );
+    assert_eq!(ok.header("x-waf-anomaly-score"), Some("0"));
+
+    let attack = get(stack.http(), "/?id=1'%20OR%20'1'='1");
+    assert_eq!(attack.status, 403, "{}", attack.text());
+    assert_eq!(attack.header("waf-block"), Some("request"));
+    // CRS blocks on the anomaly score (rule 949110), after SQLi rules matched.
+    assert_eq!(attack.header("x-waf-ruleid"), Some("949110"));
+    let hit = attack.header("x-waf-rules-hit").unwrap_or_default();
+    assert!(
+        hit.split(',').any(|id| id.starts_with("942")),
+        "rules hit: {hit}"
+    );
+    let score: u32 = attack
+        .header("x-waf-anomaly-score")
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    assert!(score >= 5, "anomaly score {score}");
+
+    // HAProxy's own log line carries the rule id too.
+    stack
+        .haproxy
+        .pod
+        .wait_for_log("waf-rule=949110", crate::support::WAIT);
+
+    let agent = &stack.agents[0];
+    assert!(agent.metric("spoa_requests_total{verdict=\"deny\"}") >= 1.0);
+    assert!(agent.metric("spoa_requests_total{verdict=\"allow\"}") >= 2.0);
+    assert!(agent
+        .metrics()
+        .contains("spoa_evaluation_duration_seconds_bucket"));
+}
+
+#[test]
+fn xss_in_post_body_is_denied() {
+    let stack = crs_stack(None);
+    let benign = post_form(stack.http(), "/comment", "name=alice&text=nice+post");
+    assert_eq!(benign.status, 200, "{}", benign.text());
+    assert!(
+        benign.text().contains("origin ok POST /comment 25"),
+        "{}",
+        benign.text()
+    );
+
+    let xss = post_form(
+        stack.http(),
+        "/comment",
+        "name=mallory&text=%3Cscript%3Ealert(document.cookie)%3C%2Fscript%3E",
+    );
+    assert_eq!(xss.status, 403, "{}", xss.text());
+    let hit = xss.header("x-waf-rules-hit").unwrap_or_default();
+    assert!(
+        hit.split(',').any(|id| id.starts_with("941")),
+        "rules hit: {hit}"
+    );
+}
+
+#[test]
+fn response_rule_blocks_a_response() {
+    let config = "\
+default_application: default
+applications:
+  - name: default
+    response_check: true
+    transaction_ttl_ms: 10000
+";
+    let stack = crs_stack(Some(config));
+    let ok = get(stack.http(), "/page");
+    assert_eq!(ok.status, 200, "{}", ok.text());
+
+    // The origin answers /leak with an SQL error message; CRS's data-leakage rules (951xxx)
+    // push the outbound score over its threshold and 959100 denies the response.
+    let leak = get(stack.http(), "/leak");
+    assert_eq!(leak.status, 403, "{}", leak.text());
+    assert_eq!(leak.header("waf-block"), Some("response"));
+    assert!(
+        !leak.text().contains("SQL syntax"),
+        "the leaked body must not reach the client"
+    );
+    let hit = leak.header("x-waf-rules-hit").unwrap_or_default();
+    assert!(
+        hit.split(',').any(|id| id.starts_with("951")),
+        "rules hit: {hit}"
+    );
+    let agent = &stack.agents[0];
+    assert!(agent.metric("spoa_responses_total{verdict=\"deny\"}") >= 1.0);
+    assert!(agent.metric("spoa_responses_total{verdict=\"allow\"}") >= 1.0);
+}
+
+#[test]
+fn detect_only_lets_attacks_through_and_records_them() {
+    let config = "\
+default_application: default
+applications:
+  - name: default
+    detect_only: true
+";
+    let stack = crs_stack(Some(config));
+    let attack = get(stack.http(), "/?id=1'%20OR%20'1'='1");
+    assert_eq!(attack.status, 200, "{}", attack.text());
+    assert!(attack.header("waf-block").is_none());
+    let hit = attack.header("x-waf-rules-hit").unwrap_or_default();
+    assert!(
+        hit.split(',').any(|id| id.starts_with("942")),
+        "rules hit: {hit}"
+    );
+    let agent = &stack.agents[0];
+    assert!(agent.metric("spoa_requests_total{verdict=\"detect\"}") >= 1.0);
+    assert_eq!(agent.metric("spoa_requests_total{verdict=\"deny\"}"), 0.0);
+    agent
+        .pod
+        .wait_for_log("would be denied (detect only)", crate::support::WAIT);
+}
+
+#[test]
+fn inline_evaluation_serves_benign_and_denies_attacks_under_load() {
+    let config = "\
+evaluation: inline
+default_application: default
+applications:
+  - name: default
+";
+    let stack = crs_stack(Some(config));
+    let agent = &stack.agents[0];
+    agent
+        .pod
+        .wait_for_log("evaluation inline", crate::support::WAIT);
+    let ok = get(stack.http(), "/index.html?q=hello");
+    assert_eq!(ok.status, 200, "{}", ok.text());
+    let attack = get(stack.http(), "/?id=1'%20OR%20'1'='1");
+    assert_eq!(attack.status, 403, "{}", attack.text());
+    assert_eq!(attack.header("x-waf-ruleid"), Some("949110"));
+
+    // 16 keep-alive clients, benign requests and attacks mixed: HAProxy pipelines NOTIFYs,
+    // some are evaluated on the I/O threads and bursts on the pool; every one is answered.
+    let load = crate::support::traffic::Load::start(stack.http(), 16);
+    load.wait_until(600, std::time::Duration::from_secs(120));
+    let totals = load.stop();
+    assert_eq!(totals.failed(), 0, "{totals}");
+    assert!(totals.blocked > 0, "{totals}");
+    assert!(agent.metric("spoa_requests_total{verdict=\"deny\"}") >= 1.0);
+    assert!(agent.metric("spoa_requests_total{verdict=\"allow\"}") >= 1.0);
+}

@@ -1,0 +1,33 @@
+//! The integration tests of `lastcall-spoa`, one test binary: the agent process on loopback
+//! behind a real HAProxy, with a real origin, libmodsecurity and the CRS.
+//!
+//! - `bodies`: bodies larger than HAProxy's buffer.
+//! - `cli`: `--validate`, configuration errors, process behaviour.
+//! - `differential`: the request corpus through nginx + ModSecurity and through the agent.
+//! - `docs`: docs/spoa.md shows the configuration the tests run.
+//! - `drain`: the drain recipe with two agents under load.
+//! - `haproxy`: acceptance: benign traffic passes, attacks are denied.
+//! - `load`: the load measurement (ignored by default).
+//! - `protocol`: a raw SPOP client: malformed frames, health checks, pipelining.
+//! - `rollout`: rolling restarts without a failed request.
+//! - `signals`: signals and deadlines.
+//!
+//! The tests that saturate the CPU run one at a time: the `spoa-heavy` group of
+//! `.config/nextest.toml`.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a panic is the failure report"
+)]
+
+mod bodies;
+mod cli;
+mod differential;
+mod docs;
+mod drain;
+mod haproxy;
+mod load;
+mod protocol;
+mod rollout;
+mod signals;
+mod support;

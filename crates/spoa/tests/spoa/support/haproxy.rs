@@ -1,0 +1,142 @@
+//! A real HAProxy (`haproxy -db`, the one `lastcall_testkit::peers::haproxy` names) running the documented configuration
+//! (`examples/haproxy/haproxy.cfg` + `coraza.cfg`, the files `docs/spoa.md` shows), on
+//! loopback with free ports; killed on drop.
+
+use std::io::{Read, Write};
+use std::net::SocketAddr;
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use lastcall_testkit::{self as testkit, Pod};
+
+use super::{crate_dir, http, WAIT};
+
+/// Variants of the documented configuration, for measurements.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Variant {
+    /// Without the `log stdout` line (no per-request log: load runs).
+    pub quiet: bool,
+    /// Without the safety net: no second `send-spoe-group` on `txn.coraza.error` (the lines
+    /// mentioning `retried`); `option continue-on-error` stays.
+    pub no_retry: bool,
+}
+
+/// A running HAProxy.
+pub(crate) struct Haproxy {
+    /// The process (its log lines, one per request, are captured).
+    pub pod: Pod,
+    /// HTTP frontend.
+    pub addr: SocketAddr,
+    /// Admin socket path.
+    pub stats: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+/// The documented HAProxy configuration.
+pub(crate) fn config_path() -> PathBuf {
+    crate_dir().join("examples/haproxy/haproxy.cfg")
+}
+
+/// The documented SPOE configuration.
+pub(crate) fn spoe_path() -> PathBuf {
+    crate_dir().join("examples/haproxy/coraza.cfg")
+}
+
+impl Haproxy {
+    /// Starts HAProxy in front of `origin`, with agent servers `spoa1` and `spoa2`, running
+    /// the documented files or a variant of them (see [`Variant`]), and waits until a benign
+    /// request passes through an agent.
+    pub(crate) fn start_variant(
+        origin: SocketAddr,
+        spoa1: SocketAddr,
+        spoa2: SocketAddr,
+        variant: &Variant,
+    ) -> Haproxy {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let config = if variant.quiet || variant.no_retry {
+            let text = std::fs::read_to_string(config_path()).expect("read haproxy.cfg");
+            let edited: String = text
+                .lines()
+                .filter(|l| !(variant.quiet && l.trim_start().starts_with("log stdout")))
+                .filter(|l| !(variant.no_retry && l.contains("retried")))
+                .map(|l| format!("{l}\n"))
+                .collect();
+            let path = dir.path().join("haproxy.cfg");
+            std::fs::write(&path, edited).expect("write haproxy.cfg");
+            path
+        } else {
+            config_path()
+        };
+        let spoe = spoe_path();
+        let stats = dir.path().join("admin.sock");
+        let addr: SocketAddr = format!("127.0.0.1:{}", testkit::free_port())
+            .parse()
+            .expect("addr");
+        let mut cmd = Command::new(testkit::peers::haproxy());
+        cmd.arg("-db")
+            .arg("-f")
+            .arg(&config)
+            .env("FRONTEND_ADDR", addr.to_string())
+            .env("ORIGIN_ADDR", origin.to_string())
+            .env("SPOA1_ADDR", spoa1.to_string())
+            .env("SPOA2_ADDR", spoa2.to_string())
+            .env("CORAZA_SPOE_CFG", &spoe)
+            .env("STATS_SOCKET", &stats);
+        let pod = Pod::spawn(cmd);
+        testkit::wait_for_tcp(addr, WAIT);
+        let h = Haproxy {
+            pod,
+            addr,
+            stats,
+            _dir: dir,
+        };
+        h.wait_until_serving();
+        h
+    }
+
+    fn wait_until_serving(&self) {
+        let end = Instant::now() + WAIT;
+        loop {
+            match http(self.addr, "GET", "/warmup", &[], b"") {
+                Ok(r) if r.status == 200 => return,
+                other => {
+                    assert!(
+                        Instant::now() < end,
+                        "HAProxy did not serve through the agent within {WAIT:?}: {other:?}"
+                    );
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            }
+        }
+    }
+
+    /// Runs an admin-socket command (e.g. `show servers state coraza-spoa`).
+    pub(crate) fn admin(&self, command: &str) -> String {
+        let mut s = UnixStream::connect(&self.stats).expect("stats socket");
+        s.set_read_timeout(Some(WAIT)).expect("timeout");
+        s.write_all(format!("{command}\n").as_bytes())
+            .expect("write");
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out);
+        out
+    }
+
+    /// Soft stop (SIGUSR1, HAProxy's graceful stop): stops listening, finishes what it has,
+    /// closes its SPOE connections and exits.
+    pub(crate) fn soft_stop(&mut self) {
+        self.pod.signal(lastcall_testkit::Signal::Usr1);
+    }
+
+    /// The operational state of backend `coraza-spoa`'s server `name` ("UP", "DOWN", ...),
+    /// from `show stat`.
+    pub(crate) fn agent_server_status(&self, name: &str) -> String {
+        let stat = self.admin("show stat");
+        stat.lines()
+            .map(|l| l.split(',').collect::<Vec<_>>())
+            .find(|f| f.first() == Some(&"coraza-spoa") && f.get(1) == Some(&name))
+            .and_then(|f| f.get(17).map(|s| s.to_string()))
+            .unwrap_or_default()
+    }
+}

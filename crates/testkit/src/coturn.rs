@@ -1,0 +1,232 @@
+//! coturn's test programs as peers: `turnutils_peer` (a UDP echo server) and runs of
+//! `turnutils_uclient` with its summary parsed. The programs come from
+//! [`peers::coturn`](crate::peers::coturn): Debian 12's coturn unless a test selects
+//! another version.
+
+use std::net::UdpSocket;
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::net::free_udp_tcp_port;
+use crate::peers;
+use crate::turn::SECRET;
+use crate::WAIT;
+
+/// coturn's UDP echo peer.
+pub struct Peer {
+    child: Child,
+    /// The UDP port it echoes on.
+    pub port: u16,
+}
+
+impl Peer {
+    /// Starts `turnutils_peer` on 127.0.0.1 on a free port and waits until it echoes.
+    pub fn start() -> Peer {
+        Peer::start_on("127.0.0.1")
+    }
+
+    /// Starts `turnutils_peer` on `ip` (127.0.0.1 or ::1) and waits until it echoes.
+    pub fn start_on(ip: &str) -> Peer {
+        let port = free_udp_tcp_port();
+        let child = peers::coturn()
+            .command("turnutils_peer")
+            .args(["-L", ip, "-p", &port.to_string()])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start turnutils_peer");
+        let peer = Peer { child, port };
+        let target: std::net::IpAddr = ip.parse().expect("peer address");
+        let probe = UdpSocket::bind((target, 0)).expect("bind probe");
+        probe
+            .set_read_timeout(Some(Duration::from_millis(100)))
+            .expect("timeout");
+        let deadline = Instant::now() + WAIT;
+        let mut buf = [0u8; 64];
+        loop {
+            let _ = probe.send_to(b"ping", (target, port));
+            if matches!(probe.recv_from(&mut buf), Ok((4, _))) {
+                return peer;
+            }
+            assert!(Instant::now() < deadline, "turnutils_peer never echoed");
+        }
+    }
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// What `turnutils_uclient` reported.
+#[derive(Debug, Default, Clone)]
+pub struct Report {
+    /// Exit status; `None` if killed at the limit (or by a signal).
+    pub status: Option<i32>,
+    /// Messages sent (`tot_send_msgs`).
+    pub send_msgs: u64,
+    /// Messages received back (`tot_recv_msgs`).
+    pub recv_msgs: u64,
+    /// Bytes sent (`tot_send_bytes`).
+    pub send_bytes: u64,
+    /// Bytes received back (`tot_recv_bytes`).
+    pub recv_bytes: u64,
+    /// `Total lost packets`, if reported.
+    pub lost: Option<u64>,
+    /// stdout then stderr.
+    pub output: String,
+    /// How long it ran.
+    pub elapsed: Duration,
+}
+
+impl Report {
+    /// Every message echoed, none lost, a clean exit.
+    pub fn assert_all_echoed(&self, expected_msgs: u64) {
+        assert_eq!(self.status, Some(0), "uclient failed:\n{}", self.output);
+        assert_eq!(self.send_msgs, expected_msgs, "sent:\n{}", self.output);
+        assert_eq!(self.recv_msgs, expected_msgs, "received:\n{}", self.output);
+        assert_eq!(self.send_bytes, self.recv_bytes, "bytes:\n{}", self.output);
+        assert_eq!(self.lost, Some(0), "lost:\n{}", self.output);
+    }
+}
+
+/// Runs `turnutils_uclient ARGS 127.0.0.1`, killed after `limit`.
+pub fn uclient(args: &[&str], limit: Duration) -> Report {
+    uclient_to("127.0.0.1", args, limit)
+}
+
+/// A bounded uclient call to a peer with TURN REST credentials (`-W SECRET`):
+/// `turnutils_uclient FLAGS -X -n N -m M -z Z -p PORT -e 127.0.0.1 -r PEER_PORT -u USER`,
+/// with `(n, m, z)` = messages per client, clients, and milliseconds between messages.
+pub fn rest_call(
+    flags: &[&str],
+    (n, m, z): (u32, u32, u32),
+    port: &str,
+    peer_port: &str,
+    user: &str,
+    limit: Duration,
+) -> Report {
+    let (n, m, z) = (n.to_string(), m.to_string(), z.to_string());
+    let mut args = flags.to_vec();
+    args.extend([
+        "-X",
+        "-n",
+        &n,
+        "-m",
+        &m,
+        "-z",
+        &z,
+        "-p",
+        port,
+        "-e",
+        "127.0.0.1",
+        "-r",
+        peer_port,
+        "-u",
+        user,
+        "-W",
+        SECRET,
+    ]);
+    uclient(&args, limit)
+}
+
+/// Runs `turnutils_uclient ARGS SERVER`, killed after `limit`.
+pub fn uclient_to(server: &str, args: &[&str], limit: Duration) -> Report {
+    let started = Instant::now();
+    let mut child = peers::coturn()
+        .command("turnutils_uclient")
+        .args(args)
+        .arg(server)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start turnutils_uclient");
+    let out = child.stdout.take();
+    let err = child.stderr.take();
+    let read = |s: Option<std::process::ChildStdout>| {
+        std::thread::spawn(move || {
+            let mut text = String::new();
+            if let Some(mut s) = s {
+                let _ = std::io::Read::read_to_string(&mut s, &mut text);
+            }
+            text
+        })
+    };
+    let out_t = read(out);
+    let err_t = std::thread::spawn(move || {
+        let mut text = String::new();
+        if let Some(mut s) = err {
+            let _ = std::io::Read::read_to_string(&mut s, &mut text);
+        }
+        text
+    });
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(s)) => break s.code(),
+            Ok(None) if started.elapsed() > limit => {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+            Err(_) => break None,
+        }
+    };
+    let mut output = out_t.join().unwrap_or_default();
+    output.push_str(&err_t.join().unwrap_or_default());
+    let mut r = parse_report(&output);
+    r.status = status;
+    r.output = output;
+    r.elapsed = started.elapsed();
+    r
+}
+
+fn number_after(line: &str, key: &str) -> Option<u64> {
+    let at = line.find(key)? + key.len();
+    let rest = line.get(at..)?.trim_start_matches([' ', '~', '=']);
+    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().ok()
+}
+
+/// Parses uclient's summary lines (the totals, not the per-client `msz=` lines).
+pub fn parse_report(output: &str) -> Report {
+    let mut r = Report::default();
+    for line in output.lines() {
+        if line.contains("msz=") {
+            continue;
+        }
+        if line.contains("tot_send_msgs=") {
+            r.send_msgs = number_after(line, "tot_send_msgs").unwrap_or(0);
+            r.recv_msgs = number_after(line, "tot_recv_msgs").unwrap_or(0);
+        }
+        if line.contains("tot_send_bytes") {
+            r.send_bytes = number_after(line, "tot_send_bytes").unwrap_or(0);
+            r.recv_bytes = number_after(line, "tot_recv_bytes").unwrap_or(0);
+        }
+        if line.contains("Total lost packets") {
+            r.lost = number_after(line, "Total lost packets");
+        }
+    }
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn report_parser() {
+        let text = "1: : start_mclient: msz=1, tot_send_msgs=0, tot_recv_msgs=0, tot_send_bytes ~ 0, tot_recv_bytes ~ 0\n\
+                    5: : start_mclient: tot_send_msgs=50, tot_recv_msgs=49\n\
+                    5: : start_mclient: tot_send_bytes ~ 5000, tot_recv_bytes ~ 4900\n\
+                    5: : Total lost packets 1 (2.000000%), total send dropped 0 (0.000000%)\n";
+        let r = parse_report(text);
+        assert_eq!((r.send_msgs, r.recv_msgs), (50, 49));
+        assert_eq!((r.send_bytes, r.recv_bytes), (5000, 4900));
+        assert_eq!(r.lost, Some(1));
+    }
+}

@@ -1,0 +1,18 @@
+//! The integration tests of `lastcall-turn`, one test binary: the real process on loopback
+//! with coturn's own clients and peers, and our TURN client (`lastcall_testkit::turn`).
+//!
+//! - `interop`: coturn's `turnutils_uclient` over UDP, TCP and TLS against `turnutils_peer`.
+//! - `process`: turnserver.conf, flags, `--help`, TLS reload, the drain's answers.
+//! - `termination`: calls across SIGTERM, the deadline, alternates, coturn's own behaviour.
+//! - `workers`: the UDP I/O threads.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a panic is the failure report"
+)]
+
+mod common;
+mod interop;
+mod process;
+mod termination;
+mod workers;
