@@ -1,7 +1,7 @@
 //! coturn's test programs as peers: `turnutils_peer` (a UDP echo server) and runs of
 //! `turnutils_uclient` with its summary parsed. The programs come from
-//! [`peers::coturn`](crate::peers::coturn): Debian 12's coturn unless a test selects
-//! another version.
+//! [`peers::coturn`](crate::peers::coturn): Debian 12's coturn unless the environment names
+//! another command.
 
 use std::net::UdpSocket;
 use std::process::{Child, Stdio};
@@ -28,8 +28,7 @@ impl Peer {
     /// Starts `turnutils_peer` on `ip` (127.0.0.1 or ::1) and waits until it echoes.
     pub fn start_on(ip: &str) -> Peer {
         let port = free_udp_tcp_port();
-        let child = peers::coturn()
-            .command("turnutils_peer")
+        let child = peers::coturn("turnutils_peer")
             .args(["-L", ip, "-p", &port.to_string()])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -136,8 +135,7 @@ pub fn rest_call(
 /// Runs `turnutils_uclient ARGS SERVER`, killed after `limit`.
 pub fn uclient_to(server: &str, args: &[&str], limit: Duration) -> Report {
     let started = Instant::now();
-    let mut child = peers::coturn()
-        .command("turnutils_uclient")
+    let mut child = peers::coturn("turnutils_uclient")
         .args(args)
         .arg(server)
         .stdin(Stdio::null())

@@ -1,54 +1,49 @@
-//! Where the peer programs the tests start come from: HAProxy, nginx and coturn's test
-//! programs. Every test gets them from here (never from a path of its own), so that one
+//! Where the peer programs the tests start come from: HAProxy, nginx and coturn's
+//! programs. Every test gets its command from here (never a path of its own), so that one
 //! place chooses the version a run tests against. Debian's packages by default (installed
-//! by `scripts/setup.sh`); an environment variable points at another build:
+//! by `scripts/setup.sh`); an environment variable gives another command, split on
+//! whitespace (e.g. `LASTCALL_HAPROXY="scripts/peer-run sid /usr/sbin/haproxy"`):
 //!
 //! | program | default | variable |
 //! |---|---|---|
 //! | HAProxy | `/usr/sbin/haproxy` | `LASTCALL_HAPROXY` |
 //! | nginx | `/usr/sbin/nginx` | `LASTCALL_NGINX` |
-//! | coturn's `turnutils_*` | `/usr/bin/` | `LASTCALL_COTURN_BIN` (a directory) |
+//! | coturn's `turnutils_uclient` | `/usr/bin/turnutils_uclient` | `LASTCALL_UCLIENT` |
+//! | coturn's `turnutils_peer` | `/usr/bin/turnutils_peer` | `LASTCALL_PEER` |
+//! | coturn's `turnserver` | `/usr/bin/turnserver` | `LASTCALL_TURNSERVER` |
 
-use std::path::PathBuf;
 use std::process::Command;
 
-/// The program named by `var`, else `default`.
-fn program(var: &str, default: &str) -> PathBuf {
-    std::env::var_os(var).map_or_else(|| PathBuf::from(default), PathBuf::from)
-}
-
-/// The HAProxy executable.
-pub fn haproxy() -> PathBuf {
-    program("LASTCALL_HAPROXY", "/usr/sbin/haproxy")
-}
-
-/// The nginx executable.
-pub fn nginx() -> PathBuf {
-    program("LASTCALL_NGINX", "/usr/sbin/nginx")
-}
-
-/// coturn's test programs.
-#[derive(Debug, Clone)]
-pub struct Coturn {
-    /// The directory holding `turnutils_peer`, `turnutils_uclient`, ...
-    pub bin: PathBuf,
-}
-
-impl Coturn {
-    /// The path of `tool` (`turnutils_uclient`, `turnutils_peer`, ...).
-    pub fn path(&self, tool: &str) -> PathBuf {
-        self.bin.join(tool)
-    }
-
-    /// A command running `tool`.
-    pub fn command(&self, tool: &str) -> Command {
-        Command::new(self.path(tool))
+/// The command named by `var` (words split on whitespace), else `default`.
+fn command(var: &str, default: &str) -> Command {
+    let given = std::env::var(var).unwrap_or_default();
+    let mut words = given.split_whitespace();
+    match words.next() {
+        Some(program) => {
+            let mut cmd = Command::new(program);
+            cmd.args(words);
+            cmd
+        }
+        None => Command::new(default),
     }
 }
 
-/// coturn's test programs to run.
-pub fn coturn() -> Coturn {
-    Coturn {
-        bin: program("LASTCALL_COTURN_BIN", "/usr/bin"),
-    }
+/// A command running HAProxy.
+pub fn haproxy() -> Command {
+    command("LASTCALL_HAPROXY", "/usr/sbin/haproxy")
+}
+
+/// A command running nginx.
+pub fn nginx() -> Command {
+    command("LASTCALL_NGINX", "/usr/sbin/nginx")
+}
+
+/// A command running coturn's `tool` (`turnutils_uclient`, `turnutils_peer`,
+/// `turnserver`): `LASTCALL_` + the name without `turnutils_`, upper-cased.
+pub fn coturn(tool: &str) -> Command {
+    let var = format!(
+        "LASTCALL_{}",
+        tool.trim_start_matches("turnutils_").to_ascii_uppercase()
+    );
+    command(&var, &format!("/usr/bin/{tool}"))
 }

@@ -22,8 +22,7 @@ impl Drop for Server {
 }
 
 fn have_coturn() -> bool {
-    lastcall_testkit::peers::coturn()
-        .command("turnserver")
+    lastcall_testkit::peers::coturn("turnserver")
         .arg("--version")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -34,8 +33,7 @@ fn have_coturn() -> bool {
 /// Starts coturn on a free port and waits until it answers a STUN Binding.
 fn coturn() -> (Server, u16) {
     let port = lastcall_testkit::free_udp_tcp_port();
-    let child = lastcall_testkit::peers::coturn()
-        .command("turnserver")
+    let child = lastcall_testkit::peers::coturn("turnserver")
         .args([
             "-n",
             "--no-cli",

@@ -6,7 +6,6 @@ use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use lastcall_testkit::{self as testkit, Pod};
@@ -74,7 +73,7 @@ impl Haproxy {
         let addr: SocketAddr = format!("127.0.0.1:{}", testkit::free_port())
             .parse()
             .expect("addr");
-        let mut cmd = Command::new(testkit::peers::haproxy());
+        let mut cmd = testkit::peers::haproxy();
         cmd.arg("-db")
             .arg("-f")
             .arg(&config)

@@ -13,7 +13,6 @@
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -46,7 +45,7 @@ impl Nginx {
         let conf = config(prefix, addr, origin);
         std::fs::write(prefix.join("nginx.conf"), conf).expect("write nginx.conf");
         let command = || {
-            let mut cmd = Command::new(testkit::peers::nginx());
+            let mut cmd = testkit::peers::nginx();
             cmd.arg("-p")
                 .arg(prefix)
                 .arg("-c")
