@@ -22,7 +22,7 @@ fn builtin_rules() -> String {
         .iter()
         .find(|a| Some(&a.name) == cfg.default_application.as_ref())
         .expect("built-in default application");
-    lastcall_spoa::waf::directives_for(app)
+    lastcall_spoa::waf::directives_for(&cfg, app)
 }
 
 fn report(corpus: &[Entry], reference: &[Outcome], agent: &[Outcome]) -> Vec<String> {
