@@ -78,9 +78,13 @@ applications:
 ",
     );
     assert_eq!(code, 64, "{text}");
-    assert!(text.contains("line 2: unknown field `log_levle`"), "{text}");
+    // The file and the line, as `FILE:LINE:`.
     assert!(
-        text.contains("line 6: applications[0]: unknown field `reponse_check`"),
+        text.contains("/c.yaml:2: unknown field `log_levle`"),
+        "{text}"
+    );
+    assert!(
+        text.contains("/c.yaml:6: applications[0]: unknown field `reponse_check`"),
         "{text}"
     );
 }

@@ -23,6 +23,11 @@ use super::{Origin, WAIT};
 
 /// Debian's nginx.
 pub const NGINX: &str = "/usr/sbin/nginx";
+
+/// The nginx the tests run: `LASTCALL_NGINX` (a command, as for HAProxy), else [`NGINX`].
+pub fn command() -> Command {
+    super::peer_command("LASTCALL_NGINX", NGINX)
+}
 /// Debian's ModSecurity connector module for nginx.
 pub const MODSECURITY_MODULE: &str = "/usr/lib/nginx/modules/ngx_http_modsecurity_module.so";
 
@@ -48,7 +53,7 @@ impl Nginx {
         let conf = config(prefix, addr, origin);
         std::fs::write(prefix.join("nginx.conf"), conf).expect("write nginx.conf");
         let command = || {
-            let mut cmd = Command::new(NGINX);
+            let mut cmd = command();
             cmd.arg("-p")
                 .arg(prefix)
                 .arg("-c")
@@ -83,8 +88,8 @@ impl Nginx {
         new
     }
 
-    /// The rule ids (below 950000: request rules) in the ModSecurity lines nginx logged
-    /// since `*offset`, in order, without duplicates.
+    /// The request attack rule ids (coraza-spoa's ranges, below 950000) in the ModSecurity
+    /// lines nginx logged since `*offset`, in order, without duplicates.
     pub fn request_rules_since(&self, offset: &mut usize) -> Vec<u32> {
         let mut ids = Vec::new();
         for part in self.error_log_since(offset).split("[id \"").skip(1) {
@@ -93,7 +98,7 @@ impl Nginx {
                 .next()
                 .and_then(|s| s.parse::<u32>().ok())
                 .unwrap_or(0);
-            if id != 0 && id < 950_000 && !ids.contains(&id) {
+            if lastcall_spoa::waf::is_attack_rule(id) && id < 950_000 && !ids.contains(&id) {
                 ids.push(id);
             }
         }
@@ -353,11 +358,11 @@ pub fn run_corpus(
         .collect()
 }
 
-/// The request rule ids HAProxy's documented configuration shows in `x-waf-rules-hit`
-/// (coraza-spoa's `rules_hit` variable).
+/// The request rule ids HAProxy's documented configuration shows in `x-waf-rule-ids`
+/// (coraza-spoa's `rule_ids` variable, set with `exportRuleIDs=bool(true)`).
 pub fn rules_from_header(reply: &RawReply) -> Vec<u32> {
     reply
-        .header("x-waf-rules-hit")
+        .header("x-waf-rule-ids")
         .unwrap_or_default()
         .split(',')
         .filter_map(|s| s.trim().parse::<u32>().ok())
