@@ -520,8 +520,7 @@ impl Frontend<'_> {
     fn defaults_line(&self, line: usize, file: &Path, prefix: &[&str]) -> Option<&Line> {
         self.haproxy
             .iter()
-            .filter(|(f, s)| s.kind == "defaults" && *f == file && s.line < line)
-            .next_back()
+            .rfind(|(f, s)| s.kind == "defaults" && *f == file && s.line < line)
             .and_then(|(_, s)| s.find(prefix))
     }
 
