@@ -187,14 +187,17 @@ fn load_options(
         .ok();
     if let Some(text) = &cli.metrics_addr {
         match cli::listen_addr(text) {
-            _ if given(matches, "admin_addr") => problems.push(
-                Problem::new(
-                    "-metrics-addr",
-                    "is coraza-spoa's name for --admin-addr, which is set too",
-                )
-                .value(text.as_str())
-                .expected("one of them"),
-            ),
+            // A flag beats the environment (the image sets LASTCALL_ADMIN_ADDR): only the two
+            // flags together are a conflict.
+            _ if matches.value_source("admin_addr") == Some(ValueSource::CommandLine) => problems
+                .push(
+                    Problem::new(
+                        "-metrics-addr",
+                        "is coraza-spoa's name for --admin-addr, which is set too",
+                    )
+                    .value(text.as_str())
+                    .expected("one of them"),
+                ),
             Some(addr) => {
                 if let Some(t) = term.as_mut() {
                     t.admin_addr = Some(addr);
