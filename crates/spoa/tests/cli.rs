@@ -237,3 +237,200 @@ fn ignored_sigterm_during_start_up_lets_the_agent_start() {
     pod.signal(Signal::Quit);
     assert_eq!(pod.wait_exit(WAIT).code, Some(0));
 }
+
+/// Runs the agent with `args` (the working directory `dir`) to its exit: status and output.
+fn run_in(dir: &std::path::Path, args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(agent_bin())
+        .current_dir(dir)
+        .args(args)
+        .output()
+        .expect("run");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// coraza-spoa's flags as Go's `flag` package takes them (one dash or two, `-flag value` or
+/// `-flag=value`, `-switch=false`), on the real binary; mistakes name the flag and what is
+/// valid, exit 64.
+#[test]
+fn coraza_spoa_flags_as_go_takes_them() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        dir.path().join("config.yaml"),
+        "applications:\n  - name: a\n    directives: |\n      Include @coraza.conf-recommended\n      SecRuleEngine On\n",
+    )
+    .expect("write");
+    for args in [
+        &["-config=config.yaml", "-validate"][..],
+        &["-config", "config.yaml", "-validate"],
+        &["--config=config.yaml", "--validate"],
+        &["-validate=true", "-config", "config.yaml"],
+    ] {
+        let (code, out, err) = run_in(dir.path(), args);
+        assert_eq!(code, 0, "{args:?}: {err}");
+        assert!(
+            out.contains("configuration OK: 1 application(s)"),
+            "{args:?}: {out}"
+        );
+    }
+    // -validate=false: not a validation (the bad bind is then a start-up error).
+    let (code, _, err) = run_in(
+        dir.path(),
+        &[
+            "-config=config.yaml",
+            "-validate=false",
+            "--bind",
+            "nowhere",
+        ],
+    );
+    assert_eq!(code, 64, "{err}");
+    assert!(err.contains("--bind"), "{err}");
+
+    let (code, out, _) = run_in(dir.path(), &["-version"]);
+    assert_eq!(code, 0);
+    assert!(out.contains(env!("CARGO_PKG_VERSION")), "{out}");
+
+    // Mistakes: all of them at once, each naming its flag and what would be valid.
+    let (code, out, err) = run_in(
+        dir.path(),
+        &["-autoreload", "-metrics-addr=:x", "--drain-timeout", "soon"],
+    );
+    assert_eq!(code, 64, "{out}{err}");
+    assert!(
+        err.contains("-metrics-addr (:x): not an address to listen on; expected IP:PORT, or :PORT"),
+        "{err}"
+    );
+    assert!(
+        err.contains("-autoreload: watches the configuration file, and none is given; expected -config FILE too"),
+        "{err}"
+    );
+    assert!(err.contains("--drain-timeout (soon)"), "{err}");
+    let (code, _, err) = run_in(
+        dir.path(),
+        &[
+            "-config=config.yaml",
+            "-metrics-addr",
+            "127.0.0.1:9090",
+            "--admin-addr",
+            "127.0.0.1:9091",
+        ],
+    );
+    assert_eq!(code, 64, "{err}");
+    assert!(
+        err.contains("-metrics-addr (127.0.0.1:9090): is coraza-spoa's name for --admin-addr, which is set too; expected one of them"),
+        "{err}"
+    );
+}
+
+/// `-metrics-addr` is where the admin listener (and coraza-spoa's histogram) is; the
+/// profiling flags are accepted with a warning; the environment's admin address (the
+/// image's) gives way to the flag.
+#[test]
+fn metrics_addr_and_profiling_flags_at_start() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let spop = format!("127.0.0.1:{}", lastcall::harness::free_port());
+    std::fs::write(
+        dir.path().join("config.yaml"),
+        format!("bind: {spop}\napplications:\n  - name: a\n    directives: SecRuleEngine On\n"),
+    )
+    .expect("write");
+    let metrics: std::net::SocketAddr = format!("127.0.0.1:{}", lastcall::harness::free_port())
+        .parse()
+        .expect("addr");
+    let mut cmd = Command::new(agent_bin());
+    cmd.current_dir(dir.path())
+        .env("LASTCALL_ADMIN_ADDR", "127.0.0.1:1")
+        .args([
+            "-config=config.yaml",
+            "-cpuprofile=cpu.out",
+            "-memprofile",
+            "mem.out",
+        ])
+        .arg(format!("-metrics-addr={metrics}"));
+    let mut pod = lastcall::harness::Pod::spawn(cmd);
+    pod.wait_for_log("listening on", WAIT);
+    assert!(pod.has_log("-cpuprofile (Go's profiler in coraza-spoa) is accepted and ignored"));
+    assert!(pod.has_log("-memprofile (Go's profiler in coraza-spoa) is accepted and ignored"));
+    let (status, body) = lastcall::harness::http_get(metrics, "/metrics");
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body.contains("coraza_handle_spoe_duration_seconds"),
+        "{body}"
+    );
+    assert!(!dir.path().join("cpu.out").exists());
+    pod.signal(Signal::Quit);
+    assert_eq!(pod.wait_exit(WAIT).code, Some(0));
+}
+
+/// Start-up errors in the file name the key, the line and what is valid, all of them,
+/// and the process exits 64 without binding anything: first the keys, then (once they
+/// load) the rules, Coraza's `@` names included.
+#[test]
+fn start_up_errors_name_the_key_the_line_and_what_is_valid() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let spop = format!("127.0.0.1:{}", lastcall::harness::free_port());
+    let admin = format!("127.0.0.1:{}", lastcall::harness::free_port());
+    let keys = format!(
+        "\
+bind: {spop}
+log_level: loud
+applications:
+  - name: a
+    directives: SecRuleEngine On
+    log_format: xml
+    log_level: chatty
+    response_check: yes please
+"
+    );
+    std::fs::write(dir.path().join("c.yaml"), keys).expect("write");
+    let (code, out, err) = run_in(dir.path(), &["-config=c.yaml", "--admin-addr", &admin]);
+    assert_eq!(code, 64, "{out}{err}");
+    for want in [
+        "c.yaml:2: log_level `loud`: expected trace, debug, info, warn, error",
+        "c.yaml:6: applications[0].log_format (xml): expected console, text or json",
+        "c.yaml:7: applications[0].log_level (chatty): expected trace, debug, info",
+        "c.yaml:8: applications[0].response_check: invalid type: string \"yes please\"; expected a boolean",
+    ] {
+        assert!(err.contains(want), "missing {want:?} in:\n{err}");
+    }
+    assert!(
+        !out.contains("listening") && !err.contains("listening"),
+        "{out}{err}"
+    );
+
+    let rules = format!(
+        "\
+bind: {spop}
+applications:
+  - name: a
+    directives: |
+      Include @coraza.conf-recommended
+      Include @crs-setup.conf.example
+      Include @owasp_crs/REQUEST-999-NO-SUCH-FILE.conf
+      Include @owasp_crs_plugins/wordpress-rule-exclusions-before.conf
+      Include @coraza.conf
+    log_file: /nonexistent-dir/a.log
+"
+    );
+    std::fs::write(dir.path().join("c.yaml"), rules).expect("write");
+    let (code, out, err) = run_in(dir.path(), &["-config=c.yaml", "--admin-addr", &admin]);
+    assert_eq!(code, 64, "{out}{err}");
+    for want in [
+        "c.yaml:7: applications[0].directives: application `a`: Include @owasp_crs/REQUEST-999-NO-SUCH-FILE.conf: REQUEST-999-NO-SUCH-FILE.conf is not in the CRS at",
+        "c.yaml:8: applications[0].directives: application `a`: Include @owasp_crs_plugins/wordpress-rule-exclusions-before.conf: CRS plugins are not built in; expected",
+        "c.yaml:9: applications[0].directives: application `a`: Include @coraza.conf: not a file Coraza's embedded set has; expected @coraza.conf-recommended",
+        "c.yaml:10: applications[0].log_file: cannot open /nonexistent-dir/a.log",
+    ] {
+        assert!(err.contains(want), "missing {want:?} in:\n{err}");
+    }
+    assert!(
+        !out.contains("listening") && !err.contains("listening"),
+        "{out}{err}"
+    );
+    // Nothing was bound: both ports are still free.
+    std::net::TcpListener::bind(&spop).expect("the SPOP port was never bound");
+    std::net::TcpListener::bind(&admin).expect("the admin port was never bound");
+}
