@@ -434,3 +434,127 @@ applications:
     std::net::TcpListener::bind(&spop).expect("the SPOP port was never bound");
     std::net::TcpListener::bind(&admin).expect("the admin port was never bound");
 }
+
+/// The rules of [`autoreload_follows_a_configmap_update`]: requests with `x=WORD` denied.
+fn deny_word(bind: &str, word: &str) -> String {
+    format!(
+        "bind: {bind}\ndefault_application: a\napplications:\n  - name: a\n    directives: |\n      SecRuleEngine On\n      SecRule ARGS:x \"@streq {word}\" \"id:10001,phase:1,deny,status:403,log,msg:'{word}'\"\n"
+    )
+}
+
+/// `-autoreload` with the file mounted as Kubernetes mounts a ConfigMap (`config.yaml` ->
+/// `..data/config.yaml`, `..data` -> a timestamped directory): the kubelet's update (a new
+/// directory, `..data` renamed over) reloads the rules as SIGHUP does, on the real process,
+/// with HAProxy in front; a file that does not compile keeps the running rules.
+#[test]
+fn autoreload_follows_a_configmap_update() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    let spop: std::net::SocketAddr = format!("127.0.0.1:{}", lastcall::harness::free_port())
+        .parse()
+        .expect("addr");
+    let admin: std::net::SocketAddr = format!("127.0.0.1:{}", lastcall::harness::free_port())
+        .parse()
+        .expect("addr");
+    let version = |name: &str, text: &str| {
+        std::fs::create_dir(d.join(name)).expect("mkdir");
+        std::fs::write(d.join(name).join("config.yaml"), text).expect("write");
+    };
+    let publish = |name: &str| {
+        std::os::unix::fs::symlink(name, d.join("..data_tmp")).expect("symlink");
+        std::fs::rename(d.join("..data_tmp"), d.join("..data")).expect("rename");
+    };
+    version("..2026_12_01_v1", &deny_word(&spop.to_string(), "one"));
+    publish("..2026_12_01_v1");
+    std::os::unix::fs::symlink("..data/config.yaml", d.join("config.yaml")).expect("symlink");
+
+    let mut cmd = Command::new(agent_bin());
+    cmd.arg(format!("-config={}", d.join("config.yaml").display()))
+        .arg("-autoreload")
+        .arg(format!("--admin-addr={admin}"));
+    let agent = lastcall::harness::Pod::spawn(cmd);
+    agent.wait_for_log("listening on", WAIT);
+    let origin = support::Origin::start();
+    let haproxy = support::Haproxy::start_variant(
+        origin.addr,
+        spop,
+        spop,
+        &support::haproxy::Variant::default(),
+    );
+    let http = haproxy.addr;
+    assert_eq!(get(http, "/?x=one").status, 403);
+    assert_eq!(get(http, "/?x=two").status, 200);
+
+    // The kubelet's update.
+    let mark = agent.log_len();
+    version("..2026_12_01_v2", &deny_word(&spop.to_string(), "two"));
+    publish("..2026_12_01_v2");
+    std::fs::remove_dir_all(d.join("..2026_12_01_v1")).expect("rm");
+    agent.wait_for_log_after(mark, "changed: reloading (-autoreload)", WAIT);
+    agent.wait_for_log_after(mark, "rules reloaded: 1 application(s)", WAIT);
+    assert_eq!(get(http, "/?x=two").status, 403);
+    assert_eq!(get(http, "/?x=one").status, 200);
+    let metrics = || lastcall::harness::http_get(admin, "/metrics").1;
+    assert_eq!(
+        support::metric_value(&metrics(), "spoa_reloads_total{result=\"ok\"}"),
+        1.0
+    );
+
+    // An update that does not compile: logged, counted, the running rules stay.
+    let mark = agent.log_len();
+    version(
+        "..2026_12_01_v3",
+        "applications:\n  - name: a\n    directives: SecRuleEngine Maybe\n",
+    );
+    publish("..2026_12_01_v3");
+    agent.wait_for_log_after(mark, "reload failed, keeping the running rules", WAIT);
+    assert_eq!(get(http, "/?x=two").status, 403);
+    assert_eq!(
+        support::metric_value(&metrics(), "spoa_reloads_total{result=\"error\"}"),
+        1.0
+    );
+    drop(haproxy);
+    let mut agent = agent;
+    agent.signal(Signal::Quit);
+    assert_eq!(agent.wait_exit(WAIT).code, Some(0));
+}
+
+/// `check-haproxy` on the real binary: coraza-spoa's example files (one agent server: a fix;
+/// no retry, a 500ms processing timeout and the SPOE timeouts HAProxy 3.1+ ignores: notes)
+/// and the documented files (nothing to fix), line by line; an unreadable file is 64.
+#[test]
+fn check_haproxy_reads_the_files_line_by_line() {
+    let crate_dir = support::crate_dir();
+    let fixture = crate_dir.join("tests/fixtures/coraza-spoa");
+    let (code, out, err) = run_in(&fixture, &["check-haproxy", "haproxy.cfg", "coraza.cfg"]);
+    assert_eq!(code, 1, "{out}{err}");
+    let lines: Vec<&str> = out.lines().filter(|l| !l.starts_with(' ')).collect();
+    assert_eq!(
+        lines,
+        [
+            "haproxy.cfg:53: backend `coraza-spoa` has 1 agent server(s): while one restarts or drains, requests fail; two or more keep them flowing",
+            "coraza.cfg:4: note: no retry: a request queued on an agent connection that closes under it (an agent cut at its deadline) fails instead of being asked again",
+            "coraza.cfg:9: note: ignored by HAProxy 3.1 and later: there the agents' backend's `timeout connect` and `timeout server` apply (and `timeout server` closes idle agent connections)",
+            "coraza.cfg:10: note: ignored by HAProxy 3.1 and later: there the agents' backend's `timeout connect` and `timeout server` apply (and `timeout server` closes idle agent connections)",
+            "coraza.cfg:11: note: a verdict must come within this, queueing included: under load this turns slowness into errors (docs/spoa.md uses 2s)",
+            "1 to fix, 4 note(s)",
+        ],
+        "{out}"
+    );
+    assert!(
+        out.contains("    add: server spoa2 ADDRESS:PORT check inter 1s fall 2 rise 1\n"),
+        "{out}"
+    );
+
+    let examples = crate_dir.join("examples/haproxy");
+    let (code, out, err) = run_in(&examples, &["check-haproxy", "haproxy.cfg", "coraza.cfg"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.ends_with("fail-closed and lossless as docs/spoa.md recommends (2 note(s))\n"),
+        "{out}"
+    );
+
+    let (code, _, err) = run_in(&examples, &["check-haproxy", "no-such.cfg"]);
+    assert_eq!(code, 64, "{err}");
+    assert!(err.contains("no-such.cfg"), "{err}");
+}

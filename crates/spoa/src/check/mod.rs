@@ -57,7 +57,12 @@ pub fn run(paths: &[PathBuf]) -> i32 {
         }
     }
     files.extend(named);
-    let findings = check(&files);
+    let mut findings = check(&files);
+    // Read top to bottom: file by file in the order given, line by line in each.
+    findings.sort_by_key(|f| {
+        let file = files.iter().position(|g| g.path == f.file);
+        (file, f.line)
+    });
     print!("{}", report(&findings));
     if findings.iter().any(|f| f.level == Level::Fix) {
         FINDINGS
