@@ -152,13 +152,32 @@ fn coraza_spoa_files_run_unchanged() {
     // verdict, detect-only) leaves it as the request set it. (A numeric Host header is
     // 920350, a warning worth 3, in CRS 3.3 and CRS 4 alike: LASTCALL_SPOA_CRS_DIR runs
     // this test on a CRS 4 release.)
-    let low = support::nginx::send_raw(
-        s.haproxy.addr,
-        b"GET /search?q=shoes&m=low1 HTTP/1.1\r\nHost: 127.0.0.1\r\nUser-Agent: lastcall-test/1.0\r\nAccept: */*\r\nConnection: close\r\n\r\n",
-    )
-    .expect("GET with a numeric Host");
-    assert_eq!(low.status, 200, "{low:?}");
-    let l = logged(&s.haproxy, "m=low1");
+    // coraza-spoa's `timeout processing 500ms` (kept, key for key) turns a slow verdict on a
+    // loaded machine into HAProxy's 500 (`spoa-error: 1`): such a try is asked again, at most
+    // three times; the agent's verdict itself is what is checked.
+    let mut tries = 0;
+    let marker = loop {
+        tries += 1;
+        let marker = format!("m=low{tries}");
+        let low = support::nginx::send_raw(
+            s.haproxy.addr,
+            format!("GET /search?q=shoes&{marker} HTTP/1.1\r\nHost: 127.0.0.1\r\nUser-Agent: lastcall-test/1.0\r\nAccept: */*\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .expect("GET with a numeric Host");
+        if low.status == 500
+            && tries < 3
+            && s.haproxy
+                .pod
+                .wait_for_log(&marker, WAIT)
+                .contains("spoa-error: 1 ")
+        {
+            eprintln!("{marker}: HAProxy's timeout processing (500ms) ran out; asking again");
+            continue;
+        }
+        assert_eq!(low.status, 200, "{low:?}");
+        break marker;
+    };
+    let l = logged(&s.haproxy, &marker);
     assert_eq!(l.score, "3", "{l:?}");
     assert_eq!(
         (l.rules_hit.as_str(), l.rule_ids.as_str()),
