@@ -436,6 +436,21 @@ impl Stack {
     }
 }
 
+/// A peer's command: the words of environment variable `var` (the program, then any
+/// arguments before the test's own), else `default`.
+pub fn peer_command(var: &str, default: &str) -> Command {
+    let text = std::env::var(var).unwrap_or_default();
+    let mut words = text.split_whitespace();
+    match words.next() {
+        Some(program) => {
+            let mut cmd = Command::new(program);
+            cmd.args(words);
+            cmd
+        }
+        None => Command::new(default),
+    }
+}
+
 /// The directory of this crate (for example files).
 pub fn crate_dir() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
