@@ -18,6 +18,8 @@ cargo fmt --all --check
 # can be stopped as a whole. Their output comes at the end.
 bash scripts/test_python.sh --setup
 containers_log=$(mktemp "${TMPDIR:-/tmp}/lastcall-containers.XXXXXX")
+# Touched when the workspace is built: the prebuilt-binaries image test waits for it.
+export LASTCALL_BUILT_MARKER=$containers_log.built
 containers_start=$SECONDS
 setsid bash scripts/test_containers.sh >"$containers_log" 2>&1 &
 containers_pid=$!
@@ -28,7 +30,7 @@ stop_containers() {
     wait "$containers_pid" 2>/dev/null || true
   fi
   cat "$containers_log"
-  rm -f "$containers_log"
+  rm -f "$containers_log" "$LASTCALL_BUILT_MARKER"
 }
 trap stop_containers EXIT
 
@@ -36,6 +38,7 @@ echo "== cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "== build binaries used by the process-level tests"
 cargo build --workspace --bins --examples --locked
+touch "$LASTCALL_BUILT_MARKER"
 echo "== Python tests (charts, PID 1, benchmark smoke)"
 bash scripts/test_python.sh
 echo "== doc tests"
@@ -58,6 +61,6 @@ containers_status=0
 wait "$containers_pid" || containers_status=$?
 trap - EXIT
 cat "$containers_log"
-rm -f "$containers_log"
+rm -f "$containers_log" "$LASTCALL_BUILT_MARKER"
 echo "== container tests: exit $containers_status (started ${containers_start} s into this run; their own time is in the line test_containers: above)"
 [ "$rust_status" -eq 0 ] && [ "$fuzz_status" -eq 0 ] && [ "$containers_status" -eq 0 ]

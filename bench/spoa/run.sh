@@ -142,7 +142,8 @@ EOF
     [ -f "$before" ] && echo "Include $before"
     echo "Include /usr/share/modsecurity-crs/rules/*.conf"
     [ -f "$after" ] && echo "Include $after"
-    cat <<'EOF'
+    # nginx's copy only: the agent adds these two itself after an application's rules.
+    [ "${2:-}" = agent ] || cat <<'EOF'
 SecRule TX:ANOMALY_SCORE "@gt 0" "id:9990110,phase:2,pass,t:none,log,msg:'lastcall anomaly score: inbound %{TX.ANOMALY_SCORE}'"
 SecRule TX:OUTBOUND_ANOMALY_SCORE "@gt 0" "id:9990120,phase:4,pass,t:none,log,msg:'lastcall anomaly score: outbound %{TX.OUTBOUND_ANOMALY_SCORE}'"
 EOF
@@ -171,6 +172,7 @@ case "${AGENT_SOCKET:-tcp}" in
 esac
 
 write_rules "$WORK/rules.conf"
+write_rules "$WORK/agent-rules.conf" agent
 cat >"$WORK/agent.yaml" <<EOF
 bind: $AGENT_BIND
 workers: 2
@@ -179,7 +181,7 @@ default_application: default
 applications:
   - name: default
     directives: |
-      Include $WORK/rules.conf
+      Include $WORK/agent-rules.conf
 EOF
 
 # Same rules as the built-in application? Compare the compiled rule counts.

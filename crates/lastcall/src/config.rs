@@ -574,6 +574,24 @@ pub fn parse_cli_matches<C: clap::Parser>(defaults: &Defaults) -> (C, ArgMatches
     }
 }
 
+/// [`parse_cli_matches`] from an explicit argument list (the first item is the program
+/// name), with a last change to the command (see [`parse_cli_with`]).
+pub fn parse_cli_matches_from<C, I, T>(
+    args: I,
+    defaults: &Defaults,
+    customize: impl FnOnce(clap::Command) -> clap::Command,
+) -> (C, ArgMatches)
+where
+    C: clap::Parser,
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    match try_parse_cli_matches(args, defaults, customize) {
+        Ok(parsed) => parsed,
+        Err(err) => exit_on_clap_error(err),
+    }
+}
+
 /// [`try_parse_cli_with`], also returning clap's matches.
 pub fn try_parse_cli_matches<C, I, T>(
     args: I,

@@ -25,8 +25,15 @@
 //! `owasp-crs.load` itself cannot be included: it uses `IncludeOptional`, which
 //! libmodsecurity 3.0.9 does not know ("Invalid input"). The optional files are checked
 //! for existence when the directives are written instead.
+//!
+//! Where CRS lives is a [`Location`]: Debian's packages ([`Location::debian`]), or a CRS
+//! release unpacked anywhere ([`Location::from_dir`]: `crs-setup.conf` or
+//! `crs-setup.conf.example` beside `rules/`). [`RECOMMENDED_ENGINE_SETTINGS`] is the
+//! engine part alone, for rule sets written by hand (what Coraza users know as
+//! `@coraza.conf-recommended`).
 
 use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
 
 /// Debian's CRS setup file.
 pub const DEBIAN_CRS_SETUP: &str = "/etc/modsecurity/crs/crs-setup.conf";
@@ -38,6 +45,130 @@ pub const DEBIAN_CRS_RULES: &str = "/usr/share/modsecurity-crs/rules/*.conf";
 /// Debian's exclusions included after the CRS rules (optional).
 pub const DEBIAN_CRS_EXCLUSIONS_AFTER: &str =
     "/etc/modsecurity/crs/RESPONSE-999-EXCLUSION-RULES-AFTER-CRS.conf";
+
+/// Where a Core Rule Set is: its setup file, its rules, and the optional exclusion files.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Location {
+    /// The setup file (`crs-setup.conf`).
+    pub setup: PathBuf,
+    /// The directory holding `REQUEST-*.conf`, `RESPONSE-*.conf` and their `.data` files.
+    pub rules_dir: PathBuf,
+    /// Exclusions included before the rules, if the file exists.
+    pub exclusions_before: Option<PathBuf>,
+    /// Exclusions included after the rules, if the file exists.
+    pub exclusions_after: Option<PathBuf>,
+}
+
+impl Location {
+    /// Debian's `modsecurity-crs`: the setup and exclusions in `/etc/modsecurity/crs`, the
+    /// rules in `/usr/share/modsecurity-crs/rules`.
+    pub fn debian() -> Location {
+        Location {
+            setup: DEBIAN_CRS_SETUP.into(),
+            rules_dir: "/usr/share/modsecurity-crs/rules".into(),
+            exclusions_before: Some(DEBIAN_CRS_EXCLUSIONS_BEFORE.into()),
+            exclusions_after: Some(DEBIAN_CRS_EXCLUSIONS_AFTER.into()),
+        }
+    }
+
+    /// A CRS release unpacked in `dir` (or a directory laid out like one): `rules/` with
+    /// the rule files, and `crs-setup.conf` (or, when that is missing, the release's
+    /// `crs-setup.conf.example`). The exclusion files are taken from `rules/` without their
+    /// `.example` suffix, when present. The error says what is missing.
+    pub fn from_dir(dir: &Path) -> Result<Location, String> {
+        let rules_dir = dir.join("rules");
+        let has_rules = std::fs::read_dir(&rules_dir)
+            .map(|entries| {
+                entries.flatten().any(|e| {
+                    let name = e.file_name();
+                    let name = name.to_string_lossy();
+                    name.starts_with("REQUEST-") && name.ends_with(".conf")
+                })
+            })
+            .unwrap_or(false);
+        if !has_rules {
+            return Err(format!(
+                "{} has no REQUEST-*.conf rule files (a CRS release has them in rules/)",
+                rules_dir.display()
+            ));
+        }
+        let setup = ["crs-setup.conf", "crs-setup.conf.example"]
+            .iter()
+            .map(|name| dir.join(name))
+            .find(|p| p.is_file())
+            .ok_or_else(|| {
+                format!(
+                    "{} has no crs-setup.conf or crs-setup.conf.example",
+                    dir.display()
+                )
+            })?;
+        let optional = |name: &str| Some(rules_dir.join(name)).filter(|p| p.is_file());
+        Ok(Location {
+            setup,
+            exclusions_before: optional("REQUEST-900-EXCLUSION-RULES-BEFORE-CRS.conf"),
+            exclusions_after: optional("RESPONSE-999-EXCLUSION-RULES-AFTER-CRS.conf"),
+            rules_dir,
+        })
+    }
+
+    /// The rules as one `Include` glob.
+    pub fn rules_glob(&self) -> String {
+        format!("{}/*.conf", self.rules_dir.display())
+    }
+
+    /// [`CrsOptions`] with this location (and the other options at their defaults).
+    pub fn options(&self) -> CrsOptions {
+        let path = |p: &Path| p.display().to_string();
+        CrsOptions {
+            crs_setup: path(&self.setup),
+            crs_exclusions_before: self.exclusions_before.as_deref().map(path),
+            crs_rules: self.rules_glob(),
+            crs_exclusions_after: self.exclusions_after.as_deref().map(path),
+            ..CrsOptions::default()
+        }
+    }
+}
+
+/// The engine settings recommended for rule sets written by hand: what Coraza ships as
+/// `@coraza.conf-recommended`, for libmodsecurity, in this project's words. Like Coraza's
+/// file it starts the engine in `DetectionOnly` (a rule set turns it `On` after the
+/// `Include`, as coraza-spoa's example does) and reads request and response bodies with the
+/// same limits and body processors. Two differences: no audit log (each matched rule is a
+/// log line of the agent's; set `SecAuditEngine` and `SecAuditLog` to have one), and the
+/// internal-error rule checks libmodsecurity's `MSC_` flags instead of Coraza's `COR_`.
+pub const RECOMMENDED_ENGINE_SETTINGS: &str = r#"# Engine settings recommended by lastcall for rules written by hand (Coraza users know
+# them as @coraza.conf-recommended). Turn the engine On after this file when you are done
+# watching what it would block.
+SecRuleEngine DetectionOnly
+# Read request bodies: without them, POST parameters go unseen.
+SecRequestBodyAccess On
+# XML and JSON bodies get their parsers (by content type); everything else is read as
+# forms or multipart.
+SecRule REQUEST_HEADERS:Content-Type "^(?:application(?:/soap\+|/)|text/)xml" "id:200000,phase:1,t:none,t:lowercase,pass,nolog,ctl:requestBodyProcessor=XML"
+SecRule REQUEST_HEADERS:Content-Type "^application/json" "id:200001,phase:1,t:none,t:lowercase,pass,nolog,ctl:requestBodyProcessor=JSON"
+# The largest body accepted (files included), and what happens above it.
+SecRequestBodyLimit 13107200
+SecRequestBodyNoFilesLimit 13107200
+SecRequestBodyLimitAction Reject
+SecRequestBodyJsonDepthLimit 512
+# A body that does not parse is refused (400): what cannot be read cannot be inspected.
+SecRule REQBODY_ERROR "!@eq 0" "id:200002,phase:2,t:none,log,deny,status:400,msg:'Failed to parse request body.',logdata:'%{reqbody_error_msg}',severity:2"
+SecRule MULTIPART_STRICT_ERROR "!@eq 0" "id:200003,phase:2,t:none,log,deny,status:400,msg:'Multipart request body failed strict validation.',severity:2"
+SecRule MULTIPART_UNMATCHED_BOUNDARY "@eq 1" "id:200004,phase:2,t:none,log,deny,msg:'Multipart parser detected a possible unmatched boundary.'"
+# libmodsecurity flags its own internal errors (such as regex limits hit) in TX:MSC_*.
+SecRule TX:/^MSC_/ "!@streq 0" "id:200005,phase:2,t:none,deny,msg:'ModSecurity internal error flagged: %{MATCHED_VAR_NAME}'"
+# Read response bodies of text types, up to 512 KiB; above that, inspect what was read.
+SecResponseBodyAccess On
+SecResponseBodyMimeType text/plain text/html text/xml
+SecResponseBodyLimit 524288
+SecResponseBodyLimitAction ProcessPartial
+# Persistent data and parsing details as everyone expects them.
+SecDataDir /tmp/
+SecArgumentSeparator &
+SecCookieFormat 0
+# No audit log: the agent logs one line per matched rule.
+SecAuditEngine Off
+"#;
 
 /// What to do with a body above its limit (`SecRequestBodyLimitAction`,
 /// `SecResponseBodyLimitAction`).
@@ -177,9 +308,11 @@ fn body_processor_rules(s: &mut String) {
 fn crs(s: &mut String, o: &CrsOptions) {
     let _ = writeln!(s, "Include {}", o.crs_setup);
     let pl = o.paranoia_level.clamp(1, 4);
+    // CRS 3.x reads `tx.paranoia_level`, CRS 4 `tx.blocking_paranoia_level`.
     let _ = writeln!(
         s,
-        "SecAction \"id:900000,phase:1,pass,t:none,nolog,setvar:tx.paranoia_level={pl}\""
+        "SecAction \"id:900000,phase:1,pass,t:none,nolog,setvar:tx.paranoia_level={pl},\
+         setvar:tx.blocking_paranoia_level={pl}\""
     );
     let mut thresholds = Vec::new();
     if let Some(v) = o.inbound_anomaly_threshold {
@@ -214,16 +347,22 @@ pub const SCORE_MESSAGE_PREFIX: &str = "lastcall anomaly score: ";
 /// responses that scored but passed, so the reported `anomaly_score` is CRS's own number
 /// (not an estimate) for allowed traffic too.
 fn score_rules(s: &mut String) {
-    let _ = writeln!(
-        s,
-        "SecRule TX:ANOMALY_SCORE \"@gt 0\" \"id:{SCORE_RULE_INBOUND},phase:2,pass,t:none,log,\
-         msg:'{SCORE_MESSAGE_PREFIX}inbound %{{TX.ANOMALY_SCORE}}'\""
-    );
-    let _ = writeln!(
-        s,
-        "SecRule TX:OUTBOUND_ANOMALY_SCORE \"@gt 0\" \"id:{SCORE_RULE_OUTBOUND},phase:4,pass,t:none,log,\
-         msg:'{SCORE_MESSAGE_PREFIX}outbound %{{TX.OUTBOUND_ANOMALY_SCORE}}'\""
-    );
+    s.push_str(&score_rules_text());
+}
+
+/// The two score rules alone, to append after any rule set that may include CRS: CRS 3.x
+/// keeps its totals in `TX:ANOMALY_SCORE` and `TX:OUTBOUND_ANOMALY_SCORE`, CRS 4 in
+/// `TX:BLOCKING_INBOUND_ANOMALY_SCORE` and `TX:BLOCKING_OUTBOUND_ANOMALY_SCORE` (the scores
+/// that count towards blocking); whichever is set is logged. Without CRS neither is set and
+/// the rules never match. (Not `noauditlog`: with it libmodsecurity 3.0.9 does not call the
+/// log callback either, and the score is lost.)
+pub fn score_rules_text() -> String {
+    format!(
+        "SecRule TX:ANOMALY_SCORE|TX:BLOCKING_INBOUND_ANOMALY_SCORE \"@gt 0\" \"id:{SCORE_RULE_INBOUND},phase:2,pass,t:none,log,\
+         msg:'{SCORE_MESSAGE_PREFIX}inbound %{{MATCHED_VAR}}'\"\n\
+         SecRule TX:OUTBOUND_ANOMALY_SCORE|TX:BLOCKING_OUTBOUND_ANOMALY_SCORE \"@gt 0\" \"id:{SCORE_RULE_OUTBOUND},phase:4,pass,t:none,log,\
+         msg:'{SCORE_MESSAGE_PREFIX}outbound %{{MATCHED_VAR}}'\"\n"
+    )
 }
 
 fn include_if_present(s: &mut String, path: Option<&str>) {
@@ -247,7 +386,8 @@ mod tests {
             ..CrsOptions::default()
         });
         assert!(d.contains("SecRuleEngine DetectionOnly\n"));
-        assert!(d.contains("setvar:tx.paranoia_level=4\""));
+        assert!(d.contains("setvar:tx.paranoia_level=4,"));
+        assert!(d.contains("setvar:tx.blocking_paranoia_level=4\""));
         assert!(d.contains("setvar:tx.inbound_anomaly_score_threshold=10\""));
         let pos = |needle: &str| d.find(needle).unwrap_or(usize::MAX);
         assert!(pos("SecRuleEngine") < pos("Include /etc/modsecurity/crs/crs-setup.conf"));

@@ -10,12 +10,17 @@
 //!   [`engine::conn`];
 //! - [`waf`]: the evaluation itself, with libmodsecurity.
 //!
-//! Beside them: [`config`] reads coraza-spoa's YAML, [`metrics`] holds the Prometheus
-//! metrics, [`checks`] holds what the decoders must hold on any input (for `fuzz/`); the
-//! binary (`main.rs`) wires them to the `lastcall` lifecycle.
+//! Beside them: [`config`] reads coraza-spoa's YAML, [`cli`] its Go-style flags,
+//! [`autoreload`] watches the file, [`check`] reads a user's HAProxy files
+//! (`lastcall-spoa check-haproxy`), [`metrics`] holds the Prometheus metrics, [`checks`]
+//! holds what the decoders must hold on any input (for `fuzz/`); the binary (`main.rs`)
+//! wires them to the `lastcall` lifecycle.
 #![forbid(unsafe_code)]
 
+pub mod autoreload;
+pub mod check;
 pub mod checks;
+pub mod cli;
 pub mod config;
 pub mod engine;
 pub mod metrics;

@@ -3,17 +3,21 @@
 #![forbid(unsafe_code)]
 
 use std::path::PathBuf;
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+use tracing_subscriber::fmt::writer::BoxMakeWriter;
 
-use clap::{ArgMatches, Parser};
+use clap::parser::ValueSource;
+use clap::{ArgMatches, CommandFactory, Parser, Subcommand};
 use lastcall::{
     exit, AcceptUntil, Daemon, Defaults, LogArgs, Problem, Problems, Source, TerminationArgs,
     TerminationConfig,
 };
 use lastcall_modsec::ModSecurity;
-use lastcall_spoa::config::{Bind, Config, Evaluation};
+use lastcall_spoa::cli;
+use lastcall_spoa::config::{Bind, Config, Evaluation, LogFile};
 use lastcall_spoa::engine::{self, Limits, Listener, Shared};
 use lastcall_spoa::metrics::Metrics;
 use lastcall_spoa::waf::{Apps, Waf};
@@ -29,11 +33,17 @@ const NAME: &str = "lastcall-spoa";
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// HAProxy SPOE agent running ModSecurity + OWASP CRS (drop-in for coraza-spoa).
+///
+/// coraza-spoa's flags are taken as Go writes them too: -config FILE, -config=FILE,
+/// -validate, -metrics-addr ADDR, -autoreload, -version.
 #[derive(Debug, Parser)]
 #[command(name = "lastcall-spoa", version, about)]
 struct Cli {
-    /// coraza-spoa YAML configuration; without it, one application (`default`) runs
-    /// Debian's OWASP CRS at paranoia level 1
+    #[command(subcommand)]
+    command: Option<Command>,
+
+    /// coraza-spoa YAML configuration; without it, one application (`default`) runs the
+    /// OWASP CRS at paranoia level 1
     #[arg(long, short = 'c', env = "LASTCALL_SPOA_CONFIG", value_name = "FILE")]
     config: Option<PathBuf>,
 
@@ -45,11 +55,47 @@ struct Cli {
     #[arg(long, env = "LASTCALL_SPOA_BIND", value_name = "ADDR")]
     bind: Option<String>,
 
+    /// The OWASP CRS to use: a CRS release unpacked here (crs-setup.conf or
+    /// crs-setup.conf.example beside rules/); overrides the file's `crs_dir`
+    /// [default: Debian's modsecurity-crs]
+    #[arg(long, env = "LASTCALL_SPOA_CRS_DIR", value_name = "DIR")]
+    crs_dir: Option<PathBuf>,
+
+    /// coraza-spoa's name for --admin-addr (/metrics, /livez, /readyz, /drain); `:PORT`
+    /// listens on every address
+    #[arg(long, value_name = "ADDR")]
+    metrics_addr: Option<String>,
+
+    /// Reload when the configuration file changes, as SIGHUP does (a Kubernetes ConfigMap
+    /// update included)
+    #[arg(long)]
+    autoreload: bool,
+
+    /// coraza-spoa's Go CPU profile: accepted and ignored, with a warning
+    #[arg(long, hide = true, value_name = "FILE")]
+    cpuprofile: Option<String>,
+
+    /// coraza-spoa's Go heap profile: accepted and ignored, with a warning
+    #[arg(long, hide = true, value_name = "FILE")]
+    memprofile: Option<String>,
+
     #[command(flatten)]
     term: TerminationArgs,
 
     #[command(flatten)]
     log: LogArgs,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Read HAProxy and SPOE configuration files and say, line by line, what differs from
+    /// the fail-closed, lossless setup of docs/spoa.md and what to add (exit 0: nothing to
+    /// add; 1: findings; 64: a file cannot be read)
+    CheckHaproxy {
+        /// haproxy.cfg, and the SPOE files (those its `filter spoe` lines name are read too)
+        #[arg(required = true, value_name = "FILE")]
+        files: Vec<PathBuf>,
+    },
 }
 
 /// SPOA defaults. HAProxy needs `fall x inter` (2 x 1s in the documented config) after the
@@ -61,12 +107,19 @@ fn defaults() -> Defaults {
         shutdown_delay: Duration::from_secs(5),
         drain_timeout: Duration::from_secs(25),
         drain_min_sessions: 0,
-        admin_addr: Some(std::net::SocketAddr::from(([0, 0, 0, 0], 9901))),
+        // Loopback unless told otherwise (coraza-spoa serves metrics only when asked to);
+        // the charts bind the pod's address for the kubelet's probes.
+        admin_addr: Some(std::net::SocketAddr::from(([127, 0, 0, 1], 9901))),
     }
 }
 
 fn main() {
-    let (cli, matches): (Cli, ArgMatches) = lastcall::config::parse_cli_matches(&defaults());
+    let args = cli::go_style(std::env::args_os(), &cli::long_options(&Cli::command()));
+    let (cli, matches): (Cli, ArgMatches) =
+        lastcall::config::parse_cli_matches_from(args, &defaults(), |cmd| cmd);
+    if let Some(Command::CheckHaproxy { files }) = &cli.command {
+        std::process::exit(lastcall_spoa::check::run(files));
+    }
     if cli.validate {
         validate(&cli, &matches);
     }
@@ -75,8 +128,19 @@ fn main() {
         // Report the rules' errors too, all at once (nothing is bound yet).
         Err(_) => config_errors(load(&cli, &matches).err().unwrap_or_default()),
     };
-    let log = effective_log_args(&cli.log, &cfg);
-    lastcall::logging::init(&log);
+    let (log, writer) = match process_log(&cli.log, &matches, &cfg) {
+        Ok(x) => x,
+        Err(problem) => config_errors(Problems::from(problem)),
+    };
+    lastcall::logging::init_to(&log, writer);
+    for (flag, given) in [
+        ("-cpuprofile", &cli.cpuprofile),
+        ("-memprofile", &cli.memprofile),
+    ] {
+        if given.is_some() {
+            tracing::warn!("{flag} (Go's profiler in coraza-spoa) is accepted and ignored; profile with perf instead");
+        }
+    }
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     if cfg.evaluation == Evaluation::Inline {
         // Evaluations run on the I/O threads: `workers` of them bound how many run at once.
@@ -89,7 +153,7 @@ fn main() {
             &format!("cannot start the tokio runtime: {e}"),
         ),
     };
-    runtime.block_on(start(cli, term, cfg))
+    runtime.block_on(start(cli, matches, term, cfg))
 }
 
 /// `--validate`: the options, the file and every application's rules, then exit 0 or 64.
@@ -116,21 +180,56 @@ fn load_options(
     matches: &ArgMatches,
 ) -> Result<(TerminationConfig, Config), (Problems, Option<Config>)> {
     let mut problems = Problems::new();
-    let term = cli
+    let mut term = cli
         .term
         .validate(&defaults())
         .map_err(|e| problems.extend(e))
         .ok();
-    let mut cfg = match &cli.config {
-        None => Some(Config::builtin()),
-        Some(path) => match Config::load(path) {
-            Ok(c) => Some(c),
-            Err(e) => {
-                problems.extend(e);
-                None
+    if let Some(text) = &cli.metrics_addr {
+        match cli::listen_addr(text) {
+            // A flag beats the environment (the image sets LASTCALL_ADMIN_ADDR): only the two
+            // flags together are a conflict.
+            _ if matches.value_source("admin_addr") == Some(ValueSource::CommandLine) => problems
+                .push(
+                    Problem::new(
+                        "-metrics-addr",
+                        "is coraza-spoa's name for --admin-addr, which is set too",
+                    )
+                    .value(text.as_str())
+                    .expected("one of them"),
+                ),
+            Some(addr) => {
+                if let Some(t) = term.as_mut() {
+                    t.admin_addr = Some(addr);
+                }
             }
-        },
+            None => problems.push(
+                Problem::new("-metrics-addr", "not an address to listen on")
+                    .value(text.as_str())
+                    .expected("IP:PORT, or :PORT for every address (e.g. 127.0.0.1:9090, :9090)"),
+            ),
+        }
+    }
+    if cli.autoreload && cli.config.is_none() {
+        problems.push(
+            Problem::new(
+                "-autoreload",
+                "watches the configuration file, and none is given",
+            )
+            .expected("-config FILE too"),
+        );
+    }
+    let cfg = match load_file(cli, matches) {
+        Ok(c) => Some(c),
+        Err(e) => {
+            problems.extend(e);
+            None
+        }
     };
+    let mut cfg = cfg;
+    if let Some(Err(p)) = cfg.as_ref().map(|c| process_log(&cli.log, matches, c)) {
+        problems.push(p);
+    }
     if let (Some(b), Some(cfg)) = (&cli.bind, cfg.as_mut()) {
         match Bind::parse(b) {
             Ok(bind) => cfg.bind = bind,
@@ -147,25 +246,49 @@ fn load_options(
     }
 }
 
+/// Whether argument `id` was given on the command line or in the environment.
+fn given(matches: &ArgMatches, id: &str) -> bool {
+    matches!(
+        matches.value_source(id),
+        Some(ValueSource::CommandLine | ValueSource::EnvVariable)
+    )
+}
+
+/// The file (or the built-in configuration) with `--crs-dir` applied: at start and at
+/// every reload.
+fn load_file(cli: &Cli, matches: &ArgMatches) -> Result<Config, Problems> {
+    let mut cfg = match &cli.config {
+        None => Config::builtin(),
+        Some(path) => Config::load(path)?,
+    };
+    if let Some(dir) = &cli.crs_dir {
+        cfg.use_crs_dir(dir).map_err(|e| {
+            Problems::from(
+                Problem::new("--crs-dir", e)
+                    .value(dir.display().to_string())
+                    .at(Source::from_matches(
+                        matches,
+                        "crs_dir",
+                        Some("LASTCALL_SPOA_CRS_DIR"),
+                    )),
+            )
+        })?;
+    }
+    Ok(cfg)
+}
+
 /// Everything that can be wrong with the command line and the file, at once (the options,
 /// the file, and every application's rules).
 fn load(cli: &Cli, matches: &ArgMatches) -> Result<(TerminationConfig, Config, Apps), Problems> {
     match load_options(cli, matches) {
-        Ok((term, cfg)) => Apps::compile(&cfg)
-            .map(|apps| (term, cfg, apps))
-            .map_err(rule_problems),
+        Ok((term, cfg)) => Apps::compile(&cfg).map(|apps| (term, cfg, apps)),
         Err((mut problems, cfg)) => {
             if let Some(Err(errs)) = cfg.as_ref().map(Apps::compile) {
-                problems.extend(rule_problems(errs));
+                problems.extend(errs);
             }
             Err(problems)
         }
     }
-}
-
-/// libmodsecurity's messages for rules that do not compile (each names its application).
-fn rule_problems(errs: Vec<String>) -> Problems {
-    errs.into_iter().map(|e| Problem::new("", e)).collect()
 }
 
 /// Prints every problem and exits 64 (nothing is bound yet).
@@ -184,7 +307,7 @@ fn fail(code: i32, message: &str) -> ! {
 /// compiles the rules. An exit decided while they compile (50-200 ms per application; a
 /// SIGTERM with nothing live, SIGQUIT) ends the process with status 0 after the application
 /// being compiled, and never while libmodsecurity is compiling on another thread.
-async fn start(cli: Cli, term: TerminationConfig, cfg: Config) -> ! {
+async fn start(cli: Cli, matches: ArgMatches, term: TerminationConfig, cfg: Config) -> ! {
     let daemon = Daemon::start(term);
     let handle = daemon.handle().clone();
     tracing::info!(
@@ -225,26 +348,27 @@ async fn start(cli: Cli, term: TerminationConfig, cfg: Config) -> ! {
         served.exit()
     };
     match apps {
-        Ok(apps) => serve(cli, daemon, cfg, apps).await,
-        Err(errs) => config_errors(rule_problems(errs)),
+        Ok(apps) => serve(cli, matches, daemon, cfg, apps).await,
+        Err(errs) => config_errors(errs),
     }
 }
 
-/// The file's `log_level`/`log_format` apply unless given on the command line or in the
-/// environment.
-fn effective_log_args(cli: &LogArgs, cfg: &Config) -> LogArgs {
-    let given = |flag: &str, env: &str| {
-        std::env::var_os(env).is_some()
-            || std::env::args().any(|a| a == flag || a.starts_with(&format!("{flag}=")))
-    };
+#[allow(clippy::result_large_err)]
+/// The process log: the file's `log_level`/`log_format` unless given on the command line
+/// or in the environment, written where its `log_file` says (stderr by default).
+fn process_log(
+    cli: &LogArgs,
+    matches: &ArgMatches,
+    cfg: &Config,
+) -> Result<(LogArgs, BoxMakeWriter), Problem> {
     let mut log = cli.clone();
-    if let Some(level) = &cfg.log_level {
-        if !given("--log-level", "LASTCALL_LOG_LEVEL") {
+    if let Some(level) = &cfg.log.level {
+        if !given(matches, "log_level") {
             log.log_level = level.clone();
         }
     }
-    if let Some(json) = cfg.log_json {
-        if !given("--log-format", "LASTCALL_LOG_FORMAT") {
+    if let Some(json) = cfg.log.json {
+        if !given(matches, "log_format") {
             log.log_format = if json {
                 lastcall::LogFormat::Json
             } else {
@@ -252,10 +376,25 @@ fn effective_log_args(cli: &LogArgs, cfg: &Config) -> LogArgs {
             };
         }
     }
-    log
+    let writer = match &cfg.log.file {
+        None | Some((LogFile::Stderr, _)) => BoxMakeWriter::new(std::io::stderr),
+        Some((LogFile::Stdout, _)) => BoxMakeWriter::new(std::io::stdout),
+        Some((LogFile::Null, _)) => BoxMakeWriter::new(std::io::sink),
+        Some((LogFile::Path(path), line)) => match lastcall_spoa::waf::apps::append(path) {
+            Ok(f) => BoxMakeWriter::new(std::sync::Mutex::new(f)),
+            Err(e) => {
+                return Err(Problem::new(
+                    "log_file",
+                    format!("cannot open {}: {e}", path.display()),
+                )
+                .at(cfg.source(*line)))
+            }
+        },
+    };
+    Ok((log, writer))
 }
 
-async fn serve(cli: Cli, mut daemon: Daemon, cfg: Config, apps: Apps) -> ! {
+async fn serve(cli: Cli, matches: ArgMatches, mut daemon: Daemon, cfg: Config, apps: Apps) -> ! {
     let metrics = Arc::new(Metrics::default());
     let mut registry = prometheus_client::registry::Registry::default();
     metrics.register(&mut registry);
@@ -309,9 +448,18 @@ async fn serve(cli: Cli, mut daemon: Daemon, cfg: Config, apps: Apps) -> ! {
     // After the connections: running evaluations finish (libmodsecurity must not run while
     // the process exits), within what is left of the deadline.
     daemon.on_exit("evaluations", move |left| shared.stop_workers(left));
+    let watched = match (&cli.config, cli.autoreload) {
+        (Some(path), true) => match lastcall_spoa::autoreload::watch(path) {
+            Ok(rx) => Some(rx),
+            Err(e) => fail(exit::OS_ERROR, &format!("-autoreload: {e}")),
+        },
+        _ => None,
+    };
     tokio::spawn(reload_loop(
         handle.clone(),
-        cli.config.clone(),
+        cli,
+        matches,
+        watched,
         Arc::clone(&waf),
         Arc::clone(&metrics),
     ));
@@ -341,23 +489,34 @@ async fn serve(cli: Cli, mut daemon: Daemon, cfg: Config, apps: Apps) -> ! {
     lastcall_modsec::exit_now(served.exit_code())
 }
 
-/// SIGHUP: re-read the file, recompile every application, swap all at once. A failed reload
-/// keeps the running rules.
+/// SIGHUP (or a change of the file, with `-autoreload`): re-read the file, recompile every
+/// application, swap all at once. A failed reload keeps the running rules.
 async fn reload_loop(
     handle: lastcall::Handle,
-    path: Option<PathBuf>,
+    cli: Cli,
+    matches: ArgMatches,
+    mut watched: Option<tokio::sync::mpsc::Receiver<()>>,
     waf: Arc<Waf>,
     metrics: Arc<Metrics>,
 ) {
     let mut reloads = handle.reloads();
-    while reloads.changed().await.is_ok() {
-        let path = path.clone();
+    let cli = Arc::new((cli, matches));
+    loop {
+        let changed = async {
+            match watched.as_mut() {
+                Some(rx) => rx.recv().await.is_some(),
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            r = reloads.changed() => if r.is_err() { return },
+            true = changed => {}
+        }
+        let cli = Arc::clone(&cli);
         let result = tokio::task::spawn_blocking(move || {
-            let cfg = match &path {
-                Some(p) => Config::load(p).map_err(|e| e.to_string())?,
-                None => Config::builtin(),
-            };
-            let apps = Apps::compile(&cfg).map_err(|e| e.join("; "))?;
+            let (cli, matches) = &*cli;
+            let cfg = load_file(cli, matches).map_err(|e| e.to_string())?;
+            let apps = Apps::compile(&cfg).map_err(|e| e.to_string())?;
             Ok::<_, String>((cfg, apps))
         })
         .await

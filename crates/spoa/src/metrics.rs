@@ -53,6 +53,8 @@ pub struct Metrics {
     pub transactions_cached: Gauge,
     /// Transactions dropped because their TTL ran out or the bound was reached.
     pub transactions_expired: Counter,
+    /// coraza-spoa's `coraza_handle_spoe_duration_seconds`: one observation per message.
+    handle_spoe: Histogram,
 }
 
 impl Default for Metrics {
@@ -72,13 +74,22 @@ impl Default for Metrics {
             truncated: Family::default(),
             transactions_cached: Gauge::default(),
             transactions_expired: Counter::default(),
+            // Prometheus' Go client's default buckets, as coraza-spoa's histogram has.
+            handle_spoe: Histogram::new([
+                0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+            ]),
         }
     }
 }
 
 impl Metrics {
-    /// Registers everything under `spoa_`.
+    /// Registers everything under `spoa_`, and coraza-spoa's histogram under its own name.
     pub fn register(&self, r: &mut Registry) {
+        r.register(
+            "coraza_handle_spoe_duration_seconds",
+            "Duration of Coraza SPOE handling (coraza-spoa's metric: one observation per message)",
+            self.handle_spoe.clone(),
+        );
         let r = r.sub_registry_with_prefix("spoa");
         r.register(
             "requests",
@@ -158,9 +169,21 @@ impl Metrics {
             .get()
     }
 
+    /// Current count of a response verdict (tests, logs).
+    pub fn responses_with(&self, v: Verdict) -> u64 {
+        self.responses
+            .get_or_create(&vec![("verdict", v.as_str())])
+            .get()
+    }
+
     /// Observes one evaluation's latency.
     pub fn observe(&self, seconds: f64) {
         self.evaluation.observe(seconds);
+    }
+
+    /// Observes how long one message took to handle (coraza-spoa's histogram).
+    pub fn observe_message(&self, seconds: f64) {
+        self.handle_spoe.observe(seconds);
     }
 
     /// Counts a rejected frame.

@@ -434,7 +434,7 @@ fn scores_of_allowed_requests_are_reported_exactly() {
     let r = tx.report();
     let score = r
         .inbound_anomaly_score()
-        .expect("score of an allowed request");
+        .unwrap_or_else(|| panic!("score of an allowed request: {r:#?}"));
     assert!(score > 0 && score < 5, "{score}");
     assert!(
         !r.rule_ids()
@@ -502,4 +502,91 @@ fn exit_now_leaves_while_an_evaluation_runs() {
     // The evaluation alone takes several seconds (8 s with a release build on a loaded
     // 2-core machine); the child left right after its start.
     assert!(took < Duration::from_secs(5), "took {took:?}");
+}
+
+/// The recommended engine settings (Coraza's `@coraza.conf-recommended`, ours) compile on
+/// libmodsecurity, start in DetectionOnly (matches reported, nothing denied), and, turned
+/// On after them as coraza-spoa's example does, deny with CRS and refuse bodies that do not
+/// parse with 400.
+#[test]
+fn recommended_engine_settings_detect_first_then_block_when_turned_on() {
+    let loc = lastcall_modsec::crs::Location::debian();
+    let with_crs = |on: bool| {
+        format!(
+            "{}Include {}\nInclude {}\n{}",
+            lastcall_modsec::crs::RECOMMENDED_ENGINE_SETTINGS,
+            loc.setup.display(),
+            loc.rules_glob(),
+            if on { "SecRuleEngine On\n" } else { "" }
+        )
+    };
+    let (ms, detect) = engine_with(&with_crs(false));
+    let (v, tx) = run_request(&ms, &detect, &Req::get("/?id=1'%20OR%20'1'='1"));
+    assert_eq!(v, None, "DetectionOnly never intervenes");
+    assert!(
+        tx.report().rule_ids().contains(&942100),
+        "{:?}",
+        tx.report()
+    );
+    let (ms, on) = engine_with(&with_crs(true));
+    let (v, _) = run_request(&ms, &on, &Req::get("/?id=1'%20OR%20'1'='1"));
+    assert_eq!(v.map(|i| i.status), Some(403));
+    let mut req = Req::post_form("/api", b"{\"a\": [1, 2");
+    req.headers.retain(|(k, _)| *k != "Content-Type");
+    req.headers.push(("Content-Type", "application/json"));
+    let (v, tx) = run_request(&ms, &on, &req);
+    assert_eq!(v.map(|i| i.status), Some(400), "{:?}", tx.report());
+    let (v, _) = run_request(&ms, &on, &Req::post_form("/f", b"name=alice&city=Paris"));
+    assert_eq!(v, None);
+}
+
+/// A CRS laid out as a release (`crs-setup.conf.example` beside `rules/`) is found by
+/// `Location::from_dir` and runs the same as Debian's packages (the files are Debian's,
+/// copied into that layout); a directory without rules or setup is refused with what is
+/// missing.
+#[test]
+fn a_crs_release_directory_is_used_like_debians() {
+    use lastcall_modsec::crs::Location;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let debian = Location::debian();
+    let rules = dir.path().join("rules");
+    std::fs::create_dir(&rules).expect("mkdir");
+    for entry in std::fs::read_dir(&debian.rules_dir).expect("Debian's CRS rules") {
+        let path = entry.expect("entry").path();
+        std::fs::copy(&path, rules.join(path.file_name().expect("name"))).expect("copy");
+    }
+    let err = Location::from_dir(dir.path()).unwrap_err();
+    assert!(err.contains("crs-setup.conf.example"), "{err}");
+    std::fs::copy(&debian.setup, dir.path().join("crs-setup.conf.example")).expect("copy");
+    let loc = Location::from_dir(dir.path()).expect("a release layout");
+    assert_eq!(loc.setup, dir.path().join("crs-setup.conf.example"));
+    assert_eq!(loc.rules_dir, rules);
+    let (ms, rs) = crs_engine(&loc.options());
+    let (v, tx) = run_request(&ms, &rs, &Req::get("/?id=1'%20OR%20'1'='1"));
+    assert_eq!(v.map(|i| i.status), Some(403));
+    assert!(tx.report().inbound_anomaly_score() >= Some(5));
+    let empty = tempfile::tempdir().expect("tempdir");
+    let err = Location::from_dir(empty.path()).unwrap_err();
+    assert!(err.contains("no REQUEST-*.conf"), "{err}");
+}
+
+/// The score rules appended after a hand-written rule set report CRS's own total for
+/// requests that scored, blocked or not.
+#[test]
+fn score_rules_after_any_rule_set_report_crs_totals() {
+    let loc = lastcall_modsec::crs::Location::debian();
+    let text = format!(
+        "{}SecRuleEngine On\nInclude {}\nInclude {}\n{}",
+        lastcall_modsec::crs::RECOMMENDED_ENGINE_SETTINGS,
+        loc.setup.display(),
+        loc.rules_glob(),
+        lastcall_modsec::crs::score_rules_text()
+    );
+    let (ms, rules) = engine_with(&text);
+    let (v, tx) = run_request(&ms, &rules, &Req::get("/search?q=%G1%ZZ"));
+    assert_eq!(v, None);
+    let score = tx.report().inbound_anomaly_score().expect("reported");
+    assert!(score > 0 && score < 5, "{score}");
+    let (_, tx) = run_request(&ms, &rules, &Req::get("/"));
+    assert_eq!(tx.report().inbound_anomaly_score(), None);
 }

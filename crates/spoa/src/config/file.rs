@@ -12,7 +12,7 @@ use lastcall::{Problem, Problems, Source};
 
 use super::yaml::{self, Node, Typed, Value};
 use super::{
-    Application, Bind, BodyLimitAction, Config, Evaluation, DEFAULT_ACTIVE_LIMIT, DEFAULT_TTL_MS,
+    Application, Bind, BodyLimitAction, Config, Directives, Evaluation, LogFile, LogSettings,
 };
 use crate::protocol::payload::MIN_FRAME_SIZE;
 
@@ -28,6 +28,7 @@ const TOP: &[&str] = &[
     "workers",
     "max_inflight_per_connection",
     "evaluation",
+    "crs_dir",
 ];
 
 /// The keys of one application (coraza-spoa's, its older names, then ours).
@@ -47,7 +48,8 @@ const APPLICATION: &[&str] = &[
     "paranoia_level",
 ];
 
-const LOG_LEVELS: &str = "debug, info, warn, error, panic or fatal";
+const LOG_LEVELS: &str = "trace, debug, info, warn, error, fatal, panic or disabled";
+const LOG_FORMATS: &str = "console, text or json";
 
 /// Reads YAML text into a checked configuration, or returns every problem found, in the
 /// order of their lines.
@@ -74,14 +76,24 @@ pub(super) fn read(text: &str) -> Result<Config, Problems> {
     Err(Problems::from(r.problems))
 }
 
-/// Maps coraza-spoa's log levels to ours.
+/// Maps coraza-spoa's log levels (zerolog's names and numbers) to ours.
 fn map_level(level: &str) -> Option<&'static str> {
     match level.to_ascii_lowercase().as_str() {
-        "trace" => Some("trace"),
-        "debug" => Some("debug"),
-        "info" => Some("info"),
-        "warn" | "warning" => Some("warn"),
-        "error" | "panic" | "fatal" => Some("error"),
+        "trace" | "-1" => Some("trace"),
+        "debug" | "0" => Some("debug"),
+        "info" | "1" => Some("info"),
+        "warn" | "warning" | "2" => Some("warn"),
+        "error" | "panic" | "fatal" | "3" | "4" | "5" => Some("error"),
+        "disabled" | "7" => Some("off"),
+        _ => None,
+    }
+}
+
+/// Reads `log_format`: coraza-spoa's `console` and `json`, and `text`.
+fn map_format(format: &str) -> Option<bool> {
+    match format {
+        "console" | "text" => Some(false),
+        "json" => Some(true),
         _ => None,
     }
 }
@@ -248,7 +260,7 @@ impl Reader {
                 "log_level" => {
                     if let Some(level) = self.string(key, node) {
                         match map_level(&level) {
-                            Some(l) => cfg.log_level = Some(l.into()),
+                            Some(l) => cfg.log.level = Some(l.into()),
                             None => self.problem(
                                 node.line,
                                 format!("log_level `{level}`: expected {LOG_LEVELS}"),
@@ -256,19 +268,31 @@ impl Reader {
                         }
                     }
                 }
-                // Accepted for compatibility: logs go to stderr.
                 "log_file" => {
-                    let _ = self.string(key, node);
+                    cfg.log.file = self
+                        .string(key, node)
+                        .and_then(|f| LogFile::parse(&f))
+                        .map(|f| (f, node.line));
                 }
-                "log_format" => match self.string(key, node).as_deref() {
-                    None => {}
-                    Some("console" | "text") => cfg.log_json = Some(false),
-                    Some("json") => cfg.log_json = Some(true),
-                    Some(other) => self.problem(
-                        node.line,
-                        format!("log_format `{other}`: expected console, text or json"),
-                    ),
-                },
+                "log_format" => {
+                    if let Some(format) = self.string(key, node) {
+                        match map_format(&format) {
+                            Some(json) => cfg.log.json = Some(json),
+                            None => self.problem(
+                                node.line,
+                                format!("log_format `{format}`: expected {LOG_FORMATS}"),
+                            ),
+                        }
+                    }
+                }
+                "crs_dir" => {
+                    if let Some(dir) = self.string(key, node) {
+                        if let Err(e) = cfg.use_crs_dir(std::path::Path::new(&dir)) {
+                            self.problems
+                                .push(Problem::new(key, e).value(dir).at(Source::line(node.line)));
+                        }
+                    }
+                }
                 "default_application" => {
                     default_application = self.string(key, node).map(|d| (d, node.line));
                 }
@@ -370,19 +394,10 @@ impl Reader {
     ) -> Option<(Application, usize)> {
         let mut name = None;
         let mut directives = None;
-        let mut rules: Option<Vec<String>> = None;
+        let mut rules: Option<Directives> = None;
         let mut ttl_ms = None;
         let mut ttl_s = None;
-        let mut app = Application {
-            name: String::new(),
-            directives: None,
-            response_check: false,
-            transaction_ttl_ms: DEFAULT_TTL_MS,
-            transaction_active_limit: DEFAULT_ACTIVE_LIMIT,
-            detect_only: false,
-            body_limit_action: BodyLimitAction::Reject,
-            paranoia_level: 1,
-        };
+        let mut app = Application::new("");
         for (key, node) in self.entries(path, entries, APPLICATION) {
             let at = format!("{path}.{key}");
             match key {
@@ -390,7 +405,13 @@ impl Reader {
                     Some(n) => name = Some((n.to_owned(), node.line)),
                     None => self.invalid_type(&at, node, "a string"),
                 },
-                "directives" => directives = self.string(&at, node),
+                "directives" => {
+                    directives = self.string(&at, node).map(|text| Directives {
+                        text,
+                        lines: node.text_lines(),
+                        key: at.clone(),
+                    });
+                }
                 "response_check" => {
                     app.response_check = self.boolean(&at, node).unwrap_or(false);
                 }
@@ -402,19 +423,8 @@ impl Reader {
                         app.transaction_active_limit = usize::try_from(n).unwrap_or(usize::MAX);
                     }
                 }
-                // Accepted for compatibility: per-application logs go to the process log.
-                "log_file" | "log_format" => {
-                    let _ = self.string(&at, node);
-                }
-                "log_level" => {
-                    if let Some(level) = self.string(&at, node) {
-                        if map_level(&level).is_none() {
-                            self.problem(
-                                node.line,
-                                format!("log_level `{level}`: expected {LOG_LEVELS}"),
-                            );
-                        }
-                    }
+                "log_file" | "log_format" | "log_level" => {
+                    self.app_log(&at, key, node, &mut app.log)
                 }
                 "rules" => rules = self.rule_lines(&at, node),
                 "body_limit_action" => match self.string(&at, node).as_deref() {
@@ -444,24 +454,57 @@ impl Reader {
             return None;
         };
         app.name = name;
-        app.directives = directives.or(rules.map(|lines| lines.join("\n")));
+        app.line = name_line;
+        app.directives = directives.or(rules);
         app.transaction_ttl_ms = ttl_ms
             .or(ttl_s.map(|s| s.saturating_mul(1000)))
-            .unwrap_or(DEFAULT_TTL_MS);
+            .unwrap_or(app.transaction_ttl_ms);
         Some((app, name_line))
     }
 
+    /// One of an application's `log_level`, `log_format` and `log_file` (`at` is where).
+    fn app_log(&mut self, at: &str, key: &str, node: &Node, log: &mut LogSettings) {
+        let Some(value) = self.string(at, node) else {
+            return;
+        };
+        let bad = |expected: &str| {
+            Problem::new(at, "")
+                .value(value.clone())
+                .expected(expected)
+                .at(Source::line(node.line))
+        };
+        match key {
+            "log_level" => match map_level(&value) {
+                Some(l) => log.level = Some(l.into()),
+                None => self.problems.push(bad(LOG_LEVELS)),
+            },
+            "log_format" => match map_format(&value) {
+                Some(json) => log.json = Some(json),
+                None => self.problems.push(bad(LOG_FORMATS)),
+            },
+            _ => log.file = LogFile::parse(&value).map(|f| (f, node.line)),
+        }
+    }
+
     /// coraza-spoa's older `rules`: a list of directive lines.
-    fn rule_lines(&mut self, path: &str, node: &Node) -> Option<Vec<String>> {
+    fn rule_lines(&mut self, path: &str, node: &Node) -> Option<Directives> {
         match &node.value {
             Value::Null => None,
-            Value::Seq(items) => Some(
-                items
-                    .iter()
-                    .enumerate()
-                    .filter_map(|(i, line)| self.string(&format!("{path}[{i}]"), line))
-                    .collect(),
-            ),
+            Value::Seq(items) => {
+                let mut text = Vec::new();
+                let mut lines = Vec::new();
+                for (i, line) in items.iter().enumerate() {
+                    if let Some(t) = self.string(&format!("{path}[{i}]"), line) {
+                        lines.extend(line.text_lines());
+                        text.push(t);
+                    }
+                }
+                Some(Directives {
+                    text: text.join("\n"),
+                    lines,
+                    key: path.to_owned(),
+                })
+            }
             _ => {
                 self.invalid_type(path, node, "a sequence of directive lines");
                 None

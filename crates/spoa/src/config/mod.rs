@@ -6,6 +6,8 @@
 //!
 //! - [`yaml`]: the document as a tree of nodes that know their line;
 //! - `file`: that tree walked key by key into a [`Config`].
+//!
+//! The file's problems name the file and the line (`/etc/coraza-spoa/config.yaml:12: ...`).
 
 mod file;
 pub mod yaml;
@@ -13,6 +15,7 @@ pub mod yaml;
 use std::path::{Path, PathBuf};
 
 use lastcall::{Problem, Problems, Source};
+use lastcall_modsec::crs;
 
 /// Where the agent listens.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -64,13 +67,86 @@ pub enum BodyLimitAction {
     ProcessPartial,
 }
 
+/// An application's SecLang text as the file wrote it, and where.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Directives {
+    /// The text.
+    pub text: String,
+    /// The file's line for each line of `text` (1-based).
+    pub lines: Vec<usize>,
+    /// Where it is in the file: `applications[0].directives`.
+    pub key: String,
+}
+
+impl Directives {
+    /// Text with no file behind it (tests, the chart's rendered values): every line at 1.
+    pub fn inline(text: &str) -> Directives {
+        Directives {
+            text: text.to_owned(),
+            lines: vec![1; text.split('\n').count()],
+            key: "directives".into(),
+        }
+    }
+}
+
+/// Where log lines go (`log_file`): coraza-spoa's names for the standard streams, or a
+/// file (appended to, created if missing).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LogFile {
+    /// `/dev/stdout`.
+    Stdout,
+    /// `/dev/stderr`.
+    Stderr,
+    /// `/dev/null`: nothing is written.
+    Null,
+    /// Any other path.
+    Path(PathBuf),
+}
+
+impl LogFile {
+    /// Reads `log_file` as coraza-spoa does (an empty value is standard output there; here
+    /// it means "not set").
+    pub fn parse(s: &str) -> Option<LogFile> {
+        match s.trim() {
+            "" => None,
+            "/dev/stdout" => Some(LogFile::Stdout),
+            "/dev/stderr" => Some(LogFile::Stderr),
+            "/dev/null" => Some(LogFile::Null),
+            other => Some(LogFile::Path(PathBuf::from(other))),
+        }
+    }
+}
+
+/// Log settings (`log_level`, `log_format`, `log_file`), at the top of the file or of one
+/// application. Unset fields follow the process log.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LogSettings {
+    /// `debug`, `info`, `warn`, `error` or `off` (coraza-spoa's other names mapped).
+    pub level: Option<String>,
+    /// JSON (`json`) rather than text (`console`/`text`).
+    pub json: Option<bool>,
+    /// Where, and the line that said so.
+    pub file: Option<(LogFile, usize)>,
+}
+
+impl LogSettings {
+    /// Whether any of the three was given.
+    pub fn is_set(&self) -> bool {
+        self.level.is_some() || self.json.is_some() || self.file.is_some()
+    }
+}
+
 /// A checked application.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Application {
     /// Name.
     pub name: String,
-    /// Directives, or `None` for Debian's CRS with our engine settings.
-    pub directives: Option<String>,
+    /// The line of its `name` (0 for the built-in application).
+    pub line: usize,
+    /// Directives, or `None` for the CRS with our engine settings.
+    pub directives: Option<Directives>,
+    /// Where its matched rules are logged.
+    pub log: LogSettings,
     /// Inspect responses.
     pub response_check: bool,
     /// Transaction TTL in milliseconds.
@@ -85,15 +161,38 @@ pub struct Application {
     pub paranoia_level: u8,
 }
 
+impl Application {
+    /// An application with every option at its default.
+    pub fn new(name: &str) -> Application {
+        Application {
+            name: name.to_owned(),
+            line: 0,
+            directives: None,
+            log: LogSettings::default(),
+            response_check: false,
+            transaction_ttl_ms: DEFAULT_TTL_MS,
+            transaction_active_limit: DEFAULT_ACTIVE_LIMIT,
+            detect_only: false,
+            body_limit_action: BodyLimitAction::Reject,
+            paranoia_level: 1,
+        }
+    }
+}
+
 /// The checked configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
+    /// The file it was read from (`None`: no file, the built-in application).
+    pub path: Option<PathBuf>,
     /// Listener.
     pub bind: Bind,
-    /// Log level from the file, if any.
-    pub log_level: Option<String>,
-    /// `json` if the file asked for it.
-    pub log_json: Option<bool>,
+    /// The process log's settings from the file (top-level `log_level`, `log_format`,
+    /// `log_file`); the command line's `--log-level` and `--log-format` win.
+    pub log: LogSettings,
+    /// Where the CRS is (`crs_dir`, `--crs-dir`; Debian's packages by default): what
+    /// `@crs-setup.conf.example` and `@owasp_crs/...` name, and what the built-in
+    /// application runs.
+    pub crs: crs::Location,
     /// Default application name.
     pub default_application: Option<String>,
     /// Applications.
@@ -147,20 +246,12 @@ impl Config {
     /// at paranoia level 1.
     pub fn builtin() -> Self {
         Config {
+            path: None,
             bind: Bind::Tcp(DEFAULT_BIND.into()),
-            log_level: None,
-            log_json: None,
+            log: LogSettings::default(),
+            crs: crs::Location::debian(),
             default_application: Some(DEFAULT_APP.into()),
-            applications: vec![Application {
-                name: DEFAULT_APP.into(),
-                directives: None,
-                response_check: false,
-                transaction_ttl_ms: DEFAULT_TTL_MS,
-                transaction_active_limit: DEFAULT_ACTIVE_LIMIT,
-                detect_only: false,
-                body_limit_action: BodyLimitAction::Reject,
-                paranoia_level: 1,
-            }],
+            applications: vec![Application::new(DEFAULT_APP)],
             max_frame_size: spop::MAX_FRAME_SIZE_LIMIT,
             workers: 2 * cpus(),
             max_inflight_per_connection: 64,
@@ -168,8 +259,8 @@ impl Config {
         }
     }
 
-    /// Reads and checks a file. Its problems are placed by line (`line 6: ...`): the file is
-    /// the one `--config` names.
+    /// Reads and checks a file. Its problems name the file and the line
+    /// (`/etc/lastcall-spoa.yaml:6: ...`).
     pub fn load(path: &Path) -> Result<Self, Problems> {
         let text = std::fs::read_to_string(path).map_err(|e| {
             Problems::from(
@@ -179,7 +270,28 @@ impl Config {
                 }),
             )
         })?;
-        Self::parse(&text)
+        match Self::parse(&text) {
+            Ok(mut cfg) => {
+                cfg.path = Some(path.to_owned());
+                Ok(cfg)
+            }
+            Err(problems) => Err(in_file(problems, path)),
+        }
+    }
+
+    /// Uses the CRS in `dir` (a release unpacked there, or laid out like one) instead of
+    /// the file's `crs_dir` or Debian's packages.
+    pub fn use_crs_dir(&mut self, dir: &Path) -> Result<(), String> {
+        self.crs = crs::Location::from_dir(dir)?;
+        Ok(())
+    }
+
+    /// Where a problem on `line` of this configuration's file is.
+    pub fn source(&self, line: usize) -> Source {
+        Source::File {
+            path: self.path.clone(),
+            line: Some(line).filter(|l| *l > 0),
+        }
     }
 
     /// Parses and checks YAML text, returning every problem found, in the order of their
@@ -187,6 +299,22 @@ impl Config {
     pub fn parse(text: &str) -> Result<Self, Problems> {
         file::read(text)
     }
+}
+
+/// Places problems found in text read from `path` in that file.
+fn in_file(problems: Problems, path: &Path) -> Problems {
+    problems
+        .into_iter()
+        .map(|mut p| {
+            if let Source::File {
+                path: at @ None, ..
+            } = &mut p.source
+            {
+                *at = Some(path.to_owned());
+            }
+            p
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -217,7 +345,14 @@ applications:
         assert_eq!(c.bind, Bind::Tcp("0.0.0.0:9000".into()));
         assert_eq!(c.applications.len(), 1);
         assert_eq!(c.applications[0].transaction_ttl_ms, 60_000);
-        assert_eq!(c.log_json, Some(false));
+        assert_eq!(c.log.json, Some(false));
+        assert_eq!(c.log.file, Some((LogFile::Stdout, 4)));
+        let app = &c.applications[0];
+        assert_eq!(app.log.file, Some((LogFile::Stdout, 14)));
+        assert_eq!(app.log.level.as_deref(), Some("info"));
+        let d = app.directives.as_ref().expect("directives");
+        assert_eq!(d.key, "applications[0].directives");
+        assert_eq!(d.lines[0], 10, "{d:?}");
     }
 
     #[test]
@@ -322,7 +457,69 @@ default_application: b
         assert_eq!(a.name, "12");
         assert!(a.response_check);
         assert_eq!(a.transaction_ttl_ms, 5000);
-        assert_eq!(a.directives.as_deref(), Some("SecRuleEngine On\n1"));
+        assert_eq!(
+            a.directives.as_ref().map(|d| d.text.as_str()),
+            Some("SecRuleEngine On\n1")
+        );
+        assert_eq!(
+            a.directives.as_ref().map(|d| d.lines.clone()),
+            Some(vec![8, 9])
+        );
+    }
+
+    /// Problems of a file name the file and the line, as the printer shows them.
+    #[test]
+    fn problems_of_a_file_name_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.yaml");
+        std::fs::write(&path, "bind: nowhere\napplications:\n  - name: a\n").unwrap();
+        let errs = Config::load(&path).unwrap_err();
+        let shown = errs.to_string();
+        assert!(
+            shown.starts_with(&format!("{}:1: bind `nowhere`", path.display())),
+            "{shown}"
+        );
+    }
+
+    /// Per-application and top-level log settings are checked like every other key.
+    #[test]
+    fn log_settings_are_checked() {
+        let text = "\
+log_format: fancy
+log_file: \"\"
+applications:
+  - name: a
+    log_level: loud
+    log_format: xml
+    log_file: /var/log/a.log
+";
+        let errs = Config::parse(text).unwrap_err();
+        let shown: Vec<String> = errs.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            shown,
+            [
+                "line 1: log_format `fancy`: expected console, text or json",
+                "line 5: applications[0].log_level (loud): expected trace, debug, info, warn, error, fatal, panic or disabled",
+                "line 6: applications[0].log_format (xml): expected console, text or json",
+            ]
+        );
+        let ok = Config::parse("applications:\n  - name: a\n    log_file: /var/log/a.log\n    log_format: json\n    log_level: disabled\n").unwrap();
+        let log = &ok.applications[0].log;
+        assert_eq!(log.file, Some((LogFile::Path("/var/log/a.log".into()), 3)));
+        assert_eq!((log.json, log.level.as_deref()), (Some(true), Some("off")));
+    }
+
+    #[test]
+    fn crs_dir_is_checked_where_it_is_written() {
+        let errs =
+            Config::parse("crs_dir: /nonexistent/crs\napplications:\n  - name: a\n").unwrap_err();
+        let shown = errs.to_string();
+        assert!(
+            shown.starts_with(
+                "line 1: crs_dir (/nonexistent/crs): /nonexistent/crs/rules has no REQUEST-*.conf"
+            ),
+            "{shown}"
+        );
     }
 
     #[test]

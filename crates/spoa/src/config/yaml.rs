@@ -26,6 +26,8 @@ pub enum Value {
         text: String,
         /// Plain style.
         plain: bool,
+        /// Literal block style (`|`): the text keeps the file's lines, one for one.
+        literal: bool,
     },
     /// A sequence.
     Seq(Vec<Node>),
@@ -53,8 +55,12 @@ impl Node {
     pub fn typed(&self) -> Option<Typed<'_>> {
         match &self.value {
             Value::Null => Some(Typed::Null),
-            Value::Scalar { text, plain: false } => Some(Typed::Str(text)),
-            Value::Scalar { text, plain: true } => Some(core_schema(text)),
+            Value::Scalar {
+                text, plain: false, ..
+            } => Some(Typed::Str(text)),
+            Value::Scalar {
+                text, plain: true, ..
+            } => Some(core_schema(text)),
             Value::Seq(_) | Value::Map(_) => None,
         }
     }
@@ -66,6 +72,23 @@ impl Node {
             Value::Scalar { text, .. } if self.typed() != Some(Typed::Null) => Some(text),
             _ => None,
         }
+    }
+
+    /// The file line of each line of the scalar's text: one for one for a literal block
+    /// (saphyr places the node at its first non-blank line; leading blank lines are lines
+    /// of the text too), every line at the node's own line otherwise (folded and quoted
+    /// scalars join the file's lines).
+    pub fn text_lines(&self) -> Vec<usize> {
+        let Value::Scalar { text, literal, .. } = &self.value else {
+            return Vec::new();
+        };
+        let count = text.split('\n').count();
+        if !literal {
+            return vec![self.line; count];
+        }
+        let leading = text.bytes().take_while(|b| *b == b'\n').count();
+        let first = self.line.saturating_sub(leading).max(1);
+        (0..count).map(|i| first + i).collect()
     }
 
     /// What the node is, for "invalid type" messages, in serde's words: `string "yes"`,
@@ -164,6 +187,7 @@ pub fn parse(text: &str) -> Result<Option<Node>, SyntaxError> {
                 let value = Value::Scalar {
                     text: text.into_owned(),
                     plain: style == ScalarStyle::Plain && !is_str,
+                    literal: style == ScalarStyle::Literal,
                 };
                 builder.push(Node { line, value }, anchor);
             }
@@ -285,6 +309,18 @@ mod tests {
         assert_eq!(m[2].1.typed(), Some(Typed::Int(4)));
         assert_eq!(m[3].1.typed(), Some(Typed::Null));
         assert_eq!(m[3].1.text(), None);
+    }
+
+    #[test]
+    fn literal_blocks_keep_their_lines() {
+        let doc = parse("a: |\n  x\n  y\nb: >\n  p\n  q\nc: |-\n\n  z\nd: one\n")
+            .unwrap()
+            .unwrap();
+        let Value::Map(m) = &doc.value else { panic!() };
+        assert_eq!(m[0].1.text_lines(), [2, 3, 4]);
+        assert_eq!(m[1].1.text_lines(), [5, 5]);
+        assert_eq!(m[2].1.text_lines(), [8, 9]);
+        assert_eq!(m[3].1.text_lines(), [10]);
     }
 
     #[test]

@@ -3,6 +3,11 @@
 //!
 //! Arguments are looked up by name, so their order does not matter (coraza-spoa requires
 //! `app` first; we accept that order and any other). Unknown arguments are ignored.
+//!
+//! coraza-spoa's switches: `exportRuleIDs` (both messages) asks for `rule_ids`;
+//! `detect-only` (`coraza-res`) asks for an answer at once, the response evaluated
+//! afterwards for the log only. Both are read as HAProxy sends them (`bool(true)`), and
+//! also from an integer or `true`/`false` text.
 
 use std::net::IpAddr;
 
@@ -45,6 +50,8 @@ pub struct Request {
     pub body: Vec<u8>,
     /// `body_size` / `body-size` / `req.body_size`: the full body size HAProxy knows of.
     pub body_size: Option<u64>,
+    /// `exportRuleIDs`: set `rule_ids`.
+    pub export_rule_ids: bool,
 }
 
 /// A `coraza-res` message.
@@ -64,6 +71,10 @@ pub struct Response {
     pub body: Vec<u8>,
     /// The full body size HAProxy knows of, if sent.
     pub body_size: Option<u64>,
+    /// `exportRuleIDs`: set `rule_ids`.
+    pub export_rule_ids: bool,
+    /// `detect-only`: answer at once, evaluate afterwards for the log only.
+    pub detect_only: bool,
 }
 
 fn text(v: &TypedData) -> Option<String> {
@@ -97,6 +108,15 @@ fn int(v: &TypedData) -> Option<i64> {
         TypedData::UInt64(n) => i64::try_from(*n).ok(),
         TypedData::String(s) => s.trim().parse().ok(),
         _ => None,
+    }
+}
+
+/// A switch: `bool(true)`, a non-zero integer, or `true`/`1` as text.
+fn switch(v: &TypedData) -> bool {
+    match v {
+        TypedData::Bool(b) => *b,
+        TypedData::String(s) => matches!(s.trim(), "true" | "1"),
+        other => int(other).is_some_and(|n| n != 0),
     }
 }
 
@@ -142,17 +162,28 @@ impl Request {
                 "body_size" | "body-size" | "req.body_size" => {
                     r.body_size = int(v).and_then(|n| u64::try_from(n).ok());
                 }
+                "exportRuleIDs" => r.export_rule_ids = switch(v),
                 _ => {}
             }
         }
         r
     }
 
-    /// The request URI as ModSecurity sees it: path plus `?query`.
+    /// The request target as ModSecurity sees it: path plus `?query`, as nginx hands it
+    /// over. HAProxy's `path` is empty for two targets: `*` (`OPTIONS * HTTP/1.1`, the only
+    /// method that takes it) and an absolute-form target without a path
+    /// (`GET http://example.com HTTP/1.1`, which HAProxy 3.x already turns into `/`); nginx
+    /// gives ModSecurity `/` for the latter, and the path alone for every absolute-form
+    /// target, as HAProxy's `path` does.
     pub fn uri(&self) -> String {
+        let path = match self.path.as_str() {
+            "" if self.method.eq_ignore_ascii_case("OPTIONS") && self.query.is_none() => "*",
+            "" => "/",
+            p => p,
+        };
         match &self.query {
-            Some(q) => format!("{}?{}", self.path, q),
-            None => self.path.clone(),
+            Some(q) => format!("{path}?{q}"),
+            None => path.to_owned(),
         }
     }
 
@@ -194,6 +225,8 @@ impl Response {
                 "body_size" | "body-size" | "res.body_size" => {
                     r.body_size = int(v).and_then(|n| u64::try_from(n).ok());
                 }
+                "exportRuleIDs" => r.export_rule_ids = switch(v),
+                "detect-only" => r.detect_only = switch(v),
                 _ => {}
             }
         }
@@ -208,7 +241,15 @@ impl Response {
     }
 }
 
-fn content_length(headers: &[(String, String)]) -> Option<u64> {
+/// Whether the headers say `Transfer-Encoding: chunked`.
+pub fn is_chunked(headers: &[(String, String)]) -> bool {
+    headers.iter().any(|(k, v)| {
+        k.eq_ignore_ascii_case("transfer-encoding") && v.to_ascii_lowercase().contains("chunked")
+    })
+}
+
+/// The `Content-Length` the headers declare, if any.
+pub fn content_length(headers: &[(String, String)]) -> Option<u64> {
     headers
         .iter()
         .find(|(k, _)| k.eq_ignore_ascii_case("content-length"))
@@ -241,5 +282,41 @@ mod tests {
         assert_eq!(r.uri(), "/x?a=1");
         assert_eq!(r.src_port, 5555);
         assert!(r.body_truncated());
+        assert!(!r.export_rule_ids);
+    }
+
+    #[test]
+    fn targets_haproxy_leaves_without_a_path() {
+        let r = |method: &str, path: &str, query: Option<&str>| Request {
+            method: method.into(),
+            path: path.into(),
+            query: query.map(Into::into),
+            ..Request::default()
+        };
+        assert_eq!(r("OPTIONS", "", None).uri(), "*");
+        assert_eq!(r("options", "", None).uri(), "*");
+        assert_eq!(r("GET", "", None).uri(), "/");
+        assert_eq!(r("OPTIONS", "", Some("a=1")).uri(), "/?a=1");
+        assert_eq!(r("OPTIONS", "/p", None).uri(), "/p");
+    }
+
+    #[test]
+    fn coraza_spoa_switches() {
+        let msg = |args: Vec<(&str, TypedData)>| Message {
+            name: RESPONSE_MESSAGE.into(),
+            args: args.into_iter().map(|(k, v)| (k.to_owned(), v)).collect(),
+        };
+        let r = Response::from_message(&msg(vec![
+            ("exportRuleIDs", TypedData::Bool(true)),
+            ("detect-only", TypedData::Bool(true)),
+        ]));
+        assert!(r.export_rule_ids && r.detect_only);
+        let r = Response::from_message(&msg(vec![
+            ("exportRuleIDs", TypedData::Bool(false)),
+            ("detect-only", TypedData::String("true".into())),
+        ]));
+        assert!(!r.export_rule_ids && r.detect_only);
+        let r = Response::from_message(&msg(vec![("detect-only", TypedData::Int32(0))]));
+        assert!(!r.detect_only);
     }
 }

@@ -1,21 +1,47 @@
 //! The applications of a configuration, compiled: one rule set per application, shared by
-//! every evaluation (`Arc`), and swapped all at once by a reload.
+//! every evaluation (`Arc`), and swapped all at once by a reload; and each application's
+//! log of matched rules (its `log_*` keys, else the process log).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
-use lastcall_modsec::{crs, RuleSet};
+use lastcall::{LogArgs, LogFormat, Problem, Problems};
+use lastcall_modsec::RuleSet;
+use tracing_subscriber::fmt::writer::BoxMakeWriter;
 
-use crate::config::{Application, Config};
+use super::seclang::RuleText;
+use crate::config::{Application, Config, LogFile, LogSettings};
 
 /// One compiled application.
-#[derive(Debug)]
 pub struct App {
     /// Its configuration.
     pub config: Application,
     /// Its compiled rules.
     pub rules: Arc<RuleSet>,
+    /// Its own log, when its configuration has `log_*` keys.
+    log: Option<tracing::Dispatch>,
+}
+
+impl std::fmt::Debug for App {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("App")
+            .field("config", &self.config)
+            .field("rules", &self.rules)
+            .field("own_log", &self.log.is_some())
+            .finish()
+    }
+}
+
+impl App {
+    /// Runs `f` with this application's log as the current one (tracing's events in `f` go
+    /// there), or the process log when it has none of its own.
+    pub fn in_log<R>(&self, f: impl FnOnce() -> R) -> R {
+        match &self.log {
+            Some(d) => tracing::dispatcher::with_default(d, f),
+            None => f(),
+        }
+    }
 }
 
 /// All applications, as swapped by a reload.
@@ -26,36 +52,80 @@ pub struct Apps {
 }
 
 impl Apps {
-    /// Compiles every application of `cfg`; all compile errors are returned together.
-    pub fn compile(cfg: &Config) -> Result<Apps, Vec<String>> {
+    /// Compiles every application of `cfg`; all problems are returned together, each on
+    /// the line of the file it is about.
+    pub fn compile(cfg: &Config) -> Result<Apps, Problems> {
         Self::compile_unless(cfg, &AtomicBool::new(false))
-            .unwrap_or_else(|| Err(vec!["compilation cancelled".into()]))
+            .unwrap_or_else(|| Err(Problems::from(Problem::new("", "compilation cancelled"))))
     }
 
     /// Like [`compile`](Self::compile), but checks `cancel` before each application and
     /// returns `None` once it is set (a signal during start-up: the process then exits
     /// normally, never while libmodsecurity is compiling on another thread).
-    pub fn compile_unless(cfg: &Config, cancel: &AtomicBool) -> Option<Result<Apps, Vec<String>>> {
+    pub fn compile_unless(cfg: &Config, cancel: &AtomicBool) -> Option<Result<Apps, Problems>> {
         let mut apps = Apps::default();
-        let mut errors = Vec::new();
-        for a in &cfg.applications {
+        let mut problems = Problems::new();
+        for (i, a) in cfg.applications.iter().enumerate() {
             if cancel.load(Ordering::SeqCst) {
                 return None;
             }
-            let text = directives_for(a);
-            match RuleSet::from_directives(&text, &format!("application {}", a.name)) {
+            let key = a
+                .directives
+                .as_ref()
+                .map_or_else(|| format!("applications[{i}]"), |d| d.key.clone());
+            let key = if cfg.path.is_some() {
+                key
+            } else {
+                String::new()
+            };
+            let place = |p: super::seclang::RuleProblem| {
+                let mut problem = Problem::new(
+                    key.clone(),
+                    format!("application `{}`: {}", a.name, p.message),
+                )
+                .at(cfg.source(p.line));
+                if let Some(e) = p.expected {
+                    problem = problem.expected(e);
+                }
+                problem
+            };
+            let log = match open_log(&a.log) {
+                Ok(log) => log,
+                Err((line, e)) => {
+                    problems.push(
+                        Problem::new(format!("applications[{i}].log_file"), e).at(cfg.source(line)),
+                    );
+                    None
+                }
+            };
+            let text = match RuleText::for_application(a, &cfg.crs) {
+                Ok(text) => text,
+                Err(errs) => {
+                    problems.extend(errs.into_iter().map(place));
+                    continue;
+                }
+            };
+            match RuleSet::from_directives(&text.text, &format!("application {}", a.name)) {
                 Ok(rules) => {
                     let app = Arc::new(App {
                         config: a.clone(),
                         rules,
+                        log,
                     });
                     apps.by_name.insert(a.name.clone(), app);
                 }
-                Err(e) => errors.push(format!("application `{}`: {e}", a.name)),
+                Err(lastcall_modsec::Error::Rules { message, .. }) => {
+                    problems.push(place(text.place(&message, a.directives.as_ref(), a.line)));
+                }
+                Err(e) => problems.push(place(super::seclang::RuleProblem {
+                    line: a.line,
+                    message: e.to_string(),
+                    expected: None,
+                })),
             }
         }
-        if !errors.is_empty() {
-            return Some(Err(errors));
+        if !problems.is_empty() {
+            return Some(Err(problems));
         }
         apps.default = cfg
             .default_application
@@ -74,16 +144,40 @@ impl Apps {
     }
 }
 
-/// The SecLang text an application runs.
-pub fn directives_for(a: &Application) -> String {
-    match &a.directives {
-        None => crs::debian_default_directives(&crs::CrsOptions {
-            paranoia_level: a.paranoia_level,
-            detect_only: a.detect_only,
-            response_check: a.response_check,
-            ..crs::CrsOptions::default()
-        }),
-        Some(d) if a.detect_only => format!("{d}\nSecRuleEngine DetectionOnly\n"),
-        Some(d) => d.clone(),
+/// The SecLang text an application runs (the CRS at `cfg.crs`).
+pub fn directives_for(cfg: &Config, a: &Application) -> String {
+    RuleText::for_application(a, &cfg.crs).map_or_else(|_| String::new(), |t| t.text)
+}
+
+/// An application's own log, when its settings ask for one (file opened for appending,
+/// created if missing). The error is the `log_file` line and why it cannot be opened.
+fn open_log(log: &LogSettings) -> Result<Option<tracing::Dispatch>, (usize, String)> {
+    if !log.is_set() {
+        return Ok(None);
     }
+    let args = LogArgs {
+        log_format: if log.json == Some(true) {
+            LogFormat::Json
+        } else {
+            LogFormat::Text
+        },
+        log_level: log.level.clone().unwrap_or_else(|| "info".into()),
+    };
+    let writer = match &log.file {
+        None | Some((LogFile::Stdout, _)) => BoxMakeWriter::new(std::io::stdout),
+        Some((LogFile::Stderr, _)) => BoxMakeWriter::new(std::io::stderr),
+        Some((LogFile::Null, _)) => BoxMakeWriter::new(std::io::sink),
+        Some((LogFile::Path(path), line)) => BoxMakeWriter::new(Mutex::new(
+            append(path).map_err(|e| (*line, format!("cannot open {}: {e}", path.display())))?,
+        )),
+    };
+    Ok(Some(lastcall::logging::dispatch(&args, writer)))
+}
+
+/// Opens `path` for appending, creating it (mode 0666 less the umask, as coraza-spoa).
+pub fn append(path: &std::path::Path) -> std::io::Result<std::fs::File> {
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
 }

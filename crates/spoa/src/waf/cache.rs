@@ -9,10 +9,14 @@ use lastcall_modsec::Transaction;
 
 use super::apps::App;
 
-/// A kept transaction and the application whose rules it runs.
+/// A kept transaction, the application whose rules it runs, and what the response's log
+/// lines need: how many of its matches the request already logged, the client and the URI.
 pub(super) struct Kept {
     pub(super) tx: Transaction,
     pub(super) app: Arc<App>,
+    pub(super) logged: usize,
+    pub(super) client: String,
+    pub(super) uri: String,
 }
 
 /// Transactions waiting for their response, by id, with a TTL and a bound.

@@ -1,25 +1,31 @@
 //! The WAF: `coraza-req` / `coraza-res` messages through libmodsecurity, and the variables
-//! set back in HAProxy (coraza-spoa's names).
+//! set back in HAProxy (coraza-spoa's names, types and meanings).
 //!
 //! Everything here is blocking and CPU-bound: the engine calls [`Waf`]'s
 //! [`Handler::handle`] on an evaluation thread, never on an async worker, and asks
 //! [`Handler::answer_inline`] first, on the connection task, whether the engine is needed at
 //! all. The logging phase (phase 5) and a transaction's cleanup come back with the answer as
 //! a [`Later`], which the engine runs once the ACK is written, as nginx runs ModSecurity's log
-//! phase after the response.
+//! phase after the response; so does the whole evaluation of a `detect-only` response.
+//!
+//! Each matched rule is one log line (the application's log, else the process log): its id,
+//! message, matched data and severity, with the transaction id.
 //!
 //! - [`apps`]: the applications' compiled rules, swapped all at once by a reload
 //!   ([`Waf::swap`]; evaluations already running keep the rules they started with);
+//! - [`seclang`]: an application's rule text (Coraza's `@` names resolved) and its errors
+//!   placed on the file's lines;
 //! - [`cache`]: request transactions kept for their response check.
 
 pub mod apps;
 mod cache;
+pub mod seclang;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use lastcall_modsec::{Intervention, ModSecurity, Transaction};
+use lastcall_modsec::{Intervention, MatchReport, ModSecurity, RuleMatch, Transaction};
 use spop::frame::Message;
 use spop::TypedData;
 
@@ -35,6 +41,123 @@ use crate::protocol::coraza::{self, Request, Response, REQUEST_MESSAGE, RESPONSE
 fn finish(txs: impl IntoIterator<Item = Transaction>) {
     for mut tx in txs {
         let _ = tx.process_logging();
+    }
+}
+
+/// Whether coraza-spoa counts rule `id` in `rules_hit` and `rule_ids`: CRS's attack ranges
+/// (910000-959999) and the range its README gives local attack rules (190000-199999).
+/// Exclusions, set-up and correlation rules are not attacks.
+pub fn is_attack_rule(id: u32) -> bool {
+    (910_000..960_000).contains(&id) || (190_000..200_000).contains(&id)
+}
+
+/// The attack rules a transaction matched so far, once each, in order (rules without a
+/// message are control flow, not matches).
+fn attack_rules(report: &MatchReport) -> Vec<u32> {
+    let mut ids = Vec::new();
+    for m in report.matches() {
+        if is_attack_rule(m.id) && !m.msg.is_empty() && !ids.contains(&m.id) {
+            ids.push(m.id);
+        }
+    }
+    ids
+}
+
+/// coraza-spoa's variables for what a transaction matched: `rules_hit` (how many attack
+/// rules), `anomaly_score` (CRS's inbound score), and with `exportRuleIDs` `rule_ids` (their
+/// ids, comma-separated).
+fn match_vars(report: &MatchReport, export_rule_ids: bool, vars: &mut Vars) {
+    let ids = attack_rules(report);
+    vars.push(("rules_hit", TypedData::Int64(ids.len() as i64)));
+    vars.push((
+        "anomaly_score",
+        TypedData::Int64(i64::from(report.estimated_inbound_score())),
+    ));
+    if export_rule_ids {
+        let joined = ids.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
+        vars.push(("rule_ids", TypedData::String(joined)));
+    }
+}
+
+/// The variables of a disruptive intervention: `action`, `status`, `data`, `ruleid`.
+fn intervention_vars(it: &Intervention, report: &MatchReport, vars: &mut Vars) -> u32 {
+    let (action, data) = match &it.url {
+        Some(url) => ("redirect", url.clone()),
+        None => ("deny", String::new()),
+    };
+    let rule = it
+        .rule_id()
+        .or_else(|| {
+            report
+                .matches()
+                .iter()
+                .rev()
+                .find(|m| m.disruptive)
+                .map(|m| m.id)
+        })
+        .unwrap_or(0);
+    vars.push(("action", TypedData::String(action.into())));
+    vars.push(("status", TypedData::Int64(i64::from(it.status))));
+    vars.push(("data", TypedData::String(data)));
+    vars.push(("ruleid", TypedData::Int64(i64::from(rule))));
+    rule
+}
+
+/// What a log line says about the request a rule matched in.
+struct Context<'a> {
+    tx: &'a str,
+    app: &'a App,
+    client: &'a str,
+    uri: &'a str,
+}
+
+/// One log line per matched rule, at the level coraza-spoa gives its severity (WARNING
+/// warn, NOTICE and INFO info, DEBUG debug, anything graver error).
+fn log_matches(cx: &Context<'_>, matches: &[RuleMatch]) {
+    if matches.is_empty() {
+        return;
+    }
+    cx.app.in_log(|| {
+        for m in matches {
+            let severity = m.severity.map_or("", severity_name);
+            let tags = m.tags.join(",");
+            macro_rules! line {
+                ($level:ident) => {
+                    tracing::$level!(
+                        tx = cx.tx,
+                        app = %cx.app.config.name,
+                        rule_id = m.id,
+                        severity,
+                        msg = m.msg.as_str(),
+                        data = m.data.as_str(),
+                        tags = tags.as_str(),
+                        disruptive = m.disruptive,
+                        client = cx.client,
+                        uri = cx.uri,
+                        "rule matched"
+                    )
+                };
+            }
+            match m.severity {
+                Some(4) => line!(warn),
+                Some(5 | 6) => line!(info),
+                Some(7) => line!(debug),
+                _ => line!(error),
+            }
+        }
+    });
+}
+
+fn severity_name(s: u8) -> &'static str {
+    match s {
+        0 => "EMERGENCY",
+        1 => "ALERT",
+        2 => "CRITICAL",
+        3 => "ERROR",
+        4 => "WARNING",
+        5 => "NOTICE",
+        6 => "INFO",
+        _ => "DEBUG",
     }
 }
 
@@ -109,6 +232,10 @@ impl Waf {
             self.metrics.transactions_expired.inc();
             let _ = k.tx.process_logging();
         }
+        self.count_cached();
+    }
+
+    fn count_cached(&self) {
         let n = self.cache().map.len();
         self.metrics
             .transactions_cached
@@ -156,6 +283,14 @@ impl Waf {
             );
         };
         let id = req.id.clone().unwrap_or_else(|| self.new_id());
+        let uri = req.uri();
+        tracing::debug!(
+            tx = %id, app = %app.config.name, method = %req.method, uri = %uri,
+            version = %req.version, headers = req.headers.len(), body = req.body.len(),
+            body_size = ?req.body_size, content_length = ?coraza::content_length(&req.headers),
+            chunked = coraza::is_chunked(&req.headers),
+            "coraza-req received"
+        );
         let mut vars: Vars = vec![("id", TypedData::String(id.clone()))];
         if req.body_truncated() {
             let declared = req.declared_body_size().unwrap_or(0);
@@ -170,6 +305,7 @@ impl Waf {
                     vars.push(("status", TypedData::Int64(413)));
                     vars.push(("data", TypedData::String(String::new())));
                     vars.push(("ruleid", TypedData::Int64(0)));
+                    match_vars(&MatchReport::default(), req.export_rule_ids, &mut vars);
                     return (Verdict::Deny, vars);
                 }
                 BodyLimitAction::ProcessPartial => {
@@ -181,8 +317,8 @@ impl Waf {
                 }
             }
         }
-        match self.run_request(&app, req, &id) {
-            Ok((tx, it)) => self.conclude_request(app, tx, it, id, vars, done),
+        match self.run_request(&app, req, &id, &uri) {
+            Ok((tx, it)) => self.conclude_request(app, tx, it, req, id, vars, done),
             Err(e) => {
                 tracing::error!(tx = %id, "evaluation failed: {e}");
                 vars.push(("error", TypedData::Int64(AGENT_ERROR)));
@@ -196,6 +332,7 @@ impl Waf {
         app: &Arc<App>,
         req: &Request,
         id: &str,
+        uri: &str,
     ) -> Result<(Transaction, Option<Intervention>), lastcall_modsec::Error> {
         let mut tx = Transaction::new(&self.engine, &app.rules, Some(id))?;
         let src = req.src_ip.map(|i| i.to_string()).unwrap_or_default();
@@ -208,7 +345,7 @@ impl Waf {
         } else {
             &req.version
         };
-        if let Some(it) = tx.process_uri(&req.uri(), &req.method, version)? {
+        if let Some(it) = tx.process_uri(uri, &req.method, version)? {
             return Ok((tx, Some(it)));
         }
         for (k, v) in &req.headers {
@@ -228,58 +365,57 @@ impl Waf {
         Ok((tx, it))
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn conclude_request(
         &self,
         app: Arc<App>,
         tx: Transaction,
         it: Option<Intervention>,
+        req: &Request,
         id: String,
         mut vars: Vars,
         done: &mut Vec<Transaction>,
     ) -> (Verdict, Vars) {
         let report = tx.report();
-        let rules_hit = join_ids(report.rule_ids());
-        let score = i64::from(report.estimated_inbound_score());
+        let client = req.src_ip.map(|i| i.to_string()).unwrap_or_default();
+        let uri = req.uri();
+        let cx = Context {
+            tx: &id,
+            app: &app,
+            client: &client,
+            uri: &uri,
+        };
+        log_matches(&cx, report.matches());
+        let score = report.estimated_inbound_score();
         let would_block = report
             .matches()
             .iter()
             .any(|m| m.disruptive || m.id == 949_110);
         let verdict = match &it {
             Some(it) => {
-                let (action, data) = match &it.url {
-                    Some(url) => ("redirect", url.clone()),
-                    None => ("deny", String::new()),
-                };
-                vars.push(("action", TypedData::String(action.into())));
-                vars.push(("status", TypedData::Int64(i64::from(it.status))));
-                vars.push(("data", TypedData::String(data)));
-                let rule = it
-                    .rule_id()
-                    .or_else(|| {
-                        report
-                            .matches()
-                            .iter()
-                            .rev()
-                            .find(|m| m.disruptive)
-                            .map(|m| m.id)
-                    })
-                    .unwrap_or(0);
-                vars.push(("ruleid", TypedData::Int64(i64::from(rule))));
-                tracing::info!(tx = %id, app = %app.config.name, status = it.status, rule, rules_hit = %rules_hit, score, "request denied");
+                let rule = intervention_vars(it, report, &mut vars);
+                tracing::info!(tx = %id, app = %app.config.name, status = it.status, rule, score, "request denied");
                 Verdict::Deny
             }
             None if app.config.detect_only && would_block => {
-                tracing::info!(tx = %id, app = %app.config.name, rules_hit = %rules_hit, score, "request would be denied (detect only)");
+                tracing::info!(tx = %id, app = %app.config.name, score, "request would be denied (detect only)");
                 Verdict::Detect
             }
             None => Verdict::Allow,
         };
-        vars.push(("rules_hit", TypedData::String(rules_hit)));
-        vars.push(("anomaly_score", TypedData::Int64(score)));
+        match_vars(report, req.export_rule_ids, &mut vars);
+        let logged = report.matches().len();
         if it.is_none() && app.config.response_check {
             let ttl = Duration::from_millis(app.config.transaction_ttl_ms);
             let limit = app.config.transaction_active_limit;
-            let evicted = self.cache().insert(id, Kept { tx, app }, ttl, limit);
+            let kept = Kept {
+                tx,
+                app,
+                logged,
+                client,
+                uri,
+            };
+            let evicted = self.cache().insert(id, kept, ttl, limit);
             self.finish_kept(evicted);
         } else {
             done.push(tx);
@@ -298,105 +434,130 @@ impl Waf {
                 return None;
             }
         }
-        Some(self.evaluate_kept_response(res))
+        let kept = match self.take_kept(res) {
+            Ok(kept) => kept,
+            Err(vars) => return Some((Verdict::Error, vars)),
+        };
+        Some(evaluate_kept_response(&self.metrics, kept, res))
     }
 
-    fn evaluate_kept_response(&self, res: &Response) -> (Verdict, Vars) {
+    /// The transaction `res` belongs to, taken out of the cache; the error answer when
+    /// there is none.
+    fn take_kept(&self, res: &Response) -> Result<Kept, Vars> {
         let kept = self.cache().map.remove(&res.id).map(|(_, k)| k);
-        self.metrics
-            .transactions_cached
-            .set(i64::try_from(self.cache().map.len()).unwrap_or(i64::MAX));
-        let Some(Kept { mut tx, app }) = kept else {
+        self.count_cached();
+        kept.ok_or_else(|| {
             tracing::warn!(tx = %res.id, "response for an unknown or expired transaction (response_check off, or transaction_ttl_ms too short)");
-            return (
-                Verdict::Error,
-                vec![("error", TypedData::Int64(AGENT_ERROR))],
-            );
-        };
-        if res.body_truncated() {
-            self.metrics.truncated("process_partial");
+            vec![("error", TypedData::Int64(AGENT_ERROR))]
+        })
+    }
+
+    /// A `detect-only` response: no variables now; the evaluation, its log lines and its
+    /// count come after the ACK, and a verdict is never given (coraza-spoa's meaning).
+    /// `None` when the application does not inspect responses; the error answer when the
+    /// transaction is unknown.
+    fn detect_only_response(&self, res: Response) -> Option<Result<Later, Vars>> {
+        if !self.current().find(&res.app)?.config.response_check {
+            return None;
         }
-        let result = (|| -> Result<Option<Intervention>, lastcall_modsec::Error> {
-            for (k, v) in &res.headers {
-                tx.add_response_header(k.as_bytes(), v.as_bytes())?;
-            }
-            let status = u16::try_from(res.status).unwrap_or(200);
-            let version = if res.version.is_empty() {
-                "1.1"
-            } else {
-                &res.version
-            };
-            if let Some(it) = tx.process_response_headers(status, &format!("HTTP/{version}"))? {
-                return Ok(Some(it));
-            }
-            if !res.body.is_empty() {
-                tx.append_response_body(&res.body)?;
-            }
-            tx.process_response_body()
-        })();
-        let mut vars: Vars = Vec::new();
-        let verdict = match result {
-            Err(e) => {
-                tracing::error!(tx = %res.id, "response evaluation failed: {e}");
-                vars.push(("error", TypedData::Int64(AGENT_ERROR)));
-                Verdict::Error
-            }
-            Ok(Some(it)) => {
-                let rule = it.rule_id().unwrap_or(0);
-                let (action, data) = match &it.url {
-                    Some(url) => ("redirect", url.clone()),
-                    None => ("deny", String::new()),
-                };
-                vars.push(("action", TypedData::String(action.into())));
-                vars.push(("status", TypedData::Int64(i64::from(it.status))));
-                vars.push(("data", TypedData::String(data)));
-                vars.push(("ruleid", TypedData::Int64(i64::from(rule))));
-                tracing::info!(tx = %res.id, app = %app.config.name, rule, "response denied");
-                Verdict::Deny
-            }
-            Ok(None) => {
-                let detect = app.config.detect_only
-                    && tx
-                        .report()
-                        .matches()
-                        .iter()
-                        .any(|m| m.disruptive || m.id == 959_100);
-                if detect {
-                    Verdict::Detect
-                } else {
-                    Verdict::Allow
-                }
-            }
+        let kept = match self.take_kept(&res) {
+            Ok(kept) => kept,
+            Err(vars) => return Some(Err(vars)),
         };
-        let report = tx.report();
-        vars.push(("rules_hit", TypedData::String(join_ids(report.rule_ids()))));
-        vars.push((
-            "anomaly_score",
-            TypedData::Int64(i64::from(report.estimated_outbound_score())),
-        ));
-        let _ = tx.process_logging();
-        (verdict, vars)
+        let metrics = Arc::clone(&self.metrics);
+        Some(Ok(Later::new(move || {
+            let (verdict, _) = evaluate_kept_response(&metrics, kept, &res);
+            let verdict = match verdict {
+                Verdict::Deny => Verdict::Detect,
+                other => other,
+            };
+            metrics.response(verdict);
+        })))
     }
 }
 
-fn join_ids(ids: &[u32]) -> String {
-    let mut seen = Vec::new();
-    for id in ids {
-        if !seen.contains(id) {
-            seen.push(*id);
-        }
+/// Evaluates a response against its kept transaction, logs what it matched, and runs the
+/// logging phase.
+fn evaluate_kept_response(metrics: &Metrics, kept: Kept, res: &Response) -> (Verdict, Vars) {
+    let Kept {
+        mut tx,
+        app,
+        logged,
+        client,
+        uri,
+    } = kept;
+    if res.body_truncated() {
+        metrics.truncated("process_partial");
     }
-    seen.iter()
-        .map(u32::to_string)
-        .collect::<Vec<_>>()
-        .join(",")
+    let result = (|| -> Result<Option<Intervention>, lastcall_modsec::Error> {
+        for (k, v) in &res.headers {
+            tx.add_response_header(k.as_bytes(), v.as_bytes())?;
+        }
+        let status = u16::try_from(res.status).unwrap_or(200);
+        let version = if res.version.is_empty() {
+            "1.1"
+        } else {
+            &res.version
+        };
+        if let Some(it) = tx.process_response_headers(status, &format!("HTTP/{version}"))? {
+            return Ok(Some(it));
+        }
+        if !res.body.is_empty() {
+            tx.append_response_body(&res.body)?;
+        }
+        tx.process_response_body()
+    })();
+    let report = tx.report();
+    let cx = Context {
+        tx: &res.id,
+        app: &app,
+        client: &client,
+        uri: &uri,
+    };
+    log_matches(&cx, report.matches().get(logged..).unwrap_or_default());
+    let mut vars: Vars = Vec::new();
+    let verdict = match result {
+        Err(e) => {
+            tracing::error!(tx = %res.id, "response evaluation failed: {e}");
+            vars.push(("error", TypedData::Int64(AGENT_ERROR)));
+            Verdict::Error
+        }
+        Ok(Some(it)) => {
+            let rule = intervention_vars(&it, report, &mut vars);
+            tracing::info!(tx = %res.id, app = %app.config.name, rule, "response denied");
+            Verdict::Deny
+        }
+        Ok(None) => {
+            let detect = (app.config.detect_only || res.detect_only)
+                && report
+                    .matches()
+                    .iter()
+                    .any(|m| m.disruptive || m.id == 959_100);
+            if detect {
+                Verdict::Detect
+            } else {
+                Verdict::Allow
+            }
+        }
+    };
+    if !matches!(verdict, Verdict::Error) {
+        match_vars(report, res.export_rule_ids, &mut vars);
+        vars.push((
+            "outbound_anomaly_score",
+            TypedData::Int64(i64::from(report.estimated_outbound_score())),
+        ));
+    }
+    let _ = tx.process_logging();
+    (verdict, vars)
 }
 
 impl Handler for Waf {
     fn handle(&self, messages: &[Message]) -> Answer {
         let mut vars = Vars::new();
         let mut done = Vec::new();
+        let mut later = Vec::new();
         for m in messages {
+            let started = Instant::now();
             match m.name.as_str() {
                 REQUEST_MESSAGE => {
                     let (v, more) = self.request(&Request::from_message(m), &mut done);
@@ -404,7 +565,17 @@ impl Handler for Waf {
                     vars.extend(more);
                 }
                 RESPONSE_MESSAGE => {
-                    if let Some((v, more)) = self.evaluate_response(&Response::from_message(m)) {
+                    let res = Response::from_message(m);
+                    if res.detect_only {
+                        match self.detect_only_response(res) {
+                            Some(Ok(l)) => later.push(l),
+                            Some(Err(more)) => {
+                                self.metrics.response(Verdict::Error);
+                                vars.extend(more);
+                            }
+                            None => {}
+                        }
+                    } else if let Some((v, more)) = self.evaluate_response(&res) {
                         self.metrics.response(v);
                         vars.extend(more);
                     }
@@ -413,11 +584,18 @@ impl Handler for Waf {
                     tracing::debug!(message = other, "ignoring unknown SPOE message");
                 }
             }
+            self.metrics
+                .observe_message(started.elapsed().as_secs_f64());
         }
-        let later = if done.is_empty() {
+        let later = if done.is_empty() && later.is_empty() {
             Later::none()
         } else {
-            Later::new(move || finish(done))
+            Later::new(move || {
+                finish(done);
+                for l in later {
+                    l.run();
+                }
+            })
         };
         Answer { vars, later }
     }
@@ -426,6 +604,7 @@ impl Handler for Waf {
     /// checks, or unknown: exactly the messages [`handle`](Self::handle) answers with no
     /// variables and no metric.
     fn answer_inline(&self, messages: &[Message]) -> Option<Vars> {
+        let started = Instant::now();
         let mut apps = None;
         for m in messages {
             match m.name.as_str() {
@@ -442,6 +621,10 @@ impl Handler for Waf {
                 }
             }
         }
+        for _ in messages {
+            self.metrics
+                .observe_message(started.elapsed().as_secs_f64());
+        }
         Some(Vars::new())
     }
 }
@@ -456,8 +639,11 @@ SecRuleEngine On
 SecRequestBodyAccess On
 SecResponseBodyAccess On
 SecResponseBodyMimeType text/html
-SecRule ARGS \"@contains evil\" \"id:1001,phase:2,deny,status:403,log,msg:'evil arg'\"
-SecRule RESPONSE_HEADERS:X-Leak \"@streq yes\" \"id:1002,phase:3,deny,status:403,log\"
+SecRule ARGS \"@contains evil\" \"id:190001,phase:2,deny,status:403,log,msg:'evil arg'\"
+SecRule ARGS \"@contains odd\" \"id:190003,phase:2,pass,log,msg:'odd arg',severity:4\"
+SecRule ARGS \"@contains odd\" \"id:100001,phase:2,pass,log,msg:'tuning rule, not an attack'\"
+SecRule RESPONSE_HEADERS:X-Leak \"@streq yes\" \"id:190002,phase:3,deny,status:403,log,msg:'leak'\"
+SecRule RESPONSE_HEADERS:X-Odd \"@streq yes\" \"id:190004,phase:3,pass,log,msg:'odd header'\"
 ";
 
     fn waf(yaml_extra: &str) -> (Waf, Arc<Metrics>) {
@@ -501,15 +687,114 @@ SecRule RESPONSE_HEADERS:X-Leak \"@streq yes\" \"id:1002,phase:3,deny,status:403
             Some(&TypedData::String("deny".into()))
         );
         assert_eq!(var(&vars, "status"), Some(&TypedData::Int64(403)));
-        assert_eq!(var(&vars, "ruleid"), Some(&TypedData::Int64(1001)));
-        assert_eq!(
-            var(&vars, "rules_hit"),
-            Some(&TypedData::String("1001".into()))
-        );
+        assert_eq!(var(&vars, "ruleid"), Some(&TypedData::Int64(190001)));
+        // coraza-spoa's types: a count, and the ids only when asked for.
+        assert_eq!(var(&vars, "rules_hit"), Some(&TypedData::Int64(1)));
+        assert!(var(&vars, "rule_ids").is_none());
+        assert_eq!(var(&vars, "anomaly_score"), Some(&TypedData::Int64(0)));
         let (v, vars) = w.evaluate_request(&req("q=good"));
         assert_eq!(v, Verdict::Allow);
         assert!(var(&vars, "action").is_none());
         assert!(matches!(var(&vars, "id"), Some(TypedData::String(s)) if s.len() == 16));
+    }
+
+    /// `exportRuleIDs` adds `rule_ids`: the attack rules matched (coraza-spoa's ranges:
+    /// 910000-959999, 190000-199999), as `rules_hit` counts them; a tuning rule (100001)
+    /// is in neither.
+    #[test]
+    fn rule_ids_when_exported() {
+        let (w, _) = waf("");
+        let mut r = req("q=odd&p=odd");
+        r.export_rule_ids = true;
+        let (v, vars) = w.evaluate_request(&r);
+        assert_eq!(v, Verdict::Allow);
+        assert_eq!(var(&vars, "rules_hit"), Some(&TypedData::Int64(1)));
+        assert_eq!(
+            var(&vars, "rule_ids"),
+            Some(&TypedData::String("190003".into()))
+        );
+        r.query = Some("q=good".into());
+        let (_, vars) = w.evaluate_request(&r);
+        assert_eq!(
+            var(&vars, "rule_ids"),
+            Some(&TypedData::String(String::new()))
+        );
+        assert_eq!(var(&vars, "rules_hit"), Some(&TypedData::Int64(0)));
+    }
+
+    /// A `detect-only` response is answered with no variables at all; its evaluation comes
+    /// with the answer's deferred work, and is counted (as `detect` when the rules would
+    /// have denied) once that has run. The transaction is consumed either way.
+    #[test]
+    fn detect_only_responses_answer_at_once_and_never_deny() {
+        let (w, m) = waf("    response_check: true\n");
+        let mut r = req("q=good");
+        r.id = Some("TX9".into());
+        assert_eq!(w.evaluate_request(&r).0, Verdict::Allow);
+        let res = Message {
+            name: RESPONSE_MESSAGE.into(),
+            args: vec![
+                ("app".into(), TypedData::String("a".into())),
+                ("id".into(), TypedData::String("TX9".into())),
+                ("version".into(), TypedData::String("1.1".into())),
+                ("status".into(), TypedData::Int32(200)),
+                (
+                    "headers".into(),
+                    TypedData::String("x-leak: yes\r\n\r\n".into()),
+                ),
+                ("exportRuleIDs".into(), TypedData::Bool(true)),
+                ("detect-only".into(), TypedData::Bool(true)),
+            ],
+        };
+        let answer = w.handle(std::slice::from_ref(&res));
+        assert!(answer.vars.is_empty(), "{:?}", answer.vars);
+        assert!(answer.later.is_pending());
+        assert_eq!(
+            m.responses_with(Verdict::Detect),
+            0,
+            "evaluated after the ACK"
+        );
+        answer.later.run();
+        assert_eq!(m.responses_with(Verdict::Detect), 1);
+        assert_eq!(m.transactions_cached.get(), 0);
+        // Again: the transaction is gone, the answer says so.
+        let again = w.handle(&[res]);
+        assert_eq!(
+            var(&again.vars, "error"),
+            Some(&TypedData::Int64(AGENT_ERROR))
+        );
+    }
+
+    /// A response's `rules_hit`, `rule_ids` and `anomaly_score` cover the whole
+    /// transaction: coraza-spoa reads them from the transaction after the response phases,
+    /// so the request's matches and its inbound score stay in them.
+    #[test]
+    fn response_variables_cover_the_whole_transaction() {
+        let (w, _) = waf("    response_check: true\n");
+        let mut r = req("q=odd");
+        r.id = Some("TX7".into());
+        w.evaluate_request(&r);
+        let res = Response {
+            app: "a".into(),
+            id: "TX7".into(),
+            version: "1.1".into(),
+            status: 200,
+            headers: vec![("X-Odd".into(), "yes".into())],
+            export_rule_ids: true,
+            ..Response::default()
+        };
+        let (v, vars) = w.evaluate_response(&res).unwrap();
+        assert_eq!(v, Verdict::Allow);
+        assert_eq!(var(&vars, "rules_hit"), Some(&TypedData::Int64(2)));
+        assert_eq!(
+            var(&vars, "rule_ids"),
+            Some(&TypedData::String("190003,190004".into()))
+        );
+        assert!(var(&vars, "action").is_none());
+        assert_eq!(
+            var(&vars, "outbound_anomaly_score"),
+            Some(&TypedData::Int64(0))
+        );
     }
 
     #[test]
@@ -557,7 +842,7 @@ SecRule RESPONSE_HEADERS:X-Leak \"@streq yes\" \"id:1002,phase:3,deny,status:403
         };
         let (v, vars) = w.evaluate_response(&res).unwrap();
         assert_eq!(v, Verdict::Deny);
-        assert_eq!(var(&vars, "ruleid"), Some(&TypedData::Int64(1002)));
+        assert_eq!(var(&vars, "ruleid"), Some(&TypedData::Int64(190002)));
         // The transaction was consumed: a second response for it is an error.
         let (v, vars) = w.evaluate_response(&res).unwrap();
         assert_eq!(v, Verdict::Error);
@@ -613,7 +898,7 @@ SecRule RESPONSE_HEADERS:X-Leak \"@streq yes\" \"id:1002,phase:3,deny,status:403
         allowed.later.run();
         let denied = w.handle(&[msg("q=evil")]);
         assert!(denied.later.is_pending());
-        assert_eq!(var(&denied.vars, "ruleid"), Some(&TypedData::Int64(1001)));
+        assert_eq!(var(&denied.vars, "ruleid"), Some(&TypedData::Int64(190001)));
         let (kept, m) = waf("    response_check: true\n");
         let answer = kept.handle(&[msg("q=good")]);
         assert!(!answer.later.is_pending(), "kept for the response");

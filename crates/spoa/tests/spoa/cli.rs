@@ -76,9 +76,13 @@ applications:
 ",
     );
     assert_eq!(code, 64, "{text}");
-    assert!(text.contains("line 2: unknown field `log_levle`"), "{text}");
+    // The file and the line, as `FILE:LINE:`.
     assert!(
-        text.contains("line 6: applications[0]: unknown field `reponse_check`"),
+        text.contains("/c.yaml:2: unknown field `log_levle`"),
+        "{text}"
+    );
+    assert!(
+        text.contains("/c.yaml:6: applications[0]: unknown field `reponse_check`"),
         "{text}"
     );
 }
@@ -231,4 +235,325 @@ fn ignored_sigterm_during_start_up_lets_the_agent_start() {
     assert!(pod.is_running());
     pod.signal(Signal::Quit);
     assert_eq!(pod.wait_exit(WAIT).code, Some(0));
+}
+
+/// Runs the agent with `args` (the working directory `dir`) to its exit: status and output.
+fn run_in(dir: &std::path::Path, args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(agent_bin())
+        .current_dir(dir)
+        .args(args)
+        .output()
+        .expect("run");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// coraza-spoa's flags as Go's `flag` package takes them (one dash or two, `-flag value` or
+/// `-flag=value`, `-switch=false`), on the real binary; mistakes name the flag and what is
+/// valid, exit 64.
+#[test]
+fn coraza_spoa_flags_as_go_takes_them() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        dir.path().join("config.yaml"),
+        "applications:\n  - name: a\n    directives: |\n      Include @coraza.conf-recommended\n      SecRuleEngine On\n",
+    )
+    .expect("write");
+    for args in [
+        &["-config=config.yaml", "-validate"][..],
+        &["-config", "config.yaml", "-validate"],
+        &["--config=config.yaml", "--validate"],
+        &["-validate=true", "-config", "config.yaml"],
+    ] {
+        let (code, out, err) = run_in(dir.path(), args);
+        assert_eq!(code, 0, "{args:?}: {err}");
+        assert!(
+            out.contains("configuration OK: 1 application(s)"),
+            "{args:?}: {out}"
+        );
+    }
+    // -validate=false: not a validation (the bad bind is then a start-up error).
+    let (code, _, err) = run_in(
+        dir.path(),
+        &[
+            "-config=config.yaml",
+            "-validate=false",
+            "--bind",
+            "nowhere",
+        ],
+    );
+    assert_eq!(code, 64, "{err}");
+    assert!(err.contains("--bind"), "{err}");
+
+    let (code, out, _) = run_in(dir.path(), &["-version"]);
+    assert_eq!(code, 0);
+    assert!(out.contains(env!("CARGO_PKG_VERSION")), "{out}");
+
+    // Mistakes: all of them at once, each naming its flag and what would be valid.
+    let (code, out, err) = run_in(
+        dir.path(),
+        &["-autoreload", "-metrics-addr=:x", "--drain-timeout", "soon"],
+    );
+    assert_eq!(code, 64, "{out}{err}");
+    assert!(
+        err.contains("-metrics-addr (:x): not an address to listen on; expected IP:PORT, or :PORT"),
+        "{err}"
+    );
+    assert!(
+        err.contains("-autoreload: watches the configuration file, and none is given; expected -config FILE too"),
+        "{err}"
+    );
+    assert!(err.contains("--drain-timeout (soon)"), "{err}");
+    let (code, _, err) = run_in(
+        dir.path(),
+        &[
+            "-config=config.yaml",
+            "-metrics-addr",
+            "127.0.0.1:9090",
+            "--admin-addr",
+            "127.0.0.1:9091",
+        ],
+    );
+    assert_eq!(code, 64, "{err}");
+    assert!(
+        err.contains("-metrics-addr (127.0.0.1:9090): is coraza-spoa's name for --admin-addr, which is set too; expected one of them"),
+        "{err}"
+    );
+}
+
+/// `-metrics-addr` is where the admin listener (and coraza-spoa's histogram) is; the
+/// profiling flags are accepted with a warning; the environment's admin address (the
+/// image's) gives way to the flag.
+#[test]
+fn metrics_addr_and_profiling_flags_at_start() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let spop = format!("127.0.0.1:{}", lastcall_testkit::free_port());
+    std::fs::write(
+        dir.path().join("config.yaml"),
+        format!("bind: {spop}\napplications:\n  - name: a\n    directives: SecRuleEngine On\n"),
+    )
+    .expect("write");
+    let metrics: std::net::SocketAddr = format!("127.0.0.1:{}", lastcall_testkit::free_port())
+        .parse()
+        .expect("addr");
+    let mut cmd = Command::new(agent_bin());
+    cmd.current_dir(dir.path())
+        .env("LASTCALL_ADMIN_ADDR", "127.0.0.1:1")
+        .args([
+            "-config=config.yaml",
+            "-cpuprofile=cpu.out",
+            "-memprofile",
+            "mem.out",
+        ])
+        .arg(format!("-metrics-addr={metrics}"));
+    let mut pod = lastcall_testkit::Pod::spawn(cmd);
+    pod.wait_for_log("listening on", WAIT);
+    assert!(pod.has_log("-cpuprofile (Go's profiler in coraza-spoa) is accepted and ignored"));
+    assert!(pod.has_log("-memprofile (Go's profiler in coraza-spoa) is accepted and ignored"));
+    let (status, body) = lastcall_testkit::http_get(metrics, "/metrics");
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body.contains("coraza_handle_spoe_duration_seconds"),
+        "{body}"
+    );
+    assert!(!dir.path().join("cpu.out").exists());
+    pod.signal(Signal::Quit);
+    assert_eq!(pod.wait_exit(WAIT).code, Some(0));
+}
+
+/// Start-up errors in the file name the key, the line and what is valid, all of them,
+/// and the process exits 64 without binding anything: first the keys, then (once they
+/// load) the rules, Coraza's `@` names included.
+#[test]
+fn start_up_errors_name_the_key_the_line_and_what_is_valid() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let spop = format!("127.0.0.1:{}", lastcall_testkit::free_port());
+    let admin = format!("127.0.0.1:{}", lastcall_testkit::free_port());
+    let keys = format!(
+        "\
+bind: {spop}
+log_level: loud
+applications:
+  - name: a
+    directives: SecRuleEngine On
+    log_format: xml
+    log_level: chatty
+    response_check: yes please
+"
+    );
+    std::fs::write(dir.path().join("c.yaml"), keys).expect("write");
+    let (code, out, err) = run_in(dir.path(), &["-config=c.yaml", "--admin-addr", &admin]);
+    assert_eq!(code, 64, "{out}{err}");
+    for want in [
+        "c.yaml:2: log_level `loud`: expected trace, debug, info, warn, error",
+        "c.yaml:6: applications[0].log_format (xml): expected console, text or json",
+        "c.yaml:7: applications[0].log_level (chatty): expected trace, debug, info",
+        "c.yaml:8: applications[0].response_check: invalid type: string \"yes please\"; expected a boolean",
+    ] {
+        assert!(err.contains(want), "missing {want:?} in:\n{err}");
+    }
+    assert!(
+        !out.contains("listening") && !err.contains("listening"),
+        "{out}{err}"
+    );
+
+    let rules = format!(
+        "\
+bind: {spop}
+applications:
+  - name: a
+    directives: |
+      Include @coraza.conf-recommended
+      Include @crs-setup.conf.example
+      Include @owasp_crs/REQUEST-999-NO-SUCH-FILE.conf
+      Include @owasp_crs_plugins/wordpress-rule-exclusions-before.conf
+      Include @coraza.conf
+    log_file: /nonexistent-dir/a.log
+"
+    );
+    std::fs::write(dir.path().join("c.yaml"), rules).expect("write");
+    let (code, out, err) = run_in(dir.path(), &["-config=c.yaml", "--admin-addr", &admin]);
+    assert_eq!(code, 64, "{out}{err}");
+    for want in [
+        "c.yaml:7: applications[0].directives: application `a`: Include @owasp_crs/REQUEST-999-NO-SUCH-FILE.conf: REQUEST-999-NO-SUCH-FILE.conf is not in the CRS at",
+        "c.yaml:8: applications[0].directives: application `a`: Include @owasp_crs_plugins/wordpress-rule-exclusions-before.conf: CRS plugins are not built in; expected",
+        "c.yaml:9: applications[0].directives: application `a`: Include @coraza.conf: not a file Coraza's embedded set has; expected @coraza.conf-recommended",
+        "c.yaml:10: applications[0].log_file: cannot open /nonexistent-dir/a.log",
+    ] {
+        assert!(err.contains(want), "missing {want:?} in:\n{err}");
+    }
+    assert!(
+        !out.contains("listening") && !err.contains("listening"),
+        "{out}{err}"
+    );
+    // Nothing was bound: both ports are still free.
+    std::net::TcpListener::bind(&spop).expect("the SPOP port was never bound");
+    std::net::TcpListener::bind(&admin).expect("the admin port was never bound");
+}
+
+/// The rules of [`autoreload_follows_a_configmap_update`]: requests with `x=WORD` denied.
+fn deny_word(bind: &str, word: &str) -> String {
+    format!(
+        "bind: {bind}\ndefault_application: a\napplications:\n  - name: a\n    directives: |\n      SecRuleEngine On\n      SecRule ARGS:x \"@streq {word}\" \"id:10001,phase:1,deny,status:403,log,msg:'{word}'\"\n"
+    )
+}
+
+/// `-autoreload` with the file mounted as Kubernetes mounts a ConfigMap (`config.yaml` ->
+/// `..data/config.yaml`, `..data` -> a timestamped directory): the kubelet's update (a new
+/// directory, `..data` renamed over) reloads the rules as SIGHUP does, on the real process,
+/// with HAProxy in front; a file that does not compile keeps the running rules.
+#[test]
+fn autoreload_follows_a_configmap_update() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    let spop: std::net::SocketAddr = format!("127.0.0.1:{}", lastcall_testkit::free_port())
+        .parse()
+        .expect("addr");
+    let admin: std::net::SocketAddr = format!("127.0.0.1:{}", lastcall_testkit::free_port())
+        .parse()
+        .expect("addr");
+    let version = |name: &str, text: &str| {
+        std::fs::create_dir(d.join(name)).expect("mkdir");
+        std::fs::write(d.join(name).join("config.yaml"), text).expect("write");
+    };
+    let publish = |name: &str| {
+        std::os::unix::fs::symlink(name, d.join("..data_tmp")).expect("symlink");
+        std::fs::rename(d.join("..data_tmp"), d.join("..data")).expect("rename");
+    };
+    version("..2026_12_01_v1", &deny_word(&spop.to_string(), "one"));
+    publish("..2026_12_01_v1");
+    std::os::unix::fs::symlink("..data/config.yaml", d.join("config.yaml")).expect("symlink");
+
+    let mut cmd = Command::new(agent_bin());
+    cmd.arg(format!("-config={}", d.join("config.yaml").display()))
+        .arg("-autoreload")
+        .arg(format!("--admin-addr={admin}"));
+    let agent = lastcall_testkit::Pod::spawn(cmd);
+    agent.wait_for_log("listening on", WAIT);
+    let origin = crate::support::Origin::start();
+    let haproxy = crate::support::Haproxy::start_variant(
+        origin.addr,
+        spop,
+        spop,
+        &crate::support::haproxy::Variant::default(),
+    );
+    let http = haproxy.addr;
+    assert_eq!(get(http, "/?x=one").status, 403);
+    assert_eq!(get(http, "/?x=two").status, 200);
+
+    // The kubelet's update.
+    let mark = agent.log_len();
+    version("..2026_12_01_v2", &deny_word(&spop.to_string(), "two"));
+    publish("..2026_12_01_v2");
+    std::fs::remove_dir_all(d.join("..2026_12_01_v1")).expect("rm");
+    agent.wait_for_log_after(mark, "changed: reloading (-autoreload)", WAIT);
+    agent.wait_for_log_after(mark, "rules reloaded: 1 application(s)", WAIT);
+    assert_eq!(get(http, "/?x=two").status, 403);
+    assert_eq!(get(http, "/?x=one").status, 200);
+    let metrics = || lastcall_testkit::http_get(admin, "/metrics").1;
+    assert_eq!(
+        crate::support::metric_value(&metrics(), "spoa_reloads_total{result=\"ok\"}"),
+        1.0
+    );
+
+    // An update that does not compile: logged, counted, the running rules stay.
+    let mark = agent.log_len();
+    version(
+        "..2026_12_01_v3",
+        "applications:\n  - name: a\n    directives: SecRuleEngine Maybe\n",
+    );
+    publish("..2026_12_01_v3");
+    agent.wait_for_log_after(mark, "reload failed, keeping the running rules", WAIT);
+    assert_eq!(get(http, "/?x=two").status, 403);
+    assert_eq!(
+        crate::support::metric_value(&metrics(), "spoa_reloads_total{result=\"error\"}"),
+        1.0
+    );
+    drop(haproxy);
+    let mut agent = agent;
+    agent.signal(Signal::Quit);
+    assert_eq!(agent.wait_exit(WAIT).code, Some(0));
+}
+
+/// `check-haproxy` on the real binary: coraza-spoa's example files (one agent server: a fix;
+/// no retry, a 500ms processing timeout and the SPOE timeouts HAProxy 3.1+ ignores: notes)
+/// and the documented files (nothing to fix), line by line; an unreadable file is 64.
+#[test]
+fn check_haproxy_reads_the_files_line_by_line() {
+    let crate_dir = crate::support::crate_dir();
+    let fixture = crate_dir.join("tests/fixtures/coraza-spoa");
+    let (code, out, err) = run_in(&fixture, &["check-haproxy", "haproxy.cfg", "coraza.cfg"]);
+    assert_eq!(code, 1, "{out}{err}");
+    let lines: Vec<&str> = out.lines().filter(|l| !l.starts_with(' ')).collect();
+    assert_eq!(
+        lines,
+        [
+            "haproxy.cfg:53: backend `coraza-spoa` has 1 agent server(s): while one restarts or drains, requests fail; two or more keep them flowing",
+            "coraza.cfg:4: note: no retry: a request queued on an agent connection that closes under it (an agent cut at its deadline) fails instead of being asked again",
+            "coraza.cfg:9: note: ignored by HAProxy 3.1 and later: there the agents' backend's `timeout connect` and `timeout server` apply (and `timeout server` closes idle agent connections)",
+            "coraza.cfg:10: note: ignored by HAProxy 3.1 and later: there the agents' backend's `timeout connect` and `timeout server` apply (and `timeout server` closes idle agent connections)",
+            "coraza.cfg:11: note: a verdict must come within this, queueing included: under load this turns slowness into errors (docs/spoa.md uses 2s)",
+            "1 to fix, 4 note(s)",
+        ],
+        "{out}"
+    );
+    assert!(
+        out.contains("    add: server spoa2 ADDRESS:PORT check inter 1s fall 2 rise 1\n"),
+        "{out}"
+    );
+
+    let examples = crate_dir.join("examples/haproxy");
+    let (code, out, err) = run_in(&examples, &["check-haproxy", "haproxy.cfg", "coraza.cfg"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.ends_with("fail-closed and lossless as docs/spoa.md recommends (2 note(s))\n"),
+        "{out}"
+    );
+
+    let (code, _, err) = run_in(&examples, &["check-haproxy", "no-such.cfg"]);
+    assert_eq!(code, 64, "{err}");
+    assert!(err.contains("no-such.cfg"), "{err}");
 }

@@ -30,10 +30,15 @@ fn benign_get_passes_and_sqli_is_denied_with_rule_id() {
     assert_eq!(attack.header("waf-block"), Some("request"));
     // CRS blocks on the anomaly score (rule 949110), after SQLi rules matched.
     assert_eq!(attack.header("x-waf-ruleid"), Some("949110"));
-    let hit = attack.header("x-waf-rules-hit").unwrap_or_default();
+    let hit = attack.header("x-waf-rule-ids").unwrap_or_default();
     assert!(
         hit.split(',').any(|id| id.starts_with("942")),
         "rules hit: {hit}"
+    );
+    // coraza-spoa's `rules_hit` counts the rules `rule_ids` names.
+    assert_eq!(
+        attack.header("x-waf-rules-hit"),
+        Some(hit.split(',').count().to_string().as_str())
     );
     let score: u32 = attack
         .header("x-waf-anomaly-score")
@@ -72,7 +77,7 @@ fn xss_in_post_body_is_denied() {
         "name=mallory&text=%3Cscript%3Ealert(document.cookie)%3C%2Fscript%3E",
     );
     assert_eq!(xss.status, 403, "{}", xss.text());
-    let hit = xss.header("x-waf-rules-hit").unwrap_or_default();
+    let hit = xss.header("x-waf-rule-ids").unwrap_or_default();
     assert!(
         hit.split(',').any(|id| id.starts_with("941")),
         "rules hit: {hit}"
@@ -101,7 +106,7 @@ applications:
         !leak.text().contains("SQL syntax"),
         "the leaked body must not reach the client"
     );
-    let hit = leak.header("x-waf-rules-hit").unwrap_or_default();
+    let hit = leak.header("x-waf-rule-ids").unwrap_or_default();
     assert!(
         hit.split(',').any(|id| id.starts_with("951")),
         "rules hit: {hit}"
@@ -123,7 +128,7 @@ applications:
     let attack = get(stack.http(), "/?id=1'%20OR%20'1'='1");
     assert_eq!(attack.status, 200, "{}", attack.text());
     assert!(attack.header("waf-block").is_none());
-    let hit = attack.header("x-waf-rules-hit").unwrap_or_default();
+    let hit = attack.header("x-waf-rule-ids").unwrap_or_default();
     assert!(
         hit.split(',').any(|id| id.starts_with("942")),
         "rules hit: {hit}"
@@ -164,4 +169,94 @@ applications:
     assert!(totals.blocked > 0, "{totals}");
     assert!(agent.metric("spoa_requests_total{verdict=\"deny\"}") >= 1.0);
     assert!(agent.metric("spoa_requests_total{verdict=\"allow\"}") >= 1.0);
+}
+
+/// HAProxy's version as (major, minor), from `haproxy -v`.
+fn haproxy_version() -> (u32, u32) {
+    let line = crate::support::haproxy::version();
+    let v = line
+        .split_whitespace()
+        .find(|w| w.chars().next().is_some_and(|c| c.is_ascii_digit()))
+        .unwrap_or_else(|| panic!("no version in {line:?}"));
+    let mut parts = v.split(|c: char| !c.is_ascii_digit());
+    let mut next = || parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+    (next(), next())
+}
+
+/// The agents' backend docs/spoa.md gives for HAProxy 3.1 and later (`mode spop`, the
+/// handshake and idle timeouts in the backend), in place of the documented file's: on 3.1+
+/// it serves through both agents (benign 200, SQL injection 403); older HAProxy refuses it
+/// at start with "unknown proxy mode", as the page says. Runs on whichever HAProxy
+/// `LASTCALL_HAPROXY` gives.
+#[test]
+fn the_documented_31_backend_in_mode_spop() {
+    let docs = std::fs::read_to_string(crate::support::crate_dir().join("../../docs/spoa.md"))
+        .expect("docs/spoa.md");
+    let open = "```haproxy\nbackend coraza-spoa\n    mode spop\n";
+    let start = docs.find(open).expect("the 3.1+ backend in docs/spoa.md") + "```haproxy\n".len();
+    let snippet = &docs[start..start + docs[start..].find("```").expect("end of the block")];
+    let example =
+        std::fs::read_to_string(crate::support::haproxy::config_path()).expect("haproxy.cfg");
+    let at = example
+        .find("\nbackend coraza-spoa\n")
+        .expect("the agents' backend");
+    assert!(
+        example[at + 1..]
+            .lines()
+            .skip(1)
+            .all(|l| l.is_empty() || l.starts_with(' ')),
+        "the agents' backend is the file's last section"
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("haproxy.cfg");
+    std::fs::write(&path, format!("{}\n{snippet}", &example[..at])).expect("write");
+
+    let version = haproxy_version();
+    println!("{} -> {version:?}", crate::support::haproxy::version());
+    if version < (3, 1) {
+        let out = crate::support::haproxy::command()
+            .arg("-c")
+            .arg("-f")
+            .arg(&path)
+            .env("FRONTEND_ADDR", "127.0.0.1:1")
+            .env("ORIGIN_ADDR", "127.0.0.1:2")
+            .env("SPOA1_ADDR", "127.0.0.1:3")
+            .env("SPOA2_ADDR", "127.0.0.1:4")
+            .env("CORAZA_SPOE_CFG", crate::support::haproxy::spoe_path())
+            .env("STATS_SOCKET", dir.path().join("admin.sock"))
+            .output()
+            .expect("haproxy -c");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(!out.status.success(), "{text}");
+        assert!(text.contains("unknown proxy mode"), "{text}");
+        return;
+    }
+    let origin = crate::support::Origin::start();
+    let a1 = crate::support::Agent::start(None, &[]);
+    let a2 = crate::support::Agent::start(None, &[]);
+    let h = crate::support::Haproxy::start_files(
+        tempfile::tempdir().expect("tempdir"),
+        &path,
+        &crate::support::haproxy::spoe_path(),
+        origin.addr,
+        a1.addr,
+        a2.addr,
+    );
+    for i in 0..4 {
+        let ok = get(h.addr, &format!("/index.html?q=hello&i={i}"));
+        assert_eq!(ok.status, 200, "{}", ok.text());
+        let attack = get(h.addr, &format!("/?id=1'%20OR%20'1'='1&i={i}"));
+        assert_eq!(attack.status, 403, "{}", attack.text());
+        assert_eq!(attack.header("x-waf-ruleid"), Some("949110"));
+    }
+    // The agents gave the verdicts (HAProxy may keep to one connection, so not both).
+    let denied: f64 = [&a1, &a2]
+        .iter()
+        .map(|a| a.metric("spoa_requests_total{verdict=\"deny\"}"))
+        .sum();
+    assert_eq!(denied, 4.0);
 }

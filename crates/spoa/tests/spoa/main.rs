@@ -3,6 +3,7 @@
 //!
 //! - `bodies`: bodies larger than HAProxy's buffer.
 //! - `cli`: `--validate`, configuration errors, process behaviour.
+//! - `coraza_spoa`: a coraza-spoa user's files and flags, unchanged.
 //! - `differential`: the request corpus through nginx + ModSecurity and through the agent.
 //! - `docs`: docs/spoa.md shows the configuration the tests run.
 //! - `drain`: the drain recipe with two agents under load.
@@ -22,6 +23,7 @@
 
 mod bodies;
 mod cli;
+mod coraza_spoa;
 mod differential;
 mod docs;
 mod drain;

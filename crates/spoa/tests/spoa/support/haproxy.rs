@@ -6,11 +6,30 @@ use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use lastcall_testkit::{self as testkit, Pod};
 
 use super::{crate_dir, http, WAIT};
+
+/// The HAProxy every test runs, from one place ([`testkit::peers::haproxy`]:
+/// `LASTCALL_HAPROXY`, a command, words split on spaces, e.g.
+/// `/var/cache/lastcall-scratch/run trixie /usr/sbin/haproxy` for 3.0 in a chroot that
+/// shares /tmp; else Debian 12's 2.6).
+pub(crate) fn command() -> Command {
+    testkit::peers::haproxy()
+}
+
+/// `haproxy -v`'s first line, for test output.
+pub(crate) fn version() -> String {
+    let out = command().arg("-v").output().expect("run haproxy -v");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .to_owned()
+}
 
 /// Variants of the documented configuration, for measurements.
 #[derive(Debug, Clone, Copy, Default)]
@@ -68,20 +87,34 @@ impl Haproxy {
         } else {
             config_path()
         };
-        let spoe = spoe_path();
+        Self::start_files(dir, &config, &spoe_path(), origin, spoa1, spoa2)
+    }
+
+    /// Starts HAProxy with the configuration `config` and the SPOE file `spoe`, which read
+    /// their addresses from the environment as the documented files do (`FRONTEND_ADDR`,
+    /// `ORIGIN_ADDR`, `SPOA1_ADDR`, `SPOA2_ADDR`, `CORAZA_SPOE_CFG`, `STATS_SOCKET`), and
+    /// waits until a benign request passes through an agent. `dir` lives as long as it.
+    pub(crate) fn start_files(
+        dir: tempfile::TempDir,
+        config: &std::path::Path,
+        spoe: &std::path::Path,
+        origin: SocketAddr,
+        spoa1: SocketAddr,
+        spoa2: SocketAddr,
+    ) -> Haproxy {
         let stats = dir.path().join("admin.sock");
         let addr: SocketAddr = format!("127.0.0.1:{}", testkit::free_port())
             .parse()
             .expect("addr");
-        let mut cmd = testkit::peers::haproxy();
+        let mut cmd = command();
         cmd.arg("-db")
             .arg("-f")
-            .arg(&config)
+            .arg(config)
             .env("FRONTEND_ADDR", addr.to_string())
             .env("ORIGIN_ADDR", origin.to_string())
             .env("SPOA1_ADDR", spoa1.to_string())
             .env("SPOA2_ADDR", spoa2.to_string())
-            .env("CORAZA_SPOE_CFG", &spoe)
+            .env("CORAZA_SPOE_CFG", spoe)
             .env("STATS_SOCKET", &stats);
         let pod = Pod::spawn(cmd);
         testkit::wait_for_tcp(addr, WAIT);

@@ -13,12 +13,19 @@
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use lastcall_testkit::{self as testkit, Pod};
 
 use super::{Origin, WAIT};
+
+/// The nginx the tests run, from one place ([`testkit::peers::nginx`]: `LASTCALL_NGINX`, a
+/// command, as for HAProxy; else Debian's).
+pub(crate) fn command() -> Command {
+    testkit::peers::nginx()
+}
 
 /// Debian's ModSecurity connector module for nginx.
 pub(crate) const MODSECURITY_MODULE: &str = "/usr/lib/nginx/modules/ngx_http_modsecurity_module.so";
@@ -45,7 +52,7 @@ impl Nginx {
         let conf = config(prefix, addr, origin);
         std::fs::write(prefix.join("nginx.conf"), conf).expect("write nginx.conf");
         let command = || {
-            let mut cmd = testkit::peers::nginx();
+            let mut cmd = command();
             cmd.arg("-p")
                 .arg(prefix)
                 .arg("-c")
@@ -84,21 +91,23 @@ impl Nginx {
         new
     }
 
-    /// The rule ids (below 950000: request rules) in the ModSecurity lines nginx logged
-    /// since `*offset`, in order, without duplicates.
-    pub(crate) fn request_rules_since(&self, offset: &mut usize) -> Vec<u32> {
+    /// The request attack rule ids (coraza-spoa's ranges, below 950000) in the ModSecurity
+    /// lines nginx logged since `*offset`, in order, without duplicates; and whether
+    /// ModSecurity logged anything at all.
+    pub(crate) fn request_rules_since(&self, offset: &mut usize) -> (Vec<u32>, bool) {
         let mut ids = Vec::new();
-        for part in self.error_log_since(offset).split("[id \"").skip(1) {
+        let log = self.error_log_since(offset);
+        for part in log.split("[id \"").skip(1) {
             let id = part
                 .split('"')
                 .next()
                 .and_then(|s| s.parse::<u32>().ok())
                 .unwrap_or(0);
-            if id != 0 && id < 950_000 && !ids.contains(&id) {
+            if lastcall_spoa::waf::is_attack_rule(id) && id < 950_000 && !ids.contains(&id) {
                 ids.push(id);
             }
         }
-        ids
+        (ids, log.contains("ModSecurity: "))
     }
 }
 
@@ -354,11 +363,75 @@ pub(crate) fn run_corpus(
         .collect()
 }
 
-/// The request rule ids HAProxy's documented configuration shows in `x-waf-rules-hit`
-/// (coraza-spoa's `rules_hit` variable).
+/// Whether libmodsecurity, run directly on `rules`, lets the raw request through: the
+/// reference for requests nginx refuses itself before ModSecurity sees them (`OPTIONS *`,
+/// a path above the root, TRACE). The target is handed over as nginx hands targets to
+/// ModSecurity: `*` as is, the path and query of an absolute-form target (`/` without a
+/// path). Also returns the request attack rules that matched.
+pub(crate) fn libmodsecurity_allows(rules: &str, raw: &[u8]) -> (bool, Vec<u32>) {
+    use lastcall_modsec::{ModSecurity, RuleSet, Transaction};
+    let head_end = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .unwrap_or(raw.len());
+    let head = String::from_utf8_lossy(&raw[..head_end]).into_owned();
+    let body = raw.get(head_end + 4..).unwrap_or_default();
+    let mut lines = head.split("\r\n");
+    let request_line = lines.next().unwrap_or_default();
+    let mut parts = request_line.split(' ');
+    let (method, target, version) = (
+        parts.next().unwrap_or("GET"),
+        parts.next().unwrap_or("/"),
+        parts.next().unwrap_or("HTTP/1.1"),
+    );
+    let target = match target.split_once("://") {
+        Some((_, rest)) => rest.find('/').map_or("/", |i| &rest[i..]),
+        None => target,
+    };
+    let ms = ModSecurity::new().expect("libmodsecurity");
+    let set = RuleSet::from_directives(rules, "reference").expect("rules compile");
+    let mut tx = Transaction::new(&ms, &set, None).expect("transaction");
+    let verdict = (|| -> Result<bool, lastcall_modsec::Error> {
+        if tx
+            .process_connection("127.0.0.1", 40000, "127.0.0.1", 80)?
+            .is_some()
+        {
+            return Ok(false);
+        }
+        let v = version.strip_prefix("HTTP/").unwrap_or("1.1");
+        if tx.process_uri(target, method, v)?.is_some() {
+            return Ok(false);
+        }
+        for l in lines {
+            if let Some((k, val)) = l.split_once(':') {
+                tx.add_request_header(k.trim().as_bytes(), val.trim().as_bytes())?;
+            }
+        }
+        if tx.process_request_headers()?.is_some() {
+            return Ok(false);
+        }
+        if !body.is_empty() {
+            tx.append_request_body(body)?;
+        }
+        Ok(tx.process_request_body()?.is_none())
+    })()
+    .expect("libmodsecurity evaluates");
+    let mut ids: Vec<u32> = tx
+        .report()
+        .rule_ids()
+        .iter()
+        .copied()
+        .filter(|id| lastcall_spoa::waf::is_attack_rule(*id) && *id < 950_000)
+        .collect();
+    ids.sort_unstable();
+    (verdict, ids)
+}
+
+/// The request rule ids HAProxy's documented configuration shows in `x-waf-rule-ids`
+/// (coraza-spoa's `rule_ids` variable, set with `exportRuleIDs=bool(true)`).
 pub(crate) fn rules_from_header(reply: &RawReply) -> Vec<u32> {
     reply
-        .header("x-waf-rules-hit")
+        .header("x-waf-rule-ids")
         .unwrap_or_default()
         .split(',')
         .filter_map(|s| s.trim().parse::<u32>().ok())

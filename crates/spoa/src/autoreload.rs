@@ -1,0 +1,105 @@
+//! `-autoreload`: reload when the configuration file changes, as SIGHUP does.
+//!
+//! The file's directory is watched (inotify), not the file: editors replace files by
+//! renaming, and Kubernetes updates a mounted ConfigMap by swapping the `..data` symlink the
+//! file's own symlink points through, so the file's inode never changes. After a burst of
+//! events has been quiet for [`SETTLE`], the file is read again through its symlinks; a
+//! reload is asked for only when its bytes differ from the last ones seen (an unrelated file
+//! in the directory, or a save that changed nothing, reloads nothing).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use notify::{RecursiveMode, Watcher};
+use tokio::sync::mpsc;
+
+/// How long a burst of events must be quiet before the file is read: a ConfigMap swap is a
+/// few events within a millisecond, an editor's save a few within some.
+pub const SETTLE: Duration = Duration::from_millis(200);
+
+/// Watches `path`; each message on the returned channel asks for one reload. The watcher
+/// lives as long as the receiver. The error says why the directory cannot be watched.
+pub fn watch(path: &Path) -> Result<mpsc::Receiver<()>, String> {
+    let path = path.to_path_buf();
+    let dir = path
+        .parent()
+        .map(Path::to_path_buf)
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or_else(|| PathBuf::from("."));
+    let (events_tx, events_rx) = mpsc::unbounded_channel::<()>();
+    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+        if event.is_ok() {
+            let _ = events_tx.send(());
+        }
+    })
+    .map_err(|e| format!("cannot watch {}: {e}", dir.display()))?;
+    watcher
+        .watch(&dir, RecursiveMode::NonRecursive)
+        .map_err(|e| format!("cannot watch {}: {e}", dir.display()))?;
+    let (reload_tx, reload_rx) = mpsc::channel(1);
+    // What is running now: read before anything can change it.
+    let last = std::fs::read(&path).ok();
+    tokio::spawn(settle(path, last, watcher, events_rx, reload_tx));
+    Ok(reload_rx)
+}
+
+async fn settle(
+    path: PathBuf,
+    mut last: Option<Vec<u8>>,
+    _watcher: notify::RecommendedWatcher,
+    mut events: mpsc::UnboundedReceiver<()>,
+    reload: mpsc::Sender<()>,
+) {
+    while events.recv().await.is_some() {
+        // Quiet for SETTLE: every event in the burst restarts the wait.
+        loop {
+            match tokio::time::timeout(SETTLE, events.recv()).await {
+                Ok(Some(())) => continue,
+                Ok(None) => return,
+                Err(_) => break,
+            }
+        }
+        let now = std::fs::read(&path).ok();
+        if now.is_some() && now != last {
+            last = now;
+            tracing::info!("{} changed: reloading (-autoreload)", path.display());
+            if reload.send(()).await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A ConfigMap update as the kubelet makes it: the file is a symlink through `..data`,
+    /// a symlink to a timestamped directory; the update writes a new directory and renames
+    /// a new `..data` over the old one.
+    #[tokio::test]
+    async fn a_configmap_swap_asks_for_one_reload() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        std::fs::create_dir(d.join("..2026_01_01_v1")).unwrap();
+        std::fs::write(d.join("..2026_01_01_v1/config.yaml"), "a: 1\n").unwrap();
+        std::os::unix::fs::symlink("..2026_01_01_v1", d.join("..data")).unwrap();
+        std::os::unix::fs::symlink("..data/config.yaml", d.join("config.yaml")).unwrap();
+        let mut reloads = watch(&d.join("config.yaml")).unwrap();
+
+        // An unrelated file: no reload.
+        std::fs::write(d.join("other"), "x").unwrap();
+        std::fs::create_dir(d.join("..2026_01_02_v2")).unwrap();
+        std::fs::write(d.join("..2026_01_02_v2/config.yaml"), "a: 2\n").unwrap();
+        std::os::unix::fs::symlink("..2026_01_02_v2", d.join("..data_tmp")).unwrap();
+        std::fs::rename(d.join("..data_tmp"), d.join("..data")).unwrap();
+        std::fs::remove_dir_all(d.join("..2026_01_01_v1")).unwrap();
+        tokio::time::timeout(Duration::from_secs(30), reloads.recv())
+            .await
+            .expect("a reload within 30 s")
+            .expect("open");
+        // One burst, one reload: nothing more is pending once it settled.
+        let more = tokio::time::timeout(SETTLE * 5, reloads.recv()).await;
+        assert!(more.is_err(), "a second reload for the same change");
+    }
+}
