@@ -37,6 +37,8 @@ pub fn frames(data: &[u8]) {
         max_inflight: 1 << 20,
         drain_quiet: std::time::Duration::ZERO,
         partial_frame_timeout: std::time::Duration::from_secs(30),
+        hello_timeout: std::time::Duration::from_secs(10),
+        idle_timeout: std::time::Duration::from_secs(600),
     };
     let mut conn = Conn::new(settings, Drain::SERVING, now);
     let mut hello = Vec::new();

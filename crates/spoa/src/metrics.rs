@@ -53,6 +53,13 @@ pub struct Metrics {
     pub transactions_cached: Gauge,
     /// Transactions dropped because their TTL ran out or the bound was reached.
     pub transactions_expired: Counter,
+    budget: Family<Labels, Counter>,
+    /// Evaluations still running past their budget (answered already).
+    pub overrunning: Gauge,
+    /// Bytes held for frames: read buffers and NOTIFYs waiting for or in evaluation.
+    pub buffered_bytes: Gauge,
+    /// Connections closed for idleness (no HELLO in time, or idle after it), by when.
+    timeouts: Family<Labels, Counter>,
 }
 
 impl Default for Metrics {
@@ -72,6 +79,10 @@ impl Default for Metrics {
             truncated: Family::default(),
             transactions_cached: Gauge::default(),
             transactions_expired: Counter::default(),
+            budget: Family::default(),
+            overrunning: Gauge::default(),
+            buffered_bytes: Gauge::default(),
+            timeouts: Family::default(),
         }
     }
 }
@@ -135,6 +146,44 @@ impl Metrics {
             "Kept transactions dropped by TTL or bound before their response came",
             self.transactions_expired.clone(),
         );
+        r.register(
+            "evaluations_failed_closed",
+            "NOTIFYs answered with the error variable for lack of time: at evaluation_timeout \
+             (deadline), or at once while max_overruns runaways run (overloaded)",
+            self.budget.clone(),
+        );
+        r.register(
+            "evaluations_overrunning",
+            "Evaluations still running past evaluation_timeout (their NOTIFY answered already)",
+            self.overrunning.clone(),
+        );
+        r.register(
+            "buffered_bytes",
+            "Bytes held for SPOP frames: read buffers and NOTIFYs waiting for or in evaluation",
+            self.buffered_bytes.clone(),
+        );
+        r.register(
+            "connections_timed_out",
+            "Connections closed with nothing to do: no HELLO within hello_timeout (hello), or \
+             idle for idle_timeout (idle)",
+            self.timeouts.clone(),
+        );
+    }
+
+    /// Counts a NOTIFY answered with the error variable for lack of time (`deadline` or
+    /// `overloaded`).
+    pub fn failed_closed(&self, reason: &'static str) {
+        self.budget.get_or_create(&vec![("reason", reason)]).inc();
+    }
+
+    /// Current count of [`failed_closed`](Self::failed_closed) (tests).
+    pub fn failed_closed_with(&self, reason: &'static str) -> u64 {
+        self.budget.get_or_create(&vec![("reason", reason)]).get()
+    }
+
+    /// Counts a connection closed for idleness (`hello` or `idle`).
+    pub fn timed_out(&self, when: &'static str) {
+        self.timeouts.get_or_create(&vec![("when", when)]).inc();
     }
 
     /// Counts a request verdict.

@@ -422,6 +422,33 @@ impl Handler for Waf {
         Answer { vars, later }
     }
 
+    /// The transaction id of the first `coraza-req` (its `id` argument, else one generated
+    /// now and added to the message, so that the evaluation uses the same one), else the
+    /// `id` of the first `coraza-res`.
+    fn identify(&self, messages: &mut [Message]) -> Option<String> {
+        let given = |m: &Message| {
+            m.args
+                .iter()
+                .rev()
+                .find_map(|(name, v)| match (name.as_str(), v) {
+                    ("id", TypedData::String(s)) if !s.is_empty() => Some(s.clone()),
+                    _ => None,
+                })
+        };
+        if let Some(req) = messages.iter_mut().find(|m| m.name == REQUEST_MESSAGE) {
+            if let Some(id) = given(req) {
+                return Some(id);
+            }
+            let id = self.new_id();
+            req.args.push(("id".into(), TypedData::String(id.clone())));
+            return Some(id);
+        }
+        messages
+            .iter()
+            .find(|m| m.name == RESPONSE_MESSAGE)
+            .and_then(given)
+    }
+
     /// Inline when every message is a `coraza-res` of an application without response
     /// checks, or unknown: exactly the messages [`handle`](Self::handle) answers with no
     /// variables and no metric.
