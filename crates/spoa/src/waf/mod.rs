@@ -157,6 +157,11 @@ impl Waf {
         };
         let id = req.id.clone().unwrap_or_else(|| self.new_id());
         let mut vars: Vars = vec![("id", TypedData::String(id.clone()))];
+        if let Some(problem) = &req.problem {
+            tracing::warn!(tx = %id, "coraza-req not evaluated: {problem}");
+            vars.push(("error", TypedData::Int64(AGENT_ERROR)));
+            return (Verdict::Error, vars);
+        }
         if req.body_truncated() {
             let declared = req.declared_body_size().unwrap_or(0);
             match app.config.body_limit_action {
@@ -302,6 +307,13 @@ impl Waf {
     }
 
     fn evaluate_kept_response(&self, res: &Response) -> (Verdict, Vars) {
+        if let Some(problem) = &res.problem {
+            tracing::warn!(tx = %res.id, "coraza-res not evaluated: {problem}");
+            return (
+                Verdict::Error,
+                vec![("error", TypedData::Int64(AGENT_ERROR))],
+            );
+        }
         let kept = self.cache().map.remove(&res.id).map(|(_, k)| k);
         self.metrics
             .transactions_cached
