@@ -18,15 +18,17 @@
 //! The listener runs on a thread of its own (`lastcall-admin`, with its own single-threaded
 //! runtime), so that nothing the daemon's runtime does (a busy I/O thread, a blocked task)
 //! delays a liveness probe. What a stranger can hold is bounded: at most
-//! [`MAX_CONNECTIONS`] connections (more are closed at once), [`MAX_BUFFER`] bytes buffered
-//! per connection, [`HEADER_TIMEOUT`] to send a request's headers and [`IDLE_TIMEOUT`]
-//! between requests.
+//! [`MAX_CONNECTIONS`] connections (a new one closes the oldest, so that a probe still gets
+//! in while a stranger holds connections open), [`MAX_BUFFER`] bytes buffered per
+//! connection, [`HEADER_TIMEOUT`] to send a request's headers and [`IDLE_TIMEOUT`] between
+//! requests.
 
+use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -50,7 +52,7 @@ pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a connection may stay open with nothing coming from the client (between
 /// requests on a keep-alive connection, or before the first one).
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
-/// Admin connections open at once; a connection beyond it is closed at once.
+/// Admin connections open at once; a connection beyond it closes the oldest.
 pub const MAX_CONNECTIONS: usize = 256;
 /// Bytes hyper buffers per connection (a request's headers must fit).
 pub const MAX_BUFFER: usize = 16 * 1024;
@@ -123,7 +125,7 @@ pub fn serve_listener(
         handle: handle.clone(),
         registry,
         own: own_registry(handle),
-        open: AtomicUsize::new(0),
+        open: Open::default(),
     });
     let stop = Arc::new(Notify::new());
     let stopped = Arc::clone(&stop);
@@ -160,7 +162,46 @@ struct Ctx {
     /// The `lastcall_*` metrics, when the daemon did not register them in its registry.
     own: Option<Registry>,
     /// Connections open.
-    open: AtomicUsize,
+    open: Open,
+}
+
+/// The connections open, oldest first, each with what closes it.
+#[derive(Default)]
+struct Open {
+    conns: Mutex<BTreeMap<u64, Arc<Notify>>>,
+    next: AtomicU64,
+}
+
+impl Open {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Arc<Notify>>> {
+        match self.conns.lock() {
+            Ok(g) => g,
+            Err(poisoned) => poisoned.into_inner(),
+        }
+    }
+
+    /// Registers a new connection; at the bound, the oldest is told to close.
+    fn add(&self) -> (u64, Arc<Notify>) {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        let close = Arc::new(Notify::new());
+        let mut conns = self.lock();
+        if conns.len() >= MAX_CONNECTIONS {
+            if let Some((_, oldest)) = conns.pop_first() {
+                oldest.notify_one();
+            }
+        }
+        conns.insert(id, Arc::clone(&close));
+        (id, close)
+    }
+
+    fn remove(&self, id: u64) {
+        self.lock().remove(&id);
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.lock().len()
+    }
 }
 
 fn own_registry(handle: &Handle) -> Option<Registry> {
@@ -183,18 +224,19 @@ async fn accept_loop(listener: TcpListener, ctx: Arc<Ctx>) {
                 continue;
             }
         };
-        if ctx.open.fetch_add(1, Ordering::SeqCst) >= MAX_CONNECTIONS {
-            ctx.open.fetch_sub(1, Ordering::SeqCst);
-            tracing::debug!(%peer, "admin listener: {MAX_CONNECTIONS} connections open, closing this one");
-            drop(stream);
-            continue;
-        }
-        tokio::spawn(connection(stream, peer, Arc::clone(&ctx)));
+        let (id, close) = ctx.open.add();
+        tokio::spawn(connection(stream, peer, Arc::clone(&ctx), id, close));
     }
 }
 
 /// Serves one admin connection to its end.
-async fn connection(stream: tokio::net::TcpStream, peer: SocketAddr, ctx: Arc<Ctx>) {
+async fn connection(
+    stream: tokio::net::TcpStream,
+    peer: SocketAddr,
+    ctx: Arc<Ctx>,
+    id: u64,
+    close: Arc<Notify>,
+) {
     let posted = Arc::new(AtomicBool::new(false));
     let service = {
         let (ctx, posted) = (ctx.clone(), posted.clone());
@@ -225,6 +267,10 @@ async fn connection(stream: tokio::net::TcpStream, peer: SocketAddr, ctx: Arc<Ct
                 break conn.await;
             }
             () = activity.notified() => {}
+            () = close.notified() => {
+                tracing::debug!(%peer, "admin connection closed: {MAX_CONNECTIONS} open, it was the oldest");
+                break Ok(());
+            }
             () = tokio::time::sleep(IDLE_TIMEOUT) => {
                 tracing::debug!(%peer, "admin connection idle for {IDLE_TIMEOUT:?}: closed");
                 conn.as_mut().graceful_shutdown();
@@ -238,7 +284,7 @@ async fn connection(stream: tokio::net::TcpStream, peer: SocketAddr, ctx: Arc<Ct
     if posted.load(Ordering::SeqCst) {
         ctx.handle.admin_drain_request_done();
     }
-    ctx.open.fetch_sub(1, Ordering::SeqCst);
+    ctx.open.remove(id);
 }
 
 /// A connection that signals every read and write that moved bytes (for the idle timer).
@@ -445,7 +491,7 @@ mod tests {
             own: own_registry(&handle),
             handle,
             registry: Arc::new(registry),
-            open: AtomicUsize::new(0),
+            open: Open::default(),
         };
         (lifecycle, ctx)
     }
@@ -534,7 +580,7 @@ mod tests {
             own: own_registry(&handle),
             handle: handle.clone(),
             registry: Arc::new(Registry::default()),
-            open: AtomicUsize::new(0),
+            open: Open::default(),
         };
         let (tx, rx) = futures::channel::mpsc::unbounded::<crate::Trigger>();
         let run = tokio::spawn(lifecycle.drive(Box::pin(rx)));
@@ -708,8 +754,8 @@ mod tests {
         server.shutdown();
     }
 
-    /// Connections beyond the bound are closed at once; an idle one is closed after
-    /// `IDLE_TIMEOUT`; the listener answers throughout.
+    /// A connection beyond the bound closes the oldest (a probe still gets in); an idle one
+    /// is closed after `IDLE_TIMEOUT`; the listener answers throughout.
     #[tokio::test(start_paused = true)]
     async fn strangers_cannot_hold_it() {
         let lc = Lifecycle::without_signals(TerminationConfig::new(
@@ -723,20 +769,34 @@ mod tests {
             own: own_registry(&lc.handle()),
             handle: lc.handle(),
             registry: Arc::new(Registry::default()),
-            open: AtomicUsize::new(0),
+            open: Open::default(),
         });
         tokio::spawn(accept_loop(listener, Arc::clone(&ctx)));
         let mut held = Vec::new();
         for _ in 0..MAX_CONNECTIONS {
             held.push(tokio::net::TcpStream::connect(addr).await.unwrap());
         }
-        while ctx.open.load(Ordering::SeqCst) < MAX_CONNECTIONS {
+        while ctx.open.len() < MAX_CONNECTIONS {
             tokio::task::yield_now().await;
         }
-        let mut extra = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let mut probe = tokio::net::TcpStream::connect(addr).await.unwrap();
+        probe
+            .write_all(b"GET /livez HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut answer = Vec::new();
+        tokio::time::timeout(Duration::from_secs(1), probe.read_to_end(&mut answer))
+            .await
+            .expect("the probe is answered at once")
+            .unwrap();
+        assert!(answer.starts_with(b"HTTP/1.1 200"));
         let mut buf = [0u8; 256];
-        let got = tokio::time::timeout(Duration::from_secs(1), extra.read(&mut buf)).await;
-        assert!(matches!(got, Ok(Ok(0) | Err(_))), "closed at once: {got:?}");
+        let mut oldest = held.remove(0);
+        let got = tokio::time::timeout(Duration::from_secs(1), oldest.read(&mut buf)).await;
+        assert!(
+            matches!(got, Ok(Ok(0) | Err(_))),
+            "the oldest is closed: {got:?}"
+        );
         // One of them keeps its connection alive after a request, then falls silent.
         held[0]
             .write_all(b"GET /livez HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -753,7 +813,7 @@ mod tests {
             );
         }
         assert!(started.elapsed() <= IDLE_TIMEOUT + Duration::from_secs(1));
-        while ctx.open.load(Ordering::SeqCst) > 0 {
+        while ctx.open.len() > 0 {
             tokio::task::yield_now().await;
         }
         let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
