@@ -66,6 +66,7 @@ pub(super) async fn serve_split<R, W>(
     let mut task = ConnTask {
         conn: Conn::new(shared.limits.conn_settings(), drain, Instant::now()),
         account: shared.memory.account(),
+        jobs: Arc::new(Jobs::default()),
         direct: drain.serving(),
         waiting: VecDeque::new(),
         slot: None,
@@ -133,6 +134,8 @@ struct ConnTask<R, W> {
     conn: Conn,
     /// Its read buffer, as `max_buffered_bytes` counts it.
     account: Account,
+    /// Its evaluations queued or running (an answer given at the deadline does not end one).
+    jobs: Arc<Jobs>,
     /// Whether the sink was last told to write ACKs directly.
     direct: bool,
     /// Evaluations waiting for room in the pool's queue (it was full), in order.
@@ -176,6 +179,8 @@ where
                 self.sink.set_direct(self.direct);
             }
             input = match action {
+                // ACKs taken just now made room under the bound: decode what is buffered.
+                Action::Wait { .. } if self.conn.decodable() => Input::Nothing,
                 Action::Wait { read, until } => match self.next_input(read, until).await {
                     Some(input) => input,
                     None => return,
@@ -259,7 +264,8 @@ where
             .shared
             .budget
             .owe(ticket, id, std::time::Instant::now());
-        let work = evaluation(&self.shared, messages, owed, charge);
+        let job = Jobs::start(&self.jobs);
+        let work = evaluation(&self.shared, messages, owed, (charge, job));
         self.hand_over(work);
     }
 
@@ -283,7 +289,10 @@ where
         if self.account.evict().is_set() {
             return Some(Input::Evicted);
         }
-        let (read, retry) = if read && self.sink.pending_len() <= MAX_UNSENT {
+        // Evaluations answered at their deadline may still wait in the queue: no more bytes
+        // until this connection's are fewer than it may have in flight.
+        let jobs_full = self.jobs.count() >= self.shared.limits.max_inflight_per_connection.max(1);
+        let (read, retry) = if read && !jobs_full && self.sink.pending_len() <= MAX_UNSENT {
             match self.room() {
                 Ok(()) => (true, None),
                 Err(Pressure::Evicted) => return Some(Input::Nothing),
@@ -294,6 +303,7 @@ where
         };
         let evict = Arc::clone(self.account.evict());
         let memory = Arc::clone(&self.shared.memory);
+        let jobs = Arc::clone(&self.jobs);
         let input = tokio::select! {
             biased;
             seen = self.watch.changed() => Input::Drain(Drain::from(seen)),
@@ -317,6 +327,7 @@ where
             // Room was short: try again when bytes are released, or when the oldest
             // unfinished frame may be dropped.
             () = memory.released(), if retry.is_some() => Input::Nothing,
+            () = jobs.done.notified(), if jobs_full => Input::Nothing,
             () = sleep_until(retry.flatten()), if retry.is_some_and(|r| r.is_some()) => Input::Nothing,
             () = sleep_until(until), if until.is_some() => Input::Timeout,
         };
@@ -338,6 +349,13 @@ where
         if self.account.try_grow(needed) {
             let buf = self.conn.buffer();
             buf.reserve(want);
+            // `reserve` may double the allocation: beyond what the cap grants, the buffer is
+            // built anew at the size asked for.
+            if !self.account.try_grow(buf.capacity()) {
+                let mut exact = bytes::BytesMut::with_capacity(needed);
+                exact.extend_from_slice(buf);
+                *buf = exact;
+            }
             self.account.set(buf.capacity());
             return Ok(());
         }
@@ -469,15 +487,49 @@ async fn wait_slot(slot: &mut Option<SlotFuture>) -> Option<Slot> {
     }
 }
 
+/// A connection's evaluations queued or running.
+#[derive(Debug, Default)]
+struct Jobs {
+    n: std::sync::atomic::AtomicUsize,
+    done: tokio::sync::Notify,
+}
+
+/// One of a connection's evaluations, counted until dropped.
+struct Job(Arc<Jobs>);
+
+impl Jobs {
+    fn start(jobs: &Arc<Jobs>) -> Job {
+        jobs.n.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Job(Arc::clone(jobs))
+    }
+
+    fn count(&self) -> usize {
+        self.n.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl Drop for Job {
+    fn drop(&mut self) {
+        self.0.n.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        self.0.done.notify_one();
+    }
+}
+
 /// One NOTIFY's evaluation, to run on an evaluation thread; skipped if its answer went out
-/// already (at its deadline, while it was queued). Its bytes are held until it ends.
-fn evaluation(shared: &Shared, messages: Vec<Message>, owed: Arc<Owed>, charge: Charge) -> Work {
+/// already (at its deadline, while it was queued). Its bytes, and its place among the
+/// connection's evaluations, are held until it ends.
+fn evaluation(
+    shared: &Shared,
+    messages: Vec<Message>,
+    owed: Arc<Owed>,
+    held: (Charge, Job),
+) -> Work {
     let handler: Arc<dyn Handler> = Arc::clone(&shared.handler);
     let metrics = Arc::clone(&shared.metrics);
     let tracked = owed.tracked();
     Work::tracked(
         move || {
-            let _charge = charge;
+            let _held = held;
             if owed.answered() {
                 return;
             }

@@ -879,3 +879,43 @@ proptest::proptest! {
         }
     }
 }
+
+/// While a whole frame is buffered the task is not asked to read more: it decodes first.
+/// A peer pipelining NOTIFYs faster than their ACKs go out cannot fill the buffer.
+#[test]
+fn no_read_while_a_whole_frame_waits() {
+    let t0 = Instant::now();
+    let mut c = Conn::new(settings(), SERVING, t0);
+    feed(&mut c, &hello(false));
+    assert!(matches!(c.poll(t0), Some(Event::Ready { .. })));
+    for sid in 1..=6 {
+        feed(&mut c, &notify(sid));
+    }
+    for _ in 0..4 {
+        assert!(matches!(c.poll(t0), Some(Event::Notify { .. })));
+    }
+    assert!(c.poll(t0).is_none(), "at the bound of 4 owed");
+    assert!(!c.decodable());
+    assert!(matches!(
+        c.handle(t0, Input::Read),
+        Action::Wait { read: false, .. }
+    ));
+    // One ACK out: a frame may be decoded, and still no read before it is.
+    assert!(matches!(
+        c.handle(t0, Input::AcksWritten(1)),
+        Action::Wait { read: false, .. }
+    ));
+    assert!(c.decodable());
+    assert!(matches!(c.poll(t0), Some(Event::Notify { .. })));
+    assert!(!c.decodable());
+    assert!(matches!(
+        c.handle(t0, Input::AcksWritten(2)),
+        Action::Wait { read: false, .. }
+    ));
+    assert!(matches!(c.poll(t0), Some(Event::Notify { .. })));
+    // Nothing whole left: read again.
+    assert!(matches!(
+        c.handle(t0, Input::Nothing),
+        Action::Wait { read: true, .. }
+    ));
+}
