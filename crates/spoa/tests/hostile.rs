@@ -615,3 +615,23 @@ fn strangers_on_the_admin_listener() {
     drop(held);
     healthy(&mut agent, &before, "admin strangers");
 }
+
+/// `POST /drain` from a stranger who does not have the token: 401 (a missing or wrong bearer
+/// token, loopback included; 403 is for a non-loopback peer when no token is configured,
+/// unit-tested in lastcall's admin.rs), and the agent keeps serving.
+#[test]
+fn post_drain_without_the_token_is_401_and_changes_nothing() {
+    let mut agent = Agent::start(None, &["--admin-token", "s3cret-hostile"]);
+    let before = before(&agent);
+    for bearer in [None, Some("wrong"), Some("s3cret-hostil")] {
+        let (status, body) = lastcall::harness::http_post(agent.admin, "/drain", bearer);
+        assert_eq!(status, 401, "{bearer:?}: {body}");
+    }
+    let (status, _) = lastcall::harness::http_get(agent.admin, "/readyz");
+    assert_eq!(status, 200, "still ready");
+    assert_eq!(agent.metric("lastcall_drain_phase"), 0.0);
+    healthy(&mut agent, &before, "POST /drain without the token");
+    let (status, body) =
+        lastcall::harness::http_post(agent.admin, "/drain", Some("s3cret-hostile"));
+    assert_eq!(status, 202, "{body}");
+}
