@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs what is missing, then runs every check and test: formatting, clippy, the Rust test
 # suite (unit, paused-clock, process-level and interop tests against real HAProxy, coturn's
-# clients and libmodsecurity), the chart tests, and every fuzz target for a bounded time
-# (FUZZ_SECONDS, default 20 s each; see scripts/fuzz.sh).
+# clients and libmodsecurity), the chart tests, every fuzz target for a bounded time
+# (FUZZ_SECONDS, default 20 s each; see scripts/fuzz.sh), and the container tests
+# (scripts/test_containers.sh, in the background beside the rest).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -10,19 +11,53 @@ bash scripts/setup.sh
 export CARGO_TERM_COLOR=never
 echo "== cargo fmt --check"
 cargo fmt --all --check
+
+# The container tests (images built without a registry, run on a private dockerd and
+# through containerd's CRI; scripts/test_containers.sh) mostly wait on drains and rollouts:
+# they run in the background, beside everything below, in their own session so that they
+# can be stopped as a whole. Their output comes at the end.
+bash scripts/test_python.sh --setup
+containers_log=$(mktemp "${TMPDIR:-/tmp}/lastcall-containers.XXXXXX")
+containers_start=$SECONDS
+setsid bash scripts/test_containers.sh >"$containers_log" 2>&1 &
+containers_pid=$!
+stop_containers() {
+  if kill -0 "$containers_pid" 2>/dev/null; then
+    echo "== stopping the container tests"
+    kill -TERM -- "-$containers_pid" 2>/dev/null || true
+    wait "$containers_pid" 2>/dev/null || true
+  fi
+  cat "$containers_log"
+  rm -f "$containers_log"
+}
+trap stop_containers EXIT
+
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "== build binaries used by the process-level tests"
 cargo build --workspace --bins --examples --locked
-echo "== Python tests (charts, images)"
+echo "== Python tests (charts, PID 1, benchmark smoke)"
 bash scripts/test_python.sh
 echo "== doc tests"
 cargo test --workspace --locked --doc
 echo "== cargo test"
+rust_status=0
 if cargo nextest --version >/dev/null 2>&1; then
-  cargo nextest run --workspace --locked --no-fail-fast
+  cargo nextest run --workspace --locked --no-fail-fast || rust_status=$?
 else
-  cargo test --workspace --locked --no-fail-fast
+  cargo test --workspace --locked --no-fail-fast || rust_status=$?
 fi
-echo "== fuzz targets (${FUZZ_SECONDS:-20} s each)"
-bash scripts/fuzz.sh
+fuzz_status=0
+if [ "$rust_status" -eq 0 ]; then
+  echo "== fuzz targets (${FUZZ_SECONDS:-20} s each)"
+  bash scripts/fuzz.sh || fuzz_status=$?
+fi
+
+echo "== container tests (started in the background; waiting)"
+containers_status=0
+wait "$containers_pid" || containers_status=$?
+trap - EXIT
+cat "$containers_log"
+rm -f "$containers_log"
+echo "== container tests: exit $containers_status (started ${containers_start} s into this run; their own time is in the line test_containers: above)"
+[ "$rust_status" -eq 0 ] && [ "$fuzz_status" -eq 0 ] && [ "$containers_status" -eq 0 ]

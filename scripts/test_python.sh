@@ -5,13 +5,13 @@
 #   every rendered object against the Kubernetes API schemas (kubernetes-validate), checks
 #   the sidecar HAProxy configuration with the real `haproxy -c`, and asserts the
 #   termination invariants;
-# - tests/images: docker/Dockerfile without a container engine: each daemon as PID 1 of a
-#   new PID namespace (unshare) receiving real signals, and every shared library of the
-#   binaries provided by the runtime stage's packages (ldd, dpkg -S). Needs root (unshare).
+# - tests/images: each daemon as PID 1 of a new PID namespace (unshare) receiving real
+#   signals, as the images run it. Needs root (unshare). The tests of the built images
+#   themselves (and tests/cri) are the container tests: scripts/test_containers.sh.
 # Tests that start a daemon skip when it is not built: build first
 # (cargo build -p lastcall-spoa -p lastcall-turn; scripts/test.sh does).
 # Installs the pinned Python packages from scripts/requirements.txt if missing.
-# Usage: bash scripts/test_python.sh [pytest args...]     (PYTHON=... to pick an interpreter)
+# Usage: bash scripts/test_python.sh [--setup | pytest args...]   (PYTHON=... to pick an interpreter)
 #   e.g. bash scripts/test_python.sh tests/images     (only the image tests)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -53,10 +53,22 @@ if ! have_requirements "$PYTHON"; then
   fi
 fi
 
+# `--setup`: only install the requirements (scripts/test.sh does this once, before it starts
+# the container tests beside the other Python tests).
+if [ "${1:-}" = --setup ]; then
+  exit 0
+fi
+
 export PYTHONDONTWRITEBYTECODE=1
-# Suites: the given paths, or all of them.
+# Suites: the given paths, or all of them. The container tests (marker `containers`: they
+# need the private dockerd and build images) run in scripts/test_containers.sh, unless a
+# `-m` is given.
 SUITES=(tests/charts tests/images tests/bench)
+MARK=(-m "not containers")
 for a in "$@"; do
-  case "$a" in tests/*) SUITES=() ;; esac
+  case "$a" in
+    tests/*) SUITES=() ;;
+    -m) MARK=() ;;
+  esac
 done
-exec "$PYTHON" -m pytest -p no:cacheprovider -q "${SUITES[@]}" "$@"
+exec "$PYTHON" -m pytest -p no:cacheprovider -q "${MARK[@]}" "${SUITES[@]}" "$@"

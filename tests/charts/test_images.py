@@ -1,5 +1,6 @@
-"""docker/Dockerfile against what the charts expect of the images (no Docker daemon here,
-so this reads the file): the targets the chart image names refer to, non-root uid 65532,
+"""docker/Dockerfile against what the charts expect of the images (this reads the file; the
+built images are checked in tests/images): the base images as build arguments with no
+registry needed, the targets the chart image names refer to, non-root uid 65532,
 SIGTERM as the stop signal, the binary itself as an exec-form ENTRYPOINT (PID 1, signals
 delivered, no shell or init shim), and the charts' default ports exposed."""
 
@@ -49,9 +50,9 @@ def one(stage: list[tuple[str, str]], instr: str) -> str:
 )
 def test_runtime_stage(chart: str, target: str, binary: str, ports: list[str]) -> None:
     all_stages = stages()
-    assert one(all_stages["build"], "FROM") == "rust:1-bookworm"
+    assert one(all_stages["source"], "FROM") == "${RUST_IMAGE}"
     stage = all_stages[target]
-    assert one(stage, "FROM") == "debian:bookworm-slim"
+    assert one(stage, "FROM") == "${DEBIAN_IMAGE}"
     assert one(stage, "USER") == "65532:65532"
     assert one(stage, "STOPSIGNAL") == "SIGTERM"
     entry = json.loads(one(stage, "ENTRYPOINT"))
@@ -70,8 +71,43 @@ def test_runtime_stage(chart: str, target: str, binary: str, ports: list[str]) -
         assert "tini" not in args and "dumb-init" not in args
 
 
+def global_args() -> dict[str, str]:
+    """The `ARG NAME=default` lines before the first FROM (usable in FROM lines)."""
+    out = {}
+    for raw in DOCKERFILE.read_text().splitlines():
+        line = raw.strip()
+        if line.upper().startswith("FROM "):
+            break
+        if line.upper().startswith("ARG "):
+            name, _, default = line[4:].strip().partition("=")
+            out[name] = default
+    return out
+
+
+def test_base_images_are_build_arguments_defaulting_to_the_official_ones() -> None:
+    """Offline builds pass local bases (scripts/images.sh); users get Debian 13's official
+    images. No `# syntax=` line (it would fetch a frontend image) and every FROM is a build
+    argument, an earlier stage or `scratch`, so nothing needs a registry."""
+    args = global_args()
+    assert args["DEBIAN_IMAGE"] == "debian:trixie-slim"
+    assert args["RUST_IMAGE"] == "rust:1-trixie"
+    assert args["BINARIES"] == "source"
+    text = DOCKERFILE.read_text()
+    assert not [ln for ln in text.splitlines() if ln.lower().startswith("# syntax")], "a `# syntax=` line needs a registry"
+    names: set[str] = set()
+    for name, stage in stages().items():
+        base = one(stage, "FROM")
+        assert base in names or base == "scratch" or (base.startswith("${") and base[2:-1] in args), (
+            f"stage {name} is built FROM {base}: neither a build argument, an earlier stage nor scratch")
+        names.add(name)
+    assert one(stages()["binaries"], "FROM") == "${BINARIES}" and {"source", "prebuilt"} <= names
+    for target in ("spoa", "turn"):
+        labels = one(stages()[target], "LABEL")
+        assert 'org.opencontainers.image.base.name="${DEBIAN_IMAGE}"' in labels
+
+
 def test_spoa_runtime_has_only_the_waf_packages() -> None:
     run = " ".join(a for i, a in stages()["spoa"] if i == "RUN")
-    assert "libmodsecurity3" in run and "modsecurity-crs" in run
+    assert "libmodsecurity3t64" in run and "modsecurity-crs" in run
     assert "-dev" not in run and "--no-install-recommends" in run
     assert not [a for i, a in stages()["turn"] if i == "RUN"], "the turn image installs nothing"

@@ -9,6 +9,7 @@ import base64
 import hashlib
 import hmac
 import http.client
+import itertools
 import json
 import os
 import secrets
@@ -17,6 +18,7 @@ import signal
 import socket
 import struct
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Callable
@@ -261,8 +263,15 @@ class Pid1:
         return os.readlink(f"/proc/{self.host_pid}/exe")
 
     def assert_pid1(self, binary: Path) -> None:
-        """The daemon itself (not a shell, not unshare) is PID 1 of its own namespace."""
-        assert self.exe() == str(binary.resolve()), f"host pid {self.host_pid} runs {self.exe()}"
+        """The daemon itself (not a shell, not unshare) is PID 1 of its own namespace.
+
+        unshare's forked child becomes the daemon when it calls exec, a moment after the fork
+        that `_find_child` saw: wait for that exec (bounded), then check."""
+        want = str(binary.resolve())
+        deadline = time.monotonic() + 10.0
+        while self.exe() != want and time.monotonic() < deadline and self.running():
+            time.sleep(0.01)
+        assert self.exe() == want, f"host pid {self.host_pid} runs {self.exe()}"
         ns = self.nspid()
         assert ns == [self.host_pid, 1], f"NSpid {ns}: not PID 1 of a child namespace"
         if self.user is not None:
@@ -394,6 +403,7 @@ MAGIC = 0x2112A442
 ALLOCATE, REFRESH = 0x0003, 0x0004
 A_USERNAME, A_MI, A_ERROR, A_LIFETIME, A_REALM, A_NONCE, A_TRANSPORT = (
     0x0006, 0x0008, 0x0009, 0x000D, 0x0014, 0x0015, 0x0019)
+A_ALTERNATE = 0x8023
 
 
 def _attr(kind: int, value: bytes) -> bytes:
@@ -420,12 +430,16 @@ class ServerGone(Exception):
 
 class TurnClient:
     """One UDP 5-tuple, so one allocation at most. The socket is connected, so an ICMP port
-    unreachable (the server is gone) surfaces as ServerGone instead of a silent timeout."""
+    unreachable (the server is gone) surfaces as ServerGone instead of a silent timeout.
+    `host` and `ns` put the client in a test host's network namespace (tests/images/netns.py)."""
 
-    def __init__(self, port: int, secret: str):
-        self.server = ("127.0.0.1", port)
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.sock.bind(("127.0.0.1", 0))
+    def __init__(self, port: int, secret: str, host: str = "127.0.0.1", ns: str | None = None,
+                 local: str | None = None):
+        import netns
+
+        self.server = (host, port)
+        self.sock = netns.socket_in(ns, socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind((local or ("127.0.0.1" if host.startswith("127.") else "0.0.0.0"), 0))
         self.sock.connect(self.server)
         self.sock.settimeout(1.0)
         self.username = f"{int(time.time()) + 3600}:pid1-test"
@@ -489,8 +503,125 @@ class TurnClient:
     def allocate(self) -> tuple[bool, int]:
         """(success, error code or 0)."""
         kind, got = self._authenticated(ALLOCATE, _attr(A_TRANSPORT, bytes([17, 0, 0, 0])))
+        self.last = got
         return kind == ALLOCATE | 0x0100, self.error_code(got) if kind == ALLOCATE | 0x0110 else 0
+
+    def alternate(self) -> tuple[str, int] | None:
+        """The ALTERNATE-SERVER (RFC 8489 14.15, a plain address) of the last answer."""
+        raw = getattr(self, "last", {}).get(A_ALTERNATE)
+        if raw is None or raw[1] != 1:
+            return None
+        return socket.inet_ntoa(raw[4:8]), struct.unpack(">H", raw[2:4])[0]
 
     def refresh(self, lifetime: int) -> tuple[bool, int]:
         kind, got = self._authenticated(REFRESH, _attr(A_LIFETIME, struct.pack(">I", lifetime)))
         return kind == REFRESH | 0x0100, self.error_code(got) if kind == REFRESH | 0x0110 else 0
+
+
+# --- coturn's own clients: turnutils_uclient (a call) and turnutils_peer (its echo peer) --
+
+UCLIENT = "/usr/bin/turnutils_uclient"
+PEER = "/usr/bin/turnutils_peer"
+
+
+class Call:
+    """A bounded `turnutils_uclient` run (one call, or `-m` calls, of `-n` messages `-z` ms
+    apart) in the background; `wait()` gives its report. With `ns`, it runs inside that
+    network namespace."""
+
+    def __init__(self, server: str, port: int, peer: tuple[str, int], secret: str, user: str,
+                 messages: int, gap_ms: int = 20, clients: int = 1, tcp: bool = True,
+                 ns: str | None = None, log: Path | None = None):
+        import netns
+
+        assert shutil.which(UCLIENT), "turnutils_uclient is not installed (coturn; scripts/setup.sh installs it)"
+        self.messages = messages * clients
+        argv = [*netns.exec_prefix(ns), UCLIENT, *(["-t"] if tcp else []), "-c", "-X",
+                "-n", str(messages), "-m", str(clients), "-z", str(gap_ms), "-l", "100",
+                "-p", str(port), "-e", peer[0], "-r", str(peer[1]), "-u", user, "-W", secret, server]
+        self.log = log
+        self.started_at = time.monotonic()
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, text=True)
+        self.output = ""
+        self.ended_at: float | None = None  # when uclient exited (its call, and allocation, ended)
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        self.output = self.proc.stdout.read()
+        self.proc.wait()
+        self.ended_at = time.monotonic()
+
+    def wait(self, timeout: float = 180) -> "Call":
+        self.reader.join(timeout)
+        if self.reader.is_alive():
+            self.proc.kill()
+            self.reader.join(30)
+        if self.log is not None:
+            self.log.write_text(self.output)
+        return self
+
+    def totals(self) -> dict[str, int | None]:
+        """uclient's summary: messages sent and received, packets lost."""
+
+        def after(line: str, key: str) -> int | None:
+            at = line.find(key)
+            if at < 0:
+                return None
+            rest = line[at + len(key):].lstrip(" ~=")
+            digits = "".join(itertools.takewhile(str.isdigit, rest))
+            return int(digits) if digits else None
+
+        out: dict[str, int | None] = {"sent": None, "received": None, "lost": None}
+        for line in self.output.splitlines():
+            if "msz=" in line:
+                continue
+            if "tot_send_msgs" in line:
+                out["sent"], out["received"] = after(line, "tot_send_msgs"), after(line, "tot_recv_msgs")
+            if "Total lost packets" in line:
+                out["lost"] = after(line, "Total lost packets")
+        return out
+
+    def assert_all_echoed(self) -> dict[str, int | None]:
+        t = self.totals()
+        tail = "\n".join(self.output.splitlines()[-15:])
+        assert self.proc.returncode == 0, f"turnutils_uclient exited {self.proc.returncode}:\n{tail}"
+        assert t["sent"] == self.messages and t["received"] == self.messages and t["lost"] == 0, f"{t}:\n{tail}"
+        return t
+
+
+class Peer:
+    """coturn's UDP echo peer on `host`, in `ns`; started and checked to echo."""
+
+    def __init__(self, host: str = "127.0.0.1", ns: str | None = None):
+        import netns
+
+        assert shutil.which(PEER), "turnutils_peer is not installed (coturn; scripts/setup.sh installs it)"
+        self.host = host
+        self.port = netns.free_port_in(ns, host, socket.SOCK_DGRAM)
+        self.proc = subprocess.Popen([*netns.exec_prefix(ns), PEER, "-L", host, "-p", str(self.port)],
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        probe = netns.socket_in(ns, socket.AF_INET, socket.SOCK_DGRAM)
+        probe.settimeout(0.1)
+        deadline = time.monotonic() + 20
+        try:
+            while True:
+                probe.sendto(b"ping", (host, self.port))
+                try:
+                    if probe.recv(64) == b"ping":
+                        return
+                except socket.timeout:
+                    pass
+                assert time.monotonic() < deadline and self.proc.poll() is None, "turnutils_peer never echoed"
+        finally:
+            probe.close()
+
+    @property
+    def addr(self) -> tuple[str, int]:
+        return self.host, self.port
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.wait(timeout=10)

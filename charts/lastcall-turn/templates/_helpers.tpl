@@ -205,6 +205,13 @@ spec:
         - name: admin
           containerPort: {{ int .Values.admin.port }}
           protocol: TCP
+      startupProbe:
+        httpGet:
+          path: /readyz
+          port: admin
+        periodSeconds: {{ int .Values.probes.startup.periodSeconds }}
+        timeoutSeconds: {{ int .Values.probes.startup.timeoutSeconds }}
+        failureThreshold: {{ int .Values.probes.startup.failureThreshold }}
       livenessProbe:
         httpGet:
           path: /livez

@@ -307,7 +307,6 @@ impl Lifecycle {
         for action in actions {
             match &action {
                 Action::DrainStarted { trigger, .. } => {
-                    tracing::warn!(trigger = %trigger, policy = %shared.config.on_sigterm, "{action}");
                     let now = Instant::now();
                     let wall = SystemTime::now();
                     let (started, deadline) = match (machine.drain_started(), machine.deadline()) {
@@ -325,11 +324,14 @@ impl Lifecycle {
                         deadline,
                     };
                     shared.state.send_modify(|s| s.drain = Some(info));
+                    tracing::warn!(trigger = %trigger, policy = %shared.config.on_sigterm, "{action}");
                 }
                 Action::PhaseChanged { to, .. } => {
-                    tracing::info!(phase = %to, "{action}");
+                    // Published before it is logged: whoever reads the line (an operator, a
+                    // test) then finds /readyz and the metric already saying so.
                     shared.metrics.drain_phase.set(to.metric_value());
                     shared.state.send_modify(|s| s.phase = *to);
+                    tracing::info!(phase = %to, "{action}");
                 }
                 Action::Reload => {
                     tracing::info!("{action}");

@@ -14,18 +14,13 @@ use std::time::{Instant, SystemTime};
 
 use lastcall_turn_proto::stun::{attr, encode_xor_address, method, Builder, Class};
 use lastcall_turn_proto::{
-    ClientAddr, RelayError, RelayProvider, Server, ServerConfig, Transmit, Transport,
+    ClientAddr, Output, RelayBound, Server, ServerConfig, Transmit, Transport,
 };
 
-struct Relays(u32);
-
-impl RelayProvider for Relays {
-    fn allocate(&mut self, _ip: IpAddr, _c: &ClientAddr) -> Result<SocketAddr, RelayError> {
-        self.0 += 1;
-        let ip = IpAddr::from([10, 1, (self.0 >> 16) as u8, (self.0 >> 8) as u8]);
-        Ok(SocketAddr::new(ip, 1024 + (self.0 & 0xff) as u16))
-    }
-    fn release(&mut self, _relay: SocketAddr) {}
+/// A relay address of its own for allocation `n` (nothing is bound: no sockets here).
+fn relay_for(n: u32) -> SocketAddr {
+    let ip = IpAddr::from([10, 1, (n >> 16) as u8, (n >> 8) as u8]);
+    SocketAddr::new(ip, 1024 + (n & 0xff) as u16)
 }
 
 fn request(m: u16, attrs: &[(u16, Vec<u8>)], txid: [u8; 12]) -> Vec<u8> {
@@ -63,7 +58,6 @@ fn main() {
     config.relay.relay_ips = vec!["10.1.0.0".parse().unwrap()];
     let now = Instant::now();
     let mut server = Server::new(config, now, SystemTime::now());
-    let mut relays = Relays(0);
     let mut out = Vec::with_capacity(2048);
     let local: SocketAddr = "198.51.100.1:3478".parse().unwrap();
     let mut clients = Vec::new();
@@ -84,7 +78,14 @@ fn main() {
             &[(attr::REQUESTED_TRANSPORT, vec![17, 0, 0, 0])],
             txid,
         );
-        server.handle_client(now, client, &alloc, &mut relays, &mut out);
+        if let Some(Output::BindRelay(r)) = server.handle_client(now, client, &alloc, &mut out) {
+            let answer = RelayBound {
+                id: r.id,
+                primary: Ok((relay_for(i as u32 + 1), None)),
+                additional: None,
+            };
+            server.relay_bound(now, answer, &mut out);
+        }
         while let Some(e) = server.poll_event() {
             if let lastcall_turn_proto::Event::AllocationCreated { relays: r, .. } = e {
                 relay_addrs.extend(r.v4);
@@ -98,7 +99,7 @@ fn main() {
             ],
             txid,
         );
-        server.handle_client(now, client, &bind, &mut relays, &mut out);
+        server.handle_client(now, client, &bind, &mut out);
         let peer2 = SocketAddr::new(peer.ip(), 6000);
         clients.push((client, peer, peer2));
     }
@@ -122,8 +123,8 @@ fn main() {
     cd.extend_from_slice(&payload);
     time("client -> peer ChannelData", iters, |i| {
         let (client, _, _) = clients[i % n];
-        let t = server.handle_client(now, client, &cd, &mut relays, &mut out);
-        black_box(matches!(t, Some(Transmit::Peer { .. })))
+        let t = server.handle_client(now, client, &cd, &mut out);
+        black_box(matches!(t, Some(Output::Transmit(Transmit::Peer { .. }))))
     });
     let sends: Vec<Vec<u8>> = clients
         .iter()
@@ -138,8 +139,8 @@ fn main() {
         .collect();
     time("client -> peer Send indication", iters, |i| {
         let k = i % n;
-        let t = server.handle_client(now, clients[k].0, &sends[k], &mut relays, &mut out);
-        black_box(matches!(t, Some(Transmit::Peer { .. })))
+        let t = server.handle_client(now, clients[k].0, &sends[k], &mut out);
+        black_box(matches!(t, Some(Output::Transmit(Transmit::Peer { .. }))))
     });
     println!("allocations: {n}, payload: {} bytes", payload.len());
 }

@@ -15,9 +15,11 @@ use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::time::{Duration, Instant, SystemTime};
 
 use lastcall_turn_proto::{
-    ClientAddr, RelayError, RelayProvider, Server, ServerConfig, Transmit, Transport,
+    ClientAddr, Output, RelayBound, RelayError, RelayPorts, RelayRequest, Server, ServerConfig,
+    Transmit, Transport,
 };
 
+/// The relay sockets, by local address.
 #[derive(Default)]
 struct Relays {
     socks: HashMap<SocketAddr, UdpSocket>,
@@ -34,36 +36,43 @@ impl Relays {
         self.socks.insert(a, s);
         Ok(a)
     }
-}
 
-impl RelayProvider for Relays {
-    fn allocate(&mut self, ip: IpAddr, _c: &ClientAddr) -> Result<SocketAddr, RelayError> {
-        self.bind(SocketAddr::new(ip, 0))
-    }
-
-    fn release(&mut self, relay: SocketAddr) {
-        self.socks.remove(&relay);
-    }
-
-    fn allocate_even(
+    /// An even port, and with `pair` port + 1 too.
+    fn bind_even(
         &mut self,
         ip: IpAddr,
-        _c: &ClientAddr,
-        reserve_next: bool,
+        pair: bool,
     ) -> Result<(SocketAddr, Option<SocketAddr>), RelayError> {
         for port in (49152u16..65534).step_by(2) {
             let Ok(a) = self.bind(SocketAddr::new(ip, port)) else {
                 continue;
             };
-            if !reserve_next {
+            if !pair {
                 return Ok((a, None));
             }
             match self.bind(SocketAddr::new(ip, port + 1)) {
                 Ok(b) => return Ok((a, Some(b))),
-                Err(_) => self.release(a),
+                Err(_) => {
+                    self.socks.remove(&a);
+                }
             }
         }
         Err(RelayError::NoPort)
+    }
+
+    /// The answer to the core's request for relay sockets.
+    fn answer(&mut self, r: &RelayRequest) -> RelayBound {
+        let primary = match r.ports {
+            RelayPorts::Any => self.bind(SocketAddr::new(r.ip, 0)).map(|a| (a, None)),
+            RelayPorts::Even => self.bind_even(r.ip, false),
+            RelayPorts::EvenPair => self.bind_even(r.ip, true),
+        };
+        let additional = r.additional.map(|ip| self.bind(SocketAddr::new(ip, 0)));
+        RelayBound {
+            id: r.id,
+            primary,
+            additional,
+        }
     }
 }
 
@@ -105,8 +114,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                         client: from,
                         local,
                     };
-                    match server.handle_client(Instant::now(), c, &buf[..n], &mut relays, &mut out)
-                    {
+                    let now = Instant::now();
+                    let t = match server.handle_client(now, c, &buf[..n], &mut out) {
+                        Some(Output::BindRelay(r)) => {
+                            let answer = relays.answer(&r);
+                            server.relay_bound(now, answer, &mut out)
+                        }
+                        Some(Output::Transmit(t)) => Some(t),
+                        None => None,
+                    };
+                    match t {
                         Some(Transmit::Client { to, data }) => {
                             let _ = sock.send_to(data, to.client);
                         }
@@ -140,7 +157,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         let now = Instant::now();
         if server.poll_timeout().is_some_and(|t| t <= now) {
-            server.handle_timeout(now, &mut relays);
+            server.handle_timeout(now);
+        }
+        while let Some(relay) = server.poll_release() {
+            relays.socks.remove(&relay);
         }
         while let Some(e) = server.poll_event() {
             eprintln!("event: {e:?}");

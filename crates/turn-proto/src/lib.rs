@@ -4,18 +4,21 @@
 //! drives a [`Server`]:
 //!
 //! - a datagram (UDP) or a frame (TCP/TLS, cut with [`stream_frame_len`]) from a client goes to
-//!   [`Server::handle_client`], which returns at most one [`Transmit`]: a response to the
-//!   client, or a payload to send from a relay socket to a peer;
+//!   [`Server::handle_client`], which returns at most one [`Output`]: a [`Transmit`] (a
+//!   response to the client, or a payload to send from a relay socket to a peer), or, for a new
+//!   allocation, an [`Output::BindRelay`] request for relay sockets;
+//! - the I/O layer binds those sockets (outside any lock it keeps around the core: binding is
+//!   a system call) and answers with [`Server::relay_bound`], which returns the Allocate's
+//!   response; sockets to close come out of [`Server::poll_release`] (an allocation ended, a
+//!   reservation expired, an answer came after its Allocate stopped waiting);
 //! - a datagram received on a relay socket goes to [`Server::handle_peer`], which returns at
 //!   most one ChannelData or Data indication for the client;
-//! - relay sockets are bound and closed through the [`RelayProvider`] the caller passes in
-//!   (including [`RelayProvider::allocate_even`] for EVEN-PORT);
 //! - timers: call [`Server::handle_timeout`] at [`Server::poll_timeout`]; a TCP/TLS
 //!   connection that closes goes to [`Server::close_client`]; at the shutdown deadline
 //!   [`Server::clear`] ends every allocation;
 //! - [`Server::poll_event`] reports allocations created/deleted, auth failures, refused
 //!   peers and refused Allocates (for metrics and session guards); [`Server::counters`] are
-//!   cumulative counters;
+//!   cumulative counters (the I/O layer exports them as metrics);
 //! - [`Server::set_drain`] makes new Allocates get 300 Try Alternate or 403 while existing
 //!   allocations keep working.
 //!
@@ -25,17 +28,9 @@
 //! its `Vec`s and HMACs) runs only for control messages.
 //!
 //! ```
-//! use std::net::{IpAddr, SocketAddr};
+//! use std::net::SocketAddr;
 //! use std::time::{Instant, SystemTime};
 //! use lastcall_turn_proto::*;
-//!
-//! struct Sockets; // the I/O layer's relay sockets
-//! impl RelayProvider for Sockets {
-//!     fn allocate(&mut self, ip: IpAddr, _: &ClientAddr) -> Result<SocketAddr, RelayError> {
-//!         Ok(SocketAddr::new(ip, 50000)) // bind a UDP socket in min-port..=max-port here
-//!     }
-//!     fn release(&mut self, _relay: SocketAddr) {} // close it here
-//! }
 //!
 //! let mut config = ServerConfig::new("example.org");
 //! config.auth.rest_secrets.push(b"secret".to_vec());
@@ -49,11 +44,20 @@
 //! // A STUN Binding request (20 bytes) from the client:
 //! let binding = [0, 1, 0, 0, 0x21, 0x12, 0xa4, 0x42, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12];
 //! let mut out = Vec::new();
-//! match server.handle_client(Instant::now(), from, &binding, &mut Sockets, &mut out) {
-//!     Some(Transmit::Client { to, data }) => assert_eq!((to, data.len()), (from, 32)),
+//! match server.handle_client(Instant::now(), from, &binding, &mut out) {
+//!     Some(Output::Transmit(Transmit::Client { to, data })) => {
+//!         assert_eq!((to, data.len()), (from, 32))
+//!     }
 //!     other => panic!("{other:?}"),
 //! }
+//! // An authenticated Allocate would return Output::BindRelay(request): bind a UDP socket
+//! // on request.ip (a port in min-port..=max-port), then
+//! //     server.relay_bound(now, RelayBound { id: request.id, primary: Ok((addr, None)),
+//! //                                          additional: None }, &mut out)
+//! // returns the success response to send.
 //! while let Some(event) = server.poll_event() { /* metrics, session guards */ }
+//! while let Some(relay) = server.poll_release() { /* close that socket */ }
+//! # let _: Option<SocketAddr> = None;
 //! ```
 //!
 //! # Decisions (where the RFCs leave room or real clients disagree with them)
@@ -80,6 +84,13 @@
 //!   0x4000..=0x4FFF: `turnutils_uclient` and coturn use the whole range.
 //! - **EVEN-PORT** (with or without R) and **RESERVATION-TOKEN** are supported (uclient sends
 //!   them by default); reservations last 30 s.
+//! - **Relay sockets are bound between two calls** ([`Output::BindRelay`], then
+//!   [`Server::relay_bound`]). Meanwhile the Allocate counts against the quotas; a
+//!   retransmission of it is not answered (the answer to the first one answers it), any other
+//!   request on that 5-tuple gets 437; a drain that begins meanwhile wins (the answer gets 300
+//!   or 403 and its sockets are released: no allocation is created while refusing, so a drain
+//!   that sees none left can end); a TCP/TLS connection that closes meanwhile takes the
+//!   Allocate with it. An answer that never comes is given up after 10 s.
 //! - **DONT-FRAGMENT** is accepted (the relay does not set DF on its own).
 //! - **Lifetimes**: requested lifetimes below the default get the default, above
 //!   `max-allocate-lifetime` the maximum, and never beyond a REST credential's expiry.
@@ -112,8 +123,8 @@ pub use frame::{stream_frame_len, FrameError, CHANNEL_MAX, CHANNEL_MIN};
 pub use policy::{DenyReason, IpRange, IpRangeError, PeerPolicy};
 pub use server::Server;
 pub use types::{
-    AuthFailure, ClientAddr, Counters, DeleteReason, DrainMode, Event, RelayAddrs, RelayError,
-    RelayProvider, Transmit, Transport, MAX_QUEUED_EVENTS,
+    AuthFailure, ClientAddr, Counters, DeleteReason, DrainMode, Event, Output, RelayAddrs,
+    RelayBound, RelayError, RelayPorts, RelayRequest, Transmit, Transport, MAX_QUEUED_EVENTS,
 };
 
 #[cfg(test)]

@@ -228,8 +228,7 @@ proptest! {
         if let Some(b) = bytes.first_mut() {
             *b = (*b & 0x3f) | (first << 6);
         }
-        let t = h.server.handle_client(h.now, from, &bytes, &mut h.relays, &mut h.out);
-        check_size(&bytes, t)?;
+        h.with_client(from, &bytes, |t| check_size(&bytes, t))?;
     }
 
     #[test]
@@ -238,8 +237,7 @@ proptest! {
         if tcp {
             from.transport = Transport::Tcp;
         }
-        let t = h.server.handle_client(h.now, from, &bytes, &mut h.relays, &mut h.out);
-        check_size(&bytes, t)?;
+        h.with_client(from, &bytes, |t| check_size(&bytes, t))?;
         let _ = h.server.poll_timeout();
     }
 
@@ -261,11 +259,11 @@ proptest! {
             }
         }
         let bytes = req.auth(&alice(), &nonce).bytes();
-        if let Some(Transmit::Client { data, .. }) =
-            h.server.handle_client(h.now, from, &bytes, &mut h.relays, &mut h.out)
-        {
-            prop_assert!(Message::parse(data).is_ok());
-        }
+        let valid = h.with_client(from, &bytes, |t| match t {
+            Some(Transmit::Client { data, .. }) => Message::parse(data).is_ok(),
+            _ => true,
+        });
+        prop_assert!(valid);
         h.advance(700);
         prop_assert!(h.server.allocation_count() <= 2);
     }

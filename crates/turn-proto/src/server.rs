@@ -26,22 +26,21 @@ use crate::frame::{channel_in_range, parse_channel_data, write_channel_data};
 use crate::hash::Seeded;
 use crate::stun::{attr, decode_address, method, Attr, Builder, Class, Message};
 use crate::types::{
-    AuthFailure, ClientAddr, Counters, DeleteReason, DrainMode, Event, RelayAddrs, RelayError,
-    RelayProvider, Transmit, MAX_QUEUED_EVENTS,
+    AuthFailure, ClientAddr, Counters, DeleteReason, DrainMode, Event, Output, RelayAddrs,
+    Transmit, Transport, MAX_QUEUED_EVENTS,
 };
+
+mod allocate;
+
+use allocate::{Pending, Reservation};
 
 /// After a channel binding expires, its number and peer stay reserved this long
 /// (RFC 8656 §12: no rebinding to another peer/channel for 5 minutes).
 const CHANNEL_QUARANTINE: Duration = Duration::from_secs(300);
 
-/// How long an EVEN-PORT reservation (port + 1) is kept (RFC 8656 §7.2: 30 s).
-const RESERVATION_LIFETIME: Duration = Duration::from_secs(30);
-
 /// Address family codes of REQUESTED-ADDRESS-FAMILY and friends.
 const FAMILY_V4: u8 = 0x01;
 const FAMILY_V6: u8 = 0x02;
-/// REQUESTED-TRANSPORT UDP.
-const PROTO_UDP: u8 = 17;
 
 /// The sans-IO TURN server: feed it datagrams/frames and time, send what it returns.
 pub struct Server {
@@ -55,6 +54,8 @@ pub struct Server {
     by_relay: HashMap<SocketAddr, usize, Seeded>,
     per_user: HashMap<String, u32>,
     live: usize,
+    /// Live allocations by client transport (UDP, TCP, TLS).
+    live_by_transport: [usize; 3],
     timers: BinaryHeap<Reverse<(Instant, usize, u64)>>,
     events: VecDeque<Event>,
     next_gen: u64,
@@ -63,13 +64,11 @@ pub struct Server {
     txid_seed: [u8; 8],
     txid_counter: u32,
     reservations: Vec<Reservation>,
-}
-
-/// A relay socket on port + 1 kept for a later Allocate with RESERVATION-TOKEN.
-struct Reservation {
-    token: [u8; 8],
-    relay: SocketAddr,
-    expires: Instant,
+    /// Allocates waiting for their relay sockets (few: the I/O layer answers at once).
+    pending: Vec<Pending>,
+    next_request: u64,
+    /// Relay sockets to close, for [`Server::poll_release`].
+    releases: VecDeque<SocketAddr>,
 }
 
 struct Allocation {
@@ -211,6 +210,7 @@ struct Authed {
 }
 
 /// How to finish a response.
+#[derive(Clone, Copy)]
 struct Ctx {
     method: u16,
     txid: [u8; 12],
@@ -229,15 +229,20 @@ impl Ctx {
     }
 }
 
-/// What a request handler produced in `out`.
+/// What a request handler produced.
 enum Reply {
-    /// A response, subject to the amplification guard.
+    /// A response in `out`, subject to the amplification guard.
     Normal,
-    /// A response exempt from the guard (Binding success, 401/438 challenge).
+    /// A response in `out` exempt from the guard (Binding success, 401/438 challenge).
     Exempt,
-    /// A response to an authenticated request (not limited: a spoofed source cannot produce
-    /// one, nonces being bound to the client's IP address).
+    /// A response in `out` to an authenticated request (not limited: a spoofed source cannot
+    /// produce one, nonces being bound to the client's IP address).
     Authenticated,
+    /// No response yet: the Allocate waits for these relay sockets.
+    Bind(crate::RelayRequest),
+    /// No response: a retransmitted Allocate whose relay sockets are being bound (the answer
+    /// to the first one answers both).
+    Silent,
 }
 
 impl Server {
@@ -255,6 +260,7 @@ impl Server {
             by_relay: HashMap::with_hasher(Seeded::random()),
             per_user: HashMap::new(),
             live: 0,
+            live_by_transport: [0; 3],
             timers: BinaryHeap::new(),
             events: VecDeque::new(),
             next_gen: 1,
@@ -263,6 +269,9 @@ impl Server {
             txid_seed: rand::random(),
             txid_counter: 0,
             reservations: Vec::new(),
+            pending: Vec::new(),
+            next_request: 1,
+            releases: VecDeque::new(),
         };
         server.sync_wall_clock(now, wall);
         server
@@ -319,15 +328,25 @@ impl Server {
 
     /// Live allocations per client transport: `(udp, tcp, tls)`.
     pub fn allocation_count_by_transport(&self) -> (usize, usize, usize) {
-        let mut c = (0, 0, 0);
-        for a in self.allocs.iter().flatten() {
-            match a.client.transport {
-                crate::Transport::Udp => c.0 += 1,
-                crate::Transport::Tcp => c.1 += 1,
-                crate::Transport::Tls => c.2 += 1,
-            }
-        }
-        c
+        let [udp, tcp, tls] = self.live_by_transport;
+        (udp, tcp, tls)
+    }
+
+    /// Whether `client` holds a live allocation.
+    pub fn has_allocation(&self, client: &ClientAddr) -> bool {
+        self.by_client.contains_key(client)
+    }
+
+    /// Allocates waiting for their relay sockets ([`Output::BindRelay`] not yet answered).
+    pub fn pending_count(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// The next relay socket to close: its allocation ended, its reservation expired, or it
+    /// was bound for an Allocate that had stopped waiting. Call until `None` after every call
+    /// into the server (the queue is not bounded: dropping an entry would leak a socket).
+    pub fn poll_release(&mut self) -> Option<SocketAddr> {
+        self.releases.pop_front()
     }
 
     /// Cumulative counters.
@@ -354,22 +373,24 @@ impl Server {
 
     /// Handle one datagram (UDP) or one frame (TCP/TLS, see
     /// [`stream_frame_len`](crate::stream_frame_len)) from a client: a STUN message or
-    /// ChannelData. `out` is scratch space for a response; the returned [`Transmit`] borrows
-    /// `data` (payload for a peer) or `out` (response to the client). Allocation-free for
-    /// ChannelData and Send indications.
+    /// ChannelData. `out` is scratch space for a response; a returned [`Transmit`] borrows
+    /// `data` (payload for a peer) or `out` (response to the client). A new allocation returns
+    /// [`Output::BindRelay`] instead of its response. Allocation-free for ChannelData and
+    /// Send indications.
     pub fn handle_client<'a>(
         &mut self,
         now: Instant,
         from: ClientAddr,
         data: &'a [u8],
-        relays: &mut dyn RelayProvider,
         out: &'a mut Vec<u8>,
-    ) -> Option<Transmit<'a>> {
+    ) -> Option<Output<'a>> {
         self.counters.client_packets_in += 1;
         self.counters.client_bytes_in += data.len() as u64;
         let first = *data.first()?;
         if first >> 6 == 1 {
-            return self.channel_data_from_client(now, &from, data);
+            return self
+                .channel_data_from_client(now, &from, data)
+                .map(Output::Transmit);
         }
         let Ok(msg) = Message::parse(data) else {
             self.counters.malformed += 1;
@@ -383,28 +404,39 @@ impl Server {
             }
         }
         match msg.class() {
-            Class::Indication if msg.method() == method::SEND => {
-                self.send_indication(now, &from, &attrs)
-            }
-            Class::Request => {
-                let reply = self.request(now, &from, &msg, &attrs, relays, out);
-                let out: &'a Vec<u8> = out;
-                match reply {
-                    Reply::Normal if out.len() > data.len() => {
-                        self.counters.suppressed_responses += 1;
-                        None
-                    }
-                    Reply::Normal | Reply::Exempt | Reply::Authenticated => {
-                        self.counters.client_packets_out += 1;
-                        self.counters.client_bytes_out += out.len() as u64;
-                        Some(Transmit::Client {
-                            to: from,
-                            data: out,
-                        })
-                    }
-                }
-            }
+            Class::Indication if msg.method() == method::SEND => self
+                .send_indication(now, &from, &attrs)
+                .map(Output::Transmit),
+            Class::Request => match self.request(now, &from, &msg, &attrs, out) {
+                Reply::Bind(request) => Some(Output::BindRelay(request)),
+                reply => self
+                    .respond(reply, data.len(), from, out)
+                    .map(Output::Transmit),
+            },
             _ => None,
+        }
+    }
+
+    /// The response in `out` to a request of `request_len` bytes, unless the amplification
+    /// guard drops it.
+    fn respond<'a>(
+        &mut self,
+        reply: Reply,
+        request_len: usize,
+        to: ClientAddr,
+        out: &'a [u8],
+    ) -> Option<Transmit<'a>> {
+        match reply {
+            Reply::Normal if out.len() > request_len => {
+                self.counters.suppressed_responses += 1;
+                None
+            }
+            Reply::Normal | Reply::Exempt | Reply::Authenticated => {
+                self.counters.client_packets_out += 1;
+                self.counters.client_bytes_out += out.len() as u64;
+                Some(Transmit::Client { to, data: out })
+            }
+            Reply::Bind(_) | Reply::Silent => None,
         }
     }
 
@@ -560,22 +592,16 @@ impl Server {
     /// calling early is harmless).
     pub fn poll_timeout(&self) -> Option<Instant> {
         let alloc = self.timers.peek().map(|Reverse((t, _, _))| *t);
-        let res = self.reservations.iter().map(|r| r.expires).min();
-        match (alloc, res) {
-            (Some(a), Some(r)) => Some(a.min(r)),
-            (a, r) => a.or(r),
-        }
+        [alloc, self.allocate_deadline()]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
-    /// Expire allocations (releasing their relays), permissions and channels due at `now`.
-    pub fn handle_timeout(&mut self, now: Instant, relays: &mut dyn RelayProvider) {
-        self.reservations.retain(|r| {
-            let keep = r.expires > now;
-            if !keep {
-                relays.release(r.relay);
-            }
-            keep
-        });
+    /// Expire allocations (releasing their relays), permissions, channels, reservations and
+    /// Allocates that waited too long for their relay sockets, all due at `now`.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        self.expire_allocates(now);
         while let Some(Reverse((t, idx, gen))) = self.timers.peek().copied() {
             if t > now {
                 break;
@@ -586,7 +612,7 @@ impl Server {
                 _ => continue, // stale entry
             };
             if expired {
-                self.delete(idx, DeleteReason::Expired, relays);
+                self.delete(idx, DeleteReason::Expired);
                 continue;
             }
             let Some(Some(a)) = self.allocs.get_mut(idx) else {
@@ -610,50 +636,43 @@ impl Server {
         }
     }
 
-    /// A TCP/TLS client connection closed: delete its allocation (RFC 8656 §3.1).
-    pub fn close_client(
-        &mut self,
-        _now: Instant,
-        client: &ClientAddr,
-        relays: &mut dyn RelayProvider,
-    ) {
+    /// A TCP/TLS client connection closed: delete its allocation (RFC 8656 §3.1), or forget
+    /// its Allocate if that was still waiting for relay sockets.
+    pub fn close_client(&mut self, _now: Instant, client: &ClientAddr) {
         if let Some(&idx) = self.by_client.get(client) {
-            self.delete(idx, DeleteReason::ConnectionClosed, relays);
+            self.delete(idx, DeleteReason::ConnectionClosed);
         }
+        self.forget_allocates(|p| p.client == *client);
     }
 
-    /// Delete every allocation (shutdown deadline), releasing their relays.
-    pub fn clear(&mut self, relays: &mut dyn RelayProvider) {
+    /// Delete every allocation (shutdown deadline) and forget every waiting Allocate; their
+    /// relay sockets go to [`poll_release`](Self::poll_release).
+    pub fn clear(&mut self) {
         for idx in 0..self.allocs.len() {
             if self.allocs[idx].is_some() {
-                self.delete(idx, DeleteReason::Shutdown, relays);
+                self.delete(idx, DeleteReason::Shutdown);
             }
         }
         self.timers.clear();
-        for r in self.reservations.drain(..) {
-            relays.release(r.relay);
-        }
+        self.releases
+            .extend(self.reservations.drain(..).map(|r| r.relay));
+        self.forget_allocates(|_| true);
     }
 
-    fn delete(&mut self, idx: usize, reason: DeleteReason, relays: &mut dyn RelayProvider) {
+    fn delete(&mut self, idx: usize, reason: DeleteReason) {
         let Some(a) = self.allocs.get_mut(idx).and_then(Option::take) else {
             return;
         };
         self.free.push(idx);
         self.live = self.live.saturating_sub(1);
+        let by_transport = &mut self.live_by_transport[transport_index(a.client.transport)];
+        *by_transport = by_transport.saturating_sub(1);
         self.by_client.remove(&a.client);
         for r in a.relays.iter() {
             self.by_relay.remove(&r);
-            relays.release(r);
+            self.releases.push_back(r);
         }
-        if !a.username.is_empty() {
-            if let Some(n) = self.per_user.get_mut(&a.username) {
-                *n = n.saturating_sub(1);
-                if *n == 0 {
-                    self.per_user.remove(&a.username);
-                }
-            }
-        }
+        self.unreserve_user(&a.username);
         self.counters.allocations_deleted += 1;
         self.push_event(Event::AllocationDeleted {
             client: a.client,
@@ -667,13 +686,29 @@ impl Server {
     // Requests
     // ----------------------------------------------------------------------------------
 
+    /// One more allocation (live or waiting for its relays) counts against `username`'s quota.
+    fn reserve_user(&mut self, username: &str) {
+        if !username.is_empty() {
+            *self.per_user.entry(username.to_string()).or_insert(0) += 1;
+        }
+    }
+
+    /// One allocation of `username` fewer.
+    fn unreserve_user(&mut self, username: &str) {
+        if let Some(n) = self.per_user.get_mut(username) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.per_user.remove(username);
+            }
+        }
+    }
+
     fn request(
         &mut self,
         now: Instant,
         from: &ClientAddr,
         msg: &Message<'_>,
         attrs: &Attrs<'_>,
-        relays: &mut dyn RelayProvider,
         out: &mut Vec<u8>,
     ) -> Reply {
         let mut ctx = Ctx {
@@ -683,9 +718,12 @@ impl Server {
             auth: None,
         };
         if ctx.method == method::BINDING {
+            self.counters.binding_requests += 1;
             if attrs.unknown_count > 0 {
+                self.counters.binding_errors += 1;
                 return self.unknown_attributes(&ctx, attrs, out);
             }
+            self.counters.binding_responses += 1;
             let mut b = Builder::new(out, method::BINDING, Class::Success, ctx.txid);
             b.xor_address(attr::XOR_MAPPED_ADDRESS, from.client);
             if ctx.fingerprint {
@@ -721,7 +759,7 @@ impl Server {
                 .and_then(Option::as_ref)
                 .is_some_and(|a| a.expires <= now)
             {
-                self.delete(idx, DeleteReason::Expired, relays);
+                self.delete(idx, DeleteReason::Expired);
                 existing = None;
             }
         }
@@ -740,13 +778,19 @@ impl Server {
                 return self.error(&ctx, 441, out);
             }
         }
+        if let Some(p) = self.pending.iter().find(|p| p.client == *from) {
+            // The allocation is not there yet: the first Allocate is answered once its relay
+            // sockets are bound, anything else on this 5-tuple meanwhile is a mismatch.
+            if ctx.method == method::ALLOCATE && p.ctx.txid == ctx.txid {
+                return Reply::Silent;
+            }
+            return self.error(&ctx, 437, out);
+        }
         match (ctx.method, existing) {
             (method::ALLOCATE, Some(idx)) => self.allocate_again(now, idx, from, &ctx, out),
-            (method::ALLOCATE, None) => self.allocate(now, from, attrs, authed, &ctx, relays, out),
+            (method::ALLOCATE, None) => self.allocate(now, from, attrs, authed, &ctx, msg, out),
             (_, None) => self.error(&ctx, 437, out),
-            (method::REFRESH, Some(idx)) => {
-                self.refresh(now, idx, attrs, authed, &ctx, relays, out)
-            }
+            (method::REFRESH, Some(idx)) => self.refresh(now, idx, attrs, authed, &ctx, out),
             (method::CREATE_PERMISSION, Some(idx)) => {
                 self.create_permission(now, idx, from, msg, &ctx, out)
             }
@@ -910,326 +954,6 @@ impl Server {
         life
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn allocate(
-        &mut self,
-        now: Instant,
-        from: &ClientAddr,
-        attrs: &Attrs<'_>,
-        authed: Option<Authed>,
-        ctx: &Ctx,
-        relays: &mut dyn RelayProvider,
-        out: &mut Vec<u8>,
-    ) -> Reply {
-        if let DrainMode::Refuse { alternates } = &self.drain {
-            let alt = pick_alternate(alternates, from.client.is_ipv4(), &mut self.alternate_rr);
-            self.counters.refused_draining += 1;
-            self.push_event(Event::AllocateRefusedDraining {
-                client: *from,
-                alternate: alt,
-            });
-            return match alt {
-                Some(a) => self.error_with(ctx, 300, out, |b| {
-                    b.address(attr::ALTERNATE_SERVER, a);
-                }),
-                None => self.error(ctx, 403, out),
-            };
-        }
-        match attrs.transport {
-            None => return self.error(ctx, 400, out),
-            Some(PROTO_UDP) if self.config.udp_relay => {}
-            Some(_) => return self.error(ctx, 442, out),
-        }
-        // Families: primary (REQUESTED-ADDRESS-FAMILY, default IPv4) and optional additional.
-        let (primary_v4, dual) = match (attrs.family, attrs.additional_family) {
-            (Some(_), Some(_)) => return self.error(ctx, 400, out),
-            (None, Some(FAMILY_V6)) => (true, true),
-            (None, Some(_)) => return self.error(ctx, 400, out),
-            (Some(FAMILY_V4), None) | (None, None) => (true, false),
-            (Some(FAMILY_V6), None) => (false, false),
-            (Some(_), None) => return self.error(ctx, 440, out),
-        };
-        // RESERVATION-TOKEN excludes EVEN-PORT and the family attributes; EVEN-PORT excludes
-        // a dual allocation (RFC 8656 §7.2).
-        if attrs.reservation_token.is_some()
-            && (attrs.even_port.is_some() || attrs.family.is_some() || dual)
-        {
-            return self.error(ctx, 400, out);
-        }
-        if attrs.even_port.is_some() && dual {
-            return self.error(ctx, 400, out);
-        }
-        let username = authed
-            .as_ref()
-            .map(|a| a.username.clone())
-            .unwrap_or_default();
-        let q = self.config.quotas;
-        let user_count = self.per_user.get(&username).copied().unwrap_or(0);
-        if (q.total > 0 && self.live >= q.total as usize)
-            || (q.per_user > 0 && !username.is_empty() && user_count >= q.per_user)
-        {
-            self.counters.refused_quota += 1;
-            self.push_event(Event::AllocateRefused {
-                client: *from,
-                code: 486,
-            });
-            return self.error(ctx, 486, out);
-        }
-        let life = self.lifetime(attrs.lifetime, authed.as_ref().and_then(|a| a.expiry), now);
-        if life.is_zero() {
-            return self.error(ctx, 401, out);
-        }
-        let mut addrs = RelayAddrs::default();
-        let mut token = None;
-        let bound = match (attrs.reservation_token, attrs.even_port) {
-            (Some(t), _) => self.take_reservation(now, &t),
-            (None, Some(reserve)) => {
-                self.bind_even(now, primary_v4, reserve, from, relays)
-                    .map(|(r, t)| {
-                        token = t;
-                        r
-                    })
-            }
-            (None, None) => self.bind_relay(primary_v4, from, relays),
-        };
-        let primary = match bound {
-            Ok(r) => r,
-            Err(e) => {
-                let code = match e {
-                    RelayError::FamilyNotSupported => 440,
-                    _ => 508,
-                };
-                if code == 508 {
-                    self.counters.refused_capacity += 1;
-                    self.push_event(Event::AllocateRefused {
-                        client: *from,
-                        code,
-                    });
-                }
-                return self.error(ctx, code, out);
-            }
-        };
-        if primary.is_ipv4() {
-            addrs.v4 = Some(primary);
-        } else {
-            addrs.v6 = Some(primary);
-        }
-        let mut address_error = None;
-        if dual {
-            match self.bind_relay(false, from, relays) {
-                Ok(r) => addrs.v6 = Some(r),
-                Err(RelayError::FamilyNotSupported) => address_error = Some(440),
-                Err(_) => address_error = Some(508),
-            }
-        }
-        let lifetime = u32::try_from(life.as_secs()).unwrap_or(u32::MAX);
-        let idx = self.insert(now, from, addrs, username.clone(), life, lifetime, ctx.txid);
-        if !username.is_empty() {
-            *self.per_user.entry(username.clone()).or_insert(0) += 1;
-        }
-        self.counters.allocations_created += 1;
-        self.push_event(Event::AllocationCreated {
-            client: *from,
-            relays: addrs,
-            username,
-            lifetime,
-        });
-        let _ = idx;
-        self.allocate_success(ctx, from, addrs, lifetime, address_error, token, out)
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn allocate_success(
-        &self,
-        ctx: &Ctx,
-        from: &ClientAddr,
-        addrs: RelayAddrs,
-        lifetime: u32,
-        address_error: Option<u16>,
-        token: Option<[u8; 8]>,
-        out: &mut Vec<u8>,
-    ) -> Reply {
-        let relay_cfg = &self.config.relay;
-        self.success(ctx, out, |b| {
-            for r in addrs.iter() {
-                let adv = SocketAddr::new(relay_cfg.advertised(r.ip()), r.port());
-                b.xor_address(attr::XOR_RELAYED_ADDRESS, adv);
-            }
-            b.xor_address(attr::XOR_MAPPED_ADDRESS, from.client)
-                .u32(attr::LIFETIME, lifetime);
-            if let Some(t) = token {
-                b.attr(attr::RESERVATION_TOKEN, &t);
-            }
-            if let Some(code) = address_error {
-                let v = [FAMILY_V6, 0, (code / 100) as u8, (code % 100) as u8];
-                b.attr(attr::ADDRESS_ERROR_CODE, &v);
-            }
-        })
-    }
-
-    /// Allocate on a 5-tuple that has an allocation: a retransmission gets the success
-    /// response again, anything else 437.
-    fn allocate_again(
-        &mut self,
-        now: Instant,
-        idx: usize,
-        from: &ClientAddr,
-        ctx: &Ctx,
-        out: &mut Vec<u8>,
-    ) -> Reply {
-        let Some(Some(a)) = self.allocs.get(idx) else {
-            return self.error(ctx, 437, out);
-        };
-        if a.allocate_txid != ctx.txid {
-            return self.error(ctx, 437, out);
-        }
-        let remaining = a.expires.saturating_duration_since(now).as_secs();
-        let lifetime = u32::try_from(remaining)
-            .unwrap_or(a.lifetime)
-            .min(a.lifetime);
-        let addrs = a.relays;
-        self.allocate_success(ctx, from, addrs, lifetime, None, None, out)
-    }
-
-    /// The relay IP for a family (round-robin over `relay-ip`, else the local address).
-    fn relay_ip(&mut self, v4: bool, from: &ClientAddr) -> Result<IpAddr, RelayError> {
-        let ips = &self.config.relay.relay_ips;
-        let local = [from.local.ip()];
-        let pool: &[IpAddr] = if ips.is_empty() { &local } else { ips };
-        let usable = |i: &&IpAddr| i.is_ipv4() == v4 && !i.is_unspecified();
-        let n = pool.iter().filter(usable).count();
-        if n == 0 {
-            return Err(RelayError::FamilyNotSupported);
-        }
-        self.relay_rr = self.relay_rr.wrapping_add(1);
-        pool.iter()
-            .filter(usable)
-            .nth(self.relay_rr % n)
-            .copied()
-            .ok_or(RelayError::FamilyNotSupported)
-    }
-
-    fn in_use(&self, addr: SocketAddr) -> bool {
-        self.by_relay.contains_key(&addr) || self.reservations.iter().any(|r| r.relay == addr)
-    }
-
-    fn bind_relay(
-        &mut self,
-        v4: bool,
-        from: &ClientAddr,
-        relays: &mut dyn RelayProvider,
-    ) -> Result<SocketAddr, RelayError> {
-        let ip = self.relay_ip(v4, from)?;
-        let addr = relays.allocate(ip, from)?;
-        if self.in_use(addr) {
-            return Err(RelayError::Failed(format!(
-                "relay address {addr} already in use"
-            )));
-        }
-        Ok(addr)
-    }
-
-    /// EVEN-PORT: an even relay port, and with R set a reservation of port + 1.
-    fn bind_even(
-        &mut self,
-        now: Instant,
-        v4: bool,
-        reserve: bool,
-        from: &ClientAddr,
-        relays: &mut dyn RelayProvider,
-    ) -> Result<(SocketAddr, Option<[u8; 8]>), RelayError> {
-        let ip = self.relay_ip(v4, from)?;
-        let (addr, next) = relays.allocate_even(ip, from, reserve)?;
-        if self.in_use(addr) || next.is_some_and(|n| self.in_use(n)) {
-            return Err(RelayError::Failed(format!(
-                "relay address {addr} already in use"
-            )));
-        }
-        match (reserve, next) {
-            (true, Some(relay)) => {
-                let token: [u8; 8] = rand::random();
-                self.reservations.push(Reservation {
-                    token,
-                    relay,
-                    expires: now + RESERVATION_LIFETIME,
-                });
-                Ok((addr, Some(token)))
-            }
-            (true, None) => {
-                relays.release(addr);
-                Err(RelayError::NoPort)
-            }
-            (false, extra) => {
-                if let Some(x) = extra {
-                    relays.release(x);
-                }
-                Ok((addr, None))
-            }
-        }
-    }
-
-    /// RESERVATION-TOKEN: the reserved socket, or 508 if the token is unknown or expired.
-    fn take_reservation(
-        &mut self,
-        now: Instant,
-        token: &[u8; 8],
-    ) -> Result<SocketAddr, RelayError> {
-        let pos = self
-            .reservations
-            .iter()
-            .position(|r| &r.token == token && r.expires > now)
-            .ok_or(RelayError::NoPort)?;
-        Ok(self.reservations.swap_remove(pos).relay)
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn insert(
-        &mut self,
-        now: Instant,
-        from: &ClientAddr,
-        relays: RelayAddrs,
-        username: String,
-        life: Duration,
-        lifetime: u32,
-        txid: [u8; 12],
-    ) -> usize {
-        let gen = self.next_gen;
-        self.next_gen += 1;
-        let expires = now + life;
-        let a = Allocation {
-            gen,
-            client: *from,
-            relays,
-            username,
-            expires,
-            lifetime,
-            allocate_txid: txid,
-            perms: Vec::new(),
-            channels: Vec::new(),
-            scheduled: expires,
-        };
-        let idx = match self.free.pop() {
-            Some(i) => {
-                if let Some(slot) = self.allocs.get_mut(i) {
-                    *slot = Some(a);
-                }
-                i
-            }
-            None => {
-                self.allocs.push(Some(a));
-                self.allocs.len() - 1
-            }
-        };
-        self.live += 1;
-        self.by_client.insert(*from, idx);
-        for r in relays.iter() {
-            self.by_relay.insert(r, idx);
-        }
-        self.timers.push(Reverse((expires, idx, gen)));
-        idx
-    }
-
-    #[allow(clippy::too_many_arguments)]
     fn refresh(
         &mut self,
         now: Instant,
@@ -1237,7 +961,6 @@ impl Server {
         attrs: &Attrs<'_>,
         authed: Option<Authed>,
         ctx: &Ctx,
-        relays: &mut dyn RelayProvider,
         out: &mut Vec<u8>,
     ) -> Reply {
         let Some(Some(a)) = self.allocs.get(idx) else {
@@ -1254,7 +977,7 @@ impl Server {
             }
         }
         if attrs.lifetime == Some(0) {
-            self.delete(idx, DeleteReason::Refreshed, relays);
+            self.delete(idx, DeleteReason::Refreshed);
             return self.success(ctx, out, |b| {
                 b.u32(attr::LIFETIME, 0);
             });
@@ -1415,6 +1138,15 @@ fn next_deadline(a: &Allocation, now: Instant) -> Instant {
         next = next.min(t);
     }
     next
+}
+
+/// The index of `t` in `live_by_transport`.
+fn transport_index(t: Transport) -> usize {
+    match t {
+        Transport::Udp => 0,
+        Transport::Tcp => 1,
+        Transport::Tls => 2,
+    }
 }
 
 fn pick_alternate(alternates: &[SocketAddr], v4: bool, rr: &mut usize) -> Option<SocketAddr> {

@@ -1,4 +1,4 @@
-//! Server tests with a synthetic clock and an in-memory relay provider.
+//! Server tests with a synthetic clock and an in-memory binder of relay sockets.
 
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -6,10 +6,14 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use crate::stun::{attr, decode_address, long_term_key, method, Builder, Class, Message};
 use crate::*;
 
+mod relay_binding;
+
 pub(crate) const REALM: &str = "example.org";
 pub(crate) const SECRET: &[u8] = b"s3cret";
 
-/// Relay provider that hands out ports on the requested IP.
+/// The I/O layer's side of relay binding, in memory: answers every [`RelayRequest`] with ports
+/// counted up from 50001 on the requested IP (or with `fail`), and keeps what the server
+/// released.
 #[derive(Default)]
 pub(crate) struct TestRelays {
     pub next_port: u16,
@@ -18,40 +22,35 @@ pub(crate) struct TestRelays {
     pub fail: Option<RelayError>,
 }
 
-impl RelayProvider for TestRelays {
-    fn allocate(&mut self, ip: IpAddr, _client: &ClientAddr) -> Result<SocketAddr, RelayError> {
-        if let Some(e) = &self.fail {
-            return Err(e.clone());
-        }
+impl TestRelays {
+    fn port(&mut self, ip: IpAddr) -> SocketAddr {
         self.next_port += 1;
         let a = SocketAddr::new(ip, 50000 + self.next_port);
         self.bound.push(a);
-        Ok(a)
+        a
     }
 
-    fn release(&mut self, relay: SocketAddr) {
-        self.released.push(relay);
-    }
-
-    fn allocate_even(
-        &mut self,
-        ip: IpAddr,
-        _client: &ClientAddr,
-        reserve_next: bool,
-    ) -> Result<(SocketAddr, Option<SocketAddr>), RelayError> {
-        if let Some(e) = &self.fail {
-            return Err(e.clone());
-        }
-        self.next_port += 2 - self.next_port % 2;
-        let a = SocketAddr::new(ip, 50000 + self.next_port);
-        self.bound.push(a);
-        let b = reserve_next.then(|| {
-            self.next_port += 1;
-            let b = SocketAddr::new(ip, 50000 + self.next_port);
-            self.bound.push(b);
-            b
+    /// The answer the I/O layer would give to `r`.
+    pub fn bind(&mut self, r: &RelayRequest) -> RelayBound {
+        let primary = match (&self.fail, r.ports) {
+            (Some(e), _) => Err(e.clone()),
+            (None, RelayPorts::Any) => Ok((self.port(r.ip), None)),
+            (None, RelayPorts::Even | RelayPorts::EvenPair) => {
+                self.next_port += 1 - self.next_port % 2;
+                let a = self.port(r.ip);
+                let pair = (r.ports == RelayPorts::EvenPair).then(|| self.port(r.ip));
+                Ok((a, pair))
+            }
+        };
+        let additional = r.additional.map(|ip| match &self.fail {
+            Some(e) => Err(e.clone()),
+            None => Ok(self.port(ip)),
         });
-        Ok((a, b))
+        RelayBound {
+            id: r.id,
+            primary,
+            additional,
+        }
     }
 }
 
@@ -60,6 +59,23 @@ impl RelayProvider for TestRelays {
 pub(crate) enum Sent {
     Client(ClientAddr, Vec<u8>),
     Peer(SocketAddr, SocketAddr, Vec<u8>),
+}
+
+impl Sent {
+    pub fn of(t: Transmit<'_>) -> Sent {
+        match t {
+            Transmit::Client { to, data } => Sent::Client(to, data.to_vec()),
+            Transmit::Peer { relay, peer, data } => Sent::Peer(relay, peer, data.to_vec()),
+        }
+    }
+}
+
+/// What one client datagram produced, with a request for relay sockets left unanswered.
+#[derive(Debug)]
+pub(crate) enum Raw {
+    Sent(Sent),
+    Bind(RelayRequest),
+    Nothing,
 }
 
 pub(crate) struct H {
@@ -113,27 +129,79 @@ impl H {
     pub fn advance(&mut self, secs: u64) {
         self.now += Duration::from_secs(secs);
         self.wall0 += secs;
-        self.server.handle_timeout(self.now, &mut self.relays);
+        self.server.handle_timeout(self.now);
+        self.collect_releases();
+    }
+
+    /// Moves the relay sockets the server let go into `relays.released`.
+    pub fn collect_releases(&mut self) {
+        while let Some(r) = self.server.poll_release() {
+            self.relays.released.push(r);
+        }
+    }
+
+    /// One datagram from a client; a request for relay sockets is answered at once by
+    /// `relays`, as the I/O layer does. `f` gets what the server returned to send.
+    pub fn with_client<R>(
+        &mut self,
+        from: ClientAddr,
+        data: &[u8],
+        f: impl FnOnce(Option<Transmit<'_>>) -> R,
+    ) -> R {
+        let request = match self
+            .server
+            .handle_client(self.now, from, data, &mut self.out)
+        {
+            Some(Output::BindRelay(r)) => r,
+            Some(Output::Transmit(t)) => {
+                let r = f(Some(t));
+                self.collect_releases();
+                return r;
+            }
+            None => {
+                let r = f(None);
+                self.collect_releases();
+                return r;
+            }
+        };
+        let answer = self.relays.bind(&request);
+        let t = self.server.relay_bound(self.now, answer, &mut self.out);
+        let r = f(t);
+        self.collect_releases();
+        r
     }
 
     pub fn client(&mut self, from: ClientAddr, data: &[u8]) -> Option<Sent> {
-        let t = self
+        self.with_client(from, data, |t| t.map(Sent::of))
+    }
+
+    /// One datagram from a client, without answering a request for relay sockets.
+    pub fn client_raw(&mut self, from: ClientAddr, data: &[u8]) -> Raw {
+        let r = match self
             .server
-            .handle_client(self.now, from, data, &mut self.relays, &mut self.out);
-        t.map(|t| match t {
-            Transmit::Client { to, data } => Sent::Client(to, data.to_vec()),
-            Transmit::Peer { relay, peer, data } => Sent::Peer(relay, peer, data.to_vec()),
-        })
+            .handle_client(self.now, from, data, &mut self.out)
+        {
+            Some(Output::BindRelay(r)) => Raw::Bind(r),
+            Some(Output::Transmit(t)) => Raw::Sent(Sent::of(t)),
+            None => Raw::Nothing,
+        };
+        self.collect_releases();
+        r
+    }
+
+    /// The I/O layer's answer to a request for relay sockets.
+    pub fn answer(&mut self, answer: RelayBound) -> Option<Sent> {
+        let t = self.server.relay_bound(self.now, answer, &mut self.out);
+        let sent = t.map(Sent::of);
+        self.collect_releases();
+        sent
     }
 
     pub fn peer(&mut self, relay: SocketAddr, peer: SocketAddr, data: &[u8]) -> Option<Sent> {
         let t = self
             .server
             .handle_peer(self.now, relay, peer, data, &mut self.out);
-        t.map(|t| match t {
-            Transmit::Client { to, data } => Sent::Client(to, data.to_vec()),
-            Transmit::Peer { relay, peer, data } => Sent::Peer(relay, peer, data.to_vec()),
-        })
+        t.map(Sent::of)
     }
 
     pub fn events(&mut self) -> Vec<Event> {
@@ -1257,7 +1325,8 @@ fn tcp_channel_data_is_padded_and_close_deletes() {
         )
     );
     h.events();
-    h.server.close_client(h.now, &from, &mut h.relays);
+    h.server.close_client(h.now, &from);
+    h.collect_releases();
     assert_eq!(h.server.allocation_count(), 0);
     assert_eq!(h.relays.released, vec![relay]);
     assert!(matches!(
@@ -1656,7 +1725,8 @@ fn clear_releases_everything() {
     let a = h.allocate(udp("192.0.2.7:1"), &alice());
     let b = h.allocate(udp("192.0.2.7:2"), &alice());
     h.events();
-    h.server.clear(&mut h.relays);
+    h.server.clear();
+    h.collect_releases();
     assert_eq!(h.server.allocation_count(), 0);
     assert_eq!(h.relays.released, vec![a, b]);
     assert_eq!(h.events().len(), 2);

@@ -63,7 +63,7 @@ pub enum Transmit<'a> {
     },
     /// Send `data` from the relay socket bound on `relay` to `peer`.
     Peer {
-        /// The relay socket's local address (as returned by [`RelayProvider::allocate`]).
+        /// The relay socket's local address (as given in a [`RelayBound`]).
         relay: SocketAddr,
         /// The peer.
         peer: SocketAddr,
@@ -72,47 +72,61 @@ pub enum Transmit<'a> {
     },
 }
 
-/// Relay sockets, implemented by the I/O layer.
-pub trait RelayProvider {
-    /// Bind a UDP relay socket on `ip` (a port in `min-port..=max-port`) for `client` and
-    /// return its local address. The server then calls
-    /// [`Server::handle_peer`](crate::Server::handle_peer) with this address for datagrams
-    /// received on it.
-    fn allocate(&mut self, ip: IpAddr, client: &ClientAddr) -> Result<SocketAddr, RelayError>;
+/// What [`Server::handle_client`](crate::Server::handle_client) asks of the I/O layer.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Output<'a> {
+    /// Send this now.
+    Transmit(Transmit<'a>),
+    /// An Allocate needs relay sockets before it can be answered: bind them (outside any lock
+    /// around the core: binding is a system call) and hand the result to
+    /// [`Server::relay_bound`](crate::Server::relay_bound), which returns the response. Every
+    /// request must be answered once; an answer that comes after the Allocate stopped waiting
+    /// (its TCP/TLS connection closed, the drain began, [`Server::clear`](crate::Server::clear))
+    /// gets its sockets back through [`Server::poll_release`](crate::Server::poll_release).
+    BindRelay(RelayRequest),
+}
 
-    /// Close the relay socket bound on `relay` (allocation deleted or expired, or an unused
-    /// reservation timed out).
-    fn release(&mut self, relay: SocketAddr);
+/// Which relay port a [`RelayRequest`] needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RelayPorts {
+    /// Any free port of the range.
+    Any,
+    /// An even port (EVEN-PORT without R).
+    Even,
+    /// An even port, and port + 1 bound too and kept for a later Allocate with the
+    /// RESERVATION-TOKEN the response carries (EVEN-PORT with R, RFC 8656 §7.2;
+    /// `turnutils_uclient` asks for it on its RTP allocation).
+    EvenPair,
+}
 
-    /// EVEN-PORT (RFC 8656 §7.2; coturn's `turnutils_uclient` sends it with R=1 on its RTP
-    /// allocation unless run with `-c`, and R=0 at random with `-c`): bind a relay socket on an
-    /// **even** port on `ip`; if `reserve_next`, also bind **port + 1** and return it second.
-    /// The server keeps that second socket reserved for 30 s (RESERVATION-TOKEN) and either
-    /// hands it to a later Allocate carrying the token or calls [`release`](Self::release).
-    /// Datagrams arriving on a reserved socket before that are dropped by
-    /// [`Server::handle_peer`](crate::Server::handle_peer).
-    ///
-    /// The default implementation retries [`allocate`](Self::allocate) up to 16 times until
-    /// the port is even (releasing odd ones) and cannot reserve (`NoPort` when
-    /// `reserve_next`); I/O layers should override it to pick an even/odd pair directly.
-    fn allocate_even(
-        &mut self,
-        ip: IpAddr,
-        client: &ClientAddr,
-        reserve_next: bool,
-    ) -> Result<(SocketAddr, Option<SocketAddr>), RelayError> {
-        if reserve_next {
-            return Err(RelayError::NoPort);
-        }
-        for _ in 0..16 {
-            let a = self.allocate(ip, client)?;
-            if a.port() % 2 == 0 {
-                return Ok((a, None));
-            }
-            self.release(a);
-        }
-        Err(RelayError::NoPort)
-    }
+/// Relay sockets an Allocate is waiting for ([`Output::BindRelay`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RelayRequest {
+    /// Identifies the waiting Allocate; copy it into the [`RelayBound`] answer.
+    pub id: u64,
+    /// The client the allocation is for.
+    pub client: ClientAddr,
+    /// The address to bind the relay socket on (the core's round-robin over `relay-ip`, or
+    /// the listening address the request arrived on).
+    pub ip: IpAddr,
+    /// The port rule for that socket.
+    pub ports: RelayPorts,
+    /// A second socket of the other family on this address, for a dual allocation
+    /// (ADDITIONAL-ADDRESS-FAMILY); always [`RelayPorts::Any`].
+    pub additional: Option<IpAddr>,
+}
+
+/// The I/O layer's answer to a [`RelayRequest`], for
+/// [`Server::relay_bound`](crate::Server::relay_bound).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RelayBound {
+    /// [`RelayRequest::id`].
+    pub id: u64,
+    /// The socket bound for [`RelayRequest::ip`], and for [`RelayPorts::EvenPair`] the one on
+    /// port + 1 (`None` for the other rules).
+    pub primary: Result<(SocketAddr, Option<SocketAddr>), RelayError>,
+    /// The socket for [`RelayRequest::additional`], when it asked for one.
+    pub additional: Option<Result<SocketAddr, RelayError>>,
 }
 
 /// Why a relay socket could not be bound.
@@ -139,6 +153,20 @@ pub struct RelayAddrs {
 }
 
 impl RelayAddrs {
+    /// One relay socket, in the slot of its family.
+    pub fn for_one(relay: SocketAddr) -> RelayAddrs {
+        match relay {
+            SocketAddr::V4(_) => RelayAddrs {
+                v4: Some(relay),
+                v6: None,
+            },
+            SocketAddr::V6(_) => RelayAddrs {
+                v4: None,
+                v6: Some(relay),
+            },
+        }
+    }
+
     /// The addresses present.
     pub fn iter(&self) -> impl Iterator<Item = SocketAddr> {
         self.v4.into_iter().chain(self.v6)
@@ -285,7 +313,8 @@ pub enum DrainMode {
     },
 }
 
-/// Cumulative counters, cheap to read ([`Server::counters`](crate::Server::counters)).
+/// Cumulative counters, cheap to read ([`Server::counters`](crate::Server::counters)); the I/O
+/// layer exports them as metrics.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Counters {
     /// Datagrams/frames passed to `handle_client`.
@@ -312,6 +341,12 @@ pub struct Counters {
     pub malformed: u64,
     /// Unauthenticated responses dropped because they would be larger than the request.
     pub suppressed_responses: u64,
+    /// STUN Binding requests.
+    pub binding_requests: u64,
+    /// STUN Binding success responses.
+    pub binding_responses: u64,
+    /// STUN Binding error responses (420: unknown comprehension-required attributes).
+    pub binding_errors: u64,
     /// Authentication failures (not counting the first 401 challenge).
     pub auth_failures: u64,
     /// Allocations created.

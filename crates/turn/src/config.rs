@@ -1,67 +1,28 @@
 //! Configuration: coturn's option names as `--flags` and in a `-c turnserver.conf` file,
-//! plus lastcall's termination and log options. Every problem is collected and reported at
-//! once, before any port is bound.
+//! plus lastcall's termination and log options, parsed into a typed [`TurnConfig`] from
+//! which the protocol core's configuration is derived. Every problem is collected and
+//! reported at once (with the option, and the file and line it came from), before any port
+//! is bound.
 //!
 //! Precedence is coturn's: the file is read first, then the command line; a single-valued
 //! option given in both takes the command line's value, a repeatable one gets both lists
 //! (the file's first). Without `-c` no file is read (coturn would read
 //! `/etc/turnserver.conf`; `-n` is accepted and means the same as not giving `-c`).
+//! What each coturn option does is in the table of [`crate::options`].
 
-use std::collections::BTreeMap;
-use std::fmt;
 use std::net::{IpAddr, SocketAddr};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
 
 use clap::{Arg, ArgAction, ArgMatches, Args, Command, FromArgMatches};
+use lastcall::{Problem, Problems, Source};
 
 use crate::options::{self, Kind, Spec};
+use crate::sources::{parse_file, prescan, RawOptions};
+use crate::tls::Certs;
 
-/// Where a value came from, for error messages.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Origin {
-    /// The command line.
-    Flag,
-    /// A configuration file and its line number (1-based).
-    File(PathBuf, usize),
-}
-
-impl fmt::Display for Origin {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Origin::Flag => f.write_str("command line"),
-            Origin::File(p, n) => write!(f, "{}:{}", p.display(), n),
-        }
-    }
-}
-
-/// One configuration problem.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Problem {
-    pub origin: Origin,
-    pub message: String,
-}
-
-impl fmt::Display for Problem {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.origin, self.message)
-    }
-}
-
-/// Every problem found in the configuration (never empty).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub struct ConfigErrors(pub Vec<Problem>);
-
-impl fmt::Display for ConfigErrors {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (i, p) in self.0.iter().enumerate() {
-            if i > 0 {
-                f.write_str("\n")?;
-            }
-            write!(f, "{p}")?;
-        }
-        Ok(())
-    }
-}
+pub use lastcall_turn_proto::{ExternalIp, IpRange, UserKey};
 
 /// What parsing the command line came to.
 #[derive(Debug)]
@@ -76,8 +37,13 @@ pub enum Parsed {
 #[derive(Debug)]
 pub struct Settings {
     pub turn: TurnConfig,
+    /// The certificate and key of [`TurnConfig::tls`], loaded (they are configuration too:
+    /// a bad one is a problem reported with the others).
+    pub certs: Option<Arc<Certs>>,
     pub term: lastcall::TerminationConfig,
     pub log: lastcall::LogArgs,
+    /// Options accepted with a caveat, to log once logging is up.
+    pub warnings: Vec<Problem>,
 }
 
 /// The termination defaults of a TURN server, whose sessions are calls (see docs/turn.md):
@@ -85,64 +51,147 @@ pub struct Settings {
 /// Prometheus port.
 pub fn termination_defaults() -> lastcall::Defaults {
     lastcall::Defaults {
-        shutdown_delay: std::time::Duration::from_secs(5),
-        drain_timeout: std::time::Duration::from_secs(3600),
+        shutdown_delay: Duration::from_secs(5),
+        drain_timeout: Duration::from_secs(3600),
         drain_min_sessions: 0,
         admin_addr: Some(SocketAddr::from(([0, 0, 0, 0], 9641))),
     }
 }
 
-pub use lastcall_turn_proto::{ExternalIp, IpRange, UserKey};
-
-/// The TURN daemon's own configuration (coturn's options), typed and checked.
+/// The TURN daemon's own configuration, typed and checked.
 #[derive(Debug, Clone)]
 pub struct TurnConfig {
     pub config_file: Option<PathBuf>,
-    pub listening_port: u16,
-    pub tls_listening_port: u16,
-    /// Empty means every address of the host (see `server::listening_addresses`).
+    pub realm: String,
+    /// Empty means every address of the host (see `listen::listening_addresses`).
     pub listening_ips: Vec<IpAddr>,
+    /// UDP and TCP.
+    pub listening_port: u16,
+    /// TLS, when [`tls`](Self::tls) is set.
+    pub tls_listening_port: u16,
+    /// A UDP client listener (coturn's `no-udp` turns it off).
+    pub udp: bool,
+    /// A TCP client listener (coturn's `no-tcp` turns it off).
+    pub tcp: bool,
+    /// The TLS listener's certificate and key: both `cert` and `pkey` given, and not
+    /// `no-tls`.
+    pub tls: Option<TlsFiles>,
     pub relay_ips: Vec<IpAddr>,
     pub external_ips: Vec<ExternalIp>,
     pub min_port: u16,
     pub max_port: u16,
-    pub realm: String,
-    pub use_auth_secret: bool,
-    pub static_auth_secrets: Vec<String>,
-    /// Static users: name and key (coturn `user=name:password` or `name:0xKEY`).
-    pub users: Vec<(String, UserKey)>,
+    /// coturn's `relay-threads`: UDP I/O threads; 0 = one per CPU this process may run on
+    /// (see [`TurnConfig::udp_workers`]).
+    pub relay_threads: usize,
+    pub auth: AuthMode,
     pub denied_peer_ips: Vec<IpRange>,
     pub allowed_peer_ips: Vec<IpRange>,
     pub allow_loopback_peers: bool,
     pub user_quota: u32,
     pub total_quota: u32,
+    /// Seconds.
     pub max_allocate_lifetime: u32,
+    /// Seconds.
     pub stale_nonce: u32,
-    pub cert: Option<PathBuf>,
-    pub pkey: Option<PathBuf>,
-    pub no_tls: bool,
-    pub no_udp: bool,
-    pub no_tcp: bool,
-    pub tls13_only: bool,
-    pub drain_min_allocations: Option<u64>,
     pub pidfile: Option<PathBuf>,
-    /// coturn's `log-file`: logs always go to stderr; main warns when this names a file.
-    pub log_file: Option<String>,
-    /// 0 none, 1 `verbose`, 2 `Verbose`.
-    pub verbosity: u8,
     pub alternate_servers: Vec<SocketAddr>,
-    /// coturn's `relay-threads`: UDP I/O threads; 0 = one per CPU this process may run on
-    /// (see [`TurnConfig::udp_workers`]).
-    pub relay_threads: usize,
+}
+
+/// The TLS listener's files.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// PEM certificate chain (coturn's `cert`).
+    pub cert: PathBuf,
+    /// PEM private key (coturn's `pkey`).
+    pub pkey: PathBuf,
+    /// TLS 1.3 only (coturn's `no-tlsv1_2`).
+    pub tls13_only: bool,
+}
+
+/// How clients authenticate: long-term credentials, always (there is no `no-auth`).
+#[derive(Clone, PartialEq, Eq)]
+pub enum AuthMode {
+    /// coturn's `use-auth-secret`: TURN REST API credentials made with any of `secrets` (all
+    /// are accepted, for rotation); static `users` are accepted too.
+    RestApi {
+        secrets: Vec<String>,
+        users: Vec<(String, UserKey)>,
+    },
+    /// Static users only (`user=name:password`, `user=name:0xKEY`).
+    StaticUsers(Vec<(String, UserKey)>),
+}
+
+impl AuthMode {
+    /// Whether TURN REST API credentials are accepted.
+    pub fn uses_rest_api(&self) -> bool {
+        matches!(self, AuthMode::RestApi { .. })
+    }
+
+    /// The TURN REST API secrets (none for static users only).
+    pub fn rest_secrets(&self) -> &[String] {
+        match self {
+            AuthMode::RestApi { secrets, .. } => secrets,
+            AuthMode::StaticUsers(_) => &[],
+        }
+    }
+
+    /// The static users.
+    pub fn users(&self) -> &[(String, UserKey)] {
+        match self {
+            AuthMode::RestApi { users, .. } | AuthMode::StaticUsers(users) => users,
+        }
+    }
+}
+
+/// Never prints a secret or a key.
+impl std::fmt::Debug for AuthMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let users: Vec<&str> = self.users().iter().map(|(n, _)| n.as_str()).collect();
+        match self {
+            AuthMode::RestApi { secrets, .. } => f
+                .debug_struct("RestApi")
+                .field("secrets", &secrets.len())
+                .field("users", &users)
+                .finish(),
+            AuthMode::StaticUsers(_) => f.debug_tuple("StaticUsers").field(&users).finish(),
+        }
+    }
 }
 
 /// The most `relay-threads` accepted.
 pub const MAX_RELAY_THREADS: usize = 1024;
 
 impl TurnConfig {
-    /// Whether a TLS listener runs: not `no-tls`, and both `cert` and `pkey` given.
+    /// The protocol core's configuration.
+    pub fn core_config(&self) -> lastcall_turn_proto::ServerConfig {
+        let mut s = lastcall_turn_proto::ServerConfig::new(self.realm.clone());
+        s.auth.rest_secrets = self
+            .auth
+            .rest_secrets()
+            .iter()
+            .map(|x| x.as_bytes().to_vec())
+            .collect();
+        for (name, key) in self.auth.users() {
+            s.auth.users.insert(name.clone(), key.clone());
+        }
+        s.lifetimes.allocation_max = Duration::from_secs(u64::from(self.max_allocate_lifetime));
+        if s.lifetimes.allocation_default > s.lifetimes.allocation_max {
+            s.lifetimes.allocation_default = s.lifetimes.allocation_max;
+        }
+        s.quotas.per_user = self.user_quota;
+        s.quotas.total = self.total_quota;
+        s.nonce.lifetime = Duration::from_secs(u64::from(self.stale_nonce));
+        s.peer_policy.allow_loopback = self.allow_loopback_peers;
+        s.peer_policy.allowed = self.allowed_peer_ips.clone();
+        s.peer_policy.denied = self.denied_peer_ips.clone();
+        s.relay.relay_ips = self.relay_ips.clone();
+        s.relay.external_ips = self.external_ips.clone();
+        s
+    }
+
+    /// Whether a TLS listener runs.
     pub fn tls_enabled(&self) -> bool {
-        !self.no_tls && self.cert.is_some() && self.pkey.is_some()
+        self.tls.is_some()
     }
 
     /// The number of UDP I/O threads: `relay-threads`, or when it is 0 the number of CPUs
@@ -185,7 +234,7 @@ pub fn command() -> Command {
                 .help("No configuration file (accepted for coturn compatibility; the default)"),
         );
     cmd = cmd.next_help_heading("coturn options (the same names work in the -c file)");
-    for s in options::SUPPORTED {
+    for s in options::accepted() {
         cmd = cmd.arg(clap_arg(s));
     }
     let cmd = lastcall::TerminationArgs::augment_args(cmd);
@@ -196,8 +245,8 @@ pub fn command() -> Command {
 
 fn clap_arg(s: &'static Spec) -> Arg {
     let mut a = Arg::new(s.name).long(s.name).help(s.help);
-    if let Some(c) = s.short {
-        a = a.short(c);
+    if let Some(c) = s.shorts.first() {
+        a = a.short(*c);
     }
     match s.kind {
         Kind::Flag | Kind::OptionalValue => a
@@ -218,16 +267,15 @@ fn clap_arg(s: &'static Spec) -> Arg {
 }
 
 /// Parses a command line (the first item is the program name) and the file it names.
-pub fn parse<I, T>(args: I) -> Result<Parsed, ConfigErrors>
+pub fn parse<I, T>(args: I) -> Result<Parsed, Problems>
 where
     I: IntoIterator<Item = T>,
     T: Into<String>,
 {
     let args: Vec<String> = args.into_iter().map(Into::into).collect();
     let cmd = command();
-    // Unsupported and unknown options are removed (and reported) here, so that clap can
-    // parse the rest and every other problem is found too.
-    let (kept, mut problems) = prescan(&cmd, &args);
+    let mut problems = Problems::new();
+    let kept = prescan(&cmd, &args, &mut problems);
     let matches = match cmd.try_get_matches_from(kept) {
         Ok(m) => m,
         Err(e) => {
@@ -237,11 +285,8 @@ where
                     Ok(Parsed::Print(e.render().to_string()))
                 }
                 _ => {
-                    problems.push(Problem {
-                        origin: Origin::Flag,
-                        message: e.render().to_string().trim().to_string(),
-                    });
-                    Err(ConfigErrors(problems))
+                    problems.push(Problem::new("", e.render().to_string().trim()));
+                    Err(problems)
                 }
             };
         }
@@ -250,230 +295,95 @@ where
     let config_file = matches.get_one::<String>("config").map(PathBuf::from);
     if let Some(path) = &config_file {
         match std::fs::read_to_string(path) {
-            Ok(text) => problems.extend(parse_file(path, &text, &mut raw)),
-            Err(e) => problems.push(Problem {
-                origin: Origin::Flag,
-                message: format!("-c {}: cannot read: {e}", path.display()),
-            }),
+            Ok(text) => parse_file(path, &text, &mut raw, &mut problems),
+            Err(e) => {
+                let source = Source::File {
+                    path: Some(path.clone()),
+                    line: None,
+                };
+                problems.push(Problem::new("", format!("cannot read: {e}")).at(source));
+            }
         }
     }
-    add_flags(&matches, &mut raw);
-    let turn = typed(&raw, config_file, &mut problems);
-    let term = lastcall::TerminationArgs::from_arg_matches(&matches).map(|mut args| {
-        // coturn's drain-min-allocations is the default of --drain-min-sessions.
-        let explicit = matches!(
-            matches.value_source("drain_min_sessions"),
-            Some(clap::parser::ValueSource::CommandLine | clap::parser::ValueSource::EnvVariable)
-        );
-        if let (false, Some(n)) = (explicit, turn.drain_min_allocations) {
-            args.drain_min_sessions = Some(n.to_string());
+    raw.add_flags(&matches);
+    let mut warnings = Vec::new();
+    let typed = typed(&raw, config_file, &mut problems, &mut warnings);
+    let certs = typed.turn.tls.as_ref().and_then(|files| {
+        let source = raw.last("cert").map_or(Source::Flag, |(_, s)| s.clone());
+        match Certs::load(&files.cert, &files.pkey, files.tls13_only) {
+            Ok(c) => Some(Arc::new(c)),
+            Err(e) => {
+                problems.push(Problem::new("cert/pkey", e.to_string()).at(source));
+                None
+            }
         }
-        args.resolve(&termination_defaults())
     });
-    let log = lastcall::LogArgs::from_arg_matches(&matches);
+    let term = termination(&matches, typed.drain_min_allocations, &mut problems);
+    let log = log_args(&matches, typed.verbosity, &mut problems);
     match (term, log) {
-        (Ok(Ok(term)), Ok(mut log)) if problems.is_empty() => {
-            let explicit_level = matches!(
-                matches.value_source("log_level"),
-                Some(
-                    clap::parser::ValueSource::CommandLine | clap::parser::ValueSource::EnvVariable
-                )
-            );
-            if !explicit_level && turn.verbosity > 0 {
-                log.log_level = if turn.verbosity > 1 { "trace" } else { "debug" }.to_string();
-            }
-            Ok(Parsed::Run(Box::new(Settings { turn, term, log })))
+        (Some(term), Some(log)) if problems.is_empty() => Ok(Parsed::Run(Box::new(Settings {
+            turn: typed.turn,
+            certs,
+            term,
+            log,
+            warnings,
+        }))),
+        _ => Err(problems),
+    }
+}
+
+/// The termination options; coturn's `drain-min-allocations` is the default of
+/// `--drain-min-sessions`.
+fn termination(
+    matches: &ArgMatches,
+    drain_min_allocations: Option<u64>,
+    problems: &mut Problems,
+) -> Option<lastcall::TerminationConfig> {
+    let mut args = match lastcall::TerminationArgs::from_arg_matches(matches) {
+        Ok(a) => a,
+        Err(e) => {
+            problems.push(Problem::new("", e.to_string().trim()));
+            return None;
         }
-        (term, log) => {
-            match term {
-                Err(e) => problems.push(flag_problem(e.to_string())),
-                Ok(Err(e)) => problems.extend(e.problems.into_iter().map(flag_problem)),
-                Ok(Ok(_)) => {}
-            }
-            if let Err(e) = log {
-                problems.push(flag_problem(e.to_string()));
-            }
-            Err(ConfigErrors(problems))
+    };
+    let explicit = matches!(
+        matches.value_source("drain_min_sessions"),
+        Some(clap::parser::ValueSource::CommandLine | clap::parser::ValueSource::EnvVariable)
+    );
+    if let (false, Some(n)) = (explicit, drain_min_allocations) {
+        args.drain_min_sessions = Some(n.to_string());
+    }
+    match args.validate(&termination_defaults()) {
+        Ok(t) => Some(t),
+        Err(p) => {
+            problems.extend(p);
+            None
         }
     }
 }
 
-fn flag_problem(message: String) -> Problem {
-    Problem {
-        origin: Origin::Flag,
-        message: message.trim().to_string(),
-    }
-}
-
-/// Removes coturn options we do not support and unknown options from the command line,
-/// reporting each; returns what clap should parse.
-fn prescan(cmd: &Command, args: &[String]) -> (Vec<String>, Vec<Problem>) {
-    let mut known_long: BTreeMap<String, bool> = BTreeMap::new();
-    let mut known_short: BTreeMap<char, bool> = BTreeMap::new();
-    for a in cmd.get_arguments() {
-        let takes =
-            a.get_action().takes_values() && a.get_num_args().is_some_and(|n| n.min_values() > 0);
-        if let Some(l) = a.get_long() {
-            known_long.insert(l.to_string(), takes);
+/// The log options; coturn's `verbose`/`Verbose` set the level unless `--log-level` is
+/// given.
+fn log_args(
+    matches: &ArgMatches,
+    verbosity: u8,
+    problems: &mut Problems,
+) -> Option<lastcall::LogArgs> {
+    let mut log = match lastcall::LogArgs::from_arg_matches(matches) {
+        Ok(l) => l,
+        Err(e) => {
+            problems.push(Problem::new("", e.to_string().trim()));
+            return None;
         }
-        for alias in a.get_all_aliases().unwrap_or_default() {
-            known_long.insert(alias.to_string(), takes);
-        }
-        if let Some(s) = a.get_short() {
-            known_short.insert(s, takes);
-        }
+    };
+    let explicit_level = matches!(
+        matches.value_source("log_level"),
+        Some(clap::parser::ValueSource::CommandLine | clap::parser::ValueSource::EnvVariable)
+    );
+    if !explicit_level && verbosity > 0 {
+        log.log_level = if verbosity > 1 { "trace" } else { "debug" }.to_string();
     }
-    known_long.insert("help".into(), false);
-    known_short.insert('h', false);
-
-    let mut kept = Vec::with_capacity(args.len());
-    let mut problems = Vec::new();
-    let mut it = args.iter();
-    if let Some(prog) = it.next() {
-        kept.push(prog.clone());
-    }
-    let mut rest_positional = false;
-    while let Some(arg) = it.next() {
-        if rest_positional || arg == "-" || !arg.starts_with('-') {
-            kept.push(arg.clone());
-            continue;
-        }
-        if arg == "--" {
-            rest_positional = true;
-            kept.push(arg.clone());
-            continue;
-        }
-        let (name, has_eq) = match arg.strip_prefix("--") {
-            Some(long) => match long.split_once('=') {
-                Some((n, _)) => (n.to_string(), true),
-                None => (long.to_string(), false),
-            },
-            None => {
-                // A short option; coturn's are one letter, possibly with the value attached.
-                let c = arg.chars().nth(1).unwrap_or('-');
-                let attached = arg.chars().count() > 2;
-                if let Some(&takes) = known_short.get(&c) {
-                    kept.push(arg.clone());
-                    if takes && !attached {
-                        if let Some(v) = it.next() {
-                            kept.push(v.clone());
-                        }
-                    }
-                } else if let Some((_, long)) =
-                    options::COTURN_OTHER_SHORT.iter().find(|(s, _)| *s == c)
-                {
-                    problems.push(unsupported(Origin::Flag, &format!("-{c} (--{long})"), long));
-                    if options::coturn_other(long) == Some(true) && !attached {
-                        it.next();
-                    }
-                } else {
-                    problems.push(Problem {
-                        origin: Origin::Flag,
-                        message: format!("unknown option -{c}"),
-                    });
-                }
-                continue;
-            }
-        };
-        if let Some(&takes) = known_long.get(&name) {
-            kept.push(arg.clone());
-            if takes && !has_eq {
-                if let Some(v) = it.next() {
-                    kept.push(v.clone());
-                }
-            }
-        } else if let Some(takes) = options::coturn_other(&name) {
-            problems.push(unsupported(Origin::Flag, &format!("--{name}"), &name));
-            if takes && !has_eq {
-                it.next();
-            }
-        } else {
-            problems.push(Problem {
-                origin: Origin::Flag,
-                message: format!("unknown option --{name}"),
-            });
-        }
-    }
-    (kept, problems)
-}
-
-fn unsupported(origin: Origin, shown: &str, name: &str) -> Problem {
-    let mut message = format!("unsupported coturn option {shown}");
-    if let Some(h) = options::hint(name) {
-        message.push_str(&format!(" ({h})"));
-    }
-    Problem { origin, message }
-}
-
-/// Raw option values by name, in order, with their origin.
-#[derive(Debug, Default)]
-pub struct RawOptions {
-    values: BTreeMap<&'static str, Vec<(String, Origin)>>,
-}
-
-impl RawOptions {
-    fn push(&mut self, name: &'static str, value: String, origin: Origin) {
-        self.values.entry(name).or_default().push((value, origin));
-    }
-
-    fn all(&self, name: &str) -> &[(String, Origin)] {
-        self.values.get(name).map(Vec::as_slice).unwrap_or(&[])
-    }
-
-    fn last(&self, name: &str) -> Option<&(String, Origin)> {
-        self.all(name).last()
-    }
-}
-
-/// Parses a turnserver.conf into `raw`, returning the problems (unknown and unsupported
-/// options, each with its line).
-pub fn parse_file(path: &Path, text: &str, raw: &mut RawOptions) -> Vec<Problem> {
-    let mut problems = Vec::new();
-    for (i, line) in text.lines().enumerate() {
-        let origin = Origin::File(path.to_path_buf(), i + 1);
-        let line = line.trim();
-        if line.is_empty() || line.starts_with('#') {
-            continue;
-        }
-        let (name, value) = match line.find(['=', ' ', '\t']) {
-            Some(at) => {
-                let (n, v) = line.split_at(at);
-                let v = v.trim_start_matches(['=', ' ', '\t']);
-                (n, unquote(v))
-            }
-            None => (line, String::new()),
-        };
-        let name = name.strip_prefix("--").unwrap_or(name);
-        if let Some(spec) = options::supported(name) {
-            raw.push(spec.name, value, origin);
-        } else if options::coturn_other(name).is_some() {
-            problems.push(unsupported(origin, name, name));
-        } else {
-            problems.push(Problem {
-                origin,
-                message: format!("unknown option {name}"),
-            });
-        }
-    }
-    problems
-}
-
-fn unquote(v: &str) -> String {
-    let v = v.trim();
-    match v.strip_prefix('"') {
-        Some(inner) => inner.strip_suffix('"').unwrap_or(inner).to_string(),
-        None => v.to_string(),
-    }
-}
-
-fn add_flags(m: &ArgMatches, raw: &mut RawOptions) {
-    for s in options::SUPPORTED {
-        if let Ok(Some(values)) = m.try_get_many::<String>(s.name) {
-            for v in values {
-                raw.push(s.name, v.clone(), Origin::Flag);
-            }
-        }
-    }
+    Some(log)
 }
 
 /// coturn's boolean values: empty = true; 0/no/false/off = false; 1-9/yes/true/on = true.
@@ -491,26 +401,40 @@ fn parse_bool(v: &str) -> Option<bool> {
     }
 }
 
+/// Options whose values must never be printed in a problem.
+fn shown_value(name: &str, value: &str) -> String {
+    match name {
+        "static-auth-secret" if !value.is_empty() => "(secret)".to_string(),
+        // The user's name helps; the password or key after the colon never.
+        "user" => match value.split_once(':') {
+            Some((user, _)) => format!("{user}:(secret)"),
+            None => value.to_string(),
+        },
+        _ => value.to_string(),
+    }
+}
+
+/// Reads typed values out of the raw options, reporting every bad one.
 struct Checker<'a> {
     raw: &'a RawOptions,
-    problems: &'a mut Vec<Problem>,
+    problems: &'a mut Problems,
 }
 
 impl Checker<'_> {
-    fn bad(&mut self, origin: &Origin, name: &str, value: &str, why: &str) {
-        self.problems.push(Problem {
-            origin: origin.clone(),
-            message: format!("{name}={value}: {why}"),
-        });
+    /// `name=value: why`, at the value's source.
+    fn bad(&mut self, source: &Source, name: &str, value: &str, why: &str) {
+        let key = format!("{name}={}", shown_value(name, value));
+        self.problems
+            .push(Problem::new(key, why).at(source.clone()));
     }
 
     fn flag(&mut self, name: &str) -> bool {
         let mut out = false;
-        for (v, o) in self.raw.all(name) {
+        for (v, source) in self.raw.all(name) {
             match parse_bool(v) {
                 Some(b) => out = b,
                 None => self.bad(
-                    o,
+                    source,
                     name,
                     v,
                     "not a boolean (on/off, yes/no, 1/0, true/false)",
@@ -521,11 +445,11 @@ impl Checker<'_> {
     }
 
     fn value<T: std::str::FromStr>(&mut self, name: &str, what: &str) -> Option<T> {
-        let (v, o) = self.raw.last(name)?;
+        let (v, source) = self.raw.last(name)?;
         match v.parse() {
             Ok(x) => Some(x),
             Err(_) => {
-                self.bad(o, name, v, &format!("not {what}"));
+                self.bad(source, name, v, &format!("not {what}"));
                 None
             }
         }
@@ -533,24 +457,19 @@ impl Checker<'_> {
 
     fn each<T>(&mut self, name: &str, f: impl Fn(&str) -> Result<T, String>) -> Vec<T> {
         let mut out = Vec::new();
-        for (v, o) in self.raw.all(name) {
+        for (v, source) in self.raw.all(name) {
             match f(v) {
                 Ok(x) => out.push(x),
-                Err(why) => self.bad(o, name, v, &why),
+                Err(why) => self.bad(source, name, v, &why),
             }
         }
         out
     }
 
+    /// A problem about option `name` as a whole, at its last value's source.
     fn require(&mut self, name: &str, message: &str) {
-        self.problems.push(Problem {
-            origin: self
-                .raw
-                .last(name)
-                .map(|(_, o)| o.clone())
-                .unwrap_or(Origin::Flag),
-            message: message.to_string(),
-        });
+        let source = self.raw.last(name).map_or(Source::Flag, |(_, s)| s.clone());
+        self.problems.push(Problem::new("", message).at(source));
     }
 }
 
@@ -564,11 +483,21 @@ fn parse_ip(v: &str) -> Result<IpAddr, String> {
     v.parse().map_err(|_| "not an IP address".to_string())
 }
 
+/// The typed configuration, and what is read from coturn's options but used elsewhere.
+struct Typed {
+    turn: TurnConfig,
+    /// coturn's `drain-min-allocations` (the default of `--drain-min-sessions`).
+    drain_min_allocations: Option<u64>,
+    /// 0 none, 1 `verbose`, 2 `Verbose` (the default of `--log-level`).
+    verbosity: u8,
+}
+
 fn typed(
     raw: &RawOptions,
     config_file: Option<PathBuf>,
-    problems: &mut Vec<Problem>,
-) -> TurnConfig {
+    problems: &mut Problems,
+    warnings: &mut Vec<Problem>,
+) -> Typed {
     let mut c = Checker { raw, problems };
     let listening_port = c.value("listening-port", "a port number").unwrap_or(3478);
     let tls_listening_port = c
@@ -613,25 +542,11 @@ fn typed(
     let no_udp = c.flag("no-udp");
     let no_tcp = c.flag("no-tcp");
     let tls13_only = c.flag("no-tlsv1_2");
-    for accepted in [
-        "lt-cred-mech",
-        "no-tcp-relay",
-        "no-multicast-peers",
-        "no-cli",
-        "no-dtls",
-        "no-tlsv1",
-        "no-tlsv1_1",
-        "fingerprint",
-        "no-software-attribute",
-        "no-rfc5780",
-        "no-stun-backward-compatibility",
-        "response-origin-only-with-rfc5780",
-        "rfc5766-channel-numbers",
-        "prometheus",
-        "simple-log",
-        "no-stdout-log",
-    ] {
-        c.flag(accepted);
+    // Accepted options change nothing, but their values are still checked.
+    for spec in options::OPTIONS {
+        if spec.policy == options::Policy::Accepted && spec.kind == Kind::Flag {
+            c.flag(spec.name);
+        }
     }
     let drain_min_allocations = c.value("drain-min-allocations", "a number");
     let relay_threads = c
@@ -644,7 +559,13 @@ fn typed(
         );
     }
     let pidfile = c.raw.last("pidfile").map(|(v, _)| PathBuf::from(v));
-    let log_file = c.raw.last("log-file").map(|(v, _)| v.clone());
+    if let Some((file, source)) = c.raw.last("log-file") {
+        if !matches!(file.as_str(), "stdout" | "stderr" | "-" | "syslog") {
+            let key = format!("log-file={file}");
+            let w = Problem::new(key, "is ignored: logs go to stderr").at(source.clone());
+            warnings.push(w);
+        }
+    }
     let verbosity = if c.flag("Verbose") {
         2
     } else {
@@ -693,7 +614,16 @@ fn typed(
     if !no_tls && cert.is_some() != pkey.is_some() {
         c.require("cert", "cert and pkey go together: give both or neither");
     }
-    if no_udp && no_tcp && (no_tls || cert.is_none()) {
+    let cert_given = cert.is_some();
+    let tls = match (cert, pkey) {
+        (Some(cert), Some(pkey)) if !no_tls => Some(TlsFiles {
+            cert,
+            pkey,
+            tls13_only,
+        }),
+        _ => None,
+    };
+    if no_udp && no_tcp && (no_tls || !cert_given) {
         c.require("no-udp", "no-udp, no-tcp and no TLS: nothing to listen on");
     }
     for e in &external_ips {
@@ -706,11 +636,6 @@ fn typed(
             }
         }
     }
-    let listening_unspecified =
-        listening_ips.is_empty() || listening_ips.iter().any(|ip| ip.is_unspecified());
-    if relay_ips.is_empty() && listening_unspecified && external_ips.is_empty() {
-        // Resolved at start-up from the host's default route (see server::default_relay_ips).
-    }
     for ip in &relay_ips {
         if ip.is_unspecified() {
             c.require(
@@ -719,38 +644,55 @@ fn typed(
             );
         }
     }
-    TurnConfig {
-        config_file,
-        listening_port,
-        tls_listening_port,
-        listening_ips,
-        relay_ips,
-        external_ips,
-        min_port,
-        max_port,
-        realm,
-        use_auth_secret,
-        static_auth_secrets,
-        users,
-        denied_peer_ips,
-        allowed_peer_ips,
-        allow_loopback_peers,
-        user_quota,
-        total_quota,
-        max_allocate_lifetime,
-        stale_nonce,
-        cert,
-        pkey,
-        no_tls,
-        no_udp,
-        no_tcp,
-        tls13_only,
+    if allow_loopback_peers {
+        let source = c
+            .raw
+            .last("allow-loopback-peers")
+            .map_or(Source::Flag, |(_, s)| s.clone());
+        warnings.push(
+            Problem::new(
+                "allow-loopback-peers",
+                "is on: clients can reach this host's own services (tests only)",
+            )
+            .at(source),
+        );
+    }
+    let auth = if use_auth_secret {
+        AuthMode::RestApi {
+            secrets: static_auth_secrets,
+            users,
+        }
+    } else {
+        AuthMode::StaticUsers(users)
+    };
+    Typed {
+        turn: TurnConfig {
+            config_file,
+            realm,
+            listening_ips,
+            listening_port,
+            tls_listening_port,
+            udp: !no_udp,
+            tcp: !no_tcp,
+            tls,
+            relay_ips,
+            external_ips,
+            min_port,
+            max_port,
+            relay_threads,
+            auth,
+            denied_peer_ips,
+            allowed_peer_ips,
+            allow_loopback_peers,
+            user_quota,
+            total_quota,
+            max_allocate_lifetime,
+            stale_nonce,
+            pidfile,
+            alternate_servers,
+        },
         drain_min_allocations,
-        pidfile,
-        log_file,
         verbosity,
-        alternate_servers,
-        relay_threads,
     }
 }
 
@@ -767,7 +709,7 @@ mod tests {
         "--static-auth-secret=s3cret",
     ];
 
-    fn run(extra: &[&str]) -> Result<Settings, ConfigErrors> {
+    fn run(extra: &[&str]) -> Result<Settings, Problems> {
         let args: Vec<&str> = BASE.iter().chain(extra).copied().collect();
         match parse(args)? {
             Parsed::Run(s) => Ok(*s),
@@ -778,7 +720,7 @@ mod tests {
     fn errors(extra: &[&str]) -> Vec<String> {
         match run(extra) {
             Ok(s) => panic!("expected errors, got {:?}", s.turn),
-            Err(e) => e.0.iter().map(ToString::to_string).collect(),
+            Err(e) => e.iter().map(ToString::to_string).collect(),
         }
     }
 
@@ -789,7 +731,7 @@ mod tests {
     }
 
     #[test]
-    fn the_issue_startup_command_parses() {
+    fn the_documented_startup_command_parses() {
         let s = run(&[
             "--listening-ip=127.0.0.1",
             "--listening-port=34780",
@@ -802,8 +744,8 @@ mod tests {
         assert_eq!(s.turn.listening_ips, vec![IpAddr::from([127, 0, 0, 1])]);
         assert_eq!(s.turn.relay_ips, vec![IpAddr::from([127, 0, 0, 1])]);
         assert!(s.turn.allow_loopback_peers);
-        assert!(s.turn.use_auth_secret);
-        assert_eq!(s.turn.static_auth_secrets, vec!["s3cret".to_string()]);
+        assert!(s.turn.auth.uses_rest_api());
+        assert_eq!(s.turn.auth.rest_secrets(), vec!["s3cret".to_string()]);
         assert_eq!(s.term.admin_addr, Some("127.0.0.1:9999".parse().unwrap()));
         assert_eq!(s.term.drain_timeout, std::time::Duration::from_secs(3600));
     }
@@ -878,8 +820,11 @@ mod tests {
         assert_eq!(t.tls_listening_port, 5350);
         assert_eq!((t.min_port, t.max_port), (50000, 50010));
         assert_eq!(t.realm, "flag.example");
-        assert_eq!(t.static_auth_secrets, vec!["one", "two", "three"]);
-        assert!(!t.no_tls);
+        assert_eq!(t.auth.rest_secrets(), vec!["one", "two", "three"]);
+        assert!(
+            t.tls.is_none(),
+            "no-tls=false without cert and pkey: no TLS listener"
+        );
         assert_eq!(t.stale_nonce, 600);
         assert_eq!(
             t.external_ips,
@@ -888,9 +833,10 @@ mod tests {
                 private: Some(IpAddr::from([10, 0, 0, 7])),
             }]
         );
-        assert_eq!(t.users.len(), 2);
-        assert!(matches!(&t.users[0], (n, UserKey::Password(p)) if n == "alice" && p == "wonder"));
-        assert!(matches!(t.users[1].1, UserKey::Key(k) if k[0] == 0x01 && k[15] == 0xef));
+        let users = t.auth.users();
+        assert_eq!(users.len(), 2);
+        assert!(matches!(&users[0], (n, UserKey::Password(p)) if n == "alice" && p == "wonder"));
+        assert!(matches!(users[1].1, UserKey::Key(k) if k[0] == 0x01 && k[15] == 0xef));
     }
 
     #[test]
@@ -946,7 +892,7 @@ mod tests {
     #[test]
     fn credentials_and_realm_are_required() {
         let errs = match parse(["lastcall-turn", "-n"]) {
-            Err(e) => e.0,
+            Err(e) => e,
             Ok(_) => panic!("no credentials must fail"),
         };
         let all = errs
@@ -965,8 +911,8 @@ mod tests {
         else {
             panic!("print")
         };
-        assert!(!s.turn.use_auth_secret);
-        assert_eq!(s.turn.users.len(), 1);
+        assert!(!s.turn.auth.uses_rest_api());
+        assert_eq!(s.turn.auth.users().len(), 1);
     }
 
     #[test]
@@ -1067,14 +1013,11 @@ mod tests {
         assert_eq!(errs.len(), 1, "{all}");
         let all = errors(&["--relay-threads=-1"]).join("\n");
         assert!(
-            all.contains("command line: relay-threads=-1: not a number of threads"),
+            all.contains("relay-threads=-1: not a number of threads"),
             "{all}"
         );
         let all = errors(&["--relay-threads=5000"]).join("\n");
-        assert!(
-            all.contains("command line: relay-threads=5000: at most 1024"),
-            "{all}"
-        );
+        assert!(all.contains("relay-threads=5000: at most 1024"), "{all}");
     }
 
     #[test]

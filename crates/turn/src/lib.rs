@@ -4,11 +4,80 @@
 //! The protocol lives in `lastcall-turn-proto` (sans-IO); this crate owns the sockets (UDP,
 //! TCP and TLS client listeners, UDP relay ports), the coturn-compatible configuration,
 //! the metrics, and the wiring to the `lastcall` termination lifecycle.
+//!
+//! Layers, each module using only those above it: the configuration (`options`, `sources`,
+//! `config`)
+//! and the leaves (`sync`, `sockets`, `mmsg`, `mailbox`, `metrics`, `tls`); the relay
+//! sockets (`relay`); routing what the core returns (`route`); the core behind its lock
+//! (`shared`); its drivers (`udp`, `stream`, `timers`, `drain`); the listeners (`listen`);
+//! and `server`, which starts them all.
 #![forbid(unsafe_code)]
 
 pub mod config;
+mod drain;
+pub mod listen;
+mod mailbox;
 pub mod metrics;
-pub mod options;
+mod mmsg;
+mod options;
+mod relay;
+mod route;
 pub mod server;
+mod shared;
+mod sockets;
+mod sources;
+mod stream;
+mod sync;
+mod timers;
 pub mod tls;
-pub mod udp;
+mod udp;
+
+#[cfg(test)]
+mod layering {
+    //! The modules form layers: no module uses one that (directly or not) uses it.
+
+    use std::collections::{BTreeMap, BTreeSet};
+
+    /// `crate::x` names used by each module of `src/`.
+    fn uses() -> BTreeMap<String, BTreeSet<String>> {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/src");
+        let mut graph = BTreeMap::new();
+        for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            let path = entry.path();
+            let Some(name) = path.file_stem().and_then(|s| s.to_str()) else {
+                continue;
+            };
+            if matches!(name, "lib" | "main") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).unwrap_or_default();
+            let used = text
+                .match_indices("crate::")
+                .filter_map(|(at, _)| {
+                    let rest = text.get(at + 7..)?;
+                    let end = rest.find(|c: char| !(c.is_ascii_lowercase() || c == '_'))?;
+                    Some(rest.get(..end)?.to_string())
+                })
+                .filter(|m| !m.is_empty() && m != name)
+                .collect();
+            graph.insert(name.to_string(), used);
+        }
+        graph
+    }
+
+    #[test]
+    fn no_module_depends_on_itself() {
+        let graph = uses();
+        assert!(graph.len() > 10, "read the modules: {graph:?}");
+        for start in graph.keys() {
+            let mut seen = BTreeSet::new();
+            let mut todo: Vec<&String> = graph[start].iter().collect();
+            while let Some(m) = todo.pop() {
+                assert_ne!(m, start, "{start} uses itself through {seen:?}");
+                if seen.insert(m.clone()) {
+                    todo.extend(graph.get(m).into_iter().flatten());
+                }
+            }
+        }
+    }
+}

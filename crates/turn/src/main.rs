@@ -3,14 +3,12 @@
 
 use std::sync::Arc;
 
-use lastcall::Lifecycle;
+use lastcall::Daemon;
 use lastcall_turn::config::{self, Parsed, Settings};
+use lastcall_turn::listen;
 use lastcall_turn::metrics::Metrics;
 use lastcall_turn::server;
 use lastcall_turn::tls::Certs;
-
-/// Exit status when a socket cannot be bound (EX_OSERR).
-const EXIT_BIND: i32 = 71;
 
 fn main() {
     let settings = match config::parse(std::env::args()) {
@@ -19,17 +17,7 @@ fn main() {
             print!("{text}");
             std::process::exit(0);
         }
-        Err(errors) => config_exit(errors.0.iter().map(ToString::to_string)),
-    };
-    // Certificates are configuration too: a bad one is reported before any port is bound.
-    let certs = match (&settings.turn.cert, &settings.turn.pkey) {
-        (Some(cert), Some(key)) if !settings.turn.no_tls => {
-            match Certs::load(cert, key, settings.turn.tls13_only) {
-                Ok(c) => Some(Arc::new(c)),
-                Err(e) => config_exit(std::iter::once(format!("cert/pkey: {e}"))),
-            }
-        }
-        _ => None,
+        Err(problems) => problems.exit("lastcall-turn"),
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -38,64 +26,56 @@ fn main() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("lastcall-turn: cannot start the runtime: {e}");
-            std::process::exit(1);
+            std::process::exit(lastcall::exit::OS_ERROR);
         }
     };
-    let code = runtime.block_on(run(settings, certs));
+    let code = runtime.block_on(run(settings));
     std::process::exit(code);
 }
 
-fn config_exit(problems: impl Iterator<Item = String>) -> ! {
-    eprintln!("lastcall-turn: configuration errors:");
-    for p in problems {
-        eprintln!("  - {p}");
-    }
-    std::process::exit(lastcall::exit::CONFIG);
-}
-
-async fn run(settings: Settings, certs: Option<Arc<Certs>>) -> i32 {
-    let Settings { turn, term, log } = settings;
+/// Serves until the lifecycle says to leave; returns the exit status.
+async fn run(settings: Settings) -> i32 {
+    let Settings {
+        turn,
+        certs,
+        term,
+        log,
+        warnings,
+    } = settings;
     lastcall::logging::init(&log);
-    if let Some(file) = turn.log_file.as_deref() {
-        if !matches!(file, "stdout" | "stderr" | "-" | "syslog") {
-            tracing::warn!(log_file = file, "log-file is ignored: logs go to stderr");
-        }
+    for w in &warnings {
+        tracing::warn!("{w}");
     }
-    if !turn.no_tls && certs.is_none() {
-        tracing::info!("no cert/pkey: the TLS listener is off");
+    if turn.tls.is_none() {
+        tracing::info!("the TLS listener is off (no cert and pkey, or no-tls)");
     }
-    if turn.allow_loopback_peers {
-        tracing::warn!(
-            "allow-loopback-peers is on: clients can reach this host's own services (tests only)"
-        );
-    }
-    let ips = match server::listening_addresses(&turn) {
+    // Starting: signals are handled from here on, readiness is 503 until every port is bound.
+    let mut daemon = Daemon::start(term);
+    let handle = daemon.handle().clone();
+    let mut registry = prometheus_client::registry::Registry::default();
+    daemon.register_metrics(&mut registry);
+    let metrics = Metrics::default();
+    metrics.register(&mut registry);
+    let ips = match listen::listening_addresses(&turn) {
         Ok(ips) => ips,
         Err(e) => {
             tracing::error!("{e}");
-            return EXIT_BIND;
+            return lastcall::exit::OS_ERROR;
         }
     };
-    let lifecycle = Lifecycle::new(term);
-    let handle = lifecycle.handle();
-    let mut registry = prometheus_client::registry::Registry::default();
-    lifecycle.register_metrics(&mut registry);
-    let metrics = Metrics::default();
-    metrics.register(&mut registry, &turn.realm);
-
-    let mut running =
-        match server::start(&turn, &ips, certs.clone(), metrics.clone(), handle.clone()) {
-            Ok(r) => r,
-            Err(e) => {
-                tracing::error!("{e}");
-                return EXIT_BIND;
-            }
-        };
-    let admin = match lastcall::admin::serve(&handle, Arc::new(registry)).await {
-        Ok(a) => Some(a),
+    let running = match server::start(&turn, &ips, certs.clone(), metrics.clone(), &daemon) {
+        Ok(r) => r,
         Err(e) => {
             tracing::error!("{e}");
-            return EXIT_BIND;
+            return lastcall::exit::OS_ERROR;
+        }
+    };
+    running.register_metrics(&mut registry, &turn.realm);
+    let admin = match lastcall::admin::serve(&handle, Arc::new(registry)).await {
+        Ok(a) => a,
+        Err(e) => {
+            tracing::error!("{e}");
+            return lastcall::exit::OS_ERROR;
         }
     };
     if let Some(pidfile) = &turn.pidfile {
@@ -103,32 +83,36 @@ async fn run(settings: Settings, certs: Option<Arc<Certs>>) -> i32 {
             tracing::warn!(pidfile = %pidfile.display(), "cannot write pidfile: {e}");
         }
     }
-    tracing::info!(
-        udp = ?running.udp,
-        udp_threads = running.udp_workers,
-        tcp = ?running.tcp,
-        tls = ?running.tls,
-        relay_ports = %format!("{}-{}", turn.min_port, turn.max_port),
-        admin = ?admin.as_ref().and_then(|a| a.local_addr()),
-        realm = %turn.realm,
-        "lastcall-turn listening"
-    );
     if let Some(certs) = certs {
         tokio::spawn(reload_on_sighup(handle.clone(), certs, metrics.clone()));
     }
-
-    let outcome = lifecycle.run().await;
-    let left = running.shared.allocations();
-    if left > 0 {
-        tracing::info!(allocations = left, "ending the remaining allocations");
-    }
-    running.shared.clear();
-    // The I/O threads finish the batch in hand (its responses are sent) and stop.
-    running.stop_workers();
+    let listening = (
+        running.udp.clone(),
+        running.udp_workers,
+        running.tcp.clone(),
+        running.tls.clone(),
+    );
+    // After the exit decision (and the TCP/TLS connections' tasks), within the time left.
+    daemon.on_exit("allocations-and-io-threads", move |left| {
+        running.end_within(left)
+    });
+    daemon.ready();
+    let (udp, udp_threads, tcp, tls) = listening;
+    tracing::info!(
+        udp = ?udp,
+        udp_threads,
+        tcp = ?tcp,
+        tls = ?tls,
+        relay_ports = %format!("{}-{}", turn.min_port, turn.max_port),
+        admin = ?admin.local_addr(),
+        realm = %turn.realm,
+        "lastcall-turn listening"
+    );
+    let served = daemon.serve().await;
     if let Some(pidfile) = &turn.pidfile {
         let _ = std::fs::remove_file(pidfile);
     }
-    outcome.exit_code()
+    served.exit_code()
 }
 
 /// Reloads the certificate on SIGHUP; a failed reload keeps the old one.

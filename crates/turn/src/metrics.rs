@@ -1,19 +1,27 @@
 //! The TURN daemon's metrics, served by lastcall's admin listener at `/metrics`.
 //!
+//! Two sources: the protocol core's [`Counters`] (read under the core's lock at each scrape,
+//! by [`CoreMetrics`]) and the I/O layer's own [`Metrics`] (sockets, connections, TLS, the UDP
+//! I/O threads). Each number is counted once, where it is known.
+//!
 //! coturn's names are kept where they exist, so dashboards carry over:
-//! `turn_total_allocations{type="UDP|TCP|TLS/TCP"}` (coturn's label values) and the traffic
-//! counters `turn_traffic_*{realm}` / `turn_total_traffic_*`. Unlike coturn, whose traffic
-//! counters move only when a session ends, ours are live: they count every packet as it is
-//! relayed. prometheus-client appends `_total` to the names of counters in the OpenMetrics
-//! text, so the coturn-named counters are exposed as gauges that only ever increase (PromQL's
-//! `rate()` works on them as on counters); the daemon's own counters are real counters.
+//! `turn_total_allocations{type="UDP|TCP|TLS/TCP"}` (coturn's label values), the traffic
+//! counters `turn_traffic_*{realm}` / `turn_total_traffic_*` and `stun_binding_*`. Unlike
+//! coturn, whose traffic counters move only when a session ends, ours are live: they count
+//! every packet as it is relayed. prometheus-client appends `_total` to the names of counters
+//! in the OpenMetrics text, so the coturn-named counters are exposed as gauges that only ever
+//! increase (PromQL's `rate()` works on them as on counters); the daemon's own counters are
+//! real counters.
 
-use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
 
-use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
+use lastcall_turn_proto::Counters;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
+use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
 /// Client transport, as coturn labels allocations.
@@ -45,67 +53,14 @@ struct RealmLabel {
     realm: String,
 }
 
-/// A monotonically increasing value exposed as a gauge (see the module doc).
-pub type Total = Gauge<u64, AtomicU64>;
-
-/// Packets and bytes in one direction.
-#[derive(Debug, Clone, Default)]
-pub struct Flow {
-    pub packets: Total,
-    pub bytes: Total,
-    total_packets: Total,
-    total_bytes: Total,
-}
-
-impl Flow {
-    /// Counts one packet of `len` bytes.
-    #[inline]
-    pub fn add(&self, len: usize) {
-        let len = len as u64;
-        self.packets.inc();
-        self.bytes.inc_by(len);
-        self.total_packets.inc();
-        self.total_bytes.inc_by(len);
-    }
-
-    /// Counts `packets` packets of `bytes` bytes in all (a batch).
-    #[inline]
-    pub fn add_many(&self, packets: u64, bytes: u64) {
-        if packets == 0 {
-            return;
-        }
-        self.packets.inc_by(packets);
-        self.bytes.inc_by(bytes);
-        self.total_packets.inc_by(packets);
-        self.total_bytes.inc_by(bytes);
-    }
-}
-
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub struct WorkerLabel {
     pub worker: String,
 }
 
-/// Every metric of the daemon; cheap to clone (all handles are shared atomics).
+/// The I/O layer's metrics; cheap to clone (all handles are shared atomics).
 #[derive(Debug, Clone, Default)]
 pub struct Metrics {
-    allocations: [Gauge; 3],
-    /// From clients (`turn_traffic_rcvp`, `turn_traffic_rcvb`).
-    pub client_rx: Flow,
-    /// To clients (`turn_traffic_sentp`, `turn_traffic_sentb`).
-    pub client_tx: Flow,
-    /// From peers (`turn_traffic_peer_rcvp`, `turn_traffic_peer_rcvb`).
-    pub peer_rx: Flow,
-    /// To peers (`turn_traffic_peer_sentp`, `turn_traffic_peer_sentb`).
-    pub peer_tx: Flow,
-    /// Requests that failed authentication (401 with a bad credential, 438 excluded).
-    pub auth_failures: Counter,
-    /// Allocate requests refused because the server is draining.
-    pub refused_draining: Counter,
-    /// Allocate requests that found no free relay port (508).
-    pub relay_port_exhausted: Counter,
-    /// Allocations created since start.
-    pub allocations_created: Counter,
     /// Datagrams or frames dropped because a socket or connection queue was full.
     pub send_dropped: Counter,
     /// Client TCP/TLS connections currently open.
@@ -121,70 +76,8 @@ pub struct Metrics {
 }
 
 impl Metrics {
-    /// The live-allocations gauge of one transport.
-    pub fn allocations(&self, t: Transport) -> &Gauge {
-        match t {
-            Transport::Udp => &self.allocations[0],
-            Transport::Tcp => &self.allocations[1],
-            Transport::Tls => &self.allocations[2],
-        }
-    }
-
-    /// Registers everything in `registry`; `realm` labels the coturn traffic counters.
-    pub fn register(&self, registry: &mut Registry, realm: &str) {
-        registry.register(
-            "turn_total_allocations",
-            "Current allocations, by client transport (coturn's name and labels)",
-            AllocationFamily {
-                gauges: self.allocations.clone(),
-            },
-        );
-        let flows = [
-            ("rcv", "received from clients", &self.client_rx),
-            ("sent", "sent to clients", &self.client_tx),
-            ("peer_rcv", "received from peers", &self.peer_rx),
-            ("peer_sent", "sent to peers", &self.peer_tx),
-        ];
-        for (name, what, flow) in flows {
-            for (suffix, unit, metric, total) in [
-                ("p", "packets", &flow.packets, &flow.total_packets),
-                ("b", "bytes", &flow.bytes, &flow.total_bytes),
-            ] {
-                registry.register(
-                    format!("turn_traffic_{name}{suffix}"),
-                    format!("{unit} {what}, live (coturn's name; only increases)"),
-                    RealmFamily {
-                        realm: realm.to_string(),
-                        metric: metric.clone(),
-                    },
-                );
-                registry.register(
-                    format!("turn_total_traffic_{name}{suffix}"),
-                    format!("{unit} {what}, live, all realms (coturn's name; only increases)"),
-                    total.clone(),
-                );
-            }
-        }
-        registry.register(
-            "lastcall_turn_auth_failures",
-            "Requests that failed authentication",
-            self.auth_failures.clone(),
-        );
-        registry.register(
-            "lastcall_turn_allocate_refused_draining",
-            "Allocate requests refused (300 or 403) because the server is draining",
-            self.refused_draining.clone(),
-        );
-        registry.register(
-            "lastcall_turn_relay_port_exhausted",
-            "Allocate requests that found no free relay port (508)",
-            self.relay_port_exhausted.clone(),
-        );
-        registry.register(
-            "lastcall_turn_allocations_created",
-            "Allocations created since start",
-            self.allocations_created.clone(),
-        );
+    /// Registers the I/O layer's metrics in `registry`.
+    pub fn register(&self, registry: &mut Registry) {
         registry.register(
             "lastcall_turn_send_dropped",
             "Datagrams or frames dropped because a socket buffer or connection queue was full",
@@ -218,56 +111,175 @@ impl Metrics {
     }
 }
 
-/// `turn_total_allocations` with our three gauges behind the coturn labels.
-#[derive(Debug)]
-struct AllocationFamily {
-    gauges: [Gauge; 3],
+/// Where the core's counters are read at a scrape.
+pub(crate) trait CoreCounters: Send + Sync + std::fmt::Debug + 'static {
+    /// The counters and the live allocations by client transport (UDP, TCP, TLS).
+    fn snapshot(&self) -> (Counters, (usize, usize, usize));
 }
 
-impl prometheus_client::encoding::EncodeMetric for AllocationFamily {
-    fn encode(
-        &self,
-        mut encoder: prometheus_client::encoding::MetricEncoder,
-    ) -> Result<(), std::fmt::Error> {
-        for (t, g) in [Transport::Udp, Transport::Tcp, Transport::Tls]
-            .iter()
-            .zip(&self.gauges)
-        {
+/// The core's counters as metrics, read at each scrape.
+#[derive(Debug)]
+pub(crate) struct CoreMetrics {
+    core: Arc<dyn CoreCounters>,
+    realm: String,
+}
+
+impl CoreMetrics {
+    /// Registers the core's counters of `shared` in `registry`; `realm` labels coturn's traffic
+    /// counters.
+    pub(crate) fn register(registry: &mut Registry, core: Arc<dyn CoreCounters>, realm: &str) {
+        registry.register_collector(Box::new(CoreMetrics {
+            core,
+            realm: realm.to_string(),
+        }));
+    }
+}
+
+/// A metric of the core's counters: its name, help, whether it is a coturn name (exposed as
+/// a gauge that only increases) and its value.
+struct Exported {
+    name: &'static str,
+    help: &'static str,
+    coturn: bool,
+    value: u64,
+}
+
+const fn own(name: &'static str, help: &'static str, value: u64) -> Exported {
+    Exported {
+        name,
+        help,
+        coturn: false,
+        value,
+    }
+}
+
+const fn coturn(name: &'static str, help: &'static str, value: u64) -> Exported {
+    Exported {
+        name,
+        help,
+        coturn: true,
+        value,
+    }
+}
+
+/// Every counter of the core but the traffic ones, as a metric. The destructuring names every
+/// field: a counter added to the core does not compile until it is exported here.
+fn exported(c: &Counters) -> [Exported; 15] {
+    let Counters {
+        client_packets_in: _,
+        client_bytes_in: _,
+        client_packets_out: _,
+        client_bytes_out: _,
+        peer_packets_in: _,
+        peer_bytes_in: _,
+        peer_packets_out: _,
+        peer_bytes_out: _,
+        peer_dropped,
+        client_data_dropped,
+        malformed,
+        suppressed_responses,
+        binding_requests,
+        binding_responses,
+        binding_errors,
+        auth_failures,
+        allocations_created,
+        allocations_deleted,
+        refused_draining,
+        refused_quota,
+        refused_capacity,
+        peers_denied,
+        events_dropped,
+    } = *c;
+    [
+        coturn("stun_binding_request", "STUN Binding requests (coturn's name; only increases).", binding_requests),
+        coturn("stun_binding_response", "STUN Binding success responses (coturn's name; only increases).", binding_responses),
+        coturn("stun_binding_error", "STUN Binding error responses (coturn's name; only increases).", binding_errors),
+        own("lastcall_turn_auth_failures", "Requests that failed authentication.", auth_failures),
+        own("lastcall_turn_allocate_refused_draining", "Allocate requests refused (300 or 403) because the server is draining.", refused_draining),
+        own("lastcall_turn_relay_port_exhausted", "Allocate requests that found no free relay port (508).", refused_capacity),
+        own("lastcall_turn_allocate_refused_quota", "Allocate requests refused by user-quota or total-quota (486).", refused_quota),
+        own("lastcall_turn_allocations_created", "Allocations created since start.", allocations_created),
+        own("lastcall_turn_allocations_deleted", "Allocations ended since start (refreshed to 0, expired, connection closed, shutdown).", allocations_deleted),
+        own("lastcall_turn_peers_denied", "CreatePermission and ChannelBind peers refused by the peer policy (403).", peers_denied),
+        own("lastcall_turn_malformed", "Client datagrams or frames dropped as neither STUN nor ChannelData, or with a bad FINGERPRINT.", malformed),
+        own("lastcall_turn_suppressed_responses", "Responses to unauthenticated requests dropped because they would be larger than the request (no amplification).", suppressed_responses),
+        own("lastcall_turn_client_data_dropped", "ChannelData and Send indications from clients dropped: no allocation, channel or permission.", client_data_dropped),
+        own("lastcall_turn_peer_dropped", "Datagrams from peers dropped: no allocation on that relay or no permission for the peer.", peer_dropped),
+        own("lastcall_turn_events_dropped", "Core events dropped because their queue was full.", events_dropped),
+    ]
+}
+
+impl Collector for CoreMetrics {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let (c, (udp, tcp, tls)) = self.core.snapshot();
+        let mut e = encoder.encode_descriptor(
+            "turn_total_allocations",
+            "Current allocations, by client transport (coturn's name and labels).",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (t, n) in [
+            (Transport::Udp, udp),
+            (Transport::Tcp, tcp),
+            (Transport::Tls, tls),
+        ] {
             let label = TypeLabel {
                 r#type: t.label().to_string(),
             };
-            let e = encoder.encode_family(&label)?;
-            g.encode(e)?;
+            ConstGauge::new(n as u64).encode(e.encode_family(&label)?)?;
         }
-        Ok(())
-    }
-
-    fn metric_type(&self) -> prometheus_client::metrics::MetricType {
-        prometheus_client::metrics::MetricType::Gauge
-    }
-}
-
-/// A coturn traffic metric with its one `realm` label.
-#[derive(Debug)]
-struct RealmFamily {
-    realm: String,
-    metric: Total,
-}
-
-impl prometheus_client::encoding::EncodeMetric for RealmFamily {
-    fn encode(
-        &self,
-        mut encoder: prometheus_client::encoding::MetricEncoder,
-    ) -> Result<(), std::fmt::Error> {
-        let label = RealmLabel {
+        let flows = [
+            (
+                "rcv",
+                "received from clients",
+                c.client_packets_in,
+                c.client_bytes_in,
+            ),
+            (
+                "sent",
+                "sent to clients",
+                c.client_packets_out,
+                c.client_bytes_out,
+            ),
+            (
+                "peer_rcv",
+                "received from peers",
+                c.peer_packets_in,
+                c.peer_bytes_in,
+            ),
+            (
+                "peer_sent",
+                "sent to peers",
+                c.peer_packets_out,
+                c.peer_bytes_out,
+            ),
+        ];
+        let realm = RealmLabel {
             realm: self.realm.clone(),
         };
-        let e = encoder.encode_family(&label)?;
-        self.metric.encode(e)
-    }
-
-    fn metric_type(&self) -> prometheus_client::metrics::MetricType {
-        prometheus_client::metrics::MetricType::Gauge
+        for (flow, what, packets, bytes) in flows {
+            for (suffix, unit, value) in [("p", "packets", packets), ("b", "bytes", bytes)] {
+                let help = format!("{unit} {what}, live (coturn's name; only increases).");
+                let name = format!("turn_traffic_{flow}{suffix}");
+                let mut e = encoder.encode_descriptor(&name, &help, None, MetricType::Gauge)?;
+                ConstGauge::new(value).encode(e.encode_family(&realm)?)?;
+                let help =
+                    format!("{unit} {what}, live, all realms (coturn's name; only increases).");
+                let name = format!("turn_total_traffic_{flow}{suffix}");
+                let e = encoder.encode_descriptor(&name, &help, None, MetricType::Gauge)?;
+                ConstGauge::new(value).encode(e)?;
+            }
+        }
+        for m in exported(&c) {
+            if m.coturn {
+                let e = encoder.encode_descriptor(m.name, m.help, None, MetricType::Gauge)?;
+                ConstGauge::new(m.value).encode(e)?;
+            } else {
+                let e = encoder.encode_descriptor(m.name, m.help, None, MetricType::Counter)?;
+                ConstCounter::new(m.value).encode(e)?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -275,15 +287,34 @@ impl prometheus_client::encoding::EncodeMetric for RealmFamily {
 mod tests {
     use super::*;
 
+    /// A core snapshot with fixed values.
+    #[derive(Debug)]
+    struct Fixed(Counters, (usize, usize, usize));
+
+    impl CoreCounters for Fixed {
+        fn snapshot(&self) -> (Counters, (usize, usize, usize)) {
+            (self.0, self.1)
+        }
+    }
+
     #[test]
     fn text_has_coturn_names() {
         let m = Metrics::default();
         let mut reg = Registry::default();
-        m.register(&mut reg, "example.org");
-        m.allocations(Transport::Tls).inc();
-        m.client_rx.add(100);
-        m.peer_tx.add(40);
-        m.auth_failures.inc();
+        m.register(&mut reg);
+        let counters = Counters {
+            client_packets_in: 1,
+            client_bytes_in: 100,
+            peer_packets_out: 1,
+            peer_bytes_out: 40,
+            auth_failures: 1,
+            ..Counters::default()
+        };
+        CoreMetrics::register(
+            &mut reg,
+            Arc::new(Fixed(counters, (0, 0, 1))),
+            "example.org",
+        );
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &reg).unwrap();
         assert!(

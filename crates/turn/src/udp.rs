@@ -6,44 +6,41 @@
 //! a client always reaches the same worker) and the relay sockets of the allocations created
 //! through it; relay sockets of TCP/TLS clients are spread round-robin. On each wake-up it
 //!
-//! 1. reads every ready socket with `recvmmsg` (up to [`RECV_BATCH`] datagrams a call; a call
+//! 1. reads every ready socket with `recvmmsg` (up to [`BATCH`] datagrams a call; a call
 //!    that returns fewer than asked found the queue empty, and epoll is level-triggered, so no
 //!    read ever returns EAGAIN in the common case and no datagram is stranded);
 //! 2. runs the whole batch (up to [`SLOTS`] datagrams) through the sans-IO core under **one**
-//!    lock of the core's mutex, copying what the core wants sent into a per-wake-up queue;
-//! 3. flushes that queue with one `sendmmsg` per socket (peer → client datagrams of every
-//!    allocation leave through the listener socket, so they batch across allocations), never
-//!    blocking: a full socket buffer drops the datagram and counts it (`send_dropped`);
-//! 4. only then drops the session guards of allocations the batch ended (their last response
+//!    lock of the core's mutex, queueing what the core wants sent ([`TxQueue`]);
+//! 3. if the batch held new Allocates, binds their relay sockets with the lock released and
+//!    answers them under a second lock (their responses join the queue);
+//! 4. applies the batch's effects (session guards, relay sockets released, logs), then flushes
+//!    the queue with one `sendmmsg` per socket (peer → client datagrams of every allocation
+//!    leave through the listener socket, so they batch across allocations), never blocking:
+//!    a full socket buffer drops the datagram and counts it (`send_dropped`);
+//! 5. only then drops the session guards of allocations the batch ended (their last response
 //!    is on its way), and applies relay-socket registrations posted by other threads.
 //!
 //! Other threads (tokio tasks serving TCP/TLS clients, the timer, the shutdown) reach a worker
-//! through its [`Mailbox`]: a command list and an eventfd in the worker's epoll set.
+//! through its [`Mailbox`].
 
-use std::cell::Cell;
-use std::collections::HashMap;
-use std::io::{self, IoSlice, IoSliceMut};
-use std::net::{SocketAddr, SocketAddrV4, SocketAddrV6, UdpSocket};
-use std::os::fd::{AsFd, AsRawFd, RawFd};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::io;
+use std::net::{SocketAddr, UdpSocket};
+use std::os::fd::AsFd;
+use std::sync::Arc;
 use std::time::Instant;
 
-use lastcall::SessionGuard;
-use lastcall_turn_proto::{ClientAddr, Transmit, Transport};
+use lastcall_turn_proto::{ClientAddr, Output, RelayRequest, Transport};
 use nix::errno::Errno;
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
-use nix::sys::eventfd::{EfdFlags, EventFd};
-use nix::sys::socket::{
-    recvmmsg, sendmmsg, ControlMessage, MsgFlags, MultiHeaders, SockaddrIn, SockaddrIn6,
-};
 use prometheus_client::metrics::counter::Counter;
 
+use crate::mailbox::{enter_worker, Cmd, Mailbox};
 use crate::metrics::WorkerLabel;
-use crate::server::{lock, Core, Relays, Shared, MAX_DATAGRAM};
+use crate::mmsg::{recv_batch, RecvHeaders, SendHeaders, BATCH};
+use crate::route::{LocalSockets, TxQueue};
+use crate::shared::{Effects, Shared};
+use crate::sockets::MAX_DATAGRAM;
 
-/// Datagrams asked of one `recvmmsg`.
-pub const RECV_BATCH: usize = 32;
 /// Datagrams held (and run through the core under one lock) before they are processed.
 pub const SLOTS: usize = 64;
 /// Events taken from one `epoll_wait`.
@@ -52,59 +49,6 @@ const EVENTS: usize = 256;
 /// The eventfd's epoll token; listeners are `0..listeners`, relay sockets `RELAY_BASE + slot`.
 const WAKE_TOKEN: u64 = u64::MAX;
 const RELAY_BASE: u64 = 1 << 32;
-
-thread_local! {
-    /// The worker running on this thread, if any: a worker posting to its own mailbox need
-    /// not wake itself.
-    static CURRENT: Cell<Option<usize>> = const { Cell::new(None) };
-}
-
-/// The worker whose thread this is.
-pub fn current_worker() -> Option<usize> {
-    CURRENT.with(Cell::get)
-}
-
-/// A change to a worker's set of sockets, posted by any thread.
-pub enum Cmd {
-    /// Read this relay socket.
-    Add(SocketAddr, Arc<UdpSocket>),
-    /// Stop reading (and drop) the relay socket bound on this address.
-    Remove(SocketAddr),
-    /// Leave the loop.
-    Stop,
-}
-
-/// How other threads reach one worker.
-pub struct Mailbox {
-    id: usize,
-    cmds: Mutex<Vec<Cmd>>,
-    pending: AtomicBool,
-    wake: EventFd,
-}
-
-impl Mailbox {
-    pub fn new(id: usize) -> io::Result<Mailbox> {
-        let wake = EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)
-            .map_err(io::Error::from)?;
-        Ok(Mailbox {
-            id,
-            cmds: Mutex::new(Vec::new()),
-            pending: AtomicBool::new(false),
-            wake,
-        })
-    }
-
-    /// Queues `cmd`; wakes the worker unless it is the caller (it looks at its mailbox after
-    /// every batch) or a wake-up is pending already.
-    pub fn post(&self, cmd: Cmd) {
-        lock(&self.cmds).push(cmd);
-        let was_pending = self.pending.swap(true, Ordering::AcqRel);
-        if !was_pending && current_worker() != Some(self.id) {
-            // A full eventfd counter (never, at 2^64 - 2) is the only error: it is awake.
-            let _ = self.wake.write(1);
-        }
-    }
-}
 
 /// Where a datagram was read.
 #[derive(Clone, Copy)]
@@ -118,34 +62,6 @@ struct RxItem {
     source: Source,
     from: SocketAddr,
     len: usize,
-}
-
-/// Which socket a datagram leaves from; `Ord` groups a flush by socket.
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-enum Via {
-    Listener(usize),
-    Relay(usize),
-}
-
-/// One datagram to send, its bytes in the queue's arena.
-struct TxItem {
-    via: Via,
-    seq: u32,
-    to: SocketAddr,
-    start: usize,
-    len: usize,
-}
-
-/// What one wake-up sends.
-#[derive(Default)]
-struct TxQueue {
-    arena: Vec<u8>,
-    items: Vec<TxItem>,
-    /// Frames for TCP/TLS clients (their writer tasks' queues).
-    streams: Vec<(ClientAddr, Vec<u8>)>,
-    /// Datagrams through relay sockets another worker reads (a reserved EVEN-PORT socket
-    /// handed to a client of this worker): sent one by one.
-    foreign: Vec<(Arc<UdpSocket>, SocketAddr, Vec<u8>)>,
 }
 
 /// Counters of one worker, for the metrics and the tests.
@@ -171,20 +87,17 @@ pub struct Worker {
     shared: Arc<Shared>,
     mailbox: Arc<Mailbox>,
     epoll: Epoll,
-    listeners: Vec<(SocketAddr, UdpSocket)>,
-    /// Relay sockets read by this worker, by slot (epoll token `RELAY_BASE + slot`).
-    relays: Vec<Option<(SocketAddr, Arc<UdpSocket>)>>,
-    free: Vec<usize>,
-    by_addr: HashMap<SocketAddr, usize>,
+    sockets: LocalSockets,
     events: Vec<EpollEvent>,
     ready: Vec<Source>,
     rx_buf: Vec<u8>,
     rx: Vec<RxItem>,
-    hdr4: MultiHeaders<SockaddrIn>,
-    hdr6: MultiHeaders<SockaddrIn6>,
+    recv_hdrs: RecvHeaders,
     send_hdrs: SendHeaders,
     out: Vec<u8>,
     tx: TxQueue,
+    requests: Vec<RelayRequest>,
+    effects: Effects,
     cmds: Vec<Cmd>,
     stopping: bool,
     pub stats: WorkerStats,
@@ -206,7 +119,7 @@ impl Worker {
         let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC).map_err(nix_err)?;
         epoll
             .add(
-                &mailbox.wake,
+                mailbox.wake_fd(),
                 EpollEvent::new(EpollFlags::EPOLLIN, WAKE_TOKEN),
             )
             .map_err(nix_err)?;
@@ -215,7 +128,7 @@ impl Worker {
                 .add(sock, EpollEvent::new(EpollFlags::EPOLLIN, i as u64))
                 .map_err(nix_err)?;
         }
-        let id = mailbox.id;
+        let id = mailbox.id();
         let label = WorkerLabel {
             worker: id.to_string(),
         };
@@ -230,24 +143,19 @@ impl Worker {
             shared,
             mailbox,
             epoll,
-            listeners,
-            relays: Vec::new(),
-            free: Vec::new(),
-            by_addr: HashMap::new(),
+            sockets: LocalSockets::new(listeners),
             events: vec![EpollEvent::empty(); EVENTS],
             ready: Vec::with_capacity(EVENTS),
             // Pages are only touched by what the kernel writes: small datagrams keep this
             // mostly unmapped.
             rx_buf: vec![0u8; SLOTS * MAX_DATAGRAM],
             rx: Vec::with_capacity(SLOTS),
-            hdr4: MultiHeaders::preallocate(RECV_BATCH, None),
-            hdr6: MultiHeaders::preallocate(RECV_BATCH, None),
-            send_hdrs: SendHeaders {
-                v4: MultiHeaders::preallocate(RECV_BATCH, None),
-                v6: MultiHeaders::preallocate(RECV_BATCH, None),
-            },
+            recv_hdrs: RecvHeaders::new(),
+            send_hdrs: SendHeaders::new(),
             out: Vec::with_capacity(MAX_DATAGRAM),
             tx: TxQueue::default(),
+            requests: Vec::new(),
+            effects: Effects::default(),
             cmds: Vec::new(),
             stopping: false,
             stats: WorkerStats::default(),
@@ -258,7 +166,7 @@ impl Worker {
 
     /// Runs until told to stop.
     pub fn run(mut self) {
-        CURRENT.with(|c| c.set(Some(self.id)));
+        enter_worker(self.id);
         while !self.stopping {
             self.poll(EpollTimeout::NONE);
         }
@@ -282,20 +190,17 @@ impl Worker {
         self.ready.clear();
         for ev in self.events.iter().take(n) {
             match ev.data() {
-                WAKE_TOKEN => {
-                    // Clears the counter; the commands are read below.
-                    let _ = self.mailbox.wake.read();
-                }
+                WAKE_TOKEN => self.mailbox.clear_wake(),
                 t if t >= RELAY_BASE => {
                     let slot = (t - RELAY_BASE) as usize;
-                    if self.relays.get(slot).is_some_and(Option::is_some) {
+                    if self.sockets.relay(slot).is_some() {
                         self.ready.push(Source::Relay(slot));
                     }
                 }
                 t => {
                     if let Some(i) = usize::try_from(t)
                         .ok()
-                        .filter(|i| *i < self.listeners.len())
+                        .filter(|i| self.sockets.listener(*i).is_some())
                     {
                         self.ready.push(Source::Listener(i));
                     }
@@ -319,49 +224,39 @@ impl Worker {
         self.apply_commands();
     }
 
-    /// The socket of a source and whether it is IPv6.
-    fn socket(&self, source: Source) -> Option<(&UdpSocket, bool)> {
-        match source {
-            Source::Listener(i) => self.listeners.get(i).map(|(a, s)| (s, a.is_ipv6())),
-            Source::Relay(r) => self
-                .relays
-                .get(r)
-                .and_then(Option::as_ref)
-                .map(|(a, s)| (&**s, a.is_ipv6())),
-        }
-    }
-
-    /// Reads up to [`RECV_BATCH`] datagrams (as many as free slots allow) from one socket.
+    /// Reads up to [`BATCH`] datagrams (as many as free slots allow) from one socket.
     fn receive(&mut self, source: Source) {
         let start = self.rx.len();
-        let want = RECV_BATCH.min(SLOTS - start);
-        let Some((sock, v6)) = self.socket(source) else {
+        let want = BATCH.min(SLOTS - start);
+        let Worker {
+            sockets,
+            rx_buf,
+            rx,
+            recv_hdrs,
+            stats,
+            ..
+        } = self;
+        let sock = match source {
+            Source::Listener(i) => sockets.listener(i).map(|(a, s)| (s, a.is_ipv6())),
+            Source::Relay(r) => sockets.relay(r).map(|(a, s)| (&**s, a.is_ipv6())),
+        };
+        let Some((sock, v6)) = sock else {
             return;
         };
-        let fd = sock.as_raw_fd();
         // Errors other than EAGAIN (none is expected on an unconnected UDP socket) are
         // retried a few times; a socket still readable is reported again by epoll.
         for _ in 0..3 {
-            self.stats.recv_calls += 1;
-            let r = recv_batch(
-                fd,
-                v6,
-                &mut self.rx_buf,
-                start,
-                want,
-                &mut self.hdr4,
-                &mut self.hdr6,
-                |from, len| {
-                    self.rx.push(RxItem { source, from, len });
-                },
-            );
+            stats.recv_calls += 1;
+            let r = recv_batch(sock, v6, rx_buf, start, want, recv_hdrs, |from, len| {
+                rx.push(RxItem { source, from, len });
+            });
             match r {
                 Ok(n) => {
-                    self.stats.datagrams += n as u64;
+                    stats.datagrams += n as u64;
                     return;
                 }
                 Err(Errno::EAGAIN) => {
-                    self.stats.recv_empty += 1;
+                    stats.recv_empty += 1;
                     return;
                 }
                 Err(_) => continue,
@@ -369,189 +264,96 @@ impl Worker {
         }
     }
 
-    /// Runs the datagrams read through the core under one lock, then sends what it returned.
+    /// Runs the datagrams read through the core under one lock, answers the new Allocates
+    /// among them, then sends what the core returned.
     fn process(&mut self) {
         if self.rx.is_empty() {
             return;
         }
         self.stats.batches += 1;
-        let shared = Arc::clone(&self.shared);
+        let Worker {
+            id,
+            shared,
+            sockets,
+            rx,
+            rx_buf,
+            out,
+            tx,
+            requests,
+            effects,
+            send_hdrs,
+            stats,
+            ..
+        } = self;
         let now = Instant::now();
-        let mut ended: Vec<SessionGuard> = Vec::new();
-        let (mut client_rx, mut client_rx_bytes) = (0u64, 0u64);
-        let (mut peer_rx, mut peer_rx_bytes) = (0u64, 0u64);
-        {
-            let mut core = shared.lock();
-            let Core {
-                server,
-                ports,
-                guards,
-            } = &mut *core;
-            let mut relays = Relays {
-                shared: &shared,
-                ports,
-                worker: Some(self.id),
-            };
-            let Worker {
-                listeners,
-                relays: own,
-                by_addr,
-                rx,
-                rx_buf,
-                out,
-                tx,
-                ..
-            } = self;
+        shared.with_core(effects, |server| {
             for (slot, item) in rx.iter().enumerate() {
                 let at = slot * MAX_DATAGRAM;
                 let Some(data) = rx_buf.get(at..at + item.len) else {
                     continue;
                 };
-                let t = match item.source {
+                let output = match item.source {
                     Source::Listener(i) => {
-                        let Some((local, _)) = listeners.get(i) else {
+                        let Some((local, _)) = sockets.listener(i) else {
                             continue;
                         };
-                        client_rx += 1;
-                        client_rx_bytes += item.len as u64;
                         let from = ClientAddr {
                             transport: Transport::Udp,
                             client: item.from,
                             local: *local,
                         };
-                        let t = server.handle_client(now, from, data, &mut relays, out);
-                        // Events now: the core keeps a bounded queue of them.
-                        shared.events(server, guards, &mut ended);
-                        t
+                        server.handle_client(now, from, data, out)
                     }
                     Source::Relay(r) => {
-                        let Some((relay, _)) = own.get(r).and_then(Option::as_ref) else {
+                        let Some((relay, _)) = sockets.relay(r) else {
                             continue;
                         };
-                        peer_rx += 1;
-                        peer_rx_bytes += item.len as u64;
-                        server.handle_peer(now, *relay, item.from, data, out)
+                        server
+                            .handle_peer(now, *relay, item.from, data, out)
+                            .map(Output::Transmit)
                     }
                 };
-                if let Some(t) = t {
-                    tx.queue(t, listeners, by_addr, &shared);
-                }
-            }
-        }
-        self.rx.clear();
-        let m = &self.shared.metrics;
-        m.client_rx.add_many(client_rx, client_rx_bytes);
-        m.peer_rx.add_many(peer_rx, peer_rx_bytes);
-        self.flush();
-        // The allocations' ends count once their responses are on their way.
-        drop(ended);
-    }
-
-    /// Sends everything queued: one `sendmmsg` per socket and address family.
-    fn flush(&mut self) {
-        let Worker {
-            listeners,
-            relays,
-            tx,
-            shared,
-            stats,
-            send_hdrs,
-            ..
-        } = self;
-        let m = &shared.metrics;
-        if !tx.items.is_empty() {
-            tx.items.sort_unstable_by_key(|i| (i.via, i.seq));
-            let mut at = 0;
-            while let Some(first) = tx.items.get(at) {
-                let via = first.via;
-                let end = tx
-                    .items
-                    .get(at..)
-                    .unwrap_or_default()
-                    .iter()
-                    .position(|i| i.via != via)
-                    .map_or(tx.items.len(), |p| at + p);
-                let sock = match via {
-                    Via::Listener(i) => listeners.get(i).map(|(a, s)| (s, a.is_ipv6())),
-                    Via::Relay(r) => relays
-                        .get(r)
-                        .and_then(Option::as_ref)
-                        .map(|(a, s)| (&**s, a.is_ipv6())),
-                };
-                let run = tx.items.get(at..end).unwrap_or_default();
-                let (sent, sent_bytes, dropped) = match sock {
-                    Some((sock, v6)) => send_run(sock, v6, run, &tx.arena, send_hdrs, stats),
-                    None => (0, 0, run.len() as u64),
-                };
-                let flow = match via {
-                    Via::Listener(_) => &m.client_tx,
-                    Via::Relay(_) => &m.peer_tx,
-                };
-                flow.add_many(sent, sent_bytes);
-                if dropped > 0 {
-                    m.send_dropped.inc_by(dropped);
-                }
-                at = end;
-            }
-            tx.items.clear();
-            tx.arena.clear();
-        }
-        for (sock, to, data) in tx.foreign.drain(..) {
-            match sock.send_to(&data, to) {
-                Ok(_) => m.peer_tx.add(data.len()),
-                Err(_) => {
-                    m.send_dropped.inc();
-                }
-            }
-        }
-        if !tx.streams.is_empty() {
-            let streams = lock(&shared.streams);
-            for (to, frame) in tx.streams.drain(..) {
-                let len = frame.len();
-                match streams.get(&to).map(|h| h.tx.try_send(frame)) {
-                    Some(Ok(())) => m.client_tx.add(len),
-                    Some(Err(_)) => {
-                        m.send_dropped.inc();
-                    }
+                match output {
+                    Some(Output::Transmit(t)) => tx.queue(t, sockets),
+                    Some(Output::BindRelay(r)) => requests.push(r),
                     None => {}
                 }
             }
-        }
+        });
+        rx.clear();
+        shared.bind_relays(requests, Some(*id), effects, (tx, sockets), out);
+        shared.apply(effects);
+        let flushed = tx.flush(
+            sockets,
+            send_hdrs,
+            &shared.relays,
+            &shared.streams,
+            &shared.metrics,
+        );
+        stats.send_calls += flushed.sendmmsg_calls;
+        // The allocations' ends count once their responses are on their way.
+        effects.ended.clear();
     }
 
     /// Applies the commands other threads (or this one) posted.
     fn apply_commands(&mut self) {
-        if !self.mailbox.pending.load(Ordering::Acquire) {
-            return;
-        }
-        // Cleared before reading, so a command posted meanwhile wakes us again.
-        self.mailbox.pending.store(false, Ordering::Release);
-        std::mem::swap(&mut *lock(&self.mailbox.cmds), &mut self.cmds);
+        self.mailbox.take(&mut self.cmds);
         let mut cmds = std::mem::take(&mut self.cmds);
         for cmd in cmds.drain(..) {
             match cmd {
                 Cmd::Add(addr, sock) => {
-                    let slot = self.free.pop().unwrap_or(self.relays.len());
+                    let slot = self.sockets.next_slot();
                     let ev = EpollEvent::new(EpollFlags::EPOLLIN, RELAY_BASE + slot as u64);
                     if let Err(e) = self.epoll.add(sock.as_fd(), ev) {
                         tracing::error!(relay = %addr, "cannot watch a relay socket: {e}");
-                        self.free.push(slot);
                         continue;
                     }
-                    if slot == self.relays.len() {
-                        self.relays.push(Some((addr, sock)));
-                    } else if let Some(s) = self.relays.get_mut(slot) {
-                        *s = Some((addr, sock));
-                    }
-                    self.by_addr.insert(addr, slot);
+                    self.sockets.add_relay(addr, sock);
                 }
                 Cmd::Remove(addr) => {
-                    if let Some(slot) = self.by_addr.remove(&addr) {
-                        if let Some((_, sock)) = self.relays.get_mut(slot).and_then(Option::take) {
-                            // Explicitly: another thread may still hold the socket a moment.
-                            let _ = self.epoll.delete(sock.as_fd());
-                        }
-                        self.free.push(slot);
+                    if let Some(sock) = self.sockets.remove_relay(addr) {
+                        // Explicitly: another thread may still hold the socket a moment.
+                        let _ = self.epoll.delete(sock.as_fd());
                     }
                 }
                 Cmd::Stop => self.stopping = true,
@@ -561,202 +363,9 @@ impl Worker {
     }
 
     /// Relay sockets this worker reads.
+    #[cfg(test)]
     pub fn relay_count(&self) -> usize {
-        self.by_addr.len()
-    }
-}
-
-impl TxQueue {
-    /// Copies what the core returned into the queue.
-    fn queue(
-        &mut self,
-        t: Transmit<'_>,
-        listeners: &[(SocketAddr, UdpSocket)],
-        by_addr: &HashMap<SocketAddr, usize>,
-        shared: &Shared,
-    ) {
-        let (via, to, data) = match t {
-            Transmit::Client { to, data } if to.transport == Transport::Udp => {
-                match listeners.iter().position(|(a, _)| *a == to.local) {
-                    Some(i) if to.local.is_ipv6() == to.client.is_ipv6() => {
-                        (Via::Listener(i), to.client, data)
-                    }
-                    _ => return,
-                }
-            }
-            Transmit::Client { to, data } => {
-                self.streams.push((to, data.to_vec()));
-                return;
-            }
-            Transmit::Peer { relay, peer, data } => match by_addr.get(&relay) {
-                Some(r) if relay.is_ipv6() == peer.is_ipv6() => (Via::Relay(*r), peer, data),
-                Some(_) => return,
-                None => {
-                    // Not (yet) read by this worker: registered a moment ago (its Add is
-                    // still in the mailbox) or read by another worker.
-                    if let Some(s) = shared.relay_socket(relay) {
-                        self.foreign.push((s, peer, data.to_vec()));
-                    }
-                    return;
-                }
-            },
-        };
-        let start = self.arena.len();
-        self.arena.extend_from_slice(data);
-        let seq = u32::try_from(self.items.len()).unwrap_or(u32::MAX);
-        self.items.push(TxItem {
-            via,
-            seq,
-            to,
-            start,
-            len: data.len(),
-        });
-    }
-}
-
-/// One `recvmmsg` of up to `want` datagrams into slots `start..start + want` of `buf`
-/// (each [`MAX_DATAGRAM`] bytes); `push` gets each datagram's source and length. Returns how
-/// many were read.
-#[allow(clippy::too_many_arguments)]
-fn recv_batch(
-    fd: RawFd,
-    v6: bool,
-    buf: &mut [u8],
-    start: usize,
-    want: usize,
-    hdr4: &mut MultiHeaders<SockaddrIn>,
-    hdr6: &mut MultiHeaders<SockaddrIn6>,
-    mut push: impl FnMut(SocketAddr, usize),
-) -> Result<usize, Errno> {
-    let region = buf
-        .get_mut(start * MAX_DATAGRAM..(start + want) * MAX_DATAGRAM)
-        .unwrap_or_default();
-    let mut chunks = region.chunks_mut(MAX_DATAGRAM);
-    let mut iovs: [[IoSliceMut<'_>; 1]; RECV_BATCH] =
-        std::array::from_fn(|_| [IoSliceMut::new(chunks.next().unwrap_or_default())]);
-    let iovs = iovs.get_mut(..want).unwrap_or_default();
-    let flags = MsgFlags::MSG_DONTWAIT;
-    let mut n = 0;
-    // Each family has its own headers: the kernel shortens a header's address length to
-    // what it wrote, and nix does not reset it between calls.
-    if v6 {
-        for msg in recvmmsg(fd, hdr6, iovs.iter_mut(), flags, None)? {
-            n += 1;
-            let from = msg
-                .address
-                .map(|a| SocketAddr::V6(SocketAddrV6::from(a)))
-                .unwrap_or_else(|| SocketAddr::from(([0u16; 8], 0)));
-            // A truncated datagram (longer than a slot: never for UDP) is dropped.
-            if !msg.flags.contains(MsgFlags::MSG_TRUNC) {
-                push(from, msg.bytes);
-            }
-        }
-    } else {
-        for msg in recvmmsg(fd, hdr4, iovs.iter_mut(), flags, None)? {
-            n += 1;
-            let from = msg
-                .address
-                .map(|a| SocketAddr::V4(SocketAddrV4::from(a)))
-                .unwrap_or_else(|| SocketAddr::from(([0u8; 4], 0)));
-            // A truncated datagram (longer than a slot: never for UDP) is dropped.
-            if !msg.flags.contains(MsgFlags::MSG_TRUNC) {
-                push(from, msg.bytes);
-            }
-        }
-    }
-    Ok(n)
-}
-
-/// No control messages.
-const NO_CMSG: [ControlMessage<'static>; 0] = [];
-
-/// `sendmmsg` headers, apart from the receive ones: nix's `sendmmsg` points a header's
-/// address at the caller's array, which `recvmmsg` would then write through.
-pub struct SendHeaders {
-    v4: MultiHeaders<SockaddrIn>,
-    v6: MultiHeaders<SockaddrIn6>,
-}
-
-/// Sends `run` (datagrams through one socket) with `sendmmsg`, [`RECV_BATCH`] at a time.
-/// Returns (datagrams sent, bytes sent, datagrams dropped).
-fn send_run(
-    sock: &UdpSocket,
-    v6: bool,
-    run: &[TxItem],
-    arena: &[u8],
-    hdrs: &mut SendHeaders,
-    stats: &mut WorkerStats,
-) -> (u64, u64, u64) {
-    let fd = sock.as_raw_fd();
-    let (mut sent, mut bytes, mut dropped) = (0u64, 0u64, 0u64);
-    let mut rest = run;
-    while !rest.is_empty() {
-        let chunk = rest.get(..RECV_BATCH.min(rest.len())).unwrap_or_default();
-        stats.send_calls += 1;
-        match send_chunk(fd, v6, chunk, arena, hdrs) {
-            Ok(0) | Err(Errno::EAGAIN) => {
-                // The buffer is full: whatever is left of this socket's queue is dropped.
-                dropped += rest.len() as u64;
-                break;
-            }
-            Ok(n) => {
-                let n = n.min(chunk.len());
-                sent += n as u64;
-                bytes += chunk.iter().take(n).map(|i| i.len as u64).sum::<u64>();
-                rest = rest.get(n..).unwrap_or_default();
-            }
-            Err(Errno::EINTR) => {}
-            Err(_) => {
-                // This datagram cannot go (a bad address, a message too long): drop it alone.
-                dropped += 1;
-                rest = rest.get(1..).unwrap_or_default();
-            }
-        }
-    }
-    (sent, bytes, dropped)
-}
-
-/// One `sendmmsg` of `chunk` (at most [`RECV_BATCH`] datagrams, all of the socket's address
-/// family: [`TxQueue::queue`] drops the others).
-fn send_chunk(
-    fd: RawFd,
-    v6: bool,
-    chunk: &[TxItem],
-    arena: &[u8],
-    hdrs: &mut SendHeaders,
-) -> Result<usize, Errno> {
-    let iovs: [[IoSlice<'_>; 1]; RECV_BATCH] = std::array::from_fn(|k| {
-        let data = chunk
-            .get(k)
-            .and_then(|i| arena.get(i.start..i.start + i.len))
-            .unwrap_or_default();
-        [IoSlice::new(data)]
-    });
-    let iovs = iovs.get(..chunk.len()).unwrap_or_default();
-    let flags = MsgFlags::MSG_DONTWAIT;
-    if v6 {
-        let addrs: [Option<SockaddrIn6>; RECV_BATCH] =
-            std::array::from_fn(|k| match chunk.get(k) {
-                Some(TxItem {
-                    to: SocketAddr::V6(a),
-                    ..
-                }) => Some(SockaddrIn6::from(*a)),
-                _ => None,
-            });
-        let addrs = addrs.get(..chunk.len()).unwrap_or_default();
-        let r = sendmmsg(fd, &mut hdrs.v6, iovs, addrs, NO_CMSG, flags)?;
-        Ok(r.count())
-    } else {
-        let addrs: [Option<SockaddrIn>; RECV_BATCH] = std::array::from_fn(|k| match chunk.get(k) {
-            Some(TxItem {
-                to: SocketAddr::V4(a),
-                ..
-            }) => Some(SockaddrIn::from(*a)),
-            _ => None,
-        });
-        let addrs = addrs.get(..chunk.len()).unwrap_or_default();
-        let r = sendmmsg(fd, &mut hdrs.v4, iovs, addrs, NO_CMSG, flags)?;
-        Ok(r.count())
+        self.sockets.relay_count()
     }
 }
 
@@ -764,6 +373,7 @@ fn send_chunk(
 mod tests {
     use super::*;
     use crate::config::{self, Parsed};
+    use crate::metrics::CoreCounters;
     use std::time::Duration;
 
     fn shared() -> Arc<Shared> {
@@ -778,7 +388,7 @@ mod tests {
             panic!("test configuration")
         };
         let lifecycle = lastcall::Lifecycle::without_signals(s.term);
-        crate::server::for_tests(&s.turn, lifecycle.handle(), 1)
+        Shared::for_tests(&s.turn, lifecycle.handle(), 1)
     }
 
     /// A STUN Binding request with transaction id `i`.
@@ -848,7 +458,7 @@ mod tests {
         let first = worker.stats;
         assert_eq!(
             (first.wakeups, first.recv_calls, first.datagrams),
-            (1, 1, RECV_BATCH as u64),
+            (1, 1, BATCH as u64),
             "{first:?}"
         );
         assert_eq!((first.batches, first.send_calls), (1, 1), "{first:?}");
@@ -884,8 +494,9 @@ mod tests {
             answered.insert(id);
         }
         assert_eq!(answered.len(), 100);
-        assert_eq!(shared.metrics.client_rx.packets.get(), 100);
-        assert_eq!(shared.metrics.client_tx.packets.get(), 100);
+        let (counters, _) = shared.snapshot();
+        assert_eq!(counters.client_packets_in, 100);
+        assert_eq!(counters.client_packets_out, 100);
     }
 
     /// Relay sockets posted to a worker are read in the same wake-ups as its listener, one
@@ -926,7 +537,7 @@ mod tests {
         assert_eq!(worker.stats.recv_empty, 0);
         assert!(worker.stats.batches <= worker.stats.wakeups);
         // Without an allocation the core drops them: counted, nothing sent.
-        assert_eq!(shared.metrics.peer_rx.packets.get(), 50);
+        assert_eq!(shared.snapshot().0.peer_packets_in, 50);
         assert_eq!(worker.stats.send_calls, 0);
         for r in &relays {
             mailbox.post(Cmd::Remove(*r));

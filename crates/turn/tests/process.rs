@@ -471,3 +471,38 @@ fn sigusr1_drains_like_coturn_even_when_sigterm_is_ignored() {
     let exit = turn.pod.wait_exit(WAIT);
     assert_eq!(exit.code, Some(lastcall::exit::FORCED), "{exit:?}");
 }
+
+/// An open TCP connection without an allocation is no session: SIGTERM with nothing live
+/// exits 0 at once, and the connection is closed at the exit decision instead of holding
+/// the exit until the deadline (60 s here).
+#[test]
+fn an_open_tcp_connection_without_allocation_does_not_hold_the_exit() {
+    use std::io::{Read, Write};
+    let mut turn = Turn::start(&["--shutdown-delay=0s", "--drain-timeout=60s"]);
+    let mut conn =
+        std::net::TcpStream::connect(("127.0.0.1", turn.port)).expect("connect over TCP");
+    conn.set_read_timeout(Some(WAIT)).expect("read timeout");
+    // A Binding answered proves the connection is being served.
+    let mut binding = [0u8; 20];
+    binding[..2].copy_from_slice(&0x0001u16.to_be_bytes());
+    binding[4..8].copy_from_slice(&0x2112_A442u32.to_be_bytes());
+    binding[8..].copy_from_slice(b"open-tcp-con");
+    conn.write_all(&binding).expect("send a Binding");
+    let mut answer = [0u8; 32];
+    conn.read_exact(&mut answer).expect("a Binding response");
+    assert_eq!(&answer[..2], &[0x01, 0x01], "Binding success");
+    turn.pod.signal(Signal::Term);
+    let exit = turn.pod.wait_exit(WAIT);
+    assert_eq!(exit.code, Some(0), "{exit:?}");
+    assert!(
+        exit.elapsed_since_signal < Duration::from_secs(10),
+        "the connection held the exit: {exit:?}"
+    );
+    let mut rest = Vec::new();
+    let closed = conn.read_to_end(&mut rest);
+    assert!(
+        matches!(closed, Ok(0)) || closed.is_err(),
+        "the connection was left open: {closed:?}"
+    );
+    assert!(!turn.pod.has_log("still running"), "{:?}", turn.pod.logs());
+}

@@ -1,4 +1,4 @@
-//! Termination of `lastcall-turn` under a call load (issue 6), measured: calls relaying
+//! Termination of `lastcall-turn` under a call load, measured: calls relaying
 //! at a fixed rate across SIGTERM lose nothing and the process exits 0 within 1 s of the last
 //! allocation being deleted; in Refusing a new client gets 403 at once or is sent (300,
 //! round-robin) to an alternate server that relays it; during `--shutdown-delay` Allocates
@@ -28,7 +28,8 @@ use lastcall::harness::{self, ExitReport, Pod, Signal};
 
 /// One datagram every 20 ms per call: 50/s, a voice call's packet rate.
 const PACE: Duration = Duration::from_millis(20);
-/// The issue's bound between the last allocation ending and the process exit.
+/// How soon after the last allocation ends the process must be gone (termination.md:
+/// "a daemon with nothing left to do leaves within a second").
 const EXIT_BOUND: Duration = Duration::from_secs(1);
 
 fn loopback(port: u16) -> SocketAddr {
@@ -154,7 +155,7 @@ fn print_split(what: &str, i: usize, s: Split) {
     );
 }
 
-/// Acceptance 1: calls relaying at a fixed rate across SIGTERM (and through Refusing) lose
+/// Calls relaying at a fixed rate across SIGTERM (and through Refusing) lose
 /// nothing; everything on an existing allocation keeps working; the process exits 0 within
 /// 1 s of the last allocation's deletion.
 #[test]
@@ -241,7 +242,7 @@ fn fixed_rate_calls_cross_sigterm_without_loss_and_exit_0_within_1s_of_the_last_
     assert!(turn.pod.has_log("drain ended: idle"));
 }
 
-/// Acceptance 2 (no alternate): in Refusing, a new client fails at once with 403 — our
+/// In Refusing, a new client fails at once with 403 — our
 /// client and uclient over UDP and TCP — while the live call goes on.
 #[test]
 fn refusing_without_alternate_fails_new_clients_at_once_with_403() {
@@ -333,7 +334,7 @@ fn refusing_without_alternate_fails_new_clients_at_once_with_403() {
     assert!(gone - deleted < EXIT_BOUND, "{:?}", gone - deleted);
 }
 
-/// Acceptance 2 (alternates): in Refusing, new Allocates get 300 with ALTERNATE-SERVER, in
+/// In Refusing, new Allocates get 300 with ALTERNATE-SERVER, in
 /// turn over the `--alternate-server` list; a client that follows it relays through the
 /// second `lastcall-turn` (ours and uclient, every message echoed); the live call on the
 /// draining server loses nothing.
@@ -438,7 +439,7 @@ fn refusing_redirects_new_clients_round_robin_to_alternates_that_relay() {
     assert_eq!(exit.code, Some(0), "{exit:?}");
 }
 
-/// Acceptance 3: during `--shutdown-delay` (Announcing) a new allocation succeeds — ours and
+/// During `--shutdown-delay` (Announcing) a new allocation succeeds — ours and
 /// uclient's — and relays, while `/readyz` is 503 and `/livez` 200; with nothing left the
 /// process leaves at the end of the delay, not before.
 #[test]
@@ -494,7 +495,7 @@ fn during_the_shutdown_delay_allocations_succeed_while_readyz_is_503() {
     );
 }
 
-/// Acceptance 4: `--drain-min-allocations 2` (coturn's name) with three live allocations:
+/// `--drain-min-allocations 2` (coturn's name) with three live allocations:
 /// the drain holds while three are live and ends, status 0, when one of them ends.
 #[test]
 fn drain_min_allocations_2_exits_when_the_third_allocation_ends() {
@@ -539,7 +540,7 @@ fn drain_min_allocations_2_exits_when_the_third_allocation_ends() {
     );
 }
 
-/// Acceptance 5a: at `--drain-timeout` (from the trigger) the process exits 75 and logs how
+/// At `--drain-timeout` (from the trigger) the process exits 75 and logs how
 /// many allocations it cut; until then the calls relay without loss.
 #[test]
 fn deadline_exits_75_at_the_drain_timeout_logging_the_count_cut() {
@@ -590,7 +591,7 @@ fn deadline_exits_75_at_the_drain_timeout_logging_the_count_cut() {
     }
 }
 
-/// Acceptance 5b: a second SIGTERM exits within 1 s, status 76, logging the calls cut.
+/// A second SIGTERM exits within 1 s, status 76, logging the calls cut.
 #[test]
 fn second_sigterm_exits_within_1s_with_status_76() {
     let mut turn = Turn::start(&["--shutdown-delay=1s", "--drain-timeout=60s"]);
@@ -619,7 +620,7 @@ fn second_sigterm_exits_within_1s_with_status_76() {
     );
 }
 
-/// Acceptance 6, for the docs: the same load against coturn 4.6.1 on SIGTERM. Asserts only
+/// For the docs: the same load against coturn 4.6.1 on SIGTERM. Asserts only
 /// that coturn exited and that the measurement ran; prints what it lost.
 #[test]
 fn coturn_4_6_1_on_sigterm_under_the_same_load_for_comparison() {
@@ -715,9 +716,9 @@ fn coturn_4_6_1_on_sigterm_under_the_same_load_for_comparison() {
     assert!(sent_after > 0, "the load ran across the SIGTERM");
 }
 
-/// The last Refresh(0) of a drain is answered before the process exits (its session guard
-/// used to end the drain, and the process, before the response was sent: 3 of 40 went
-/// unanswered). Twenty drains, each ended by a client deleting its allocation.
+/// The last Refresh(0) of a drain is answered before the process exits: the session guard
+/// that ends the drain, and the process, is dropped only once the response is sent. Twenty
+/// drains, each ended by a client deleting its allocation.
 #[test]
 fn the_refresh_that_ends_a_drain_is_answered_before_the_exit() {
     let peer = Peer::start();

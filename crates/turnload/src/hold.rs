@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use crate::client::{Credentials, Session};
-use crate::stats::{cpu_ticks, rss_kib};
+use crate::procfs::{cpu_ticks, rss_kib};
 
 /// What to run.
 #[derive(Clone, Debug)]

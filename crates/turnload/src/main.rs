@@ -19,9 +19,10 @@
 #![forbid(unsafe_code)]
 
 mod client;
+mod histogram;
 mod hold;
+mod procfs;
 mod relay;
-mod stats;
 
 use std::net::SocketAddr;
 use std::process::ExitCode;

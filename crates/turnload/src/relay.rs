@@ -17,7 +17,8 @@ use lastcall_turn_proto::frame::parse_channel_data;
 use serde_json::json;
 
 use crate::client::{Credentials, Session};
-use crate::stats::{cpu_ticks, Histogram};
+use crate::histogram::Histogram;
+use crate::procfs::cpu_ticks;
 
 /// Payload marker.
 const MAGIC: [u8; 4] = *b"LCTL";

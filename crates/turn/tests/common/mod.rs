@@ -23,7 +23,7 @@ pub struct Turn {
     pub admin: String,
 }
 
-/// The start-up command on free ports, plus `extra`.
+/// The start-up command of docs/turn.md (*Running it*) on free ports.
 pub fn turn_args(port: u16, admin: &str) -> Vec<String> {
     [
         "-n",
@@ -42,7 +42,7 @@ pub fn turn_args(port: u16, admin: &str) -> Vec<String> {
 }
 
 impl Turn {
-    /// Starts with the command line and `extra` options; waits until it listens.
+    /// Starts with that command line and `extra` options; waits until it listens.
     pub fn start(extra: &[&str]) -> Turn {
         let port = free_udp_tcp_port();
         let admin = format!("127.0.0.1:{}", harness::free_port());

@@ -1,0 +1,527 @@
+//! The Allocate transaction, in two steps: the request is checked and, when it needs relay
+//! sockets, handed to the I/O layer as an [`Output::BindRelay`](crate::Output::BindRelay);
+//! the I/O layer binds them outside any lock and answers with [`Server::relay_bound`], which
+//! creates the allocation and returns the response. Also the EVEN-PORT reservations (port + 1
+//! kept for a later Allocate with RESERVATION-TOKEN) and retransmitted Allocates.
+
+use std::net::{IpAddr, SocketAddr};
+use std::time::{Duration, Instant};
+
+use super::{Attrs, Authed, Ctx, Message, Reply, Server, FAMILY_V4, FAMILY_V6};
+use crate::stun::attr;
+use crate::types::{
+    ClientAddr, DrainMode, Event, RelayAddrs, RelayBound, RelayError, RelayPorts, RelayRequest,
+    Transmit,
+};
+
+/// How long an EVEN-PORT reservation (port + 1) is kept (RFC 8656 §7.2: 30 s).
+const RESERVATION_LIFETIME: Duration = Duration::from_secs(30);
+
+/// How long an Allocate waits for its relay sockets before it is forgotten. The I/O layer
+/// answers within the same wake-up; this only bounds what a lost answer costs (the client's
+/// retransmission then starts over, and the late answer's sockets are released).
+pub(crate) const ALLOCATE_WAIT: Duration = Duration::from_secs(10);
+
+/// REQUESTED-TRANSPORT UDP.
+const PROTO_UDP: u8 = 17;
+
+/// A relay socket on port + 1 kept for a later Allocate with RESERVATION-TOKEN.
+pub(super) struct Reservation {
+    token: [u8; 8],
+    pub(super) relay: SocketAddr,
+    expires: Instant,
+}
+
+/// An Allocate that passed every check and waits for its relay sockets.
+pub(super) struct Pending {
+    id: u64,
+    pub(super) client: ClientAddr,
+    /// How to finish the response (its transaction id identifies retransmissions).
+    pub(super) ctx: Ctx,
+    /// For the amplification guard on unauthenticated (anonymous-server) responses.
+    request_len: usize,
+    username: String,
+    /// The lifetime granted, and the REST credential's expiry that caps it.
+    life: Duration,
+    cred_expiry: Option<Instant>,
+    ports: RelayPorts,
+    /// A dual allocation whose second family has no relay address: ADDRESS-ERROR-CODE 440.
+    additional_error: Option<u16>,
+    since: Instant,
+}
+
+impl Server {
+    /// A new Allocate on a 5-tuple without an allocation (RFC 8656 §7.2): every check, then
+    /// either an answer now (an error, 300/403 while draining, a RESERVATION-TOKEN's socket)
+    /// or a request for relay sockets.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn allocate(
+        &mut self,
+        now: Instant,
+        from: &ClientAddr,
+        attrs: &Attrs<'_>,
+        authed: Option<Authed>,
+        ctx: &Ctx,
+        msg: &Message<'_>,
+        out: &mut Vec<u8>,
+    ) -> Reply {
+        if matches!(self.drain, DrainMode::Refuse { .. }) {
+            return self.refuse_draining(from, ctx, out);
+        }
+        match attrs.transport {
+            None => return self.error(ctx, 400, out),
+            Some(PROTO_UDP) if self.config.udp_relay => {}
+            Some(_) => return self.error(ctx, 442, out),
+        }
+        // Families: primary (REQUESTED-ADDRESS-FAMILY, default IPv4) and optional additional.
+        let (primary_v4, dual) = match (attrs.family, attrs.additional_family) {
+            (Some(_), Some(_)) => return self.error(ctx, 400, out),
+            (None, Some(FAMILY_V6)) => (true, true),
+            (None, Some(_)) => return self.error(ctx, 400, out),
+            (Some(FAMILY_V4), None) | (None, None) => (true, false),
+            (Some(FAMILY_V6), None) => (false, false),
+            (Some(_), None) => return self.error(ctx, 440, out),
+        };
+        // RESERVATION-TOKEN excludes EVEN-PORT and the family attributes; EVEN-PORT excludes
+        // a dual allocation (RFC 8656 §7.2).
+        if attrs.reservation_token.is_some()
+            && (attrs.even_port.is_some() || attrs.family.is_some() || dual)
+        {
+            return self.error(ctx, 400, out);
+        }
+        if attrs.even_port.is_some() && dual {
+            return self.error(ctx, 400, out);
+        }
+        let username = authed
+            .as_ref()
+            .map(|a| a.username.clone())
+            .unwrap_or_default();
+        let q = self.config.quotas;
+        let user_count = self.per_user.get(&username).copied().unwrap_or(0);
+        // Allocates waiting for their sockets count: they become allocations.
+        let total = self.live + self.pending.len();
+        if (q.total > 0 && total >= q.total as usize)
+            || (q.per_user > 0 && !username.is_empty() && user_count >= q.per_user)
+        {
+            self.counters.refused_quota += 1;
+            self.push_event(Event::AllocateRefused {
+                client: *from,
+                code: 486,
+            });
+            return self.error(ctx, 486, out);
+        }
+        let cred_expiry = authed.as_ref().and_then(|a| a.expiry);
+        let life = self.lifetime(attrs.lifetime, cred_expiry, now);
+        if life.is_zero() {
+            return self.error(ctx, 401, out);
+        }
+        if let Some(token) = attrs.reservation_token {
+            let Some(relay) = self.take_reservation(now, &token) else {
+                return self.refuse_capacity(from, ctx, out);
+            };
+            self.reserve_user(&username);
+            let addrs = RelayAddrs::for_one(relay);
+            return self.create(now, from, addrs, username, life, ctx, None, None, out);
+        }
+        let ip = match self.relay_ip(primary_v4, from) {
+            Ok(ip) => ip,
+            Err(_) => return self.error(ctx, 440, out),
+        };
+        let (additional, additional_error) = match dual {
+            false => (None, None),
+            true => match self.relay_ip(false, from) {
+                Ok(ip) => (Some(ip), None),
+                Err(_) => (None, Some(440)),
+            },
+        };
+        let ports = match attrs.even_port {
+            None => RelayPorts::Any,
+            Some(false) => RelayPorts::Even,
+            Some(true) => RelayPorts::EvenPair,
+        };
+        let id = self.next_request;
+        self.next_request += 1;
+        self.reserve_user(&username);
+        self.pending.push(Pending {
+            id,
+            client: *from,
+            ctx: *ctx,
+            request_len: msg.len(),
+            username,
+            life,
+            cred_expiry,
+            ports,
+            additional_error,
+            since: now,
+        });
+        Reply::Bind(RelayRequest {
+            id,
+            client: *from,
+            ip,
+            ports,
+            additional,
+        })
+    }
+
+    /// The I/O layer's answer to a [`RelayRequest`]: creates the allocation and returns the
+    /// Allocate's response (success, or 508 / 440 when the sockets could not be bound, or
+    /// 300 / 403 when the drain began meanwhile), written into `out`. `None` when no Allocate
+    /// waits for this answer any more (its connection closed, [`clear`](Self::clear), or
+    /// it waited longer than 10 s); then, as after a refusal, the sockets it carries go to
+    /// [`poll_release`](Self::poll_release).
+    pub fn relay_bound<'a>(
+        &mut self,
+        now: Instant,
+        answer: RelayBound,
+        out: &'a mut Vec<u8>,
+    ) -> Option<Transmit<'a>> {
+        let Some(at) = self.pending.iter().position(|p| p.id == answer.id) else {
+            self.release_answer(&answer);
+            return None;
+        };
+        let p = self.pending.swap_remove(at);
+        let reply = self.complete(now, &p, answer, out);
+        self.respond(reply, p.request_len, p.client, out)
+    }
+
+    /// [`relay_bound`](Self::relay_bound) for a waiting Allocate.
+    fn complete(
+        &mut self,
+        now: Instant,
+        p: &Pending,
+        answer: RelayBound,
+        out: &mut Vec<u8>,
+    ) -> Reply {
+        let ctx = &p.ctx;
+        let from = &p.client;
+        // The drain's refusal holds from the moment it began: no allocation is created in
+        // Refusing, so a drain that found no allocation left can end.
+        if matches!(self.drain, DrainMode::Refuse { .. }) {
+            self.release_answer(&answer);
+            self.unreserve_user(&p.username);
+            return self.refuse_draining(from, ctx, out);
+        }
+        let (primary, pair) = match answer.primary {
+            Ok((addr, _)) if self.in_use(addr) => {
+                // Another allocation's socket (release_answer never closes one).
+                self.release_answer(&answer);
+                self.unreserve_user(&p.username);
+                return self.refuse_capacity(from, ctx, out);
+            }
+            Ok(bound) => bound,
+            Err(ref e) => {
+                let family = matches!(e, RelayError::FamilyNotSupported);
+                self.release_answer(&answer);
+                self.unreserve_user(&p.username);
+                return match family {
+                    true => self.error(ctx, 440, out),
+                    false => self.refuse_capacity(from, ctx, out),
+                };
+            }
+        };
+        let keeps_rule = match p.ports {
+            RelayPorts::Any => pair.is_none(),
+            RelayPorts::Even => primary.port() % 2 == 0 && pair.is_none(),
+            RelayPorts::EvenPair => {
+                primary.port() % 2 == 0
+                    && pair.is_some_and(|n| Some(n.port()) == primary.port().checked_add(1))
+                    && pair.is_some_and(|n| !self.in_use(n))
+            }
+        };
+        if !keeps_rule {
+            self.release_answer(&answer);
+            self.unreserve_user(&p.username);
+            return self.refuse_capacity(from, ctx, out);
+        }
+        let mut addrs = RelayAddrs::for_one(primary);
+        let mut address_error = p.additional_error;
+        match answer.additional {
+            Some(Ok(a)) if a.is_ipv6() && addrs.v6.is_none() && !self.in_use(a) => {
+                addrs.v6 = Some(a);
+            }
+            Some(Ok(a)) => {
+                if !self.in_use(a) {
+                    self.releases.push_back(a);
+                }
+                address_error = Some(508);
+            }
+            Some(Err(RelayError::FamilyNotSupported)) => address_error = Some(440),
+            Some(Err(_)) => address_error = Some(508),
+            None => {}
+        }
+        let mut life = p.life;
+        if let Some(exp) = p.cred_expiry {
+            life = life.min(exp.saturating_duration_since(now));
+        }
+        if life.is_zero() {
+            self.release_answer(&answer);
+            self.unreserve_user(&p.username);
+            return self.error(ctx, 401, out);
+        }
+        let token = pair.map(|relay| {
+            let token: [u8; 8] = rand::random();
+            self.reservations.push(Reservation {
+                token,
+                relay,
+                expires: now + RESERVATION_LIFETIME,
+            });
+            token
+        });
+        let username = p.username.clone();
+        self.create(
+            now,
+            from,
+            addrs,
+            username,
+            life,
+            ctx,
+            address_error,
+            token,
+            out,
+        )
+    }
+
+    /// Creates the allocation on sockets that are bound, and its success response.
+    #[allow(clippy::too_many_arguments)]
+    fn create(
+        &mut self,
+        now: Instant,
+        from: &ClientAddr,
+        addrs: RelayAddrs,
+        username: String,
+        life: Duration,
+        ctx: &Ctx,
+        address_error: Option<u16>,
+        token: Option<[u8; 8]>,
+        out: &mut Vec<u8>,
+    ) -> Reply {
+        let lifetime = u32::try_from(life.as_secs()).unwrap_or(u32::MAX);
+        self.insert(now, from, addrs, username.clone(), life, lifetime, ctx.txid);
+        self.counters.allocations_created += 1;
+        self.push_event(Event::AllocationCreated {
+            client: *from,
+            relays: addrs,
+            username,
+            lifetime,
+        });
+        self.allocate_success(ctx, from, addrs, lifetime, address_error, token, out)
+    }
+
+    /// 300 Try Alternate (round-robin over the alternates, the client's family first) or 403.
+    fn refuse_draining(&mut self, from: &ClientAddr, ctx: &Ctx, out: &mut Vec<u8>) -> Reply {
+        let DrainMode::Refuse { alternates } = &self.drain else {
+            return self.error(ctx, 403, out);
+        };
+        let alt = super::pick_alternate(alternates, from.client.is_ipv4(), &mut self.alternate_rr);
+        self.counters.refused_draining += 1;
+        self.push_event(Event::AllocateRefusedDraining {
+            client: *from,
+            alternate: alt,
+        });
+        match alt {
+            Some(a) => self.error_with(ctx, 300, out, |b| {
+                b.address(attr::ALTERNATE_SERVER, a);
+            }),
+            None => self.error(ctx, 403, out),
+        }
+    }
+
+    /// 508 Insufficient Capacity: no relay port.
+    fn refuse_capacity(&mut self, from: &ClientAddr, ctx: &Ctx, out: &mut Vec<u8>) -> Reply {
+        self.counters.refused_capacity += 1;
+        self.push_event(Event::AllocateRefused {
+            client: *from,
+            code: 508,
+        });
+        self.error(ctx, 508, out)
+    }
+
+    /// Every socket an answer carries goes back to the I/O layer, except one that belongs to
+    /// an allocation or a reservation already.
+    fn release_answer(&mut self, answer: &RelayBound) {
+        let primary = answer.primary.as_ref().ok();
+        let bound = primary
+            .map(|(a, _)| *a)
+            .into_iter()
+            .chain(primary.and_then(|(_, pair)| *pair))
+            .chain(
+                answer
+                    .additional
+                    .as_ref()
+                    .and_then(|r| r.as_ref().ok())
+                    .copied(),
+            );
+        for addr in bound {
+            if !self.in_use(addr) {
+                self.releases.push_back(addr);
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn allocate_success(
+        &self,
+        ctx: &Ctx,
+        from: &ClientAddr,
+        addrs: RelayAddrs,
+        lifetime: u32,
+        address_error: Option<u16>,
+        token: Option<[u8; 8]>,
+        out: &mut Vec<u8>,
+    ) -> Reply {
+        let relay_cfg = &self.config.relay;
+        self.success(ctx, out, |b| {
+            for r in addrs.iter() {
+                let adv = SocketAddr::new(relay_cfg.advertised(r.ip()), r.port());
+                b.xor_address(attr::XOR_RELAYED_ADDRESS, adv);
+            }
+            b.xor_address(attr::XOR_MAPPED_ADDRESS, from.client)
+                .u32(attr::LIFETIME, lifetime);
+            if let Some(t) = token {
+                b.attr(attr::RESERVATION_TOKEN, &t);
+            }
+            if let Some(code) = address_error {
+                let v = [FAMILY_V6, 0, (code / 100) as u8, (code % 100) as u8];
+                b.attr(attr::ADDRESS_ERROR_CODE, &v);
+            }
+        })
+    }
+
+    /// Allocate on a 5-tuple that has an allocation: a retransmission gets the success
+    /// response again, anything else 437.
+    pub(super) fn allocate_again(
+        &mut self,
+        now: Instant,
+        idx: usize,
+        from: &ClientAddr,
+        ctx: &Ctx,
+        out: &mut Vec<u8>,
+    ) -> Reply {
+        let Some(Some(a)) = self.allocs.get(idx) else {
+            return self.error(ctx, 437, out);
+        };
+        if a.allocate_txid != ctx.txid {
+            return self.error(ctx, 437, out);
+        }
+        let remaining = a.expires.saturating_duration_since(now).as_secs();
+        let lifetime = u32::try_from(remaining)
+            .unwrap_or(a.lifetime)
+            .min(a.lifetime);
+        let addrs = a.relays;
+        self.allocate_success(ctx, from, addrs, lifetime, None, None, out)
+    }
+
+    /// The relay IP for a family (round-robin over `relay-ip`, else the local address).
+    fn relay_ip(&mut self, v4: bool, from: &ClientAddr) -> Result<IpAddr, RelayError> {
+        let ips = &self.config.relay.relay_ips;
+        let local = [from.local.ip()];
+        let pool: &[IpAddr] = if ips.is_empty() { &local } else { ips };
+        let usable = |i: &&IpAddr| i.is_ipv4() == v4 && !i.is_unspecified();
+        let n = pool.iter().filter(usable).count();
+        if n == 0 {
+            return Err(RelayError::FamilyNotSupported);
+        }
+        self.relay_rr = self.relay_rr.wrapping_add(1);
+        pool.iter()
+            .filter(usable)
+            .nth(self.relay_rr % n)
+            .copied()
+            .ok_or(RelayError::FamilyNotSupported)
+    }
+
+    /// Whether `addr` is an allocation's relay or a reserved socket.
+    fn in_use(&self, addr: SocketAddr) -> bool {
+        self.by_relay.contains_key(&addr) || self.reservations.iter().any(|r| r.relay == addr)
+    }
+
+    /// RESERVATION-TOKEN: the reserved socket, unless the token is unknown or expired.
+    fn take_reservation(&mut self, now: Instant, token: &[u8; 8]) -> Option<SocketAddr> {
+        let pos = self
+            .reservations
+            .iter()
+            .position(|r| &r.token == token && r.expires > now)?;
+        Some(self.reservations.swap_remove(pos).relay)
+    }
+
+    /// The earliest reservation expiry or waiting Allocate's give-up time.
+    pub(super) fn allocate_deadline(&self) -> Option<Instant> {
+        let reservations = self.reservations.iter().map(|r| r.expires);
+        let waiting = self.pending.iter().map(|p| p.since + ALLOCATE_WAIT);
+        reservations.chain(waiting).min()
+    }
+
+    /// Releases expired reservations and forgets Allocates that waited too long.
+    pub(super) fn expire_allocates(&mut self, now: Instant) {
+        let releases = &mut self.releases;
+        self.reservations.retain(|r| {
+            let keep = r.expires > now;
+            if !keep {
+                releases.push_back(r.relay);
+            }
+            keep
+        });
+        self.forget_allocates(|p| p.since + ALLOCATE_WAIT <= now);
+    }
+
+    /// Forgets the waiting Allocates `which` selects: their answers will find nothing.
+    pub(super) fn forget_allocates(&mut self, which: impl Fn(&Pending) -> bool) {
+        let mut forgotten = Vec::new();
+        self.pending.retain(|p| {
+            let forget = which(p);
+            if forget {
+                forgotten.push(p.username.clone());
+            }
+            !forget
+        });
+        for username in forgotten {
+            self.unreserve_user(&username);
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn insert(
+        &mut self,
+        now: Instant,
+        from: &ClientAddr,
+        relays: RelayAddrs,
+        username: String,
+        life: Duration,
+        lifetime: u32,
+        txid: [u8; 12],
+    ) {
+        let gen = self.next_gen;
+        self.next_gen += 1;
+        let expires = now + life;
+        let a = super::Allocation {
+            gen,
+            client: *from,
+            relays,
+            username,
+            expires,
+            lifetime,
+            allocate_txid: txid,
+            perms: Vec::new(),
+            channels: Vec::new(),
+            scheduled: expires,
+        };
+        let idx = match self.free.pop() {
+            Some(i) => {
+                if let Some(slot) = self.allocs.get_mut(i) {
+                    *slot = Some(a);
+                }
+                i
+            }
+            None => {
+                self.allocs.push(Some(a));
+                self.allocs.len() - 1
+            }
+        };
+        self.live += 1;
+        self.live_by_transport[super::transport_index(from.transport)] += 1;
+        self.by_client.insert(*from, idx);
+        for r in relays.iter() {
+            self.by_relay.insert(r, idx);
+        }
+        self.timers.push(std::cmp::Reverse((expires, idx, gen)));
+    }
+}

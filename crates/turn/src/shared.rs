@@ -1,0 +1,297 @@
+//! The protocol core behind its one lock, and what is done once the lock is released.
+//!
+//! Every call into the [`Server`] runs through [`Shared::with_core`], which moves the core's
+//! events and relay-socket releases into the caller's [`Effects`] before unlocking; the caller
+//! then [`apply`](Shared::apply)s them: session guards, relay sockets closed, TCP/TLS
+//! connections whose allocation expired closed, logs. No system call runs under the lock:
+//! relay sockets are bound between two calls ([`Shared::bind_relays`]), sends happen after.
+
+use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
+use std::sync::Mutex;
+use std::time::Instant;
+
+use lastcall::{Handle, PeerId, SessionGuard};
+use lastcall_turn_proto::{
+    ClientAddr, Counters, DeleteReason, Event, RelayAddrs, RelayRequest, Server,
+};
+
+use crate::metrics::{CoreCounters, Metrics};
+use crate::relay::RelaySockets;
+use crate::route::{LocalSockets, Streams, TxQueue};
+use crate::sync::lock;
+
+/// State shared by every thread and task.
+pub struct Shared {
+    core: Mutex<Server>,
+    guards: Mutex<Guards>,
+    pub(crate) relays: RelaySockets,
+    pub(crate) streams: Streams,
+    pub(crate) metrics: Metrics,
+    handle: Handle,
+}
+
+/// What calls into the core left to do once the lock is released.
+#[derive(Default)]
+pub(crate) struct Effects {
+    events: Vec<Event>,
+    releases: Vec<SocketAddr>,
+    /// Session guards of allocations that ended, for the caller to drop once it has sent
+    /// what the same calls produced: the last guard may end the drain and the process, and
+    /// a Refresh with lifetime 0 must be answered first.
+    pub(crate) ended: Vec<SessionGuard>,
+}
+
+impl Effects {
+    fn is_empty(&self) -> bool {
+        self.events.is_empty() && self.releases.is_empty()
+    }
+}
+
+/// One session guard per allocation, keyed by its first relay address: unique among the
+/// allocations whose sockets are not released yet, and a released socket is closed only
+/// after its allocation's deletion was applied here.
+#[derive(Default)]
+struct Guards {
+    live: HashMap<SocketAddr, SessionGuard>,
+    /// Allocations whose deletion was applied before their creation (two threads applying
+    /// effects in the other order): their creation takes no guard.
+    gone: HashSet<SocketAddr>,
+}
+
+/// The key of an allocation's session guard.
+fn guard_key(relays: &RelayAddrs) -> Option<SocketAddr> {
+    relays.iter().next()
+}
+
+impl Shared {
+    /// The core, its relay sockets and metrics, and the lifecycle's handle.
+    pub(crate) fn new(
+        server: Server,
+        relays: RelaySockets,
+        metrics: Metrics,
+        handle: Handle,
+    ) -> Shared {
+        Shared {
+            core: Mutex::new(server),
+            guards: Mutex::new(Guards::default()),
+            relays,
+            streams: Streams::default(),
+            metrics,
+            handle,
+        }
+    }
+
+    /// Runs `f` on the locked core; its events and relay releases are moved into `fx`
+    /// before the lock is released.
+    pub(crate) fn with_core<R>(&self, fx: &mut Effects, f: impl FnOnce(&mut Server) -> R) -> R {
+        let mut server = lock(&self.core);
+        let r = f(&mut server);
+        fx.events.extend(std::iter::from_fn(|| server.poll_event()));
+        fx.releases
+            .extend(std::iter::from_fn(|| server.poll_release()));
+        r
+    }
+
+    /// Binds the relay sockets `requests` ask for, with no lock held, then answers them under
+    /// one lock, queueing the Allocate responses into `tx`. `worker` is the UDP I/O thread
+    /// whose clients asked (its relay sockets are read by it), `None` from a tokio task.
+    pub(crate) fn bind_relays(
+        &self,
+        requests: &mut Vec<RelayRequest>,
+        worker: Option<usize>,
+        fx: &mut Effects,
+        route: (&mut TxQueue, &LocalSockets),
+        out: &mut Vec<u8>,
+    ) {
+        if requests.is_empty() {
+            return;
+        }
+        let answers: Vec<_> = requests
+            .drain(..)
+            .map(|r| self.relays.bind(&r, worker))
+            .collect();
+        let (tx, local) = route;
+        let now = Instant::now();
+        self.with_core(fx, |server| {
+            for answer in answers {
+                if let Some(t) = server.relay_bound(now, answer, out) {
+                    tx.queue(t, local);
+                }
+            }
+        });
+    }
+
+    /// Applies `fx` (the lock is not held): session guards taken and ended (the ended ones
+    /// stay in `fx.ended`), relay sockets released, connections of expired allocations
+    /// closed, log lines.
+    pub(crate) fn apply(&self, fx: &mut Effects) {
+        if fx.is_empty() {
+            return;
+        }
+        if fx.events.iter().any(is_session_event) {
+            let mut guards = lock(&self.guards);
+            for ev in fx.events.iter().filter(|e| is_session_event(e)) {
+                self.session(&mut guards, ev, &mut fx.ended);
+            }
+        }
+        for ev in fx.events.drain(..) {
+            self.report(ev);
+        }
+        for relay in fx.releases.drain(..) {
+            self.relays.release(relay);
+        }
+    }
+
+    /// Takes or ends the session guard of an allocation event.
+    fn session(&self, guards: &mut Guards, ev: &Event, ended: &mut Vec<SessionGuard>) {
+        match ev {
+            Event::AllocationCreated { client, relays, .. } => {
+                let Some(key) = guard_key(relays) else {
+                    return;
+                };
+                if !guards.gone.remove(&key) {
+                    let guard = self.handle.session(PeerId::from(client.client.ip()));
+                    guards.live.insert(key, guard);
+                }
+            }
+            Event::AllocationDeleted { relays, .. } => {
+                let Some(key) = guard_key(relays) else {
+                    return;
+                };
+                match guards.live.remove(&key) {
+                    Some(guard) => ended.push(guard),
+                    None => {
+                        guards.gone.insert(key);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Logs an event, closes the connection of an expired TCP/TLS allocation.
+    fn report(&self, ev: Event) {
+        match ev {
+            Event::AllocationCreated {
+                client,
+                relays,
+                username,
+                lifetime,
+            } => {
+                tracing::debug!(client = %client.client, transport = %client.transport,
+                    relay = ?relays, user = %username, lifetime, "allocation created");
+            }
+            Event::AllocationDeleted {
+                client,
+                relays,
+                reason,
+                ..
+            } => {
+                // An expired allocation means a silent client: close its connection.
+                if client.transport.is_stream() && reason == DeleteReason::Expired {
+                    self.streams.close(&client);
+                }
+                tracing::debug!(client = %client.client, relay = ?relays,
+                    reason = reason.as_str(), "allocation deleted");
+            }
+            Event::AuthFailed {
+                client,
+                username,
+                reason,
+            } => {
+                tracing::info!(client = %client.client, user = ?username,
+                    reason = reason.as_str(), "authentication failed");
+            }
+            Event::AllocateRefusedDraining { client, alternate } => {
+                self.handle.record_refused();
+                tracing::debug!(client = %client.client, ?alternate, "allocate refused: draining");
+            }
+            Event::AllocateRefused { client, code } => {
+                tracing::info!(client = %client.client, code, "allocate refused");
+            }
+            Event::PeerDenied {
+                client,
+                peer,
+                reason,
+            } => {
+                tracing::info!(client = %client.client, %peer, %reason, "peer refused");
+            }
+        }
+    }
+
+    /// Runs `f` on the core and applies its effects at once (for callers that send nothing).
+    pub(crate) fn run<R>(&self, f: impl FnOnce(&mut Server) -> R) -> R {
+        let mut fx = Effects::default();
+        let r = self.with_core(&mut fx, f);
+        self.apply(&mut fx);
+        r
+    }
+
+    /// Live allocations.
+    pub fn allocations(&self) -> usize {
+        lock(&self.core).allocation_count()
+    }
+
+    /// Whether `client` holds an allocation.
+    pub(crate) fn has_allocation(&self, client: &ClientAddr) -> bool {
+        lock(&self.core).has_allocation(client)
+    }
+
+    /// Deletes every allocation (the deadline has come).
+    pub fn clear(&self) {
+        self.run(Server::clear);
+    }
+
+    /// The lifecycle's handle.
+    pub(crate) fn handle(&self) -> &Handle {
+        &self.handle
+    }
+}
+
+impl CoreCounters for Shared {
+    fn snapshot(&self) -> (Counters, (usize, usize, usize)) {
+        let server = lock(&self.core);
+        (*server.counters(), server.allocation_count_by_transport())
+    }
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared").finish_non_exhaustive()
+    }
+}
+
+fn is_session_event(ev: &Event) -> bool {
+    matches!(
+        ev,
+        Event::AllocationCreated { .. } | Event::AllocationDeleted { .. }
+    )
+}
+
+#[cfg(test)]
+impl Shared {
+    /// A core with `workers` mailboxes and neither threads nor listeners, for tests that
+    /// drive a UDP I/O thread by hand.
+    pub(crate) fn for_tests(
+        config: &crate::config::TurnConfig,
+        handle: Handle,
+        workers: usize,
+    ) -> std::sync::Arc<Shared> {
+        use crate::mailbox::Mailbox;
+        let mailboxes = (0..workers)
+            .map(|w| match Mailbox::new(w) {
+                Ok(m) => std::sync::Arc::new(m),
+                Err(e) => panic!("eventfd: {e}"),
+            })
+            .collect();
+        let now = Instant::now();
+        let server = Server::new(config.core_config(), now, std::time::SystemTime::now());
+        let relays = RelaySockets::new(config.min_port, config.max_port, mailboxes);
+        std::sync::Arc::new(Shared::new(server, relays, Metrics::default(), handle))
+    }
+
+    pub(crate) fn mailbox(&self, worker: usize) -> std::sync::Arc<crate::mailbox::Mailbox> {
+        std::sync::Arc::clone(&self.relays.mailboxes()[worker])
+    }
+}

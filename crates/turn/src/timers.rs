@@ -1,0 +1,25 @@
+//! The core's timers (a tokio task): allocations, permissions, channels, reservations and
+//! waiting Allocates expire at [`Server::poll_timeout`](lastcall_turn_proto::Server::poll_timeout).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::shared::Shared;
+
+/// Timers are checked at least this often.
+const TIMER_TICK: Duration = Duration::from_millis(500);
+
+/// Expires what is due, forever.
+pub(crate) async fn timer_loop(shared: Arc<Shared>) {
+    loop {
+        let next = shared.run(|server| server.poll_timeout());
+        let now = Instant::now();
+        let wait = next
+            .map(|t| t.saturating_duration_since(now))
+            .unwrap_or(TIMER_TICK)
+            .min(TIMER_TICK);
+        tokio::time::sleep(wait).await;
+        let now = Instant::now();
+        shared.run(|server| server.handle_timeout(now));
+    }
+}

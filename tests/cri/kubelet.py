@@ -1,0 +1,494 @@
+"""A small kubelet: runs the pods of rendered charts on a node's containerd through the CRI,
+the way the kubelet does, so that what the charts render is what runs.
+
+Per pod: a sandbox (`RunPodSandbox`: host network or the pod network through CNI, DNS
+config, the pod's labels), its volumes written to disk (ConfigMap, Secret, emptyDir;
+tests/images/podspec.py), then the containers in order (`CreateContainer` +
+`StartContainer`) with the rendered image, command, args (`$(VAR)` expanded), env (value,
+fieldRef, secretKeyRef), mounts and security context (uid/gid, fsGroup, capabilities,
+no_new_privs, read-only root, RuntimeDefault seccomp, runAsNonRoot checked). Native
+sidecars (init containers with `restartPolicy: Always`) start first, each one only after
+its startup probe passed; main containers then start one after the other.
+
+Probes, as pkg/kubelet/prober does: one worker per probe, the first run at once, then every
+`periodSeconds`, `timeoutSeconds` per run, `initialDelaySeconds`, success and failure
+thresholds; readiness and liveness wait for the startup probe, and its success triggers an
+immediate readiness run; liveness or startup failures restart the container, as does an
+exit while the pod runs (restartPolicy Always, 10 s back-off). A pod is ready when all its
+containers are.
+
+Deletion, as the kubelet's: the grace period is `terminationGracePeriodSeconds`, counted
+from the deletion; main containers are stopped in parallel (`StopContainer` with the
+remaining grace: the image's STOPSIGNAL, then SIGKILL at the end), native sidecars after
+every main container has exited, in reverse order, with what is left of the grace (at
+least 2 s); liveness and startup probes stop at deletion, readiness keeps running. Every
+step is timestamped in a shared `Timeline`.
+
+Not done: resource limits, image pulls (images are imported), preStop hooks (the charts
+have none; asserted), ephemeral containers, the pod status API."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import grpc
+from cri_api.v1 import api_pb2 as cri
+
+import netns
+from nodes import Node
+from podspec import Container, PodSpec, Probe, fields
+
+MIN_GRACE = 2  # the kubelet's minimum for what is left of a grace period
+BACKOFF = 10.0
+# The kubelet's default masked and read-only /proc and /sys paths (its DefaultProcMount).
+MASKED = ["/proc/asound", "/proc/acpi", "/proc/kcore", "/proc/keys", "/proc/latency_stats", "/proc/timer_list",
+          "/proc/timer_stats", "/proc/sched_debug", "/proc/scsi", "/sys/firmware", "/sys/devices/virtual/powercap"]
+READONLY = ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"]
+
+
+class Timeline:
+    """What happened, when: pod and container events from every kubelet and controller."""
+
+    def __init__(self) -> None:
+        self.t0 = time.monotonic()
+        self.events: list[tuple[float, str, str]] = []
+        self.lock = threading.Lock()
+
+    def add(self, who: str, what: str) -> float:
+        now = time.monotonic()
+        with self.lock:
+            self.events.append((now, who, what))
+        return now
+
+    def text(self, last: int = 200) -> str:
+        with self.lock:
+            rows = self.events[-last:]
+        return "\n".join(f"{t - self.t0:8.3f}  {who:28} {what}" for t, who, what in rows)
+
+
+@dataclass
+class Run:
+    """One container of a pod, across its restarts."""
+
+    spec: Container
+    id: str = ""
+    attempt: int = 0
+    started_at: float = 0.0  # StartContainer returned
+    started: bool = False  # the startup probe passed (or there is none)
+    ready: bool = False
+    restarts: int = 0
+    restarting: bool = False
+    stop_sent_at: float | None = None
+    exited_at: float | None = None  # from the runtime's finished_at
+    exit_code: int | None = None
+    reason: str = ""
+    started_event: threading.Event = field(default_factory=threading.Event)
+    readiness_trigger: threading.Event = field(default_factory=threading.Event)
+
+
+class Pod:
+    """One pod on one node (see the module docstring)."""
+
+    def __init__(self, kubelet: "Kubelet", spec: PodSpec, name: str, namespace: str, labels: dict[str, str]):
+        self.kubelet = kubelet
+        self.node: Node = kubelet.node
+        self.spec = spec
+        self.name = name
+        self.namespace = namespace
+        self.labels = labels
+        self.uid = str(uuid.uuid4())
+        self.dir = self.node.pods_dir / self.uid
+        self.who = f"{self.node.name}/{name}"
+        self.timeline = kubelet.timeline
+        self.runs: dict[str, Run] = {c.name: Run(c) for c in spec.containers()}
+        self.sandbox = ""
+        self.sandbox_config: cri.PodSandboxConfig | None = None
+        self.ip = ""
+        self.lock = threading.RLock()
+        self.deleted_at: float | None = None
+        self.terminated_at: float | None = None
+        self.ready_at: float | None = None
+        self.stopping = threading.Event()  # deletion requested
+        self.gone = threading.Event()  # sandbox removed
+        self.errors: list[str] = []
+        self.threads: list[threading.Thread] = []
+        for c in spec.containers():
+            assert "lifecycle" not in c.spec, f"{c.name}: lifecycle hooks are not run by this kubelet"
+            assert c.role != "init", f"{c.name}: run-to-completion init containers are not run by this kubelet"
+
+    def event(self, what: str) -> float:
+        return self.timeline.add(self.who, what)
+
+    # --- start ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """The sandbox and every container, in order; returns once the last one started
+        (not when the pod is ready: see `wait_ready`)."""
+        rt = self.node.runtime
+        host = self.spec.host_network
+        self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / "logs").mkdir(exist_ok=True)
+        self.volumes = self.spec.write_volumes(self.dir / "volumes")
+        pod_sec = self.spec.spec.get("securityContext", {}) or {}
+        ns_opts = cri.NamespaceOption(network=cri.NODE if host else cri.POD, pid=cri.CONTAINER, ipc=cri.POD)
+        sandbox_sec = cri.LinuxSandboxSecurityContext(
+            namespace_options=ns_opts,
+            seccomp=cri.SecurityProfile(profile_type=cri.SecurityProfile.ProfileType.RuntimeDefault),
+            supplemental_groups=[int(g) for g in pod_sec.get("supplementalGroups", [])]
+            + ([int(pod_sec["fsGroup"])] if pod_sec.get("fsGroup") is not None else []),
+        )
+        if pod_sec.get("runAsUser") is not None:
+            sandbox_sec.run_as_user.value = int(pod_sec["runAsUser"])
+        self.sandbox_config = cri.PodSandboxConfig(
+            metadata=cri.PodSandboxMetadata(name=self.name, uid=self.uid, namespace=self.namespace, attempt=0),
+            # A host-network pod keeps the node's hostname: none is set (what the kubelet does).
+            hostname="" if host else self.name,
+            log_directory=str(self.dir / "logs"),
+            dns_config=cri.DNSConfig(servers=[self.kubelet.dns],
+                                     searches=[f"{self.namespace}.svc.cluster.local", "svc.cluster.local", "cluster.local"],
+                                     options=["ndots:5"]),
+            labels={**self.labels, "io.kubernetes.pod.name": self.name, "io.kubernetes.pod.namespace": self.namespace,
+                    "io.kubernetes.pod.uid": self.uid},
+            annotations={str(k): str(v) for k, v in (self.spec.metadata.get("annotations") or {}).items()},
+            linux=cri.LinuxPodSandboxConfig(security_context=sandbox_sec),
+        )
+        self.event("RunPodSandbox")
+        self.sandbox = rt.RunPodSandbox(cri.RunPodSandboxRequest(config=self.sandbox_config), timeout=120).pod_sandbox_id
+        if host:
+            self.ip = self.node.address
+        else:
+            st = rt.PodSandboxStatus(cri.PodSandboxStatusRequest(pod_sandbox_id=self.sandbox), timeout=30)
+            self.ip = st.status.network.ip
+        assert self.ip, f"{self.who}: sandbox without an IP"
+        self.event(f"sandbox up, pod IP {self.ip}")
+        for c in self.spec.containers():
+            if self.stopping.is_set():
+                return
+            self._start_container(self.runs[c.name])
+            self._spawn(self._probe_workers(self.runs[c.name]))
+            if c.role == "sidecar":
+                # The next container starts once this sidecar has started (startup probe).
+                while not self.runs[c.name].started_event.wait(0.2):
+                    assert not self.stopping.is_set() and not self.errors, f"{self.who}: {self.errors}"
+        self._spawn([threading.Thread(target=self._monitor, name=f"{self.who} monitor", daemon=True)])
+
+    def _spawn(self, threads: list[threading.Thread]) -> None:
+        for t in threads:
+            self.threads.append(t)
+            t.start()
+
+    def _field_values(self) -> dict[str, str]:
+        return fields(self.name, self.namespace, self.ip, self.node.address, self.node.name, self.uid)
+
+    def _container_config(self, run: Run) -> cri.ContainerConfig:
+        c = run.spec
+        sec = self.spec.security(c)
+        env = self.spec.env(c, self._field_values())
+        command, args = self.spec.argv(c, env)
+        if sec.run_as_non_root:
+            uid = sec.uid
+            if uid is None:
+                image = self.node.images.ImageStatus(cri.ImageStatusRequest(image=cri.ImageSpec(image=c.image)))
+                uid = image.image.uid.value if image.image.HasField("uid") else None
+            # CreateContainerConfigError in the kubelet: the image would run as root.
+            assert uid not in (None, 0), f"{c.name}: runAsNonRoot, but it would run as uid {uid}"
+        linux_sec = cri.LinuxContainerSecurityContext(
+            capabilities=cri.Capability(add_capabilities=sec.caps_add, drop_capabilities=sec.caps_drop),
+            privileged=sec.privileged,
+            namespace_options=self.sandbox_config.linux.security_context.namespace_options,
+            readonly_rootfs=sec.read_only_root,
+            supplemental_groups=sec.groups,
+            no_new_privs=sec.no_new_privs,
+            masked_paths=MASKED, readonly_paths=READONLY,
+        )
+        if sec.seccomp == "RuntimeDefault":
+            linux_sec.seccomp.profile_type = cri.SecurityProfile.ProfileType.RuntimeDefault
+        if sec.uid is not None:
+            linux_sec.run_as_user.value = int(sec.uid)
+        if sec.gid is not None:
+            linux_sec.run_as_group.value = int(sec.gid)
+        mounts = [cri.Mount(container_path=m.container_path, host_path=m.host_path, readonly=m.read_only)
+                  for m in self.spec.mounts(c, self.volumes)]
+        return cri.ContainerConfig(
+            metadata=cri.ContainerMetadata(name=c.name, attempt=run.attempt),
+            image=cri.ImageSpec(image=c.image),
+            command=command or [], args=args or [],
+            envs=[cri.KeyValue(key=k, value=v) for k, v in env.items()],
+            mounts=mounts,
+            labels={"io.kubernetes.container.name": c.name, "io.kubernetes.pod.name": self.name,
+                    "io.kubernetes.pod.uid": self.uid},
+            log_path=f"{c.name}/{run.attempt}.log",
+            linux=cri.LinuxContainerConfig(resources=cri.LinuxContainerResources(), security_context=linux_sec),
+        )
+
+    def _start_container(self, run: Run) -> None:
+        rt = self.node.runtime
+        config = self._container_config(run)
+        run.id = rt.CreateContainer(cri.CreateContainerRequest(pod_sandbox_id=self.sandbox, config=config,
+                                                               sandbox_config=self.sandbox_config), timeout=120).container_id
+        rt.StartContainer(cri.StartContainerRequest(container_id=run.id), timeout=120)
+        with self.lock:
+            run.started_at = time.monotonic()
+            run.exited_at = run.exit_code = None
+            run.started = run.spec.probe("startupProbe") is None
+            run.ready = False
+            if run.started:
+                run.started_event.set()
+        self.event(f"{run.spec.name}: started (attempt {run.attempt})")
+
+    # --- probes --------------------------------------------------------------------------
+
+    def _probe_workers(self, run: Run) -> list[threading.Thread]:
+        out = []
+        for which in ("startupProbe", "readinessProbe", "livenessProbe"):
+            probe = run.spec.probe(which)
+            if probe is not None:
+                out.append(threading.Thread(target=self._probe_loop, args=(run, which, probe),
+                                            name=f"{self.who} {run.spec.name} {which}", daemon=True))
+        if run.spec.probe("readinessProbe") is None:
+            run.ready = True  # no readinessProbe: ready once started
+        return out
+
+    def probe_once(self, probe: Probe) -> bool:
+        host = probe.host or self.ip
+        if probe.kind == "httpGet":
+            assert probe.scheme == "HTTP", "HTTPS probes: not used by the charts"
+            got = netns.http_get(self.node.ns, host, probe.port, probe.path, timeout=probe.timeout)
+            return got is not None and 200 <= got[0] < 400
+        if probe.kind == "tcpSocket":
+            try:
+                netns.connect(self.node.ns, (host, probe.port), probe.timeout).close()
+                return True
+            except OSError:
+                return False
+        raise AssertionError(f"probe kind {probe.kind}: not used by the charts")
+
+    def _probe_loop(self, run: Run, which: str, probe: Probe) -> None:
+        last, streak, container = None, 0, ""
+        trigger = run.readiness_trigger if which == "readinessProbe" else threading.Event()
+        while not self.gone.is_set():
+            with self.lock:
+                if container != run.id:  # a new container: start over
+                    container, last, streak = run.id, None, 0
+                running = bool(run.id) and run.exit_code is None and not run.restarting
+                started, since = run.started, run.started_at
+            if self.stopping.is_set() and which != "readinessProbe":
+                return  # the kubelet stops liveness and startup probes at deletion
+            due = running and time.monotonic() - since >= probe.initial_delay
+            if due and ((which == "startupProbe") != started):
+                ok = self.probe_once(probe)
+                streak = streak + 1 if ok == last else 1
+                last = ok
+                if ok and streak >= probe.success_threshold:
+                    self._probe_passed(run, which)
+                elif not ok and streak >= probe.failure_threshold:
+                    self._probe_failed(run, which, streak)
+                    streak = 0
+            elif not running and which == "readinessProbe":
+                with self.lock:
+                    run.ready = False
+            trigger.wait(probe.period)
+            trigger.clear()
+
+    def _probe_passed(self, run: Run, which: str) -> None:
+        with self.lock:
+            if which == "startupProbe" and not run.started:
+                run.started = True
+                run.started_event.set()
+                run.readiness_trigger.set()  # the prober runs readiness at once
+                self.event(f"{run.spec.name}: startup probe passed")
+            elif which == "readinessProbe" and not run.ready:
+                run.ready = True
+                self.event(f"{run.spec.name}: ready")
+                if self.is_ready() and self.ready_at is None:
+                    self.ready_at = self.event("pod ready")
+
+    def _probe_failed(self, run: Run, which: str, streak: int) -> None:
+        with self.lock:
+            if which == "readinessProbe":
+                if run.ready:
+                    run.ready = False
+                    self.event(f"{run.spec.name}: not ready ({streak} failed)")
+                return
+        if self.stopping.is_set():
+            return
+        self.event(f"{run.spec.name}: {which} failed {streak} times: restart")
+        self._restart(run, f"{which} failed")
+
+    def is_ready(self) -> bool:
+        with self.lock:
+            return (not self.stopping.is_set() and bool(self.sandbox)
+                    and all(r.ready and r.exit_code is None and r.id for r in self.runs.values()))
+
+    # --- restarts --------------------------------------------------------------------------
+
+    def _status(self, run: Run) -> cri.ContainerStatus:
+        return self.node.runtime.ContainerStatus(cri.ContainerStatusRequest(container_id=run.id), timeout=30).status
+
+    def _record_exit(self, run: Run) -> None:
+        st = self._status(run)
+        if st.state != cri.CONTAINER_EXITED:
+            return
+        # finished_at is wall-clock nanoseconds: bring it onto the monotonic clock.
+        exited = time.monotonic() - (time.time() - st.finished_at / 1e9)
+        with self.lock:
+            if run.exit_code is None:
+                run.exit_code, run.reason, run.exited_at = st.exit_code, st.reason, exited
+                run.ready = False
+        self.event(f"{run.spec.name}: exited {st.exit_code} ({st.reason})")
+
+    def _monitor(self) -> None:
+        """Restarts containers that exit while the pod runs (restartPolicy Always)."""
+        while not self.stopping.wait(0.1):
+            for run in self.runs.values():
+                if not run.id or run.exit_code is not None or run.restarting:
+                    continue
+                try:
+                    self._record_exit(run)
+                except grpc.RpcError as e:
+                    self.errors.append(f"{run.spec.name}: ContainerStatus: {e}")
+                if run.exit_code is not None and not self.stopping.is_set():
+                    self._restart(run, f"exited {run.exit_code}")
+
+    def _restart(self, run: Run, why: str) -> None:
+        rt = self.node.runtime
+        with self.lock:
+            if self.stopping.is_set() or run.restarting:
+                return
+            run.restarts += 1
+            run.restarting = True
+        self.errors.append(f"{run.spec.name} restarted: {why}")
+        try:
+            if run.exit_code is None:
+                rt.StopContainer(cri.StopContainerRequest(container_id=run.id, timeout=self.spec.grace),
+                                 timeout=self.spec.grace + 60)
+                self._record_exit(run)
+            if self.stopping.wait(BACKOFF * min(2 ** (run.restarts - 1), 30)):
+                return
+            rt.RemoveContainer(cri.RemoveContainerRequest(container_id=run.id), timeout=60)
+            run.attempt += 1
+            run.started_event.clear()
+            self._start_container(run)
+        finally:
+            run.restarting = False
+
+    # --- deletion --------------------------------------------------------------------------
+
+    def delete(self, grace: int | None = None) -> threading.Thread:
+        """Starts the kubelet's termination of the pod; returns the thread doing it."""
+        grace = self.spec.grace if grace is None else grace
+        with self.lock:
+            self.deleted_at = self.event(f"deleted (grace {grace} s)")
+            self.stopping.set()
+        t = threading.Thread(target=self._terminate, args=(grace,), name=f"{self.who} terminate", daemon=True)
+        t.start()
+        return t
+
+    def _stop(self, run: Run, deadline: float) -> None:
+        remaining = max(MIN_GRACE, int(deadline - time.monotonic() + 0.999))
+        if not run.id or run.exit_code is not None:
+            return
+        with self.lock:
+            run.stop_sent_at = self.event(f"{run.spec.name}: StopContainer (timeout {remaining} s)")
+        try:
+            self.node.runtime.StopContainer(cri.StopContainerRequest(container_id=run.id, timeout=remaining),
+                                            timeout=remaining + 60)
+        except grpc.RpcError as e:
+            self.errors.append(f"{run.spec.name}: StopContainer: {e}")
+        self._record_exit(run)
+
+    def _terminate(self, grace: int) -> None:
+        deadline = self.deleted_at + grace  # type: ignore[operator]
+        mains = [r for r in self.runs.values() if r.spec.role == "main"]
+        sidecars = [r for r in self.runs.values() if r.spec.role == "sidecar"]
+        threads = [threading.Thread(target=self._stop, args=(r, deadline), daemon=True) for r in mains]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for r in reversed(sidecars):  # after every main container, in reverse order
+            self._stop(r, deadline)
+        rt = self.node.runtime
+        try:
+            rt.StopPodSandbox(cri.StopPodSandboxRequest(pod_sandbox_id=self.sandbox), timeout=120)
+            rt.RemovePodSandbox(cri.RemovePodSandboxRequest(pod_sandbox_id=self.sandbox), timeout=120)
+        except grpc.RpcError as e:
+            self.errors.append(f"removing the sandbox: {e}")
+        self.terminated_at = self.event("terminated")
+        self.gone.set()
+
+    # --- results -------------------------------------------------------------------------
+
+    def pid(self, container: str) -> int:
+        """The container's process on this machine (containerd's verbose status)."""
+        st = self.node.runtime.ContainerStatus(
+            cri.ContainerStatusRequest(container_id=self.runs[container].id, verbose=True), timeout=30)
+        return int(json.loads(st.info["info"])["pid"])
+
+    def logs(self, container: str, tail: int = 30) -> str:
+        run = self.runs[container]
+        path = self.dir / "logs" / container / f"{run.attempt}.log"
+        try:
+            lines = path.read_text(errors="replace").splitlines()
+        except OSError:
+            return f"(no log at {path})"
+        # CRI log lines: TIMESTAMP STREAM TAG MESSAGE
+        return "\n".join(line.split(" ", 3)[-1] for line in lines[-tail:])
+
+    def wait_ready(self, timeout: float) -> float:
+        deadline = time.monotonic() + timeout
+        while not self.is_ready():
+            if time.monotonic() > deadline or self.errors:
+                raise AssertionError(f"{self.who} not ready after {timeout} s: {self.errors}\n" + self.describe())
+            time.sleep(0.05)
+        return self.ready_at or time.monotonic()
+
+    def describe(self) -> str:
+        out = []
+        for name, r in self.runs.items():
+            out.append(f"--- {self.who} {name}: ready={r.ready} started={r.started} exit={r.exit_code} "
+                       f"restarts={r.restarts}\n{self.logs(name)}")
+        return "\n".join(out)
+
+
+class Kubelet:
+    """A node's kubelet: starts pods there. `dns` is the nameserver pods get (no cluster
+    DNS runs; nothing the charts render resolves names)."""
+
+    def __init__(self, node: Node, timeline: Timeline, dns: str):
+        self.node = node
+        self.timeline = timeline
+        self.dns = dns
+        self.pods: list[Pod] = []
+
+    def run_pod(self, spec: PodSpec, name: str, namespace: str = "ns", labels: dict[str, str] | None = None) -> Pod:
+        pod = Pod(self, spec, name, namespace, labels or {})
+        self.pods.append(pod)
+        pod.start()
+        return pod
+
+    def cleanup(self) -> None:
+        for pod in self.pods:
+            if not pod.stopping.is_set():
+                pod.delete(grace=MIN_GRACE)
+        for pod in self.pods:
+            pod.gone.wait(120)
+
+
+def wait_until(what: str, check: Callable[[], bool], timeout: float, timeline: Timeline | None = None) -> float:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}\n" + (timeline.text() if timeline else ""))
+        time.sleep(0.05)
+    return time.monotonic()
+
+
+def log_dir(pod: Pod) -> Path:
+    return pod.dir / "logs"
