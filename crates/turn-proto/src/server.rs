@@ -478,9 +478,11 @@ impl Server {
                 if out.len() > request_len
                     && to.transport == Transport::Udp
                     && self.config.unauthorized_rps > 0
-                    && !self
-                        .unauthorized
-                        .take(to.client.ip(), now, self.config.unauthorized_rps) =>
+                    && !self.unauthorized.take(
+                        to.client.ip(),
+                        now,
+                        self.config.unauthorized_rps,
+                    ) =>
             {
                 self.counters.ratelimited_responses += 1;
                 None

@@ -39,7 +39,10 @@ fn request(method: u16, attrs: &[(u16, &[u8])], n: u32) -> Vec<u8> {
 
 /// The mixed flood of the issue: bare Allocates (20 bytes), Allocates as clients send them,
 /// Bindings, and requests with an unknown comprehension-required attribute.
-fn flood_kinds() -> Vec<(&'static str, Box<dyn Fn(u32) -> Vec<u8>>)> {
+/// A kind of request: its name, and how to make one with a transaction number.
+type Kind = (&'static str, Box<dyn Fn(u32) -> Vec<u8>>);
+
+fn flood_kinds() -> Vec<Kind> {
     vec![
         ("bare Allocate", Box::new(|n| request(0x0003, &[], n))),
         (
@@ -58,10 +61,22 @@ fn flood_kinds() -> Vec<(&'static str, Box<dyn Fn(u32) -> Vec<u8>>)> {
     ]
 }
 
+/// What a flood got back.
+struct Flood {
+    /// Bytes sent.
+    sent: u64,
+    /// Bytes of the answers.
+    got: u64,
+    answers: u64,
+    /// The largest answer.
+    largest: usize,
+    /// By kind: its request's size, its largest answer.
+    worst: Vec<(String, usize, usize)>,
+}
+
 /// Sends `rounds` of every kind from `sock` as fast as it can, then reads what came back
-/// until 500 ms pass without an answer; returns (bytes in, bytes out, answers, largest
-/// answer, largest answer with the request it answered).
-fn flood(sock: &UdpSocket, rounds: u32) -> (u64, u64, u64, usize, Vec<(String, usize, usize)>) {
+/// until 500 ms pass without an answer.
+fn flood(sock: &UdpSocket, rounds: u32) -> Flood {
     let kinds = flood_kinds();
     let mut sent = 0u64;
     let mut lens = std::collections::HashMap::new();
@@ -104,7 +119,13 @@ fn flood(sock: &UdpSocket, rounds: u32) -> (u64, u64, u64, usize, Vec<(String, u
         .into_iter()
         .map(|(name, (req, resp))| (name, req, resp))
         .collect();
-    (sent, got, answers, largest, worst)
+    Flood {
+        sent,
+        got,
+        answers,
+        largest,
+        worst,
+    }
 }
 
 #[test]
@@ -118,7 +139,13 @@ fn unauthenticated_answers_are_bounded_in_size_and_rate() {
         let sock = UdpSocket::bind("127.0.0.2:0").expect("bind 127.0.0.2");
         sock.connect(("127.0.0.1", turn.port)).expect("connect");
         let started = Instant::now();
-        let (sent, got, answers, largest, worst) = flood(&sock, 100);
+        let Flood {
+            sent,
+            got,
+            answers,
+            largest,
+            worst,
+        } = flood(&sock, 100);
         let took = started.elapsed();
         eprintln!(
             "HOSTILE TURN flood ({}): 500 requests, {sent} bytes in {took:?}: {answers} answers, {got} bytes, ratio {:.2}, largest answer {largest} bytes; by kind (request, largest answer): {worst:?}; rate-limited {:?}",
