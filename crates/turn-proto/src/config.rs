@@ -38,7 +38,17 @@ pub struct ServerConfig {
     pub max_permissions_per_allocation: usize,
     /// Most channels one allocation may hold (further new channels get 508). Default 1024.
     pub max_channels_per_allocation: usize,
+    /// coturn `unauthorized-ratelimit-rps`: the most responses larger than their request (the
+    /// 401/438 challenge, the Binding success) sent to one source IP per second over UDP, the
+    /// one transport whose source can be spoofed; 0 = no limit. Default
+    /// [`UNAUTHORIZED_RPS`] (on, unlike coturn).
+    pub unauthorized_rps: u32,
 }
+
+/// Default [`ServerConfig::unauthorized_rps`]: generous for clients behind one NAT (each needs
+/// one challenge per allocation), while a spoofed flood reflects at most this many
+/// challenges a second to its victim.
+pub const UNAUTHORIZED_RPS: u32 = 100;
 
 impl ServerConfig {
     /// Defaults: no credentials (anonymous), coturn's lifetimes (600 s default allocation,
@@ -58,6 +68,7 @@ impl ServerConfig {
             software: None,
             max_permissions_per_allocation: 1024,
             max_channels_per_allocation: 1024,
+            unauthorized_rps: UNAUTHORIZED_RPS,
         }
     }
 }

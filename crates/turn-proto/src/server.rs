@@ -11,7 +11,8 @@
 //! plus FINGERPRINT if the request had one: at most 52 bytes) and the 401/438 challenge
 //! (header + ERROR-CODE without reason phrase + REALM + a 16-byte NONCE, plus FINGERPRINT if
 //! the request had one: at most `64 + realm` bytes), which a client needs before it can
-//! authenticate. Responses to authenticated requests are not limited: nonces are bound to
+//! authenticate. Over UDP those two are limited per source IP to
+//! [`ServerConfig::unauthorized_rps`] a second (a fixed table: no memory per source). Responses to authenticated requests are not limited: nonces are bound to
 //! the client's IP address, so an off-path attacker spoofing a victim's address can never
 //! produce an authenticated request.
 
@@ -69,6 +70,46 @@ pub struct Server {
     next_request: u64,
     /// Relay sockets to close, for [`Server::poll_release`].
     releases: VecDeque<SocketAddr>,
+    /// Amplifying responses sent to UDP sources this second (`unauthorized_rps`).
+    unauthorized: SourceBudget,
+}
+
+/// Slots of [`SourceBudget`]: sources hashed together share one budget (rarely, with a random
+/// seed), and the memory is fixed whatever the number of sources.
+const SOURCE_SLOTS: usize = 4096;
+
+/// A per-source-IP count of responses in the current second, in a fixed table.
+struct SourceBudget {
+    hasher: Seeded,
+    /// Second 1 starts here (0: a slot never used).
+    anchor: Instant,
+    /// (second, responses sent in it) per slot.
+    slots: Box<[(u64, u32)]>,
+}
+
+impl SourceBudget {
+    fn new(now: Instant) -> SourceBudget {
+        SourceBudget {
+            hasher: Seeded::random(),
+            anchor: now,
+            slots: vec![(0, 0); SOURCE_SLOTS].into_boxed_slice(),
+        }
+    }
+
+    /// Whether `ip` may get one more response in the second of `now`, counting it if so.
+    fn take(&mut self, ip: IpAddr, now: Instant, limit: u32) -> bool {
+        use std::hash::BuildHasher;
+        let second = now.saturating_duration_since(self.anchor).as_secs() + 1;
+        let slot = &mut self.slots[(self.hasher.hash_one(ip) as usize) % SOURCE_SLOTS];
+        if slot.0 != second {
+            *slot = (second, 0);
+        }
+        if slot.1 >= limit {
+            return false;
+        }
+        slot.1 += 1;
+        true
+    }
 }
 
 struct Allocation {
@@ -272,6 +313,7 @@ impl Server {
             pending: Vec::new(),
             next_request: 1,
             releases: VecDeque::new(),
+            unauthorized: SourceBudget::new(now),
         };
         server.sync_wall_clock(now, wall);
         server
@@ -410,7 +452,7 @@ impl Server {
             Class::Request => match self.request(now, &from, &msg, &attrs, out) {
                 Reply::Bind(request) => Some(Output::BindRelay(request)),
                 reply => self
-                    .respond(reply, data.len(), from, out)
+                    .respond(now, reply, data.len(), from, out)
                     .map(Output::Transmit),
             },
             _ => None,
@@ -421,6 +463,7 @@ impl Server {
     /// guard drops it.
     fn respond<'a>(
         &mut self,
+        now: Instant,
         reply: Reply,
         request_len: usize,
         to: ClientAddr,
@@ -429,6 +472,19 @@ impl Server {
         match reply {
             Reply::Normal if out.len() > request_len => {
                 self.counters.suppressed_responses += 1;
+                None
+            }
+            Reply::Exempt
+                if out.len() > request_len
+                    && to.transport == Transport::Udp
+                    && self.config.unauthorized_rps > 0
+                    && !self.unauthorized.take(
+                        to.client.ip(),
+                        now,
+                        self.config.unauthorized_rps,
+                    ) =>
+            {
+                self.counters.ratelimited_responses += 1;
                 None
             }
             Reply::Normal | Reply::Exempt | Reply::Authenticated => {

@@ -96,6 +96,9 @@ pub(crate) fn base_config() -> ServerConfig {
         "2001:db8::10".parse().unwrap(),
     ];
     c.nonce.secret = [7; 32];
+    // The tests fetch a nonce for every request, on a clock that stands still: the per-source
+    // limit on challenges has a test of its own.
+    c.unauthorized_rps = 0;
     c
 }
 
@@ -440,6 +443,49 @@ fn unauthenticated_allocate_gets_401_with_realm_and_nonce() {
         h.events().is_empty(),
         "the first challenge is not an auth failure"
     );
+}
+
+/// coturn's `unauthorized-ratelimit`, on by default: at most `unauthorized_rps` challenges
+/// (and Binding successes) larger than their request to one source IP per second over UDP;
+/// other sources, TCP, and authenticated requests are not limited, and the next second
+/// gets a fresh budget.
+#[test]
+fn amplifying_unauthenticated_answers_are_rate_limited_per_source_ip() {
+    let mut cfg = base_config();
+    cfg.unauthorized_rps = 5;
+    let mut h = H::new(cfg);
+    let victim = udp("192.0.2.7:40000");
+    let req = Req::new(method::ALLOCATE).transport_udp().bytes();
+    let binding = Req::new(method::BINDING).bytes();
+    let answered = |h: &mut H, from, bytes: &[u8], n| {
+        (0..n).filter(|_| h.client(from, bytes).is_some()).count()
+    };
+    let nonce = h.nonce(victim);
+    assert_eq!(answered(&mut h, victim, &req, 3), 3);
+    // Another port of the same IP shares its budget; Binding counts too.
+    assert_eq!(answered(&mut h, udp("192.0.2.7:40001"), &binding, 3), 1);
+    assert_eq!(answered(&mut h, victim, &req, 10), 0);
+    assert_eq!(h.server.counters().ratelimited_responses, 12);
+    // Another source, a TCP client, an authenticated request: answered.
+    assert_eq!(answered(&mut h, udp("192.0.2.8:40000"), &req, 5), 5);
+    let tcp = ClientAddr {
+        transport: Transport::Tcp,
+        ..victim
+    };
+    assert_eq!(answered(&mut h, tcp, &req, 20), 20);
+    let bytes = Req::new(method::ALLOCATE)
+        .transport_udp()
+        .auth(&alice(), &nonce)
+        .bytes();
+    let r = decode(&h.client(victim, &bytes).expect("an authenticated answer"));
+    assert_eq!(r.class, Class::Success);
+    h.advance(1);
+    assert_eq!(answered(&mut h, victim, &req, 10), 5);
+    // 0: no limit.
+    let mut cfg = base_config();
+    cfg.unauthorized_rps = 0;
+    let mut h = H::new(cfg);
+    assert_eq!(answered(&mut h, victim, &req, 500), 500);
 }
 
 #[test]

@@ -341,6 +341,9 @@ pub struct Counters {
     pub malformed: u64,
     /// Unauthenticated responses dropped because they would be larger than the request.
     pub suppressed_responses: u64,
+    /// Responses larger than their unauthenticated UDP request not sent because their source
+    /// IP had its [`unauthorized_rps`](crate::ServerConfig::unauthorized_rps) this second.
+    pub ratelimited_responses: u64,
     /// STUN Binding requests.
     pub binding_requests: u64,
     /// STUN Binding success responses.

@@ -93,6 +93,9 @@ pub struct TurnConfig {
     pub max_allocate_lifetime: u32,
     /// Seconds.
     pub stale_nonce: u32,
+    /// Challenges larger than their request per source IP and second over UDP (coturn
+    /// `unauthorized-ratelimit[-rps]`); 0 = no limit.
+    pub unauthorized_rps: u32,
     pub pidfile: Option<PathBuf>,
     pub alternate_servers: Vec<SocketAddr>,
 }
@@ -161,6 +164,9 @@ impl std::fmt::Debug for AuthMode {
 /// The most `relay-threads` accepted.
 pub const MAX_RELAY_THREADS: usize = 1024;
 
+/// coturn's `unauthorized-ratelimit-rps` default, when its `unauthorized-ratelimit` is given.
+const COTURN_UNAUTHORIZED_RPS: u32 = 10;
+
 impl TurnConfig {
     /// The protocol core's configuration.
     pub fn core_config(&self) -> lastcall_turn_proto::ServerConfig {
@@ -181,6 +187,7 @@ impl TurnConfig {
         s.quotas.per_user = self.user_quota;
         s.quotas.total = self.total_quota;
         s.nonce.lifetime = Duration::from_secs(u64::from(self.stale_nonce));
+        s.unauthorized_rps = self.unauthorized_rps;
         s.peer_policy.allow_loopback = self.allow_loopback_peers;
         s.peer_policy.allowed = self.allowed_peer_ips.clone();
         s.peer_policy.denied = self.denied_peer_ips.clone();
@@ -536,6 +543,24 @@ fn typed(
         Some(_) => c.value("stale-nonce", "a number of seconds").unwrap_or(600),
         None => 600,
     };
+    // On by default at a generous rate; coturn's `unauthorized-ratelimit` (off by default
+    // there) brings coturn's rate of 10 unless `unauthorized-ratelimit-rps` says otherwise,
+    // and `unauthorized-ratelimit=false` turns it off.
+    let ratelimit = c
+        .raw
+        .last("unauthorized-ratelimit")
+        .is_some()
+        .then(|| c.flag("unauthorized-ratelimit"));
+    let rps = c.value::<u32>(
+        "unauthorized-ratelimit-rps",
+        "a number of responses per second",
+    );
+    let unauthorized_rps = match (ratelimit, rps) {
+        (Some(false), _) => 0,
+        (_, Some(rps)) => rps,
+        (Some(true), None) => COTURN_UNAUTHORIZED_RPS,
+        (None, None) => lastcall_turn_proto::config::UNAUTHORIZED_RPS,
+    };
     let cert = c.raw.last("cert").map(|(v, _)| PathBuf::from(v));
     let pkey = c.raw.last("pkey").map(|(v, _)| PathBuf::from(v));
     let no_tls = c.flag("no-tls");
@@ -688,6 +713,7 @@ fn typed(
             total_quota,
             max_allocate_lifetime,
             stale_nonce,
+            unauthorized_rps,
             pidfile,
             alternate_servers,
         },
@@ -776,10 +802,39 @@ mod tests {
         assert_eq!((t.min_port, t.max_port), (49152, 65535));
         assert_eq!(t.max_allocate_lifetime, 3600);
         assert_eq!(t.stale_nonce, 600);
+        assert_eq!(t.unauthorized_rps, 100, "on by default, unlike coturn");
         assert!(!t.allow_loopback_peers);
         assert!(!t.tls_enabled());
         assert_eq!(s.term.shutdown_delay, std::time::Duration::from_secs(5));
         assert_eq!(s.term.drain_min_sessions, 0);
+    }
+
+    #[test]
+    fn unauthorized_ratelimit_like_coturn_but_on_by_default() {
+        for (args, rps) in [
+            (&[][..], 100),
+            (&["--unauthorized-ratelimit"][..], 10),
+            (&["--unauthorized-ratelimit-rps=50"][..], 50),
+            (
+                &["--unauthorized-ratelimit", "--unauthorized-ratelimit-rps=7"][..],
+                7,
+            ),
+            (&["--unauthorized-ratelimit=false"][..], 0),
+            (
+                &[
+                    "--unauthorized-ratelimit=off",
+                    "--unauthorized-ratelimit-rps=50",
+                ][..],
+                0,
+            ),
+        ] {
+            assert_eq!(
+                run(args).expect("valid").turn.unauthorized_rps,
+                rps,
+                "{args:?}"
+            );
+        }
+        assert!(run(&["--unauthorized-ratelimit-rps=many"]).is_err());
     }
 
     #[test]

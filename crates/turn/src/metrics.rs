@@ -164,7 +164,7 @@ const fn coturn(name: &'static str, help: &'static str, value: u64) -> Exported 
 
 /// Every counter of the core but the traffic ones, as a metric. The destructuring names every
 /// field: a counter added to the core does not compile until it is exported here.
-fn exported(c: &Counters) -> [Exported; 15] {
+fn exported(c: &Counters) -> [Exported; 16] {
     let Counters {
         client_packets_in: _,
         client_bytes_in: _,
@@ -178,6 +178,7 @@ fn exported(c: &Counters) -> [Exported; 15] {
         client_data_dropped,
         malformed,
         suppressed_responses,
+        ratelimited_responses,
         binding_requests,
         binding_responses,
         binding_errors,
@@ -203,6 +204,7 @@ fn exported(c: &Counters) -> [Exported; 15] {
         own("lastcall_turn_peers_denied", "CreatePermission and ChannelBind peers refused by the peer policy (403).", peers_denied),
         own("lastcall_turn_malformed", "Client datagrams or frames dropped as neither STUN nor ChannelData, or with a bad FINGERPRINT.", malformed),
         own("lastcall_turn_suppressed_responses", "Responses to unauthenticated requests dropped because they would be larger than the request (no amplification).", suppressed_responses),
+        own("lastcall_turn_ratelimited_responses", "Challenges and Binding answers larger than their unauthenticated UDP request not sent: their source IP had its unauthorized-ratelimit-rps this second.", ratelimited_responses),
         own("lastcall_turn_client_data_dropped", "ChannelData and Send indications from clients dropped: no allocation, channel or permission.", client_data_dropped),
         own("lastcall_turn_peer_dropped", "Datagrams from peers dropped: no allocation on that relay or no permission for the peer.", peer_dropped),
         own("lastcall_turn_events_dropped", "Core events dropped because their queue was full.", events_dropped),

@@ -122,6 +122,8 @@ pub const OPTIONS: &[Spec] = &[
     spec("total-quota", &['Q'], Value, Honoured, "N", "Most allocations in total (0 = no limit) [default: 0]"),
     spec("max-allocate-lifetime", &[], Value, Honoured, "SECONDS", "Longest allocation lifetime a client may ask for [default: 3600]"),
     spec("stale-nonce", &[], OptionalValue, Honoured, "SECONDS", "Nonce lifetime; the flag alone means 600 [default: 600]"),
+    spec("unauthorized-ratelimit", &[], Flag, Honoured, "", "Limit the challenges (401/438) and Binding answers larger than their request sent to one source IP per second over UDP: on by default at 100/s, unlike coturn; given alone, coturn's 10/s; =false turns it off"),
+    spec("unauthorized-ratelimit-rps", &[], Value, Honoured, "N", "The per-source rate of unauthorized-ratelimit (0 = no limit) [default: 100]"),
     spec("cert", &[], Value, Honoured, "PEM", "TLS certificate chain (PEM); reloaded on SIGHUP"),
     spec("pkey", &[], Value, Honoured, "PEM", "TLS private key (PEM); reloaded on SIGHUP"),
     spec("no-tls", &[], Flag, Honoured, "", "No TLS listener"),
@@ -242,8 +244,6 @@ pub const OPTIONS: &[Spec] = &[
     refused("multiplex-peer-max-peers", &[], Value, None),
     refused("syslog-facility", &[], Value, None),
     refused("cpus", &[], Value, None),
-    refused("unauthorized-ratelimit", &[], Flag, None),
-    refused("unauthorized-ratelimit-rps", &[], Flag, None),
     refused("stateless-nonce", &[], Flag, None),
     refused("stateless-nonce-secret", &[], Value, None),
 ];

@@ -7,6 +7,7 @@
 
 pub mod haproxy;
 pub mod nginx;
+pub mod spop;
 pub mod traffic;
 
 use std::io::{BufRead, BufReader, Read, Write};

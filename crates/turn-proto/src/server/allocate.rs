@@ -181,7 +181,7 @@ impl Server {
         };
         let p = self.pending.swap_remove(at);
         let reply = self.complete(now, &p, answer, out);
-        self.respond(reply, p.request_len, p.client, out)
+        self.respond(now, reply, p.request_len, p.client, out)
     }
 
     /// [`relay_bound`](Self::relay_bound) for a waiting Allocate.
