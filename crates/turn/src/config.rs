@@ -22,7 +22,7 @@ use crate::options::{self, Kind, Spec};
 use crate::sources::{parse_file, prescan, RawOptions};
 use crate::tls::Certs;
 
-pub use lastcall_turn_proto::{ExternalIp, IpRange, UserKey};
+pub use lastcall_turn_proto::{DefaultFamily, ExternalIp, IpRange, Service, UserKey};
 
 /// What parsing the command line came to.
 #[derive(Debug)]
@@ -95,6 +95,34 @@ pub struct TurnConfig {
     pub stale_nonce: u32,
     pub pidfile: Option<PathBuf>,
     pub alternate_servers: Vec<SocketAddr>,
+    /// coturn's `udp-alternate-server`, `tcp-alternate-server`, `tls-alternate-server`: by
+    /// client transport, instead of `alternate_servers`.
+    pub transport_alternates: TransportAlternates,
+    /// coturn's `rest-api-separator`.
+    pub rest_separator: char,
+    /// coturn's `max-bps` and `bps-capacity`, bytes per second (0 = none).
+    pub max_bps: u64,
+    pub bps_capacity: u64,
+    /// Seconds (coturn's `channel-lifetime`, `permission-lifetime`).
+    pub channel_lifetime: u32,
+    pub permission_lifetime: u32,
+    /// coturn's `allocation-default-address-family` / `keep-address-family`.
+    pub default_family: DefaultFamily,
+    /// coturn's `stun-only` / `no-stun`.
+    pub service: Service,
+    pub secure_stun: bool,
+    pub check_origin: bool,
+    pub reason_phrases: bool,
+    pub fingerprint: bool,
+    pub software_attribute: bool,
+}
+
+/// Alternates by client transport (empty: `alternate-server`'s).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TransportAlternates {
+    pub udp: Vec<SocketAddr>,
+    pub tcp: Vec<SocketAddr>,
+    pub tls: Vec<SocketAddr>,
 }
 
 /// The TLS listener's files.
@@ -108,9 +136,13 @@ pub struct TlsFiles {
     pub tls13_only: bool,
 }
 
-/// How clients authenticate: long-term credentials, always (there is no `no-auth`).
+/// How clients authenticate: long-term credentials, unless `no-auth` with its
+/// acknowledgement.
 #[derive(Clone, PartialEq, Eq)]
 pub enum AuthMode {
+    /// coturn's `no-auth` (with `no-auth-acknowledge-open-relay`): every request is accepted
+    /// anonymously; the peer policy still applies.
+    Open,
     /// coturn's `use-auth-secret`: TURN REST API credentials made with any of `secrets` (all
     /// are accepted, for rotation); static `users` are accepted too.
     RestApi {
@@ -131,7 +163,7 @@ impl AuthMode {
     pub fn rest_secrets(&self) -> &[String] {
         match self {
             AuthMode::RestApi { secrets, .. } => secrets,
-            AuthMode::StaticUsers(_) => &[],
+            AuthMode::StaticUsers(_) | AuthMode::Open => &[],
         }
     }
 
@@ -139,6 +171,7 @@ impl AuthMode {
     pub fn users(&self) -> &[(String, UserKey)] {
         match self {
             AuthMode::RestApi { users, .. } | AuthMode::StaticUsers(users) => users,
+            AuthMode::Open => &[],
         }
     }
 }
@@ -154,6 +187,7 @@ impl std::fmt::Debug for AuthMode {
                 .field("users", &users)
                 .finish(),
             AuthMode::StaticUsers(_) => f.debug_tuple("StaticUsers").field(&users).finish(),
+            AuthMode::Open => f.write_str("Open"),
         }
     }
 }
@@ -186,6 +220,21 @@ impl TurnConfig {
         s.peer_policy.denied = self.denied_peer_ips.clone();
         s.relay.relay_ips = self.relay_ips.clone();
         s.relay.external_ips = self.external_ips.clone();
+        s.auth.rest_separator = self.rest_separator;
+        s.auth.allow_anonymous = self.auth == AuthMode::Open;
+        s.lifetimes.channel = Duration::from_secs(u64::from(self.channel_lifetime));
+        s.lifetimes.permission = Duration::from_secs(u64::from(self.permission_lifetime));
+        s.bandwidth.max_bps = self.max_bps;
+        s.bandwidth.capacity = self.bps_capacity;
+        s.default_family = self.default_family;
+        s.service = self.service;
+        s.secure_stun = self.secure_stun;
+        s.check_origin = self.check_origin;
+        s.reason_phrases = self.reason_phrases;
+        s.fingerprint = self.fingerprint;
+        if self.software_attribute {
+            s.software = Some(concat!("lastcall-turn ", env!("CARGO_PKG_VERSION")).to_string());
+        }
         s
     }
 
@@ -318,8 +367,8 @@ where
             }
         }
     });
-    let term = termination(&matches, typed.drain_min_allocations, &mut problems);
-    let log = log_args(&matches, typed.verbosity, &mut problems);
+    let term = termination(&matches, &typed, &mut problems);
+    let log = log_args(&matches, typed.log_level, &mut problems);
     match (term, log) {
         (Some(term), Some(log)) if problems.is_empty() => Ok(Parsed::Run(Box::new(Settings {
             turn: typed.turn,
@@ -336,9 +385,10 @@ where
 /// `--drain-min-sessions`.
 fn termination(
     matches: &ArgMatches,
-    drain_min_allocations: Option<u64>,
+    typed: &Typed,
     problems: &mut Problems,
 ) -> Option<lastcall::TerminationConfig> {
+    let drain_min_allocations = typed.drain_min_allocations;
     let mut args = match lastcall::TerminationArgs::from_arg_matches(matches) {
         Ok(a) => a,
         Err(e) => {
@@ -353,8 +403,26 @@ fn termination(
     if let (false, Some(n)) = (explicit, drain_min_allocations) {
         args.drain_min_sessions = Some(n.to_string());
     }
+    let admin_explicit = matches!(
+        matches.value_source("admin_addr"),
+        Some(clap::parser::ValueSource::CommandLine | clap::parser::ValueSource::EnvVariable)
+    );
+    if !admin_explicit && (typed.prometheus_ip.is_some() || typed.prometheus_port.is_some()) {
+        let default = termination_defaults().admin_addr.unwrap_or_else(|| {
+            SocketAddr::from(([0, 0, 0, 0], 9641))
+        });
+        let addr = SocketAddr::new(
+            typed.prometheus_ip.unwrap_or(default.ip()),
+            typed.prometheus_port.unwrap_or(default.port()),
+        );
+        args.admin_addr = Some(addr.to_string());
+    }
     match args.validate(&termination_defaults()) {
-        Ok(t) => Some(t),
+        Ok(mut t) => {
+            // coturn's SIGUSR1 (4.6.3 and later): refuse new allocations at once.
+            t.sigusr1_refuses_at_once = true;
+            Some(t)
+        }
         Err(p) => {
             problems.extend(p);
             None
@@ -366,7 +434,7 @@ fn termination(
 /// given.
 fn log_args(
     matches: &ArgMatches,
-    verbosity: u8,
+    level: Option<&'static str>,
     problems: &mut Problems,
 ) -> Option<lastcall::LogArgs> {
     let mut log = match lastcall::LogArgs::from_arg_matches(matches) {
@@ -380,14 +448,14 @@ fn log_args(
         matches.value_source("log_level"),
         Some(clap::parser::ValueSource::CommandLine | clap::parser::ValueSource::EnvVariable)
     );
-    if !explicit_level && verbosity > 0 {
-        log.log_level = if verbosity > 1 { "trace" } else { "debug" }.to_string();
+    if let (false, Some(level)) = (explicit_level, level) {
+        log.log_level = level.to_string();
     }
     Some(log)
 }
 
 /// coturn's boolean values: empty = true; 0/no/false/off = false; 1-9/yes/true/on = true.
-fn parse_bool(v: &str) -> Option<bool> {
+pub(crate) fn parse_bool(v: &str) -> Option<bool> {
     let first = v.chars().next();
     match first {
         None => Some(true),
@@ -418,6 +486,8 @@ fn shown_value(name: &str, value: &str) -> String {
 struct Checker<'a> {
     raw: &'a RawOptions,
     problems: &'a mut Problems,
+    /// Flags whose values were checked (each is reported once).
+    flags_checked: std::collections::BTreeSet<&'static str>,
 }
 
 impl Checker<'_> {
@@ -428,11 +498,13 @@ impl Checker<'_> {
             .push(Problem::new(key, why).at(source.clone()));
     }
 
-    fn flag(&mut self, name: &str) -> bool {
+    fn flag(&mut self, name: &'static str) -> bool {
         let mut out = false;
+        let report = self.flags_checked.insert(name);
         for (v, source) in self.raw.all(name) {
             match parse_bool(v) {
                 Some(b) => out = b,
+                None if !report => {}
                 None => self.bad(
                     source,
                     name,
@@ -488,8 +560,17 @@ struct Typed {
     turn: TurnConfig,
     /// coturn's `drain-min-allocations` (the default of `--drain-min-sessions`).
     drain_min_allocations: Option<u64>,
-    /// 0 none, 1 `verbose`, 2 `Verbose` (the default of `--log-level`).
-    verbosity: u8,
+    /// From `verbose`, `Verbose`, `log-min-level`: the default of `--log-level`.
+    log_level: Option<&'static str>,
+    /// coturn's `prometheus-address` / `prometheus-port`: the default of `--admin-addr`.
+    prometheus_ip: Option<IpAddr>,
+    prometheus_port: Option<u16>,
+}
+
+fn parse_alternate(v: &str) -> Result<SocketAddr, String> {
+    v.parse::<SocketAddr>()
+        .or_else(|_| v.parse::<IpAddr>().map(|ip| SocketAddr::new(ip, 3478)))
+        .map_err(|_| "expected IP:PORT".to_string())
 }
 
 fn typed(
@@ -498,7 +579,11 @@ fn typed(
     problems: &mut Problems,
     warnings: &mut Vec<Problem>,
 ) -> Typed {
-    let mut c = Checker { raw, problems };
+    let mut c = Checker {
+        raw,
+        problems,
+        flags_checked: std::collections::BTreeSet::new(),
+    };
     let listening_port = c.value("listening-port", "a port number").unwrap_or(3478);
     let tls_listening_port = c
         .value("tls-listening-port", "a port number")
@@ -542,11 +627,28 @@ fn typed(
     let no_udp = c.flag("no-udp");
     let no_tcp = c.flag("no-tcp");
     let tls13_only = c.flag("no-tlsv1_2");
-    // Accepted options change nothing, but their values are still checked.
+    // Every flag's value is checked, those that change nothing too.
     for spec in options::OPTIONS {
-        if spec.policy == options::Policy::Accepted && spec.kind == Kind::Flag {
+        if spec.accepted() && spec.kind == Kind::Flag {
             c.flag(spec.name);
         }
+    }
+    // An accepted option, given, gets one start-up warning: what lastcall-turn does instead.
+    for spec in options::OPTIONS {
+        if spec.policy != options::Policy::Accepted {
+            continue;
+        }
+        let Some((v, source)) = c.raw.last(spec.name) else {
+            continue;
+        };
+        // A flag given as false asks for nothing.
+        if spec.kind == Kind::Flag && parse_bool(v) == Some(false) {
+            continue;
+        }
+        warnings.push(
+            Problem::new(spec.name, format!("is accepted and changes nothing: {}", spec.help))
+                .at(source.clone()),
+        );
     }
     let drain_min_allocations = c.value("drain-min-allocations", "a number");
     let relay_threads = c
@@ -559,23 +661,124 @@ fn typed(
         );
     }
     let pidfile = c.raw.last("pidfile").map(|(v, _)| PathBuf::from(v));
-    if let Some((file, source)) = c.raw.last("log-file") {
-        if !matches!(file.as_str(), "stdout" | "stderr" | "-" | "syslog") {
-            let key = format!("log-file={file}");
-            let w = Problem::new(key, "is ignored: logs go to stderr").at(source.clone());
-            warnings.push(w);
+    let log_min_level = match c.raw.last("log-min-level") {
+        None => None,
+        Some((v, source)) => match v.to_ascii_lowercase().as_str() {
+            "debug" => Some("debug"),
+            "info" => Some("info"),
+            "warning" | "warn" => Some("warn"),
+            "error" => Some("error"),
+            _ => {
+                let source = source.clone();
+                c.bad(&source, "log-min-level", &v.clone(), "expected debug, info, warning or error");
+                None
+            }
+        },
+    };
+    let log_level = if c.flag("Verbose") {
+        Some("trace")
+    } else if c.flag("verbose") {
+        Some("debug")
+    } else {
+        log_min_level
+    };
+    let alternate_servers = c.each("alternate-server", parse_alternate);
+    let transport_alternates = TransportAlternates {
+        udp: c.each("udp-alternate-server", parse_alternate),
+        tcp: c.each("tcp-alternate-server", parse_alternate),
+        tls: c.each("tls-alternate-server", parse_alternate),
+    };
+    let rest_separator = match c.raw.last("rest-api-separator") {
+        None => ':',
+        Some((v, source)) => {
+            let mut chars = v.chars();
+            match (chars.next(), chars.next()) {
+                (Some(ch), None) => ch,
+                _ => {
+                    let source = source.clone();
+                    c.bad(&source, "rest-api-separator", &v.clone(), "expected one character");
+                    ':'
+                }
+            }
+        }
+    };
+    let max_bps = c.value::<u64>("max-bps", "a number of bytes per second").unwrap_or(0);
+    let bps_capacity = c
+        .value::<u64>("bps-capacity", "a number of bytes per second")
+        .unwrap_or(0);
+    if bps_capacity > 0 && max_bps == 0 {
+        c.require(
+            "bps-capacity",
+            "bps-capacity needs max-bps (what each allocation reserves of it), as in coturn",
+        );
+    }
+    let channel_lifetime = c
+        .value::<u32>("channel-lifetime", "a number of seconds")
+        .unwrap_or(600);
+    let permission_lifetime = c
+        .value::<u32>("permission-lifetime", "a number of seconds")
+        .unwrap_or(300);
+    for (name, v) in [
+        ("channel-lifetime", channel_lifetime),
+        ("permission-lifetime", permission_lifetime),
+    ] {
+        if v == 0 {
+            c.require(name, &format!("{name}=0: expected at least 1 second"));
         }
     }
-    let verbosity = if c.flag("Verbose") {
-        2
-    } else {
-        u8::from(c.flag("verbose"))
+    let keep_family = c.flag("keep-address-family");
+    let default_family = match c.raw.last("allocation-default-address-family") {
+        None if keep_family => DefaultFamily::Keep,
+        None => DefaultFamily::Ipv4,
+        Some((v, source)) => match v.to_ascii_lowercase().as_str() {
+            "ipv4" => DefaultFamily::Ipv4,
+            "ipv6" => DefaultFamily::Ipv6,
+            "keep" => DefaultFamily::Keep,
+            _ => {
+                let source = source.clone();
+                c.bad(
+                    &source,
+                    "allocation-default-address-family",
+                    &v.clone(),
+                    "expected ipv4, ipv6 or keep",
+                );
+                DefaultFamily::Ipv4
+            }
+        },
     };
-    let alternate_servers = c.each("alternate-server", |v| {
-        v.parse::<SocketAddr>()
-            .or_else(|_| v.parse::<IpAddr>().map(|ip| SocketAddr::new(ip, 3478)))
-            .map_err(|_| "expected IP:PORT".to_string())
-    });
+    let stun_only = c.flag("stun-only");
+    let no_stun = c.flag("no-stun");
+    if stun_only && no_stun {
+        c.require("no-stun", "stun-only and no-stun together answer nothing: give one");
+    }
+    let service = match (stun_only, no_stun) {
+        (true, _) => Service::StunOnly,
+        (false, true) => Service::TurnOnly,
+        (false, false) => Service::StunAndTurn,
+    };
+    let secure_stun = c.flag("secure-stun");
+    let check_origin = c.flag("check-origin-consistency");
+    let reason_phrases = c.flag("include-reason-string");
+    let fingerprint = c.flag("fingerprint");
+    let software_attribute = c.flag("software-attribute")
+        && !c.flag("no-software-attribute")
+        && !c.flag("prod");
+    let prometheus_ip = c.value::<IpAddr>("prometheus-address", "an IP address");
+    let prometheus_port = c.value::<u16>("prometheus-port", "a port number");
+    let no_auth = c.flag("no-auth");
+    let open_relay_acknowledged = c.flag("no-auth-acknowledge-open-relay");
+    if no_auth && !open_relay_acknowledged {
+        c.require(
+            "no-auth",
+            "no-auth makes an open relay (anyone may relay through this server to any peer the peer policy allows): give no-auth-acknowledge-open-relay too if that is meant, or use use-auth-secret / user",
+        );
+    }
+    if no_auth && (use_auth_secret || !users.is_empty()) {
+        c.require(
+            "no-auth",
+            "no-auth and credentials (use-auth-secret, user) together: give one or the other",
+        );
+    }
 
     if min_port > max_port {
         c.require(
@@ -586,10 +789,10 @@ fn typed(
     if min_port == 0 {
         c.require("min-port", "min-port must be at least 1");
     }
-    if !use_auth_secret && users.is_empty() {
+    if !no_auth && !use_auth_secret && users.is_empty() {
         c.require(
             "use-auth-secret",
-            "no credentials: give use-auth-secret with static-auth-secret, or user=NAME:PASSWORD (lastcall-turn never relays unauthenticated)",
+            "no credentials: give use-auth-secret with static-auth-secret, or user=NAME:PASSWORD (or, for an open relay, no-auth with no-auth-acknowledge-open-relay)",
         );
     }
     if use_auth_secret && static_auth_secrets.is_empty() {
@@ -657,7 +860,9 @@ fn typed(
             .at(source),
         );
     }
-    let auth = if use_auth_secret {
+    let auth = if no_auth {
+        AuthMode::Open
+    } else if use_auth_secret {
         AuthMode::RestApi {
             secrets: static_auth_secrets,
             users,
@@ -690,9 +895,24 @@ fn typed(
             stale_nonce,
             pidfile,
             alternate_servers,
+            transport_alternates,
+            rest_separator,
+            max_bps,
+            bps_capacity,
+            channel_lifetime,
+            permission_lifetime,
+            default_family,
+            service,
+            secure_stun,
+            check_origin,
+            reason_phrases,
+            fingerprint,
+            software_attribute,
         },
         drain_min_allocations,
-        verbosity,
+        log_level,
+        prometheus_ip,
+        prometheus_port,
     }
 }
 
