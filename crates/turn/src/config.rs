@@ -1061,13 +1061,13 @@ mod tests {
 
     #[test]
     fn every_error_is_reported_at_once() {
-        let f = file("listening-port=notaport\nsyslog\nfrobnicate=1\nuser=nocolon\n");
+        let f = file("listening-port=notaport\ndaemon\nfrobnicate=1\nuser=nocolon\n");
         let path = f.path().to_str().unwrap().to_string();
         let errs = errors(&["-c", &path, "--min-port=60000", "--max-port=50000"]);
         let all = errs.join("\n");
         assert!(all.contains(":1: listening-port=notaport"), "{all}");
         assert!(
-            all.contains(":2: unsupported coturn option syslog"),
+            all.contains(":2: unsupported coturn option daemon (run it in the foreground"),
             "{all}"
         );
         assert!(all.contains(":3: unknown option frobnicate"), "{all}");
@@ -1085,7 +1085,7 @@ mod tests {
             "--daemon",
             "--userdb",
             "/tmp/x.db",
-            "--cli-port=5766",
+            "--mobility",
             "--bogus",
             "-d",
             "eth0",
@@ -1094,7 +1094,7 @@ mod tests {
         assert!(all.contains("unsupported coturn option --daemon"), "{all}");
         assert!(all.contains("unsupported coturn option --userdb"), "{all}");
         assert!(
-            all.contains("unsupported coturn option --cli-port"),
+            all.contains("unsupported coturn option --mobility (RFC 8016"),
             "{all}"
         );
         assert!(all.contains("unknown option --bogus"), "{all}");
