@@ -18,7 +18,7 @@ use std::time::Duration;
 use clap::{Arg, ArgAction, ArgMatches, Args, Command, FromArgMatches};
 use lastcall::{Problem, Problems, Source};
 
-use crate::options::{self, Kind, Spec};
+use crate::options::{self, parse_bool, Kind, Spec};
 use crate::sources::{parse_file, prescan, RawOptions};
 use crate::tls::Certs;
 
@@ -454,20 +454,6 @@ fn log_args(
     Some(log)
 }
 
-/// coturn's boolean values: empty = true; 0/no/false/off = false; 1-9/yes/true/on = true.
-pub(crate) fn parse_bool(v: &str) -> Option<bool> {
-    let first = v.chars().next();
-    match first {
-        None => Some(true),
-        Some('0' | 'n' | 'N' | 'f' | 'F') => Some(false),
-        Some('y' | 'Y' | 't' | 'T' | '1'..='9') => Some(true),
-        _ => match v.to_ascii_lowercase().as_str() {
-            "on" => Some(true),
-            "off" => Some(false),
-            _ => None,
-        },
-    }
-}
 
 /// Options whose values must never be printed in a problem.
 fn shown_value(name: &str, value: &str) -> String {
@@ -1256,5 +1242,101 @@ mod tests {
         assert_eq!(parse_bool("maybe"), None);
         let errs = errors(&["--no-udp=maybe"]);
         assert!(errs.join("\n").contains("not a boolean"));
+    }
+    #[test]
+    fn no_auth_needs_its_acknowledgement_and_no_credentials() {
+        let open = ["lastcall-turn", "-n", "--realm=example.org", "--no-auth"];
+        let errs: Vec<String> = match parse(open) {
+            Err(p) => p.iter().map(ToString::to_string).collect(),
+            Ok(_) => panic!("no-auth alone must be an error"),
+        };
+        assert!(errs.join("\n").contains("no-auth-acknowledge-open-relay"), "{errs:?}");
+        let acked = [&open[..], &["--no-auth-acknowledge-open-relay"]].concat();
+        let Ok(Parsed::Run(s)) = parse(acked) else {
+            panic!("acknowledged no-auth runs")
+        };
+        assert_eq!(s.turn.auth, AuthMode::Open);
+        let core = s.turn.core_config();
+        assert!(!core.auth.required(), "anonymous");
+        // Credentials and no-auth together: an error, not a silent choice.
+        let errs = errors(&["--no-auth", "--no-auth-acknowledge-open-relay"]);
+        assert!(errs.join("\n").contains("give one or the other"), "{errs:?}");
+        // Without no-auth a server never runs anonymously.
+        assert!(run(&[]).expect("runs").turn.core_config().auth.required());
+    }
+
+    #[test]
+    fn coturn_options_reach_the_core() {
+        let s = run(&[
+            "--max-bps=125000",
+            "--bps-capacity=1000000",
+            "--channel-lifetime=300",
+            "--permission-lifetime=120",
+            "--allocation-default-address-family=keep",
+            "--stun-only",
+            "--secure-stun",
+            "--check-origin-consistency",
+            "--include-reason-string",
+            "--fingerprint",
+            "--rest-api-separator=-",
+            "--udp-alternate-server=192.0.2.1:3478",
+            "--log-min-level=warning",
+            "--prometheus-port=9700",
+        ])
+        .expect("runs");
+        let c = s.turn.core_config();
+        assert_eq!((c.bandwidth.max_bps, c.bandwidth.capacity), (125_000, 1_000_000));
+        assert_eq!(c.lifetimes.channel, Duration::from_secs(300));
+        assert_eq!(c.lifetimes.permission, Duration::from_secs(120));
+        assert_eq!(c.default_family, DefaultFamily::Keep);
+        assert_eq!(c.service, Service::StunOnly);
+        assert!(c.secure_stun && c.check_origin && c.reason_phrases && c.fingerprint);
+        assert_eq!(c.auth.rest_separator, '-');
+        assert_eq!(s.turn.transport_alternates.udp.len(), 1);
+        assert_eq!(s.log.log_level, "warn");
+        assert_eq!(
+            s.term.admin_addr,
+            Some(SocketAddr::from(([0, 0, 0, 0], 9700)))
+        );
+        assert!(s.term.sigusr1_refuses_at_once);
+        assert!(s.warnings.is_empty(), "{:?}", s.warnings);
+    }
+
+    #[test]
+    fn coturn_option_errors_name_the_option() {
+        let all = errors(&[
+            "--bps-capacity=1000",
+            "--allocation-default-address-family=ipv5",
+            "--rest-api-separator=::",
+            "--stun-only",
+            "--no-stun",
+            "--log-min-level=loud",
+        ])
+        .join("\n");
+        for needle in [
+            "bps-capacity needs max-bps",
+            "allocation-default-address-family=ipv5: expected ipv4, ipv6 or keep",
+            "rest-api-separator=::: expected one character",
+            "stun-only and no-stun",
+            "log-min-level=loud: expected debug, info, warning or error",
+        ] {
+            assert!(all.contains(needle), "{needle}:\n{all}");
+        }
+    }
+
+    #[test]
+    fn accepted_options_warn_once_and_a_refused_flag_turned_off_is_no_error() {
+        let f = file("syslog\nudp-gso\nudp-gso\ncli=0\ndtls=0\nmobility=false\n");
+        let path = f.path().to_str().unwrap().to_string();
+        let s = run(&["-c", &path, "--cpus=4"]).expect("runs");
+        let w: Vec<String> = s.warnings.iter().map(ToString::to_string).collect();
+        assert_eq!(w.len(), 3, "{w:?}");
+        for needle in [
+            ":1: syslog: is accepted and changes nothing: logs go to stderr",
+            ":3: udp-gso: is accepted",
+        ] {
+            assert!(w.iter().any(|l| l.contains(needle)), "{needle}: {w:?}");
+        }
+        assert!(w.iter().any(|l| l.starts_with("cpus: is accepted")), "{w:?}");
     }
 }

@@ -264,6 +264,21 @@ pub const OPTIONS: &[Spec] = &[
     refused("proc-group", &[], Value, Some("start it as that group (systemd Group=, Kubernetes runAsGroup)")),
 ];
 
+/// coturn's boolean values: empty = true; 0/no/false/off = false; 1-9/yes/true/on = true.
+pub fn parse_bool(v: &str) -> Option<bool> {
+    let first = v.chars().next();
+    match first {
+        None => Some(true),
+        Some('0' | 'n' | 'N' | 'f' | 'F') => Some(false),
+        Some('y' | 'Y' | 't' | 'T' | '1'..='9') => Some(true),
+        _ => match v.to_ascii_lowercase().as_str() {
+            "on" => Some(true),
+            "off" => Some(false),
+            _ => None,
+        },
+    }
+}
+
 /// The option with this long name.
 pub fn find(name: &str) -> Option<&'static Spec> {
     OPTIONS.iter().find(|s| s.name == name)
@@ -298,6 +313,73 @@ mod tests {
                 "{}: help iff accepted",
                 s.name
             );
+        }
+    }
+    fn kind_word(s: &Spec) -> &'static str {
+        match s.policy {
+            Policy::Honoured => "honoured",
+            Policy::Accepted => "accepted",
+            Policy::Refused { .. } => "refused",
+        }
+    }
+
+    /// docs/turn.md's option table: every row's option and kind are the code's, in order.
+    #[test]
+    fn the_docs_table_gives_each_options_kind() {
+        let doc = include_str!("../../../docs/turn.md");
+        let begin = doc.find("<!-- options-table: begin").expect("table begin marker");
+        let end = doc.find("<!-- options-table: end -->").expect("table end marker");
+        let rows: Vec<(String, String)> = doc[begin..end]
+            .lines()
+            .filter(|l| l.starts_with("| `"))
+            .map(|l| {
+                let cells: Vec<&str> = l.split(" | ").collect();
+                let name = cells[0].trim_start_matches("| ").trim_matches('`');
+                (name.to_string(), cells[2].trim().to_string())
+            })
+            .collect();
+        let code: Vec<(String, String)> = OPTIONS
+            .iter()
+            .map(|s| (s.name.to_string(), kind_word(s).to_string()))
+            .collect();
+        assert_eq!(rows, code, "docs/turn.md's option table and OPTIONS differ");
+    }
+
+    /// Every option of coturn 4.6 to 4.18 has a policy (`version` is clap's own flag).
+    #[test]
+    fn every_coturn_option_has_a_policy() {
+        let list = include_str!("../tests/data/coturn-options.txt");
+        let names: Vec<&str> = list
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+            .filter_map(|l| l.split_whitespace().next())
+            .collect();
+        assert!(names.len() > 140, "{}", names.len());
+        let missing: Vec<&&str> = names
+            .iter()
+            .filter(|n| **n != "version" && find(n).is_none())
+            .collect();
+        assert!(missing.is_empty(), "no policy for {missing:?}");
+        // And nothing here that coturn does not have, but our own acknowledgement.
+        let extra: Vec<&str> = OPTIONS
+            .iter()
+            .map(|s| s.name)
+            .filter(|n| !names.contains(n) && *n != "no-auth-acknowledge-open-relay")
+            .collect();
+        assert!(extra.is_empty(), "not coturn options: {extra:?}");
+    }
+
+    /// A refused option says what to do; an accepted one what we do instead.
+    #[test]
+    fn refused_options_say_what_to_do_and_accepted_what_we_do_instead() {
+        for s in OPTIONS {
+            match s.policy {
+                Policy::Refused { hint } => {
+                    assert!(hint.is_some_and(|h| h.len() > 10), "{}: no hint", s.name);
+                }
+                Policy::Accepted => assert!(s.help.len() > 10, "{}", s.name),
+                Policy::Honoured => {}
+            }
         }
     }
 }

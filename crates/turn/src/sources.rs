@@ -9,8 +9,7 @@ use std::path::Path;
 use clap::{ArgMatches, Command};
 use lastcall::{Problem, Problems, Source};
 
-use crate::config::parse_bool;
-use crate::options::{self, Kind, Policy, Spec};
+use crate::options::{self, parse_bool, Kind, Policy, Spec};
 
 /// Option values by name, in the order given, with where each came from.
 #[derive(Debug, Default)]
