@@ -86,9 +86,9 @@ pub enum DefaultFamily {
 
 /// Bandwidth limits, in bytes per second (0 = none).
 ///
-/// Each allocation relays at most `max_bps` in each direction (client to peer: the
-/// ChannelData or Send datagrams received from the client; peer to client: the datagrams
-/// received from peers); what is over is dropped (a token bucket holding one second's worth,
+/// Each allocation relays at most `max_bps` of payload in each direction (client to peer:
+/// the data of ChannelData and Send; peer to client: the datagrams received from peers);
+/// what is over is dropped (a token bucket holding one second's worth,
 /// so short bursts pass). With `capacity`, every new allocation reserves `max_bps` of it (or
 /// what is left) until it ends, and an Allocate that finds none left gets 486 (coturn's
 /// `bps-capacity`, which needs `max-bps`).

@@ -514,7 +514,7 @@ impl Server {
         }
         match msg.class() {
             Class::Indication if msg.method() == method::SEND => self
-                .send_indication(now, &from, &attrs, data.len())
+                .send_indication(now, &from, &attrs)
                 .map(Output::Transmit),
             Class::Request => match self.request(now, &from, &msg, &attrs, out) {
                 Reply::Bind(request) => Some(Output::BindRelay(request)),
@@ -573,7 +573,7 @@ impl Server {
             let relay = a.relays.for_family(ch.peer.is_ipv4())?;
             permitted.then_some((relay, ch.peer))
         });
-        if found.is_some() && !self.bandwidth_up(idx, now, data.len()) {
+        if found.is_some() && !self.bandwidth_up(idx, now, payload.len()) {
             return None;
         }
         self.relay_to_peer(found, payload)
@@ -599,7 +599,6 @@ impl Server {
         now: Instant,
         from: &ClientAddr,
         attrs: &Attrs<'a>,
-        len: usize,
     ) -> Option<Transmit<'a>> {
         let (Some(peer), Some(payload)) = (attrs.peer, attrs.data) else {
             self.counters.client_data_dropped += 1;
@@ -619,7 +618,7 @@ impl Server {
             let relay = a.relays.for_family(peer.is_ipv4())?;
             permitted.then_some((relay, peer))
         });
-        if found.is_some() && !self.bandwidth_up(idx, now, len) {
+        if found.is_some() && !self.bandwidth_up(idx, now, payload.len()) {
             return None;
         }
         self.relay_to_peer(found, payload)
