@@ -395,7 +395,10 @@ impl Server {
     /// `tcp-alternate-server`, `tls-alternate-server`): while refusing, a new Allocate over
     /// `transport` is sent to these instead of the drain's list (empty: the drain's list).
     pub fn set_transport_alternates(&mut self, transport: Transport, alternates: Vec<SocketAddr>) {
-        if let Some(slot) = self.transport_alternates.get_mut(transport_index(transport)) {
+        if let Some(slot) = self
+            .transport_alternates
+            .get_mut(transport_index(transport))
+        {
             *slot = alternates;
         }
     }

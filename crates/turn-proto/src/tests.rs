@@ -2108,8 +2108,16 @@ fn stun_only_and_no_stun_leave_the_other_unanswered() {
         let mut c = base_config();
         c.service = service;
         let mut h = H::new(c);
-        assert_eq!(h.client(from, &binding).is_some(), binding_answered, "{service:?}");
-        assert_eq!(h.client(from, &allocate).is_some(), allocate_answered, "{service:?}");
+        assert_eq!(
+            h.client(from, &binding).is_some(),
+            binding_answered,
+            "{service:?}"
+        );
+        assert_eq!(
+            h.client(from, &allocate).is_some(),
+            allocate_answered,
+            "{service:?}"
+        );
     }
 }
 
@@ -2135,7 +2143,11 @@ fn check_origin_consistency_refuses_another_origin_with_441() {
     let from = udp("192.0.2.7:40000");
     let origin = |o: &str| (attr::ORIGIN, o.as_bytes().to_vec());
     let (t, v) = origin("https://Meet.Example.org");
-    let r = h.authed(from, &alice(), Req::new(method::ALLOCATE).transport_udp().attr(t, v));
+    let r = h.authed(
+        from,
+        &alice(),
+        Req::new(method::ALLOCATE).transport_udp().attr(t, v),
+    );
     assert_eq!(r.class, Class::Success);
     // The same origin, spelt with its default port: fine.
     let (t, v) = origin("https://meet.example.org:443");

@@ -408,9 +408,9 @@ fn termination(
         Some(clap::parser::ValueSource::CommandLine | clap::parser::ValueSource::EnvVariable)
     );
     if !admin_explicit && (typed.prometheus_ip.is_some() || typed.prometheus_port.is_some()) {
-        let default = termination_defaults().admin_addr.unwrap_or_else(|| {
-            SocketAddr::from(([0, 0, 0, 0], 9641))
-        });
+        let default = termination_defaults()
+            .admin_addr
+            .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 9641)));
         let addr = SocketAddr::new(
             typed.prometheus_ip.unwrap_or(default.ip()),
             typed.prometheus_port.unwrap_or(default.port()),
@@ -453,7 +453,6 @@ fn log_args(
     }
     Some(log)
 }
-
 
 /// Options whose values must never be printed in a problem.
 fn shown_value(name: &str, value: &str) -> String {
@@ -632,8 +631,11 @@ fn typed(
             continue;
         }
         warnings.push(
-            Problem::new(spec.name, format!("is accepted and changes nothing: {}", spec.help))
-                .at(source.clone()),
+            Problem::new(
+                spec.name,
+                format!("is accepted and changes nothing: {}", spec.help),
+            )
+            .at(source.clone()),
         );
     }
     let drain_min_allocations = c.value("drain-min-allocations", "a number");
@@ -656,7 +658,12 @@ fn typed(
             "error" => Some("error"),
             _ => {
                 let source = source.clone();
-                c.bad(&source, "log-min-level", &v.clone(), "expected debug, info, warning or error");
+                c.bad(
+                    &source,
+                    "log-min-level",
+                    &v.clone(),
+                    "expected debug, info, warning or error",
+                );
                 None
             }
         },
@@ -682,13 +689,20 @@ fn typed(
                 (Some(ch), None) => ch,
                 _ => {
                     let source = source.clone();
-                    c.bad(&source, "rest-api-separator", &v.clone(), "expected one character");
+                    c.bad(
+                        &source,
+                        "rest-api-separator",
+                        &v.clone(),
+                        "expected one character",
+                    );
                     ':'
                 }
             }
         }
     };
-    let max_bps = c.value::<u64>("max-bps", "a number of bytes per second").unwrap_or(0);
+    let max_bps = c
+        .value::<u64>("max-bps", "a number of bytes per second")
+        .unwrap_or(0);
     let bps_capacity = c
         .value::<u64>("bps-capacity", "a number of bytes per second")
         .unwrap_or(0);
@@ -735,7 +749,10 @@ fn typed(
     let stun_only = c.flag("stun-only");
     let no_stun = c.flag("no-stun");
     if stun_only && no_stun {
-        c.require("no-stun", "stun-only and no-stun together answer nothing: give one");
+        c.require(
+            "no-stun",
+            "stun-only and no-stun together answer nothing: give one",
+        );
     }
     let service = match (stun_only, no_stun) {
         (true, _) => Service::StunOnly,
@@ -746,9 +763,8 @@ fn typed(
     let check_origin = c.flag("check-origin-consistency");
     let reason_phrases = c.flag("include-reason-string");
     let fingerprint = c.flag("fingerprint");
-    let software_attribute = c.flag("software-attribute")
-        && !c.flag("no-software-attribute")
-        && !c.flag("prod");
+    let software_attribute =
+        c.flag("software-attribute") && !c.flag("no-software-attribute") && !c.flag("prod");
     let prometheus_ip = c.value::<IpAddr>("prometheus-address", "an IP address");
     let prometheus_port = c.value::<u16>("prometheus-port", "a port number");
     let no_auth = c.flag("no-auth");
@@ -1250,7 +1266,10 @@ mod tests {
             Err(p) => p.iter().map(ToString::to_string).collect(),
             Ok(_) => panic!("no-auth alone must be an error"),
         };
-        assert!(errs.join("\n").contains("no-auth-acknowledge-open-relay"), "{errs:?}");
+        assert!(
+            errs.join("\n").contains("no-auth-acknowledge-open-relay"),
+            "{errs:?}"
+        );
         let acked = [&open[..], &["--no-auth-acknowledge-open-relay"]].concat();
         let Ok(Parsed::Run(s)) = parse(acked) else {
             panic!("acknowledged no-auth runs")
@@ -1260,7 +1279,10 @@ mod tests {
         assert!(!core.auth.required(), "anonymous");
         // Credentials and no-auth together: an error, not a silent choice.
         let errs = errors(&["--no-auth", "--no-auth-acknowledge-open-relay"]);
-        assert!(errs.join("\n").contains("give one or the other"), "{errs:?}");
+        assert!(
+            errs.join("\n").contains("give one or the other"),
+            "{errs:?}"
+        );
         // Without no-auth a server never runs anonymously.
         assert!(run(&[]).expect("runs").turn.core_config().auth.required());
     }
@@ -1285,7 +1307,10 @@ mod tests {
         ])
         .expect("runs");
         let c = s.turn.core_config();
-        assert_eq!((c.bandwidth.max_bps, c.bandwidth.capacity), (125_000, 1_000_000));
+        assert_eq!(
+            (c.bandwidth.max_bps, c.bandwidth.capacity),
+            (125_000, 1_000_000)
+        );
         assert_eq!(c.lifetimes.channel, Duration::from_secs(300));
         assert_eq!(c.lifetimes.permission, Duration::from_secs(120));
         assert_eq!(c.default_family, DefaultFamily::Keep);
@@ -1337,6 +1362,9 @@ mod tests {
         ] {
             assert!(w.iter().any(|l| l.contains(needle)), "{needle}: {w:?}");
         }
-        assert!(w.iter().any(|l| l.starts_with("cpus: is accepted")), "{w:?}");
+        assert!(
+            w.iter().any(|l| l.starts_with("cpus: is accepted")),
+            "{w:?}"
+        );
     }
 }

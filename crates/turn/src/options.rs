@@ -327,8 +327,12 @@ mod tests {
     #[test]
     fn the_docs_table_gives_each_options_kind() {
         let doc = include_str!("../../../docs/turn.md");
-        let begin = doc.find("<!-- options-table: begin").expect("table begin marker");
-        let end = doc.find("<!-- options-table: end -->").expect("table end marker");
+        let begin = doc
+            .find("<!-- options-table: begin")
+            .expect("table begin marker");
+        let end = doc
+            .find("<!-- options-table: end -->")
+            .expect("table end marker");
         let rows: Vec<(String, String)> = doc[begin..end]
             .lines()
             .filter(|l| l.starts_with("| `"))

@@ -30,7 +30,10 @@ fn max_bps_holds_a_client_sending_at_twice_the_limit_to_it() {
     let started = Instant::now();
     c.stream(INTERVAL);
     // The bucket starts full (one second's worth): measure from 2 s to 7 s.
-    let (from, to) = (started + Duration::from_secs(2), started + Duration::from_secs(7));
+    let (from, to) = (
+        started + Duration::from_secs(2),
+        started + Duration::from_secs(7),
+    );
     while Instant::now() < to + Duration::from_millis(500) {
         std::thread::sleep(Duration::from_millis(50));
         assert!(started.elapsed() < WAIT, "stream stalled");
@@ -53,6 +56,9 @@ fn max_bps_holds_a_client_sending_at_twice_the_limit_to_it() {
     assert!(sent_bps > 1.8 * max_bps as f64, "sent {sent_bps:.0} B/s");
     // ...and was held to the limit, within 10%.
     let ratio = echoed_bps / max_bps as f64;
-    assert!((0.9..=1.1).contains(&ratio), "got back {ratio:.3} of the limit");
+    assert!(
+        (0.9..=1.1).contains(&ratio),
+        "got back {ratio:.3} of the limit"
+    );
     assert!(dropped > 0.0);
 }

@@ -73,7 +73,10 @@ fn relays_over_udp_tcp_tls(turn: &Turn, auth: &[&str]) {
         args.extend(mode);
         args.extend(auth);
         let r = uclient(&args, Duration::from_secs(60));
-        println!("uclient over {what}: {} sent, {} echoed", r.send_msgs, r.recv_msgs);
+        println!(
+            "uclient over {what}: {} sent, {} echoed",
+            r.send_msgs, r.recv_msgs
+        );
         r.assert_all_echoed(MSGS);
     }
 }

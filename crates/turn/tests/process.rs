@@ -134,7 +134,10 @@ fn unsupported_coturn_options_exit_64_naming_them() {
         err.contains("turnserver.conf:4: unsupported coturn option userdb"),
         "{err}"
     );
-    assert!(err.contains("unsupported coturn option --mobility"), "{err}");
+    assert!(
+        err.contains("unsupported coturn option --mobility"),
+        "{err}"
+    );
     // An unknown option still exits 64, named with its line.
     assert!(
         err.contains("turnserver.conf:5: unknown option frobnicate"),

@@ -533,8 +533,10 @@ fn sigusr1_refuses_at_once_without_the_announce_and_exits_at_the_last_allocation
         "FIGURES sigusr1: first Allocate refused (403) {} after SIGUSR1 ({before} allocated before the signal was handled)",
         ms(first_403)
     );
-    turn.pod
-        .wait_for_log("SIGUSR1 received (--on-sigterm drain): draining: refusing new work now", WAIT);
+    turn.pod.wait_for_log(
+        "SIGUSR1 received (--on-sigterm drain): draining: refusing new work now",
+        WAIT,
+    );
     assert!(!turn.pod.has_log("announcing (readiness 503)"));
     assert_eq!(harness::http_get(&turn.admin, "/readyz").0, 503);
     assert!(first_403 < WAIT, "{first_403:?}");

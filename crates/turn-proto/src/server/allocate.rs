@@ -145,7 +145,17 @@ impl Server {
             };
             self.reserve_user(&username);
             let addrs = RelayAddrs::for_one(relay);
-            return self.create(now, from, addrs, (username, grant), life, ctx, None, None, out);
+            return self.create(
+                now,
+                from,
+                addrs,
+                (username, grant),
+                life,
+                ctx,
+                None,
+                None,
+                out,
+            );
         }
         let ip = match self.relay_ip(primary_v4, from) {
             Ok(ip) => ip,
@@ -324,7 +334,15 @@ impl Server {
         out: &mut Vec<u8>,
     ) -> Reply {
         let lifetime = u32::try_from(life.as_secs()).unwrap_or(u32::MAX);
-        self.insert(now, from, addrs, (username.clone(), grant), life, lifetime, ctx.txid);
+        self.insert(
+            now,
+            from,
+            addrs,
+            (username.clone(), grant),
+            life,
+            lifetime,
+            ctx.txid,
+        );
         self.counters.allocations_created += 1;
         self.push_event(Event::AllocationCreated {
             client: *from,
