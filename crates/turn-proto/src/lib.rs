@@ -119,8 +119,8 @@ pub mod types;
 
 pub use auth::{rest_expiry, rest_password, NONCE_LEN};
 pub use config::{
-    parse_coturn_user, AuthConfig, ConfigError, ExternalIp, Lifetimes, NonceConfig, Quotas,
-    RelayConfig, ServerConfig, UserKey,
+    parse_coturn_user, AuthConfig, Bandwidth, ConfigError, DefaultFamily, ExternalIp, Lifetimes,
+    NonceConfig, Quotas, RelayConfig, ServerConfig, Service, UserKey,
 };
 pub use frame::{stream_frame_len, FrameError, CHANNEL_MAX, CHANNEL_MIN};
 pub use policy::{DenyReason, IpRange, IpRangeError, PeerPolicy};

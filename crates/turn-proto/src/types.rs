@@ -366,4 +366,9 @@ pub struct Counters {
     pub peers_denied: u64,
     /// Events dropped because the queue was full.
     pub events_dropped: u64,
+    /// ChannelData, Send and peer datagrams dropped because their allocation was over its
+    /// `max-bps`.
+    pub bandwidth_dropped: u64,
+    /// Allocates refused with 486 because `bps-capacity` was all reserved.
+    pub refused_bandwidth: u64,
 }

@@ -164,7 +164,7 @@ const fn coturn(name: &'static str, help: &'static str, value: u64) -> Exported 
 
 /// Every counter of the core but the traffic ones, as a metric. The destructuring names every
 /// field: a counter added to the core does not compile until it is exported here.
-fn exported(c: &Counters) -> [Exported; 16] {
+fn exported(c: &Counters) -> [Exported; 18] {
     let Counters {
         client_packets_in: _,
         client_bytes_in: _,
@@ -190,6 +190,8 @@ fn exported(c: &Counters) -> [Exported; 16] {
         refused_capacity,
         peers_denied,
         events_dropped,
+        bandwidth_dropped,
+        refused_bandwidth,
     } = *c;
     [
         coturn("stun_binding_request", "STUN Binding requests (coturn's name; only increases).", binding_requests),
@@ -208,6 +210,8 @@ fn exported(c: &Counters) -> [Exported; 16] {
         own("lastcall_turn_client_data_dropped", "ChannelData and Send indications from clients dropped: no allocation, channel or permission.", client_data_dropped),
         own("lastcall_turn_peer_dropped", "Datagrams from peers dropped: no allocation on that relay or no permission for the peer.", peer_dropped),
         own("lastcall_turn_events_dropped", "Core events dropped because their queue was full.", events_dropped),
+        own("lastcall_turn_bandwidth_dropped", "ChannelData, Send and peer datagrams dropped because their allocation was over max-bps.", bandwidth_dropped),
+        own("lastcall_turn_allocate_refused_bandwidth", "Allocate requests refused (486) because bps-capacity was all reserved.", refused_bandwidth),
     ]
 }
 

@@ -12,6 +12,17 @@ use lastcall::harness::{self, Pod};
 
 pub const SECRET: &str = "s3cret-for-tests";
 pub const UCLIENT: &str = "/usr/bin/turnutils_uclient";
+
+/// The `turnutils_uclient` command: `LASTCALL_TURN_UCLIENT` (a command line, split at
+/// spaces, e.g. `/var/cache/lastcall-scratch/run sid /usr/bin/turnutils_uclient` for coturn
+/// 4.18's) or Debian's [`UCLIENT`]. The one place a test's uclient comes from.
+pub fn uclient_command() -> Command {
+    let line = std::env::var("LASTCALL_TURN_UCLIENT").unwrap_or_else(|_| UCLIENT.to_string());
+    let mut words = line.split_whitespace();
+    let mut cmd = Command::new(words.next().unwrap_or(UCLIENT));
+    cmd.args(words);
+    cmd
+}
 pub const PEER: &str = "/usr/bin/turnutils_peer";
 pub const WAIT: Duration = Duration::from_secs(30);
 
@@ -212,7 +223,7 @@ pub fn rest_call(
 /// Runs `turnutils_uclient ARGS SERVER`, killed after `limit`.
 pub fn uclient_to(server: &str, args: &[&str], limit: Duration) -> Report {
     let started = Instant::now();
-    let mut child = Command::new(UCLIENT)
+    let mut child = uclient_command()
         .args(args)
         .arg(server)
         .stdin(Stdio::null())
