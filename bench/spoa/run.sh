@@ -110,7 +110,7 @@ wait_200() {
 # ---- configuration -----------------------------------------------------------------------
 # The rule text of lastcall-spoa's built-in application (lastcall_modsec::crs::
 # debian_default_directives with paranoia level 1, response check off): engine settings,
-# body processors, then Debian's CRS.
+# body processors, the engine's limits (crs::ENGINE_LIMITS), then Debian's CRS.
 write_rules() {
   local f=$1
   {
@@ -134,6 +134,12 @@ SecRule REQUEST_HEADERS:Content-Type "^application/json" "id:200001,phase:1,t:no
 SecRule REQBODY_ERROR "!@eq 0" "id:200002,phase:2,t:none,log,deny,status:400,msg:'Failed to parse request body.',logdata:'%{reqbody_error_msg}',severity:2"
 SecRule MULTIPART_STRICT_ERROR "!@eq 0" "id:200003,phase:2,t:none,log,deny,status:400,msg:'Multipart request body failed strict validation.',severity:2"
 SecRule MULTIPART_UNMATCHED_BOUNDARY "@eq 1" "id:200004,phase:2,t:none,log,deny,msg:'Multipart parser detected a possible unmatched boundary.'"
+SecPcreMatchLimit 50000
+SecArgumentsLimit 1000
+SecRule &ARGS "@ge 1000" "id:200007,phase:2,t:none,log,deny,status:400,msg:'Failed to fully parse request body due to large argument count',severity:2"
+SecRule REQUEST_LINE "@gt 65536" "id:9990130,phase:1,t:none,t:length,log,deny,status:414,msg:'Request line longer than 65536 bytes'"
+SecRule REQUEST_HEADERS "@gt 65536" "id:9990131,phase:1,t:none,t:length,log,deny,status:400,msg:'Request header longer than 65536 bytes: %{MATCHED_VAR_NAME}'"
+SecRule &REQUEST_HEADERS "@gt 1024" "id:9990132,phase:1,t:none,log,deny,status:400,msg:'More than 1024 request headers'"
 Include /etc/modsecurity/crs/crs-setup.conf
 SecAction "id:900000,phase:1,pass,t:none,nolog,setvar:tx.paranoia_level=1"
 EOF

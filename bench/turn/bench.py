@@ -24,6 +24,9 @@ SERVERS = ["coturn", "lastcall-turn"]
 REALTIME = False
 # Extra lastcall-turn builds to compare (name -> binary), from --extra NAME=PATH.
 BINARIES = {}
+# Variants: a server run with extra flags (name -> (coturn or lastcall-turn, flags)), from
+# --variant 'NAME=BASE FLAG...', e.g. --variant 'lastcall-turn+max-bps=lastcall-turn --max-bps=125000000'.
+VARIANTS = {}
 
 FULL = dict(rounds=5, fixed_rate=10000, duration=4.0, ladder=[10000, 20000, 40000, 80000, 120000, 160000],
             search_steps=3, ladder_duration=2.0, clients=4, size=160, allocs=[1000, 10000], concurrency=16)
@@ -87,18 +90,19 @@ def pin(cpu):
 class Server:
     def __init__(self, name, bin_dir, logdir):
         self.name = name
+        base, flags = VARIANTS.get(name, (name, []))
         self.port = free_port()
         common = ["--listening-ip=127.0.0.1", "--relay-ip=127.0.0.1", "--no-tls", "--no-dtls",
                   f"--realm={REALM}", "--use-auth-secret", f"--static-auth-secret={SECRET}",
                   "--allow-loopback-peers", f"--listening-port={self.port}",
                   f"--min-port={MIN_PORT}", f"--max-port={MAX_PORT}",
                   "--total-quota=0", "--user-quota=0"]
-        if name == "coturn":
-            cmd = ["turnserver", "-n", "--no-cli"] + common + ["--log-file=stdout", "--simple-log"]
+        if base == "coturn":
+            cmd = ["turnserver", "-n", "--no-cli"] + common + ["--log-file=stdout", "--simple-log"] + flags
         else:
-            binary = BINARIES.get(name, os.path.join(bin_dir, "lastcall-turn"))
+            binary = BINARIES.get(base, os.path.join(bin_dir, "lastcall-turn"))
             cmd = [binary, "-n", "--no-cli"] + common + [
-                f"--admin-addr=127.0.0.1:{free_port()}", "--log-level=warn"]
+                f"--admin-addr=127.0.0.1:{free_port()}", "--log-level=warn"] + flags
         self.cmd = pin(0) + cmd
         self.log = open(os.path.join(logdir, f"{name}-{self.port}.log"), "w")
         self.proc = subprocess.Popen(self.cmd, stdout=self.log, stderr=subprocess.STDOUT,
@@ -374,9 +378,19 @@ def main():
     ap.add_argument("--replot", metavar="JSON", help="only redraw the plot and table from a saved --json")
     ap.add_argument("--extra", action="append", default=[], metavar="NAME=PATH",
                     help="also measure another lastcall-turn binary (e.g. an earlier build), in the same rounds")
+    ap.add_argument("--variant", action="append", default=[], metavar="'NAME=BASE FLAG...'",
+                    help="also measure coturn or lastcall-turn (BASE) run with these extra flags, in the same rounds")
     args = ap.parse_args()
     global REALTIME
     REALTIME = args.realtime
+    for v in args.variant:
+        name, _, spec = v.partition("=")
+        base, *flags = spec.split()
+        if base not in ("coturn", "lastcall-turn"):
+            ap.error(f"--variant {v}: the base is coturn or lastcall-turn")
+        VARIANTS[name] = (base, flags)
+        if name not in SERVERS:
+            SERVERS.append(name)
     for e in args.extra:
         name, _, path = e.partition("=")
         BINARIES[name] = os.path.abspath(path)

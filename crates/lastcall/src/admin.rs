@@ -14,11 +14,22 @@
 //! loopback included, must send `Authorization: Bearer <token>`; a missing or wrong token
 //! gets 401. (In a pod every container shares loopback, so a configured token is required
 //! from loopback too.)
+//!
+//! The listener runs on a thread of its own (`lastcall-admin`, with its own single-threaded
+//! runtime), so that nothing the daemon's runtime does (a busy I/O thread, a blocked task)
+//! delays a liveness probe. What a stranger can hold is bounded: at most
+//! [`MAX_CONNECTIONS`] connections (a new one closes the oldest, so that a probe still gets
+//! in while a stranger holds connections open), [`MAX_BUFFER`] bytes buffered per
+//! connection, [`HEADER_TIMEOUT`] to send a request's headers and [`IDLE_TIMEOUT`] between
+//! requests.
 
+use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -29,14 +40,22 @@ use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use prometheus_client::registry::Registry;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
-use tokio::task::JoinHandle;
+use tokio::sync::Notify;
 
 use crate::lifecycle::Handle;
 use crate::machine::Trigger;
 
 /// How long a client may take to send its request headers.
-const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a connection may stay open with nothing coming from the client (between
+/// requests on a keep-alive connection, or before the first one).
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Admin connections open at once; a connection beyond it closes the oldest.
+pub const MAX_CONNECTIONS: usize = 256;
+/// Bytes hyper buffers per connection (a request's headers must fit).
+pub const MAX_BUFFER: usize = 16 * 1024;
 
 /// Why the admin listener could not start.
 #[derive(Debug, thiserror::Error)]
@@ -49,6 +68,9 @@ pub enum AdminError {
         /// The cause.
         source: std::io::Error,
     },
+    /// Its thread or runtime could not start.
+    #[error("cannot start the admin listener's thread: {0}")]
+    Thread(std::io::Error),
 }
 
 /// The running admin listener. It serves until the process exits (dropping this value does
@@ -56,7 +78,7 @@ pub enum AdminError {
 #[derive(Debug)]
 pub struct AdminServer {
     local_addr: Option<SocketAddr>,
-    task: Option<JoinHandle<()>>,
+    stop: Option<Arc<Notify>>,
 }
 
 impl AdminServer {
@@ -67,47 +89,71 @@ impl AdminServer {
 
     /// Stops accepting admin connections.
     pub fn shutdown(self) {
-        if let Some(task) = self.task {
-            task.abort();
+        if let Some(stop) = self.stop {
+            stop.notify_one();
         }
     }
 }
 
-/// Binds `--admin-addr` (if set) and serves the admin endpoints in a background task.
+/// Binds `--admin-addr` (if set) and serves the admin endpoints on their own thread.
 /// With the listener off (`--admin-addr off`) it returns an [`AdminServer`] without address.
 pub async fn serve(handle: &Handle, registry: Arc<Registry>) -> Result<AdminServer, AdminError> {
     let Some(addr) = handle.config().admin_addr else {
         return Ok(AdminServer {
             local_addr: None,
-            task: None,
+            stop: None,
         });
     };
-    let listener = TcpListener::bind(addr)
-        .await
-        .map_err(|source| AdminError::Bind { addr, source })?;
-    Ok(serve_listener(listener, handle, registry))
+    let listener =
+        std::net::TcpListener::bind(addr).map_err(|source| AdminError::Bind { addr, source })?;
+    serve_listener(listener, handle, registry)
 }
 
-/// Serves the admin endpoints on an already bound listener.
+/// Serves the admin endpoints on an already bound listener, on a thread of its own.
 pub fn serve_listener(
-    listener: TcpListener,
+    listener: std::net::TcpListener,
     handle: &Handle,
     registry: Arc<Registry>,
-) -> AdminServer {
+) -> Result<AdminServer, AdminError> {
     let local_addr = listener.local_addr().ok();
-    if let Some(addr) = local_addr {
-        tracing::info!(%addr, "admin listener on {addr} (/livez /readyz /metrics /drain)");
-    }
+    listener.set_nonblocking(true).map_err(AdminError::Thread)?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(AdminError::Thread)?;
     let ctx = Arc::new(Ctx {
         handle: handle.clone(),
         registry,
         own: own_registry(handle),
+        open: Open::default(),
     });
-    let task = tokio::spawn(accept_loop(listener, ctx));
-    AdminServer {
-        local_addr,
-        task: Some(task),
+    let stop = Arc::new(Notify::new());
+    let stopped = Arc::clone(&stop);
+    std::thread::Builder::new()
+        .name("lastcall-admin".into())
+        .spawn(move || {
+            runtime.block_on(async move {
+                let listener = match TcpListener::from_std(listener) {
+                    Ok(l) => l,
+                    Err(err) => {
+                        tracing::error!("admin listener: {err}");
+                        return;
+                    }
+                };
+                tokio::select! {
+                    () = accept_loop(listener, ctx) => {}
+                    () = stopped.notified() => {}
+                }
+            });
+        })
+        .map_err(AdminError::Thread)?;
+    if let Some(addr) = local_addr {
+        tracing::info!(%addr, "admin listener on {addr} (/livez /readyz /metrics /drain)");
     }
+    Ok(AdminServer {
+        local_addr,
+        stop: Some(stop),
+    })
 }
 
 struct Ctx {
@@ -115,6 +161,47 @@ struct Ctx {
     registry: Arc<Registry>,
     /// The `lastcall_*` metrics, when the daemon did not register them in its registry.
     own: Option<Registry>,
+    /// Connections open.
+    open: Open,
+}
+
+/// The connections open, oldest first, each with what closes it.
+#[derive(Default)]
+struct Open {
+    conns: Mutex<BTreeMap<u64, Arc<Notify>>>,
+    next: AtomicU64,
+}
+
+impl Open {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Arc<Notify>>> {
+        match self.conns.lock() {
+            Ok(g) => g,
+            Err(poisoned) => poisoned.into_inner(),
+        }
+    }
+
+    /// Registers a new connection; at the bound, the oldest is told to close.
+    fn add(&self) -> (u64, Arc<Notify>) {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        let close = Arc::new(Notify::new());
+        let mut conns = self.lock();
+        if conns.len() >= MAX_CONNECTIONS {
+            if let Some((_, oldest)) = conns.pop_first() {
+                oldest.notify_one();
+            }
+        }
+        conns.insert(id, Arc::clone(&close));
+        (id, close)
+    }
+
+    fn remove(&self, id: u64) {
+        self.lock().remove(&id);
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.lock().len()
+    }
 }
 
 fn own_registry(handle: &Handle) -> Option<Registry> {
@@ -137,38 +224,107 @@ async fn accept_loop(listener: TcpListener, ctx: Arc<Ctx>) {
                 continue;
             }
         };
-        let ctx = ctx.clone();
-        tokio::spawn(async move {
-            let posted = Arc::new(AtomicBool::new(false));
-            let service = {
-                let (ctx, posted) = (ctx.clone(), posted.clone());
-                service_fn(move |req| {
-                    let (ctx, posted) = (ctx.clone(), posted.clone());
-                    async move { Ok::<_, Infallible>(route(&ctx, peer, &posted, req).await) }
-                })
-            };
-            let conn = http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(HEADER_TIMEOUT)
-                .serve_connection(TokioIo::new(stream), service);
-            tokio::pin!(conn);
-            let exiting = ctx.handle.exiting();
-            tokio::pin!(exiting);
-            let result = tokio::select! {
-                result = conn.as_mut() => result,
-                () = &mut exiting => {
-                    // Finish the request in flight, then close (keep-alive clients too).
-                    conn.as_mut().graceful_shutdown();
-                    conn.await
-                }
-            };
-            if let Err(err) = result {
-                tracing::debug!(%peer, "admin connection: {err}");
+        let (id, close) = ctx.open.add();
+        tokio::spawn(connection(stream, peer, Arc::clone(&ctx), id, close));
+    }
+}
+
+/// Serves one admin connection to its end.
+async fn connection(
+    stream: tokio::net::TcpStream,
+    peer: SocketAddr,
+    ctx: Arc<Ctx>,
+    id: u64,
+    close: Arc<Notify>,
+) {
+    let posted = Arc::new(AtomicBool::new(false));
+    let service = {
+        let (ctx, posted) = (ctx.clone(), posted.clone());
+        service_fn(move |req| {
+            let (ctx, posted) = (ctx.clone(), posted.clone());
+            async move { Ok::<_, Infallible>(route(&ctx, peer, &posted, req).await) }
+        })
+    };
+    let activity = Arc::new(Notify::new());
+    let io = Watched {
+        inner: stream,
+        activity: Arc::clone(&activity),
+    };
+    let conn = http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_TIMEOUT)
+        .max_buf_size(MAX_BUFFER)
+        .serve_connection(TokioIo::new(io), service);
+    tokio::pin!(conn);
+    let exiting = ctx.handle.exiting();
+    tokio::pin!(exiting);
+    let result = loop {
+        tokio::select! {
+            result = conn.as_mut() => break result,
+            () = &mut exiting => {
+                // Finish the request in flight, then close (keep-alive clients too).
+                conn.as_mut().graceful_shutdown();
+                break conn.await;
             }
-            if posted.load(Ordering::SeqCst) {
-                ctx.handle.admin_drain_request_done();
+            () = activity.notified() => {}
+            () = close.notified() => {
+                tracing::debug!(%peer, "admin connection closed: {MAX_CONNECTIONS} open, it was the oldest");
+                break Ok(());
             }
-        });
+            () = tokio::time::sleep(IDLE_TIMEOUT) => {
+                tracing::debug!(%peer, "admin connection idle for {IDLE_TIMEOUT:?}: closed");
+                conn.as_mut().graceful_shutdown();
+                break conn.await;
+            }
+        }
+    };
+    if let Err(err) = result {
+        tracing::debug!(%peer, "admin connection: {err}");
+    }
+    if posted.load(Ordering::SeqCst) {
+        ctx.handle.admin_drain_request_done();
+    }
+    ctx.open.remove(id);
+}
+
+/// A connection that signals every read and write that moved bytes (for the idle timer).
+struct Watched {
+    inner: tokio::net::TcpStream,
+    activity: Arc<Notify>,
+}
+
+impl AsyncRead for Watched {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let r = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            self.activity.notify_one();
+        }
+        r
+    }
+}
+
+impl AsyncWrite for Watched {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let r = Pin::new(&mut self.inner).poll_write(cx, buf);
+        if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
+            self.activity.notify_one();
+        }
+        r
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }
 
@@ -335,6 +491,7 @@ mod tests {
             own: own_registry(&handle),
             handle,
             registry: Arc::new(registry),
+            open: Open::default(),
         };
         (lifecycle, ctx)
     }
@@ -423,6 +580,7 @@ mod tests {
             own: own_registry(&handle),
             handle: handle.clone(),
             registry: Arc::new(Registry::default()),
+            open: Open::default(),
         };
         let (tx, rx) = futures::channel::mpsc::unbounded::<crate::Trigger>();
         let run = tokio::spawn(lifecycle.drive(Box::pin(rx)));
@@ -524,8 +682,9 @@ mod tests {
             Duration::ZERO,
             Duration::from_secs(30),
         ));
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let server = serve_listener(listener, &lifecycle.handle(), Arc::new(Registry::default()));
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let server =
+            serve_listener(listener, &lifecycle.handle(), Arc::new(Registry::default())).unwrap();
         let addr = server.local_addr().unwrap();
         let long_header = format!("GET /livez HTTP/1.1\r\nX: {}\r\n\r\n", "a".repeat(1 << 20));
         let bad: Vec<Vec<u8>> = vec![
@@ -557,6 +716,127 @@ mod tests {
             String::from_utf8_lossy(&out)
         );
         server.shutdown();
+    }
+
+    /// The listener answers while the runtime that started it is blocked: it has a thread
+    /// and a runtime of its own.
+    #[test]
+    fn answers_while_the_daemon_runtime_is_blocked() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let lifecycle = Lifecycle::without_signals(TerminationConfig::new(
+            OnSigterm::Drain,
+            Duration::ZERO,
+            Duration::from_secs(30),
+        ));
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = runtime.block_on(async {
+            serve_listener(listener, &lifecycle.handle(), Arc::new(Registry::default())).unwrap()
+        });
+        let (tx, rx) = std::sync::mpsc::channel();
+        let probe = std::thread::spawn(move || {
+            let _ = rx.recv();
+            let started = std::time::Instant::now();
+            let reply = blocking_get(addr, "/livez");
+            (reply, started.elapsed())
+        });
+        // The daemon's only runtime thread is busy (an evaluation, a blocked task).
+        runtime.block_on(async {
+            tx.send(()).unwrap();
+            std::thread::sleep(Duration::from_secs(3));
+        });
+        let (reply, took) = probe.join().unwrap();
+        assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+        assert!(took < Duration::from_secs(2), "answered after {took:?}");
+        server.shutdown();
+    }
+
+    /// A connection beyond the bound closes the oldest (a probe still gets in); an idle one
+    /// is closed after `IDLE_TIMEOUT`; the listener answers throughout.
+    #[tokio::test(start_paused = true)]
+    async fn strangers_cannot_hold_it() {
+        let lc = Lifecycle::without_signals(TerminationConfig::new(
+            OnSigterm::Drain,
+            Duration::ZERO,
+            Duration::from_secs(30),
+        ));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let ctx = Arc::new(Ctx {
+            own: own_registry(&lc.handle()),
+            handle: lc.handle(),
+            registry: Arc::new(Registry::default()),
+            open: Open::default(),
+        });
+        tokio::spawn(accept_loop(listener, Arc::clone(&ctx)));
+        let mut held = Vec::new();
+        for _ in 0..MAX_CONNECTIONS {
+            held.push(tokio::net::TcpStream::connect(addr).await.unwrap());
+        }
+        while ctx.open.len() < MAX_CONNECTIONS {
+            tokio::task::yield_now().await;
+        }
+        let mut probe = tokio::net::TcpStream::connect(addr).await.unwrap();
+        probe
+            .write_all(b"GET /livez HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut answer = Vec::new();
+        tokio::time::timeout(Duration::from_secs(1), probe.read_to_end(&mut answer))
+            .await
+            .expect("the probe is answered at once")
+            .unwrap();
+        assert!(answer.starts_with(b"HTTP/1.1 200"));
+        let mut buf = [0u8; 256];
+        let mut oldest = held.remove(0);
+        let got = tokio::time::timeout(Duration::from_secs(1), oldest.read(&mut buf)).await;
+        assert!(
+            matches!(got, Ok(Ok(0) | Err(_))),
+            "the oldest is closed: {got:?}"
+        );
+        // One of them keeps its connection alive after a request, then falls silent.
+        held[0]
+            .write_all(b"GET /livez HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let n = held[0].read(&mut buf).await.unwrap();
+        assert!(buf[..n].starts_with(b"HTTP/1.1 200"));
+        let started = tokio::time::Instant::now();
+        for mut s in held {
+            let got = tokio::time::timeout(IDLE_TIMEOUT * 2, s.read(&mut buf)).await;
+            assert!(
+                matches!(got, Ok(Ok(0) | Err(_))),
+                "closed when idle: {got:?}"
+            );
+        }
+        assert!(started.elapsed() <= IDLE_TIMEOUT + Duration::from_secs(1));
+        while ctx.open.len() > 0 {
+            tokio::task::yield_now().await;
+        }
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"GET /livez HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut out = Vec::new();
+        s.read_to_end(&mut out).await.unwrap();
+        assert!(out.starts_with(b"HTTP/1.1 200"));
+    }
+
+    fn blocking_get(addr: SocketAddr, path: &str) -> String {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        write!(
+            s,
+            "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out);
+        out
     }
 
     #[test]

@@ -237,6 +237,10 @@ pub struct TerminationConfig {
     pub admin_addr: Option<SocketAddr>,
     /// Bearer token required by `POST /drain`, if configured (never printed by `Debug`).
     pub admin_token: Option<String>,
+    /// SIGUSR1 refuses new work at once, without `--shutdown-delay`'s Announcing (coturn's
+    /// SIGUSR1 since 4.6.3; set by the daemon, not by a flag). Default false: SIGUSR1 drains
+    /// as SIGTERM's `drain` does.
+    pub sigusr1_refuses_at_once: bool,
 }
 
 impl TerminationConfig {
@@ -249,6 +253,7 @@ impl TerminationConfig {
             drain_min_sessions: 0,
             admin_addr: None,
             admin_token: None,
+            sigusr1_refuses_at_once: false,
         }
     }
 }
@@ -265,6 +270,7 @@ impl fmt::Debug for TerminationConfig {
                 "admin_token",
                 &self.admin_token.as_ref().map(|_| "<redacted>"),
             )
+            .field("sigusr1_refuses_at_once", &self.sigusr1_refuses_at_once)
             .finish()
     }
 }
@@ -350,6 +356,7 @@ impl TerminationArgs {
             drain_min_sessions,
             admin_addr,
             admin_token,
+            sigusr1_refuses_at_once: false,
         })
     }
 

@@ -384,6 +384,7 @@ pub struct Machine {
     shutdown_delay: Duration,
     drain_timeout: Duration,
     min_sessions: u64,
+    sigusr1_refuses_at_once: bool,
     phase: Phase,
     drain: Option<Drain>,
     sessions: u64,
@@ -399,6 +400,7 @@ impl Machine {
             shutdown_delay: config.shutdown_delay,
             drain_timeout: config.drain_timeout,
             min_sessions: config.drain_min_sessions,
+            sigusr1_refuses_at_once: config.sigusr1_refuses_at_once,
             phase: Phase::Serving,
             drain: None,
             sessions: 0,
@@ -523,8 +525,10 @@ impl Machine {
     }
 
     fn start(&mut self, now: Instant, trigger: Trigger, linger: bool, out: &mut Vec<Action>) {
-        // While starting, readiness never rose: there is nothing to announce.
-        let delay = if self.phase == Phase::Starting {
+        // While starting, readiness never rose: there is nothing to announce. A daemon whose
+        // SIGUSR1 means "refuse now" (coturn's) skips the announce too.
+        let refuse_now = trigger == Trigger::Sigusr1 && self.sigusr1_refuses_at_once;
+        let delay = if self.phase == Phase::Starting || refuse_now {
             Duration::ZERO
         } else {
             self.shutdown_delay

@@ -7,7 +7,8 @@
 //! connector gets in the differential test, so both engines run identical rules.
 //!
 //! Order matters (it follows Debian's `/usr/share/modsecurity-crs/owasp-crs.load`):
-//! 1. Engine settings (`SecRuleEngine`, body access and limits, body processors).
+//! 1. Engine settings (`SecRuleEngine`, body access and limits, body processors), and the
+//!    engine's own limits ([`ENGINE_LIMITS`]: what one request may cost).
 //! 2. `Include /etc/modsecurity/crs/crs-setup.conf`: the `SecDefaultAction`s for phases 1
 //!    and 2 (anomaly scoring, `pass`) and rule 900990. No `SecDefaultAction` is written
 //!    here: a second one for the same phase is a configuration error.
@@ -253,9 +254,41 @@ pub fn debian_default_directives(opts: &CrsOptions) -> String {
     s.push_str("# Written by lastcall-modsec: engine settings Debian does not ship, then CRS.\n");
     engine_settings(&mut s, opts);
     body_processor_rules(&mut s);
+    s.push_str(ENGINE_LIMITS);
     crs(&mut s, opts);
     s
 }
+
+/// The engine's own limits, so that one request's evaluation ends in bounded time (measured
+/// in docs/spoa.md, *Limits*, with `cargo run --release -p lastcall-modsec --example cost`):
+///
+/// - `SecPcreMatchLimit 50000`: CRS 3.3's rules 941140 and 941160 (XSS, on every argument,
+///   cookie, `User-Agent` and `Referer`) backtrack from each `=` and each quote to the end of
+///   the value, so their cost grows with the square of its length (`1' OR 1=1-- ` repeated:
+///   16 KB 0.14 s, 64 KB 1.9 s, 128 KB 6.4 s). The limit ends such a match early, and a match
+///   that hits it ends the whole search: a 1 MiB query then costs 0.6 s (libmodsecurity
+///   3.0.14). No benign value of up to 16 KB (HAProxy's default buffer) we measured reaches
+///   it. libmodsecurity 3.0.9 reads the directive and ignores it (its PCRE keeps its own
+///   limit of ten million per start position); 3.0.10 and later honour it.
+/// - `SecArgumentsLimit 1000` and rule 200007 (upstream's recommended pair): the rules' cost
+///   grows with the square of the number of arguments (5,000: 0.8 s, 20,000: 7.3 s); a
+///   request with 1000 or more is refused with 400 (PHP's `max_input_vars` is 1000 too).
+/// - Rules 9990130 and 9990131: a request line or a request header value longer than
+///   64 KiB is refused in phase 1, before any rule reads it (nginx and Apache refuse more
+///   than 8 KiB, HAProxy's default buffer holds 16 KiB; the limits are for agents reached
+///   directly, or behind a raised `tune.bufsize`, where libmodsecurity 3.0.9 would spend
+///   minutes on a 1 MiB value). Bodies are bounded by `SecRequestBodyNoFilesLimit`.
+/// - Rule 9990132: more than 1024 request headers are refused in phase 1 (rule 920450's
+///   cost grows with the square of their number: 20,000 took 4.5 s; HAProxy sends at most
+///   `tune.http.maxhdr`, 101 by default; Apache refuses more than 100).
+pub const ENGINE_LIMITS: &str = "\
+SecPcreMatchLimit 50000
+SecArgumentsLimit 1000
+SecRule &ARGS \"@ge 1000\" \"id:200007,phase:2,t:none,log,deny,status:400,msg:'Failed to fully parse request body due to large argument count',severity:2\"
+SecRule REQUEST_LINE \"@gt 65536\" \"id:9990130,phase:1,t:none,t:length,log,deny,status:414,msg:'Request line longer than 65536 bytes'\"
+SecRule REQUEST_HEADERS \"@gt 65536\" \"id:9990131,phase:1,t:none,t:length,log,deny,status:400,msg:'Request header longer than 65536 bytes: %{MATCHED_VAR_NAME}'\"
+SecRule &REQUEST_HEADERS \"@gt 1024\" \"id:9990132,phase:1,t:none,log,deny,status:400,msg:'More than 1024 request headers'\"
+";
 
 fn engine_settings(s: &mut String, o: &CrsOptions) {
     let engine = if o.detect_only { "DetectionOnly" } else { "On" };
@@ -391,6 +424,8 @@ mod tests {
         assert!(d.contains("setvar:tx.inbound_anomaly_score_threshold=10\""));
         let pos = |needle: &str| d.find(needle).unwrap_or(usize::MAX);
         assert!(pos("SecRuleEngine") < pos("Include /etc/modsecurity/crs/crs-setup.conf"));
+        assert!(pos("SecPcreMatchLimit 50000") < pos("crs-setup.conf"));
+        assert!(pos("id:200007") < pos("crs-setup.conf"));
         assert!(pos("crs-setup.conf") < pos("id:900000"));
         assert!(pos("id:900000") < pos("Include /usr/share/modsecurity-crs/rules/*.conf"));
         assert!(!d.contains("IncludeOptional"));

@@ -42,6 +42,8 @@ pub fn frames(data: &[u8]) {
         max_inflight: 1 << 20,
         drain_quiet: std::time::Duration::ZERO,
         partial_frame_timeout: std::time::Duration::from_secs(30),
+        hello_timeout: std::time::Duration::from_secs(10),
+        idle_timeout: std::time::Duration::from_secs(600),
     };
     let mut conn = Conn::new(settings, Drain::SERVING, now);
     let mut hello = Vec::new();
@@ -86,12 +88,17 @@ pub fn messages(data: &[u8]) {
 }
 
 /// HAProxy's header blocks: the binary decoder never panics, and what it decodes encodes back
-/// to a block that decodes the same; the text decoder never panics.
+/// to a block that decodes the same; the text decoder never panics; neither returns more
+/// than `MAX_HEADERS`.
 pub fn header_blocks(data: &[u8]) {
-    let _ = hdrs::parse_hdrs_text(data);
-    let Some(headers) = hdrs::parse_hdrs_bin(data) else {
+    if let Ok(text) = hdrs::parse_hdrs_text(data) {
+        assert!(text.len() <= hdrs::MAX_HEADERS);
+    }
+    let _ = hdrs::parse_hdrs(data, true);
+    let Ok(headers) = hdrs::parse_hdrs_bin(data) else {
         return;
     };
+    assert!(headers.len() <= hdrs::MAX_HEADERS);
     let mut block = Vec::new();
     for (name, value) in &headers {
         assert!(!name.is_empty());
@@ -101,7 +108,7 @@ pub fn header_blocks(data: &[u8]) {
         }
     }
     block.extend_from_slice(&[0, 0]);
-    assert_eq!(hdrs::parse_hdrs_bin(&block).as_ref(), Some(&headers));
+    assert_eq!(hdrs::parse_hdrs_bin(&block).as_ref(), Ok(&headers));
 }
 
 #[cfg(test)]

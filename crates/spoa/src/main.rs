@@ -141,12 +141,17 @@ fn main() {
             tracing::warn!("{flag} (Go's profiler in coraza-spoa) is accepted and ignored; profile with perf instead");
         }
     }
-    let mut builder = tokio::runtime::Builder::new_multi_thread();
     if cfg.evaluation == Evaluation::Inline {
-        // Evaluations run on the I/O threads: `workers` of them bound how many run at once.
-        builder.worker_threads(cfg.workers);
+        tracing::warn!(
+            "evaluation: inline is no longer done and is ignored: every evaluation runs on the \
+             evaluation threads (one slow evaluation on an I/O thread held up every connection, \
+             the signals and the probes; docs/spoa.md)"
+        );
     }
-    let runtime = match builder.enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(runtime) => runtime,
         Err(e) => fail(
             exit::OS_ERROR,
@@ -428,7 +433,10 @@ async fn serve(cli: Cli, matches: ArgMatches, mut daemon: Daemon, cfg: Config, a
     let limits = Limits {
         max_frame_size: cfg.max_frame_size,
         max_inflight_per_connection: cfg.max_inflight_per_connection,
-        evaluation: cfg.evaluation,
+        evaluation_timeout: cfg.evaluation_timeout,
+        hello_timeout: cfg.hello_timeout,
+        idle_timeout: cfg.idle_timeout,
+        max_buffered_bytes: cfg.max_buffered_bytes,
         ..Limits::default()
     };
     let handler: Arc<dyn engine::Handler> = waf.clone();
@@ -474,10 +482,10 @@ async fn serve(cli: Cli, matches: ArgMatches, mut daemon: Daemon, cfg: Config, a
     });
     daemon.ready();
     tracing::info!(
-        "listening on {addr} (SPOP; max-frame-size {}, {} workers, evaluation {})",
+        "listening on {addr} (SPOP; max-frame-size {}, {} workers, evaluation_timeout {})",
         cfg.max_frame_size,
         cfg.workers,
-        cfg.evaluation.as_str()
+        lastcall::duration::format(cfg.evaluation_timeout)
     );
 
     let served = daemon.serve().await;

@@ -55,6 +55,13 @@ pub struct Metrics {
     pub transactions_expired: Counter,
     /// coraza-spoa's `coraza_handle_spoe_duration_seconds`: one observation per message.
     handle_spoe: Histogram,
+    budget: Family<Labels, Counter>,
+    /// Evaluations still running past their budget (answered already).
+    pub overrunning: Gauge,
+    /// Bytes held for frames: read buffers and NOTIFYs waiting for or in evaluation.
+    pub buffered_bytes: Gauge,
+    /// Connections closed for idleness (no HELLO in time, or idle after it), by when.
+    timeouts: Family<Labels, Counter>,
 }
 
 impl Default for Metrics {
@@ -78,6 +85,10 @@ impl Default for Metrics {
             handle_spoe: Histogram::new([
                 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
             ]),
+            budget: Family::default(),
+            overrunning: Gauge::default(),
+            buffered_bytes: Gauge::default(),
+            timeouts: Family::default(),
         }
     }
 }
@@ -146,6 +157,44 @@ impl Metrics {
             "Kept transactions dropped by TTL or bound before their response came",
             self.transactions_expired.clone(),
         );
+        r.register(
+            "evaluations_failed_closed",
+            "NOTIFYs answered with the error variable for lack of time: at evaluation_timeout \
+             (deadline), or at once while max_overruns runaways run (overloaded)",
+            self.budget.clone(),
+        );
+        r.register(
+            "evaluations_overrunning",
+            "Evaluations still running past evaluation_timeout (their NOTIFY answered already)",
+            self.overrunning.clone(),
+        );
+        r.register(
+            "buffered_bytes",
+            "Bytes held for SPOP frames: read buffers and NOTIFYs waiting for or in evaluation",
+            self.buffered_bytes.clone(),
+        );
+        r.register(
+            "connections_timed_out",
+            "Connections closed with nothing to do: no HELLO within hello_timeout (hello), or \
+             idle for idle_timeout (idle)",
+            self.timeouts.clone(),
+        );
+    }
+
+    /// Counts a NOTIFY answered with the error variable for lack of time (`deadline` or
+    /// `overloaded`).
+    pub fn failed_closed(&self, reason: &'static str) {
+        self.budget.get_or_create(&vec![("reason", reason)]).inc();
+    }
+
+    /// Current count of [`failed_closed`](Self::failed_closed) (tests).
+    pub fn failed_closed_with(&self, reason: &'static str) -> u64 {
+        self.budget.get_or_create(&vec![("reason", reason)]).get()
+    }
+
+    /// Counts a connection closed for idleness (`hello` or `idle`).
+    pub fn timed_out(&self, when: &'static str) {
+        self.timeouts.get_or_create(&vec![("when", when)]).inc();
     }
 
     /// Counts a request verdict.

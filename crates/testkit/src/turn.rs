@@ -35,7 +35,8 @@ const TRIES: u32 = 6;
 /// Marker at the start of every stream payload.
 const MAGIC: [u8; 4] = *b"LCTT";
 /// Stream payload: marker + sequence number + padding to a voice-frame size.
-const PAYLOAD: usize = 160;
+/// Bytes of each streamed datagram's payload.
+pub const PAYLOAD: usize = 160;
 
 /// Why a request failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -448,6 +449,15 @@ impl TurnClient {
                 (seq as u64, ms, err)
             })
             .collect()
+    }
+
+    /// Datagrams sent, and echoes received, with their instant in `[from, to)`.
+    pub fn counted_between(&self, from: Instant, to: Instant) -> (u64, u64) {
+        let log = self.shared.log.lock();
+        let within = |t: &&Instant| **t >= from && **t < to;
+        let sent = log.sent.iter().filter(within).count() as u64;
+        let received = log.received.values().filter(within).count() as u64;
+        (sent, received)
     }
 
     /// When the last echo arrived.

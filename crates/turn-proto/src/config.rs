@@ -13,8 +13,9 @@ use crate::policy::PeerPolicy;
 pub struct ServerConfig {
     /// coturn `realm`: sent in REALM, part of every long-term key.
     pub realm: String,
-    /// Credentials. With no static user and no REST secret the server runs without
-    /// authentication (coturn's default `no-auth`): every request is accepted anonymously.
+    /// Credentials. With no static user and no REST secret, and `allow_anonymous`, the server
+    /// runs without authentication (coturn's `no-auth`): every request is accepted
+    /// anonymously. Without `allow_anonymous` a server with no credentials refuses everyone.
     pub auth: AuthConfig,
     /// Allocation, permission and channel lifetimes.
     pub lifetimes: Lifetimes,
@@ -38,7 +39,76 @@ pub struct ServerConfig {
     pub max_permissions_per_allocation: usize,
     /// Most channels one allocation may hold (further new channels get 508). Default 1024.
     pub max_channels_per_allocation: usize,
+    /// coturn `unauthorized-ratelimit-rps`: the most responses larger than their request (the
+    /// 401/438 challenge, the Binding success) sent to one source IP per second over UDP, the
+    /// one transport whose source can be spoofed; 0 = no limit. Default
+    /// [`UNAUTHORIZED_RPS`] (on, unlike coturn).
+    pub unauthorized_rps: u32,
+    /// What is answered: STUN and TURN (default), STUN only (coturn `stun-only`: TURN
+    /// requests get no answer) or TURN only (`no-stun`: Binding requests get no answer).
+    pub service: Service,
+    /// coturn `secure-stun`: Binding requests need long-term credentials too.
+    pub secure_stun: bool,
+    /// coturn `check-origin-consistency`: every request on an allocation must carry the
+    /// ORIGIN of the Allocate that made it (or none if that had none); 441 otherwise.
+    pub check_origin: bool,
+    /// coturn `include-reason-string`: error responses carry their RFC reason phrase, except
+    /// an unauthenticated one that the phrase would make larger than its request.
+    pub reason_phrases: bool,
+    /// coturn `fingerprint`: FINGERPRINT on every response and Data indication (otherwise on
+    /// responses to requests that carry one).
+    pub fingerprint: bool,
+    /// coturn `allocation-default-address-family`: the relay family of an Allocate that
+    /// names none.
+    pub default_family: DefaultFamily,
+    /// coturn `max-bps` / `bps-capacity`.
+    pub bandwidth: Bandwidth,
 }
+
+/// Which requests are answered (coturn `stun-only`, `no-stun`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Service {
+    /// STUN Binding and TURN.
+    #[default]
+    StunAndTurn,
+    /// Binding only; every other request is dropped without an answer.
+    StunOnly,
+    /// TURN only; Binding requests are dropped without an answer.
+    TurnOnly,
+}
+
+/// The relay family of an Allocate without REQUESTED-ADDRESS-FAMILY.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DefaultFamily {
+    /// IPv4 (RFC 8656).
+    #[default]
+    Ipv4,
+    /// IPv6.
+    Ipv6,
+    /// The family of the client's own address (coturn `keep-address-family`).
+    Keep,
+}
+
+/// Bandwidth limits, in bytes per second (0 = none).
+///
+/// Each allocation relays at most `max_bps` of payload in each direction (client to peer:
+/// the data of ChannelData and Send; peer to client: the datagrams received from peers);
+/// what is over is dropped (a token bucket holding one second's worth,
+/// so short bursts pass). With `capacity`, every new allocation reserves `max_bps` of it (or
+/// what is left) until it ends, and an Allocate that finds none left gets 486 (coturn's
+/// `bps-capacity`, which needs `max-bps`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Bandwidth {
+    /// coturn `max-bps`: per allocation and direction.
+    pub max_bps: u64,
+    /// coturn `bps-capacity`: what all allocations together may reserve.
+    pub capacity: u64,
+}
+
+/// Default [`ServerConfig::unauthorized_rps`]: generous for clients behind one NAT (each needs
+/// one challenge per allocation), while a spoofed flood reflects at most this many
+/// challenges a second to its victim.
+pub const UNAUTHORIZED_RPS: u32 = 100;
 
 impl ServerConfig {
     /// Defaults: no credentials (anonymous), coturn's lifetimes (600 s default allocation,
@@ -58,6 +128,14 @@ impl ServerConfig {
             software: None,
             max_permissions_per_allocation: 1024,
             max_channels_per_allocation: 1024,
+            unauthorized_rps: UNAUTHORIZED_RPS,
+            service: Service::default(),
+            secure_stun: false,
+            check_origin: false,
+            reason_phrases: false,
+            fingerprint: false,
+            default_family: DefaultFamily::default(),
+            bandwidth: Bandwidth::default(),
         }
     }
 }
@@ -75,12 +153,17 @@ pub struct AuthConfig {
     /// Separator between the expiry and the user in REST usernames (coturn
     /// `rest-api-separator`, default `:`).
     pub rest_separator: char,
+    /// Whether a server without any credential runs anonymously (`true`, the default of
+    /// [`ServerConfig::new`]) or refuses everyone (`false`: credentials that come and go, e.g.
+    /// from a user database, never make an open relay).
+    pub allow_anonymous: bool,
 }
 
 impl AuthConfig {
-    /// `true` if any credential is configured (otherwise the server is anonymous).
+    /// `true` if requests must authenticate: a credential is configured, or anonymous
+    /// access is not allowed.
     pub fn required(&self) -> bool {
-        !self.users.is_empty() || !self.rest_secrets.is_empty()
+        !self.allow_anonymous || !self.users.is_empty() || !self.rest_secrets.is_empty()
     }
 
     /// Add a static user from coturn's `user=` value (`name:password` or `name:0xHEXKEY`,
@@ -98,6 +181,7 @@ impl Default for AuthConfig {
             users: HashMap::new(),
             rest_secrets: Vec::new(),
             rest_separator: ':',
+            allow_anonymous: true,
         }
     }
 }

@@ -68,7 +68,10 @@
 //!   challenge carrying REALM and NONCE (exactly `20 + 8 + 4 + pad4(realm) + 20` bytes, plus
 //!   8 if the request had FINGERPRINT; 72 bytes for realm `example.org`, against 60 bytes for
 //!   `turnutils_uclient`'s first Allocate). Error responses carry no reason phrase and no
-//!   SOFTWARE. Responses to authenticated requests are not limited: nonces are bound to the
+//!   SOFTWARE. Those two exceptions are limited per source IP over UDP to
+//!   [`ServerConfig::unauthorized_rps`] a second (coturn's `unauthorized-ratelimit`, on here
+//!   by default; counted in [`Counters::ratelimited_responses`]). Responses to authenticated
+//!   requests are not limited: nonces are bound to the
 //!   client's IP address, so a spoofed source can never produce an authenticated request.
 //! - **Stateless nonces**: 16 characters, base64url(32-bit time || first 8 bytes of
 //!   HMAC-SHA1(secret, time || client IP)). Older than `stale-nonce`, from another IP, or made
@@ -116,8 +119,8 @@ pub mod types;
 
 pub use auth::{rest_expiry, rest_password, NONCE_LEN};
 pub use config::{
-    parse_coturn_user, AuthConfig, ConfigError, ExternalIp, Lifetimes, NonceConfig, Quotas,
-    RelayConfig, ServerConfig, UserKey,
+    parse_coturn_user, AuthConfig, Bandwidth, ConfigError, DefaultFamily, ExternalIp, Lifetimes,
+    NonceConfig, Quotas, RelayConfig, ServerConfig, Service, UserKey,
 };
 pub use frame::{stream_frame_len, FrameError, CHANNEL_MAX, CHANNEL_MIN};
 pub use policy::{DenyReason, IpRange, IpRangeError, PeerPolicy};

@@ -11,7 +11,8 @@
 //! plus FINGERPRINT if the request had one: at most 52 bytes) and the 401/438 challenge
 //! (header + ERROR-CODE without reason phrase + REALM + a 16-byte NONCE, plus FINGERPRINT if
 //! the request had one: at most `64 + realm` bytes), which a client needs before it can
-//! authenticate. Responses to authenticated requests are not limited: nonces are bound to
+//! authenticate. Over UDP those two are limited per source IP to
+//! [`ServerConfig::unauthorized_rps`] a second (a fixed table: no memory per source). Responses to authenticated requests are not limited: nonces are bound to
 //! the client's IP address, so an off-path attacker spoofing a victim's address can never
 //! produce an authenticated request.
 
@@ -21,10 +22,10 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::auth::{keys_for, make_nonce, nonce_valid, Keys};
-use crate::config::ServerConfig;
+use crate::config::{Bandwidth, ServerConfig, Service};
 use crate::frame::{channel_in_range, parse_channel_data, write_channel_data};
 use crate::hash::Seeded;
-use crate::stun::{attr, decode_address, method, Attr, Builder, Class, Message};
+use crate::stun::{attr, decode_address, method, reason_phrase, Attr, Builder, Class, Message};
 use crate::types::{
     AuthFailure, ClientAddr, Counters, DeleteReason, DrainMode, Event, Output, RelayAddrs,
     Transmit, Transport, MAX_QUEUED_EVENTS,
@@ -69,6 +70,50 @@ pub struct Server {
     next_request: u64,
     /// Relay sockets to close, for [`Server::poll_release`].
     releases: VecDeque<SocketAddr>,
+    /// Alternates by client transport (UDP, TCP, TLS) that replace the drain's list.
+    transport_alternates: [Vec<SocketAddr>; 3],
+    /// Bandwidth reserved by live and waiting allocations (`bps-capacity`).
+    bps_reserved: u64,
+    /// Amplifying responses sent to UDP sources this second (`unauthorized_rps`).
+    unauthorized: SourceBudget,
+}
+
+/// Slots of [`SourceBudget`]: sources hashed together share one budget (rarely, with a random
+/// seed), and the memory is fixed whatever the number of sources.
+const SOURCE_SLOTS: usize = 4096;
+
+/// A per-source-IP count of responses in the current second, in a fixed table.
+struct SourceBudget {
+    hasher: Seeded,
+    /// Second 1 starts here (0: a slot never used).
+    anchor: Instant,
+    /// (second, responses sent in it) per slot.
+    slots: Box<[(u64, u32)]>,
+}
+
+impl SourceBudget {
+    fn new(now: Instant) -> SourceBudget {
+        SourceBudget {
+            hasher: Seeded::random(),
+            anchor: now,
+            slots: vec![(0, 0); SOURCE_SLOTS].into_boxed_slice(),
+        }
+    }
+
+    /// Whether `ip` may get one more response in the second of `now`, counting it if so.
+    fn take(&mut self, ip: IpAddr, now: Instant, limit: u32) -> bool {
+        use std::hash::BuildHasher;
+        let second = now.saturating_duration_since(self.anchor).as_secs() + 1;
+        let slot = &mut self.slots[(self.hasher.hash_one(ip) as usize) % SOURCE_SLOTS];
+        if slot.0 != second {
+            *slot = (second, 0);
+        }
+        if slot.1 >= limit {
+            return false;
+        }
+        slot.1 += 1;
+        true
+    }
 }
 
 struct Allocation {
@@ -82,6 +127,64 @@ struct Allocation {
     perms: Vec<(IpAddr, Instant)>,
     channels: Vec<Channel>,
     scheduled: Instant,
+    /// The canonical ORIGIN of the Allocate (`check-origin-consistency`).
+    origin: Option<String>,
+    /// `max-bps`: the allocation's buckets, and what it reserved of `bps-capacity`.
+    bandwidth: Option<Buckets>,
+}
+
+/// What an allocation is given besides its relays: its ORIGIN and its bandwidth.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Grant {
+    origin: Option<String>,
+    /// Bytes per second in each direction (0: no limit), reserved of `bps-capacity`.
+    bps: u64,
+}
+
+/// One direction's token bucket: at most one second's worth of bytes.
+#[derive(Clone, Copy, Debug)]
+struct Bucket {
+    tokens: u64,
+    last: Instant,
+}
+
+impl Bucket {
+    fn full(rate: u64, now: Instant) -> Bucket {
+        Bucket {
+            tokens: rate,
+            last: now,
+        }
+    }
+
+    /// Takes `len` bytes if the bucket holds them (refilled at `rate` bytes/s first).
+    fn take(&mut self, rate: u64, now: Instant, len: usize) -> bool {
+        let elapsed = now.saturating_duration_since(self.last);
+        if !elapsed.is_zero() {
+            let add = u128::from(rate) * elapsed.as_nanos() / 1_000_000_000;
+            let add = u64::try_from(add).unwrap_or(u64::MAX);
+            if add > 0 {
+                self.tokens = self.tokens.saturating_add(add).min(rate);
+                self.last = now;
+            }
+        }
+        let len = len as u64;
+        if self.tokens >= len {
+            self.tokens -= len;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+/// `max-bps` buckets of one allocation.
+#[derive(Clone, Copy, Debug)]
+struct Buckets {
+    rate: u64,
+    /// Client to peer.
+    up: Bucket,
+    /// Peer to client.
+    down: Bucket,
 }
 
 #[derive(Clone, Copy)]
@@ -100,6 +203,7 @@ struct Attrs<'a> {
     integrity: Option<Attr<'a>>,
     integrity256: Option<Attr<'a>>,
     fingerprint: Option<Attr<'a>>,
+    origin: Option<&'a [u8]>,
     lifetime: Option<u32>,
     transport: Option<u8>,
     family: Option<u8>,
@@ -136,6 +240,9 @@ impl<'a> Attrs<'a> {
                 attr::USERNAME => a.username = Some(at.value),
                 attr::REALM => a.realm = Some(at.value),
                 attr::NONCE => a.nonce = Some(at.value),
+                attr::ORIGIN if a.origin.is_none() && !at.value.is_empty() => {
+                    a.origin = Some(at.value);
+                }
                 attr::LIFETIME => match <[u8; 4]>::try_from(at.value) {
                     Ok(v) => a.lifetime = Some(u32::from_be_bytes(v)),
                     Err(_) => a.malformed = true,
@@ -216,6 +323,8 @@ struct Ctx {
     txid: [u8; 12],
     fingerprint: bool,
     auth: Option<([u8; 16], bool)>,
+    /// The request's length (a reason phrase must not make an unauthenticated answer larger).
+    request_len: usize,
 }
 
 impl Ctx {
@@ -272,6 +381,9 @@ impl Server {
             pending: Vec::new(),
             next_request: 1,
             releases: VecDeque::new(),
+            transport_alternates: Default::default(),
+            bps_reserved: 0,
+            unauthorized: SourceBudget::new(now),
         };
         server.sync_wall_clock(now, wall);
         server
@@ -319,6 +431,48 @@ impl Server {
     /// Current drain mode.
     pub fn drain(&self) -> &DrainMode {
         &self.drain
+    }
+
+    /// Alternates for clients of one transport (coturn's `udp-alternate-server`,
+    /// `tcp-alternate-server`, `tls-alternate-server`): while refusing, a new Allocate over
+    /// `transport` is sent to these instead of the drain's list (empty: the drain's list).
+    pub fn set_transport_alternates(&mut self, transport: Transport, alternates: Vec<SocketAddr>) {
+        if let Some(slot) = self
+            .transport_alternates
+            .get_mut(transport_index(transport))
+        {
+            *slot = alternates;
+        }
+    }
+
+    /// Replaces the credentials (a user database was read again): static users and TURN REST
+    /// API secrets. Allocations keep going; their next request is checked with these.
+    pub fn set_credentials(
+        &mut self,
+        users: HashMap<String, crate::UserKey>,
+        rest_secrets: Vec<Vec<u8>>,
+    ) {
+        self.config.auth.users = users;
+        self.config.auth.rest_secrets = rest_secrets;
+    }
+
+    /// Replaces the `allowed-peer-ip` and `denied-peer-ip` ranges; new permissions and
+    /// channels are checked with these.
+    pub fn set_peer_ranges(&mut self, allowed: Vec<crate::IpRange>, denied: Vec<crate::IpRange>) {
+        self.config.peer_policy.allowed = allowed;
+        self.config.peer_policy.denied = denied;
+    }
+
+    /// Replaces the quotas and bandwidth limits (realm options of a user database); they
+    /// apply to new allocations.
+    pub fn set_limits(&mut self, quotas: crate::Quotas, bandwidth: Bandwidth) {
+        self.config.quotas = quotas;
+        self.config.bandwidth = bandwidth;
+    }
+
+    /// Bandwidth reserved of `bps-capacity` by live and waiting allocations.
+    pub fn bandwidth_reserved(&self) -> u64 {
+        self.bps_reserved
     }
 
     /// Live allocations.
@@ -410,7 +564,7 @@ impl Server {
             Class::Request => match self.request(now, &from, &msg, &attrs, out) {
                 Reply::Bind(request) => Some(Output::BindRelay(request)),
                 reply => self
-                    .respond(reply, data.len(), from, out)
+                    .respond(now, reply, data.len(), from, out)
                     .map(Output::Transmit),
             },
             _ => None,
@@ -421,6 +575,7 @@ impl Server {
     /// guard drops it.
     fn respond<'a>(
         &mut self,
+        now: Instant,
         reply: Reply,
         request_len: usize,
         to: ClientAddr,
@@ -429,6 +584,19 @@ impl Server {
         match reply {
             Reply::Normal if out.len() > request_len => {
                 self.counters.suppressed_responses += 1;
+                None
+            }
+            Reply::Exempt
+                if out.len() > request_len
+                    && to.transport == Transport::Udp
+                    && self.config.unauthorized_rps > 0
+                    && !self.unauthorized.take(
+                        to.client.ip(),
+                        now,
+                        self.config.unauthorized_rps,
+                    ) =>
+            {
+                self.counters.ratelimited_responses += 1;
                 None
             }
             Reply::Normal | Reply::Exempt | Reply::Authenticated => {
@@ -450,7 +618,8 @@ impl Server {
             self.counters.malformed += 1;
             return None;
         };
-        let found = self.by_client.get(from).and_then(|&i| {
+        let idx = self.by_client.get(from).copied();
+        let found = idx.and_then(|i| {
             let a = self.allocs.get(i)?.as_ref().filter(|a| a.expires > now)?;
             let ch = a
                 .channels
@@ -463,7 +632,25 @@ impl Server {
             let relay = a.relays.for_family(ch.peer.is_ipv4())?;
             permitted.then_some((relay, ch.peer))
         });
+        if found.is_some() && !self.bandwidth_up(idx, now, payload.len()) {
+            return None;
+        }
         self.relay_to_peer(found, payload)
+    }
+
+    /// Whether allocation `idx` may relay `len` more bytes from its client (`max-bps`);
+    /// counts what it may not.
+    fn bandwidth_up(&mut self, idx: Option<usize>, now: Instant, len: usize) -> bool {
+        let bw = idx.and_then(|i| self.allocs.get_mut(i)?.as_mut()?.bandwidth.as_mut());
+        let Some(b) = bw else {
+            return true;
+        };
+        let rate = b.rate;
+        if b.up.take(rate, now, len) {
+            return true;
+        }
+        self.counters.bandwidth_dropped += 1;
+        false
     }
 
     fn send_indication<'a>(
@@ -480,7 +667,8 @@ impl Server {
             self.counters.client_data_dropped += 1;
             return None;
         }
-        let found = self.by_client.get(from).and_then(|&i| {
+        let idx = self.by_client.get(from).copied();
+        let found = idx.and_then(|i| {
             let a = self.allocs.get(i)?.as_ref().filter(|a| a.expires > now)?;
             let permitted = a
                 .perms
@@ -489,6 +677,9 @@ impl Server {
             let relay = a.relays.for_family(peer.is_ipv4())?;
             permitted.then_some((relay, peer))
         });
+        if found.is_some() && !self.bandwidth_up(idx, now, payload.len()) {
+            return None;
+        }
         self.relay_to_peer(found, payload)
     }
 
@@ -532,7 +723,8 @@ impl Server {
     ) -> Option<Transmit<'a>> {
         self.counters.peer_packets_in += 1;
         self.counters.peer_bytes_in += data.len() as u64;
-        let target = self.by_relay.get(&relay).and_then(|&i| {
+        let idx = self.by_relay.get(&relay).copied();
+        let target = idx.and_then(|i| {
             let a = self.allocs.get(i)?.as_ref()?;
             if a.expires <= now
                 || !a
@@ -553,6 +745,13 @@ impl Server {
             self.counters.peer_dropped += 1;
             return None;
         };
+        let bw = idx.and_then(|i| self.allocs.get_mut(i)?.as_mut()?.bandwidth.as_mut());
+        if let Some(b) = bw {
+            if !b.down.take(b.rate, now, data.len()) {
+                self.counters.bandwidth_dropped += 1;
+                return None;
+            }
+        }
         let ok = match channel {
             Some(n) => write_channel_data(out, n, data, client.transport.is_stream()),
             None => self.write_data_indication(out, peer, data),
@@ -581,6 +780,9 @@ impl Server {
         let mut b = Builder::new(out, method::DATA, Class::Indication, txid);
         b.xor_address(attr::XOR_PEER_ADDRESS, peer)
             .attr(attr::DATA, data);
+        if self.config.fingerprint {
+            b.fingerprint();
+        }
         true
     }
 
@@ -673,6 +875,9 @@ impl Server {
             self.releases.push_back(r);
         }
         self.unreserve_user(&a.username);
+        if let Some(b) = a.bandwidth {
+            self.bps_reserved = self.bps_reserved.saturating_sub(b.rate);
+        }
         self.counters.allocations_deleted += 1;
         self.push_event(Event::AllocationDeleted {
             client: a.client,
@@ -714,22 +919,16 @@ impl Server {
         let mut ctx = Ctx {
             method: msg.method(),
             txid: msg.transaction_id(),
-            fingerprint: attrs.fingerprint.is_some(),
+            fingerprint: attrs.fingerprint.is_some() || self.config.fingerprint,
             auth: None,
+            request_len: msg.len(),
         };
+        match (self.config.service, ctx.method == method::BINDING) {
+            (Service::StunOnly, false) | (Service::TurnOnly, true) => return Reply::Silent,
+            _ => {}
+        }
         if ctx.method == method::BINDING {
-            self.counters.binding_requests += 1;
-            if attrs.unknown_count > 0 {
-                self.counters.binding_errors += 1;
-                return self.unknown_attributes(&ctx, attrs, out);
-            }
-            self.counters.binding_responses += 1;
-            let mut b = Builder::new(out, method::BINDING, Class::Success, ctx.txid);
-            b.xor_address(attr::XOR_MAPPED_ADDRESS, from.client);
-            if ctx.fingerprint {
-                b.fingerprint();
-            }
-            return Reply::Exempt;
+            return self.binding(now, from, msg, attrs, ctx, out);
         }
         if !matches!(
             ctx.method,
@@ -761,6 +960,11 @@ impl Server {
             {
                 self.delete(idx, DeleteReason::Expired);
                 existing = None;
+            }
+        }
+        if let (Some(idx), true) = (existing, self.config.check_origin) {
+            if !self.same_origin(idx, attrs.origin) {
+                return self.error(&ctx, 441, out);
             }
         }
         if let (Some(idx), Some(a)) = (existing, &authed) {
@@ -796,6 +1000,53 @@ impl Server {
             }
             (_, Some(idx)) => self.channel_bind(now, idx, from, attrs, &ctx, out),
         }
+    }
+
+    /// A Binding request: its XOR-MAPPED-ADDRESS, after authentication with `secure-stun`.
+    fn binding(
+        &mut self,
+        now: Instant,
+        from: &ClientAddr,
+        msg: &Message<'_>,
+        attrs: &Attrs<'_>,
+        mut ctx: Ctx,
+        out: &mut Vec<u8>,
+    ) -> Reply {
+        self.counters.binding_requests += 1;
+        if self.config.secure_stun {
+            match self.authenticate(now, from, msg, attrs, &ctx, out) {
+                Ok(Some(a)) => ctx.auth = Some((a.key, a.sha256)),
+                Ok(None) => {}
+                Err(reply) => {
+                    self.counters.binding_errors += 1;
+                    return reply;
+                }
+            }
+        }
+        if attrs.unknown_count > 0 {
+            self.counters.binding_errors += 1;
+            return self.unknown_attributes(&ctx, attrs, out);
+        }
+        self.counters.binding_responses += 1;
+        if ctx.auth.is_some() {
+            return self.success(&ctx, out, |b| {
+                b.xor_address(attr::XOR_MAPPED_ADDRESS, from.client);
+            });
+        }
+        let mut b = Builder::new(out, method::BINDING, Class::Success, ctx.txid);
+        b.xor_address(attr::XOR_MAPPED_ADDRESS, from.client);
+        if ctx.fingerprint {
+            b.fingerprint();
+        }
+        Reply::Exempt
+    }
+
+    /// `check-origin-consistency`: whether a request's ORIGIN is the allocation's.
+    fn same_origin(&self, idx: usize, origin: Option<&[u8]>) -> bool {
+        let Some(Some(a)) = self.allocs.get(idx) else {
+            return true;
+        };
+        a.origin.as_deref() == origin.map(canonical_origin).as_deref()
     }
 
     /// Long-term credential check. `Ok(None)`: anonymous server.
@@ -919,8 +1170,21 @@ impl Server {
         out: &mut Vec<u8>,
         f: impl FnOnce(&mut Builder<'_>),
     ) -> Reply {
+        let phrase = reason_phrase(code);
         let mut b = Builder::new(out, ctx.method, Class::Error, ctx.txid);
-        b.error_code(code);
+        let with_phrase = self.config.reason_phrases
+            && (ctx.auth.is_some() || {
+                // Without credentials the answer must stay within the request's size.
+                let mut probe = Vec::new();
+                let mut p = Builder::new(&mut probe, ctx.method, Class::Error, ctx.txid);
+                p.error_code_with_reason(code, phrase);
+                probe.len() + (out_len_extra(ctx)) <= ctx.request_len
+            });
+        if with_phrase {
+            b.error_code_with_reason(code, phrase);
+        } else {
+            b.error_code(code);
+        }
         f(&mut b);
         self.finish(ctx, &mut b);
         ctx.reply_kind()
@@ -1114,6 +1378,46 @@ impl Server {
         }
         self.reschedule(idx, now);
         self.success(ctx, out, |_| {})
+    }
+}
+
+/// Bytes `finish` adds to an unauthenticated error: FINGERPRINT, when asked for.
+fn out_len_extra(ctx: &Ctx) -> usize {
+    if ctx.fingerprint {
+        8
+    } else {
+        0
+    }
+}
+
+/// coturn's canonical ORIGIN: `scheme://host:port` in lower case, the scheme's default port
+/// filled in (http, ws 80; https, wss 443); anything else as it is.
+pub(crate) fn canonical_origin(origin: &[u8]) -> String {
+    let text = String::from_utf8_lossy(origin);
+    let Some((scheme, rest)) = text.split_once("://") else {
+        return text.into_owned();
+    };
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    let authority = authority.rsplit('@').next().unwrap_or(authority);
+    let (host, port) = match authority.rsplit_once(':') {
+        Some((h, p)) if !h.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) && !p.is_empty() => {
+            (h, p.parse::<u16>().ok())
+        }
+        _ => (authority, None),
+    };
+    if scheme.is_empty() || host.is_empty() {
+        return text.into_owned();
+    }
+    let scheme = scheme.to_ascii_lowercase();
+    let port = port.or(match scheme.as_str() {
+        "http" | "ws" => Some(80),
+        "https" | "wss" => Some(443),
+        _ => None,
+    });
+    let host = host.to_ascii_lowercase();
+    match port {
+        Some(p) => format!("{scheme}://{host}:{p}"),
+        None => format!("{scheme}://{host}"),
     }
 }
 

@@ -69,6 +69,8 @@ pub mod attr {
     pub const SOFTWARE: u16 = 0x8022;
     pub const ALTERNATE_SERVER: u16 = 0x8023;
     pub const FINGERPRINT: u16 = 0x8028;
+    /// ORIGIN (draft-ietf-tram-stun-origin; coturn's `check-origin-consistency`).
+    pub const ORIGIN: u16 = 0x802F;
 }
 
 /// The class of a STUN message.
@@ -411,6 +413,14 @@ impl<'b> Builder<'b> {
         self.attr(attr::ERROR_CODE, &v)
     }
 
+    /// Append ERROR-CODE with a reason phrase (coturn's `include-reason-string`).
+    pub fn error_code_with_reason(&mut self, code: u16, reason: &str) -> &mut Self {
+        let mut v = Vec::with_capacity(4 + reason.len());
+        v.extend_from_slice(&[0, 0, (code / 100) as u8, (code % 100) as u8]);
+        v.extend_from_slice(reason.as_bytes());
+        self.attr(attr::ERROR_CODE, &v)
+    }
+
     /// Append MESSAGE-INTEGRITY (HMAC-SHA1) with `key`.
     pub fn integrity_sha1(&mut self, key: &[u8]) -> &mut Self {
         let len = self.buf.len() + 24 - HEADER_LEN;
@@ -454,6 +464,27 @@ impl<'b> Builder<'b> {
     /// `true` if nothing but the header was written.
     pub fn is_empty(&self) -> bool {
         self.buf.len() <= HEADER_LEN
+    }
+}
+
+/// The reason phrase of an error code (RFC 8489 §14.8, RFC 8656 §18).
+pub fn reason_phrase(code: u16) -> &'static str {
+    match code {
+        300 => "Try Alternate",
+        400 => "Bad Request",
+        401 => "Unauthorized",
+        403 => "Forbidden",
+        420 => "Unknown Attribute",
+        437 => "Allocation Mismatch",
+        438 => "Stale Nonce",
+        440 => "Address Family not Supported",
+        441 => "Wrong Credentials",
+        442 => "Unsupported Transport Protocol",
+        443 => "Peer Address Family Mismatch",
+        486 => "Allocation Quota Reached",
+        500 => "Server Error",
+        508 => "Insufficient Capacity",
+        _ => "Error",
     }
 }
 

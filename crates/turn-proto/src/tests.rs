@@ -96,6 +96,9 @@ pub(crate) fn base_config() -> ServerConfig {
         "2001:db8::10".parse().unwrap(),
     ];
     c.nonce.secret = [7; 32];
+    // The tests fetch a nonce for every request, on a clock that stands still: the per-source
+    // limit on challenges has a test of its own.
+    c.unauthorized_rps = 0;
     c
 }
 
@@ -258,8 +261,15 @@ pub(crate) fn decode(s: &Sent) -> Resp {
         .iter()
         .find(|(t, _)| *t == attr::ERROR_CODE)
         .map(|(_, v)| u16::from(v[2]) * 100 + u16::from(v[3]));
+    // Reason phrases are only sent with `include-reason-string`; the phrase must be the
+    // code's (the tests of that option read it).
     if let Some((_, v)) = attrs.iter().find(|(t, _)| *t == attr::ERROR_CODE) {
-        assert_eq!(v.len(), 4, "no reason phrase");
+        let phrase = std::str::from_utf8(&v[4..]).expect("UTF-8 phrase");
+        let code = u16::from(v[2]) * 100 + u16::from(v[3]);
+        assert!(
+            phrase.is_empty() || phrase == crate::stun::reason_phrase(code),
+            "{code} {phrase}"
+        );
     }
     Resp {
         class: m.class(),
@@ -445,6 +455,49 @@ fn unauthenticated_allocate_gets_401_with_realm_and_nonce() {
         h.events().is_empty(),
         "the first challenge is not an auth failure"
     );
+}
+
+/// coturn's `unauthorized-ratelimit`, on by default: at most `unauthorized_rps` challenges
+/// (and Binding successes) larger than their request to one source IP per second over UDP;
+/// other sources, TCP, and authenticated requests are not limited, and the next second
+/// gets a fresh budget.
+#[test]
+fn amplifying_unauthenticated_answers_are_rate_limited_per_source_ip() {
+    let mut cfg = base_config();
+    cfg.unauthorized_rps = 5;
+    let mut h = H::new(cfg);
+    let victim = udp("192.0.2.7:40000");
+    let req = Req::new(method::ALLOCATE).transport_udp().bytes();
+    let binding = Req::new(method::BINDING).bytes();
+    let answered = |h: &mut H, from, bytes: &[u8], n| {
+        (0..n).filter(|_| h.client(from, bytes).is_some()).count()
+    };
+    let nonce = h.nonce(victim);
+    assert_eq!(answered(&mut h, victim, &req, 3), 3);
+    // Another port of the same IP shares its budget; Binding counts too.
+    assert_eq!(answered(&mut h, udp("192.0.2.7:40001"), &binding, 3), 1);
+    assert_eq!(answered(&mut h, victim, &req, 10), 0);
+    assert_eq!(h.server.counters().ratelimited_responses, 12);
+    // Another source, a TCP client, an authenticated request: answered.
+    assert_eq!(answered(&mut h, udp("192.0.2.8:40000"), &req, 5), 5);
+    let tcp = ClientAddr {
+        transport: Transport::Tcp,
+        ..victim
+    };
+    assert_eq!(answered(&mut h, tcp, &req, 20), 20);
+    let bytes = Req::new(method::ALLOCATE)
+        .transport_udp()
+        .auth(&alice(), &nonce)
+        .bytes();
+    let r = decode(&h.client(victim, &bytes).expect("an authenticated answer"));
+    assert_eq!(r.class, Class::Success);
+    h.advance(1);
+    assert_eq!(answered(&mut h, victim, &req, 10), 5);
+    // 0: no limit.
+    let mut cfg = base_config();
+    cfg.unauthorized_rps = 0;
+    let mut h = H::new(cfg);
+    assert_eq!(answered(&mut h, victim, &req, 500), 500);
 }
 
 #[test]
@@ -1987,4 +2040,191 @@ fn authenticated_responses_are_not_size_limited() {
     assert_eq!(r.class, Class::Success);
     assert!(r.raw.len() > req.len(), "{} <= {}", r.raw.len(), req.len());
     assert_eq!(h.server.counters().suppressed_responses, 0);
+}
+
+// ---- coturn options: max-bps, bps-capacity, include-reason-string, stun-only, no-stun,
+// secure-stun, check-origin-consistency, allocation-default-address-family ------------------
+
+/// An allocation with a channel 0x4000 to 8.8.8.8:5000; returns its relay.
+fn with_channel(h: &mut H, from: ClientAddr) -> SocketAddr {
+    let relay = h.allocate(from, &alice());
+    let r = h.authed(
+        from,
+        &alice(),
+        Req::new(method::CHANNEL_BIND)
+            .channel(0x4000)
+            .peer("8.8.8.8:5000"),
+    );
+    assert_eq!(r.class, Class::Success);
+    relay
+}
+
+fn channel_data(payload: &[u8]) -> Vec<u8> {
+    let mut v = vec![0x40, 0x00];
+    v.extend_from_slice(&(payload.len() as u16).to_be_bytes());
+    v.extend_from_slice(payload);
+    v
+}
+
+#[test]
+fn max_bps_holds_each_direction_to_its_rate_over_a_paused_clock() {
+    let mut c = base_config();
+    c.bandwidth.max_bps = 10_000;
+    let mut h = H::new(c);
+    let from = udp("192.0.2.7:40000");
+    let relay = with_channel(&mut h, from);
+    let peer: SocketAddr = "8.8.8.8:5000".parse().unwrap();
+    let payload = [7u8; 100];
+    // 10 s at twice the rate: 200 datagrams of 100 bytes a second, each way.
+    let (mut up, mut down) = (0u64, 0u64);
+    for _ in 0..2000 {
+        h.now += Duration::from_millis(5);
+        if h.client(from, &channel_data(&payload)).is_some() {
+            up += 100;
+        }
+        if h.peer(relay, peer, &payload).is_some() {
+            down += 100;
+        }
+    }
+    // One second's burst, then the rate: 10 kB + 10 s x 10 kB/s.
+    for (what, got) in [("up", up), ("down", down)] {
+        assert!((105_000..=111_000).contains(&got), "{what}: {got}");
+    }
+    assert!(h.server.counters().bandwidth_dropped >= 1800);
+}
+
+#[test]
+fn bps_capacity_is_reserved_per_allocation_and_freed_at_its_end() {
+    let mut c = base_config();
+    c.bandwidth.max_bps = 1000;
+    c.bandwidth.capacity = 1500;
+    let mut h = H::new(c);
+    let a = udp("192.0.2.7:40000");
+    let b = udp("192.0.2.8:40000");
+    let d = udp("192.0.2.9:40000");
+    h.allocate(a, &alice());
+    assert_eq!(h.server.bandwidth_reserved(), 1000);
+    // The second gets what is left.
+    h.allocate(b, &alice());
+    assert_eq!(h.server.bandwidth_reserved(), 1500);
+    let r = h.authed(d, &alice(), Req::new(method::ALLOCATE).transport_udp());
+    assert_eq!(r.code, Some(486));
+    assert_eq!(h.server.counters().refused_bandwidth, 1);
+    // Deleting one frees its share.
+    let r = h.authed(a, &alice(), Req::new(method::REFRESH).lifetime(0));
+    assert_eq!(r.class, Class::Success);
+    h.advance(1);
+    assert_eq!(h.server.bandwidth_reserved(), 500);
+    // The next gets its full max-bps again (500 + 1000).
+    h.allocate(d, &alice());
+    assert_eq!(h.server.bandwidth_reserved(), 1500);
+}
+
+#[test]
+fn include_reason_string_adds_the_phrase_but_never_grows_an_unauthenticated_answer() {
+    let mut c = base_config();
+    c.reason_phrases = true;
+    let mut h = H::new(c);
+    let from = udp("192.0.2.7:40000");
+    // Authenticated error: the phrase is there.
+    h.allocate(from, &alice());
+    let r = h.authed(from, &alice(), Req::new(method::ALLOCATE).transport_udp());
+    assert_eq!(r.code, Some(437));
+    let ec = r.get(attr::ERROR_CODE).unwrap();
+    assert_eq!(&ec[4..], b"Allocation Mismatch");
+    // A small unauthenticated request: no phrase (the answer stays within its size).
+    let small = Req::new(method::ALLOCATE).transport_udp().bytes();
+    let s = h.client(udp("192.0.2.9:1"), &small).unwrap();
+    let r = decode(&s);
+    assert_eq!(r.code, Some(401));
+    assert_eq!(r.get(attr::ERROR_CODE).unwrap().len(), 4);
+    // Without the option: never a phrase.
+    let mut h = H::new(base_config());
+    assert!(!h.server.config().reason_phrases);
+    h.allocate(from, &alice());
+    let r = h.authed(from, &alice(), Req::new(method::ALLOCATE).transport_udp());
+    assert_eq!(r.get(attr::ERROR_CODE).unwrap().len(), 4);
+}
+
+#[test]
+fn stun_only_and_no_stun_leave_the_other_unanswered() {
+    let binding = Req::new(method::BINDING).bytes();
+    let allocate = Req::new(method::ALLOCATE).transport_udp().bytes();
+    let from = udp("192.0.2.7:40000");
+    for (service, binding_answered, allocate_answered) in [
+        (Service::StunAndTurn, true, true),
+        (Service::StunOnly, true, false),
+        (Service::TurnOnly, false, true),
+    ] {
+        let mut c = base_config();
+        c.service = service;
+        let mut h = H::new(c);
+        assert_eq!(
+            h.client(from, &binding).is_some(),
+            binding_answered,
+            "{service:?}"
+        );
+        assert_eq!(
+            h.client(from, &allocate).is_some(),
+            allocate_answered,
+            "{service:?}"
+        );
+    }
+}
+
+#[test]
+fn secure_stun_asks_binding_for_credentials() {
+    let mut c = base_config();
+    c.secure_stun = true;
+    let mut h = H::new(c);
+    let from = udp("192.0.2.7:40000");
+    let r = decode(&h.client(from, &Req::new(method::BINDING).bytes()).unwrap());
+    assert_eq!(r.code, Some(401));
+    let r = h.authed(from, &alice(), Req::new(method::BINDING));
+    assert_eq!(r.class, Class::Success);
+    assert_eq!(r.addr(attr::XOR_MAPPED_ADDRESS), Some(from.client));
+    assert!(r.get(attr::MESSAGE_INTEGRITY).is_some());
+}
+
+#[test]
+fn check_origin_consistency_refuses_another_origin_with_441() {
+    let mut c = base_config();
+    c.check_origin = true;
+    let mut h = H::new(c);
+    let from = udp("192.0.2.7:40000");
+    let origin = |o: &str| (attr::ORIGIN, o.as_bytes().to_vec());
+    let (t, v) = origin("https://Meet.Example.org");
+    let r = h.authed(
+        from,
+        &alice(),
+        Req::new(method::ALLOCATE).transport_udp().attr(t, v),
+    );
+    assert_eq!(r.class, Class::Success);
+    // The same origin, spelt with its default port: fine.
+    let (t, v) = origin("https://meet.example.org:443");
+    let r = h.authed(from, &alice(), Req::new(method::REFRESH).attr(t, v));
+    assert_eq!(r.class, Class::Success);
+    let (t, v) = origin("https://evil.example.com");
+    let r = h.authed(from, &alice(), Req::new(method::REFRESH).attr(t, v));
+    assert_eq!(r.code, Some(441));
+    let r = h.authed(from, &alice(), Req::new(method::REFRESH));
+    assert_eq!(r.code, Some(441), "no ORIGIN where the Allocate had one");
+}
+
+#[test]
+fn allocation_default_address_family_chooses_the_relay_of_an_allocate_naming_none() {
+    let v6 = udp("[2001:db8::7]:40000");
+    let v4 = udp("192.0.2.7:40000");
+    for (family, from, want_v4) in [
+        (DefaultFamily::Ipv4, v6, true),
+        (DefaultFamily::Ipv6, v4, false),
+        (DefaultFamily::Keep, v6, false),
+        (DefaultFamily::Keep, v4, true),
+    ] {
+        let mut c = base_config();
+        c.default_family = family;
+        let mut h = H::new(c);
+        let relay = h.allocate(from, &alice());
+        assert_eq!(relay.is_ipv4(), want_v4, "{family:?} from {from:?}");
+    }
 }

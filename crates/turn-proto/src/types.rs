@@ -341,6 +341,9 @@ pub struct Counters {
     pub malformed: u64,
     /// Unauthenticated responses dropped because they would be larger than the request.
     pub suppressed_responses: u64,
+    /// Responses larger than their unauthenticated UDP request not sent because their source
+    /// IP had its [`unauthorized_rps`](crate::ServerConfig::unauthorized_rps) this second.
+    pub ratelimited_responses: u64,
     /// STUN Binding requests.
     pub binding_requests: u64,
     /// STUN Binding success responses.
@@ -363,4 +366,9 @@ pub struct Counters {
     pub peers_denied: u64,
     /// Events dropped because the queue was full.
     pub events_dropped: u64,
+    /// ChannelData, Send and peer datagrams dropped because their allocation was over its
+    /// `max-bps`.
+    pub bandwidth_dropped: u64,
+    /// Allocates refused with 486 because `bps-capacity` was all reserved.
+    pub refused_bandwidth: u64,
 }

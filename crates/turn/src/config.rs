@@ -18,11 +18,11 @@ use std::time::Duration;
 use clap::{Arg, ArgAction, ArgMatches, Args, Command, FromArgMatches};
 use lastcall::{Problem, Problems, Source};
 
-use crate::options::{self, Kind, Spec};
+use crate::options::{self, parse_bool, Kind, Spec};
 use crate::sources::{parse_file, prescan, RawOptions};
 use crate::tls::Certs;
 
-pub use lastcall_turn_proto::{ExternalIp, IpRange, UserKey};
+pub use lastcall_turn_proto::{DefaultFamily, ExternalIp, IpRange, Service, UserKey};
 
 /// What parsing the command line came to.
 #[derive(Debug)]
@@ -108,10 +108,51 @@ pub struct TurnConfig {
     pub max_allocate_lifetime: u32,
     /// Seconds.
     pub stale_nonce: u32,
+    /// Challenges larger than their request per source IP and second over UDP (coturn
+    /// `unauthorized-ratelimit[-rps]`); 0 = no limit.
+    pub unauthorized_rps: u32,
     /// Where to write the process id (coturn's `pidfile`).
     pub pidfile: Option<PathBuf>,
     /// Where new allocations are sent (300 Try Alternate) while refusing (coturn's `alternate-server`).
     pub alternate_servers: Vec<SocketAddr>,
+    /// coturn's `udp-alternate-server`, `tcp-alternate-server`, `tls-alternate-server`: by
+    /// client transport, instead of `alternate_servers`.
+    pub transport_alternates: TransportAlternates,
+    /// coturn's `rest-api-separator`.
+    pub rest_separator: char,
+    /// coturn's `max-bps`: bytes per second per allocation and direction (0 = none).
+    pub max_bps: u64,
+    /// coturn's `bps-capacity`: bytes per second all allocations may reserve (0 = none).
+    pub bps_capacity: u64,
+    /// coturn's `channel-lifetime`, in seconds.
+    pub channel_lifetime: u32,
+    /// coturn's `permission-lifetime`, in seconds.
+    pub permission_lifetime: u32,
+    /// coturn's `allocation-default-address-family` / `keep-address-family`.
+    pub default_family: DefaultFamily,
+    /// coturn's `stun-only` / `no-stun`.
+    pub service: Service,
+    /// coturn's `secure-stun`: Binding requests need credentials too.
+    pub secure_stun: bool,
+    /// coturn's `check-origin-consistency`.
+    pub check_origin: bool,
+    /// coturn's `include-reason-string`.
+    pub reason_phrases: bool,
+    /// coturn's `fingerprint`.
+    pub fingerprint: bool,
+    /// coturn's `software-attribute` (off: `no-software-attribute`).
+    pub software_attribute: bool,
+}
+
+/// Alternates by client transport (empty: `alternate-server`'s).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TransportAlternates {
+    /// `udp-alternate-server`.
+    pub udp: Vec<SocketAddr>,
+    /// `tcp-alternate-server`.
+    pub tcp: Vec<SocketAddr>,
+    /// `tls-alternate-server`.
+    pub tls: Vec<SocketAddr>,
 }
 
 /// The TLS listener's files.
@@ -125,9 +166,13 @@ pub struct TlsFiles {
     pub tls13_only: bool,
 }
 
-/// How clients authenticate: long-term credentials, always (there is no `no-auth`).
+/// How clients authenticate: long-term credentials, unless `no-auth` with its
+/// acknowledgement.
 #[derive(Clone, PartialEq, Eq)]
 pub enum AuthMode {
+    /// coturn's `no-auth` (with `no-auth-acknowledge-open-relay`): every request is accepted
+    /// anonymously; the peer policy still applies.
+    Open,
     /// coturn's `use-auth-secret`: TURN REST API credentials made with any of `secrets` (all
     /// are accepted, for rotation); static `users` are accepted too.
     RestApi {
@@ -150,7 +195,7 @@ impl AuthMode {
     pub fn rest_secrets(&self) -> &[String] {
         match self {
             AuthMode::RestApi { secrets, .. } => secrets,
-            AuthMode::StaticUsers(_) => &[],
+            AuthMode::StaticUsers(_) | AuthMode::Open => &[],
         }
     }
 
@@ -158,6 +203,7 @@ impl AuthMode {
     pub fn users(&self) -> &[(String, UserKey)] {
         match self {
             AuthMode::RestApi { users, .. } | AuthMode::StaticUsers(users) => users,
+            AuthMode::Open => &[],
         }
     }
 }
@@ -173,12 +219,16 @@ impl std::fmt::Debug for AuthMode {
                 .field("users", &users)
                 .finish(),
             AuthMode::StaticUsers(_) => f.debug_tuple("StaticUsers").field(&users).finish(),
+            AuthMode::Open => f.write_str("Open"),
         }
     }
 }
 
 /// The most `relay-threads` accepted.
 pub const MAX_RELAY_THREADS: usize = 1024;
+
+/// coturn's `unauthorized-ratelimit-rps` default, when its `unauthorized-ratelimit` is given.
+const COTURN_UNAUTHORIZED_RPS: u32 = 10;
 
 impl TurnConfig {
     /// The protocol core's configuration.
@@ -200,11 +250,27 @@ impl TurnConfig {
         s.quotas.per_user = self.user_quota;
         s.quotas.total = self.total_quota;
         s.nonce.lifetime = Duration::from_secs(u64::from(self.stale_nonce));
+        s.unauthorized_rps = self.unauthorized_rps;
         s.peer_policy.allow_loopback = self.allow_loopback_peers;
         s.peer_policy.allowed = self.allowed_peer_ips.clone();
         s.peer_policy.denied = self.denied_peer_ips.clone();
         s.relay.relay_ips = self.relay_ips.clone();
         s.relay.external_ips = self.external_ips.clone();
+        s.auth.rest_separator = self.rest_separator;
+        s.auth.allow_anonymous = self.auth == AuthMode::Open;
+        s.lifetimes.channel = Duration::from_secs(u64::from(self.channel_lifetime));
+        s.lifetimes.permission = Duration::from_secs(u64::from(self.permission_lifetime));
+        s.bandwidth.max_bps = self.max_bps;
+        s.bandwidth.capacity = self.bps_capacity;
+        s.default_family = self.default_family;
+        s.service = self.service;
+        s.secure_stun = self.secure_stun;
+        s.check_origin = self.check_origin;
+        s.reason_phrases = self.reason_phrases;
+        s.fingerprint = self.fingerprint;
+        if self.software_attribute {
+            s.software = Some(concat!("lastcall-turn ", env!("CARGO_PKG_VERSION")).to_string());
+        }
         s
     }
 
@@ -337,8 +403,8 @@ where
             }
         }
     });
-    let term = termination(&matches, typed.drain_min_allocations, &mut problems);
-    let log = log_args(&matches, typed.verbosity, &mut problems);
+    let term = termination(&matches, &typed, &mut problems);
+    let log = log_args(&matches, typed.log_level, &mut problems);
     match (term, log) {
         (Some(term), Some(log)) if problems.is_empty() => Ok(Parsed::Run(Box::new(Settings {
             turn: typed.turn,
@@ -355,9 +421,10 @@ where
 /// `--drain-min-sessions`.
 fn termination(
     matches: &ArgMatches,
-    drain_min_allocations: Option<u64>,
+    typed: &Typed,
     problems: &mut Problems,
 ) -> Option<lastcall::TerminationConfig> {
+    let drain_min_allocations = typed.drain_min_allocations;
     let mut args = match lastcall::TerminationArgs::from_arg_matches(matches) {
         Ok(a) => a,
         Err(e) => {
@@ -372,8 +439,26 @@ fn termination(
     if let (false, Some(n)) = (explicit, drain_min_allocations) {
         args.drain_min_sessions = Some(n.to_string());
     }
+    let admin_explicit = matches!(
+        matches.value_source("admin_addr"),
+        Some(clap::parser::ValueSource::CommandLine | clap::parser::ValueSource::EnvVariable)
+    );
+    if !admin_explicit && (typed.prometheus_ip.is_some() || typed.prometheus_port.is_some()) {
+        let default = termination_defaults()
+            .admin_addr
+            .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 9641)));
+        let addr = SocketAddr::new(
+            typed.prometheus_ip.unwrap_or(default.ip()),
+            typed.prometheus_port.unwrap_or(default.port()),
+        );
+        args.admin_addr = Some(addr.to_string());
+    }
     match args.validate(&termination_defaults()) {
-        Ok(t) => Some(t),
+        Ok(mut t) => {
+            // coturn's SIGUSR1 (4.6.3 and later): refuse new allocations at once.
+            t.sigusr1_refuses_at_once = true;
+            Some(t)
+        }
         Err(p) => {
             problems.extend(p);
             None
@@ -385,7 +470,7 @@ fn termination(
 /// given.
 fn log_args(
     matches: &ArgMatches,
-    verbosity: u8,
+    level: Option<&'static str>,
     problems: &mut Problems,
 ) -> Option<lastcall::LogArgs> {
     let mut log = match lastcall::LogArgs::from_arg_matches(matches) {
@@ -399,25 +484,10 @@ fn log_args(
         matches.value_source("log_level"),
         Some(clap::parser::ValueSource::CommandLine | clap::parser::ValueSource::EnvVariable)
     );
-    if !explicit_level && verbosity > 0 {
-        log.log_level = if verbosity > 1 { "trace" } else { "debug" }.to_string();
+    if let (false, Some(level)) = (explicit_level, level) {
+        log.log_level = level.to_string();
     }
     Some(log)
-}
-
-/// coturn's boolean values: empty = true; 0/no/false/off = false; 1-9/yes/true/on = true.
-fn parse_bool(v: &str) -> Option<bool> {
-    let first = v.chars().next();
-    match first {
-        None => Some(true),
-        Some('0' | 'n' | 'N' | 'f' | 'F') => Some(false),
-        Some('y' | 'Y' | 't' | 'T' | '1'..='9') => Some(true),
-        _ => match v.to_ascii_lowercase().as_str() {
-            "on" => Some(true),
-            "off" => Some(false),
-            _ => None,
-        },
-    }
 }
 
 /// Options whose values must never be printed in a problem.
@@ -437,6 +507,8 @@ fn shown_value(name: &str, value: &str) -> String {
 struct Checker<'a> {
     raw: &'a RawOptions,
     problems: &'a mut Problems,
+    /// Flags whose values were checked (each is reported once).
+    flags_checked: std::collections::BTreeSet<&'static str>,
 }
 
 impl Checker<'_> {
@@ -447,11 +519,13 @@ impl Checker<'_> {
             .push(Problem::new(key, why).at(source.clone()));
     }
 
-    fn flag(&mut self, name: &str) -> bool {
+    fn flag(&mut self, name: &'static str) -> bool {
         let mut out = false;
+        let report = self.flags_checked.insert(name);
         for (v, source) in self.raw.all(name) {
             match parse_bool(v) {
                 Some(b) => out = b,
+                None if !report => {}
                 None => self.bad(
                     source,
                     name,
@@ -507,8 +581,17 @@ struct Typed {
     turn: TurnConfig,
     /// coturn's `drain-min-allocations` (the default of `--drain-min-sessions`).
     drain_min_allocations: Option<u64>,
-    /// 0 none, 1 `verbose`, 2 `Verbose` (the default of `--log-level`).
-    verbosity: u8,
+    /// From `verbose`, `Verbose`, `log-min-level`: the default of `--log-level`.
+    log_level: Option<&'static str>,
+    /// coturn's `prometheus-address` / `prometheus-port`: the default of `--admin-addr`.
+    prometheus_ip: Option<IpAddr>,
+    prometheus_port: Option<u16>,
+}
+
+fn parse_alternate(v: &str) -> Result<SocketAddr, String> {
+    v.parse::<SocketAddr>()
+        .or_else(|_| v.parse::<IpAddr>().map(|ip| SocketAddr::new(ip, 3478)))
+        .map_err(|_| "expected IP:PORT".to_string())
 }
 
 fn typed(
@@ -517,7 +600,11 @@ fn typed(
     problems: &mut Problems,
     warnings: &mut Vec<Problem>,
 ) -> Typed {
-    let mut c = Checker { raw, problems };
+    let mut c = Checker {
+        raw,
+        problems,
+        flags_checked: std::collections::BTreeSet::new(),
+    };
     let listening_port = c.value("listening-port", "a port number").unwrap_or(3478);
     let tls_listening_port = c
         .value("tls-listening-port", "a port number")
@@ -555,17 +642,55 @@ fn typed(
         Some(_) => c.value("stale-nonce", "a number of seconds").unwrap_or(600),
         None => 600,
     };
+    // On by default at a generous rate; coturn's `unauthorized-ratelimit` (off by default
+    // there) brings coturn's rate of 10 unless `unauthorized-ratelimit-rps` says otherwise,
+    // and `unauthorized-ratelimit=false` turns it off.
+    let ratelimit = c
+        .raw
+        .last("unauthorized-ratelimit")
+        .is_some()
+        .then(|| c.flag("unauthorized-ratelimit"));
+    let rps = c.value::<u32>(
+        "unauthorized-ratelimit-rps",
+        "a number of responses per second",
+    );
+    let unauthorized_rps = match (ratelimit, rps) {
+        (Some(false), _) => 0,
+        (_, Some(rps)) => rps,
+        (Some(true), None) => COTURN_UNAUTHORIZED_RPS,
+        (None, None) => lastcall_turn_proto::config::UNAUTHORIZED_RPS,
+    };
     let cert = c.raw.last("cert").map(|(v, _)| PathBuf::from(v));
     let pkey = c.raw.last("pkey").map(|(v, _)| PathBuf::from(v));
     let no_tls = c.flag("no-tls");
     let no_udp = c.flag("no-udp");
     let no_tcp = c.flag("no-tcp");
     let tls13_only = c.flag("no-tlsv1_2");
-    // Accepted options change nothing, but their values are still checked.
+    // Every flag's value is checked, those that change nothing too.
     for spec in options::OPTIONS {
-        if spec.policy == options::Policy::Accepted && spec.kind == Kind::Flag {
+        if spec.accepted() && spec.kind == Kind::Flag {
             c.flag(spec.name);
         }
+    }
+    // An accepted option, given, gets one start-up warning: what lastcall-turn does instead.
+    for spec in options::OPTIONS {
+        if spec.policy != options::Policy::Accepted {
+            continue;
+        }
+        let Some((v, source)) = c.raw.last(spec.name) else {
+            continue;
+        };
+        // A flag given as false asks for nothing.
+        if spec.kind == Kind::Flag && parse_bool(v) == Some(false) {
+            continue;
+        }
+        warnings.push(
+            Problem::new(
+                spec.name,
+                format!("is accepted and changes nothing: {}", spec.help),
+            )
+            .at(source.clone()),
+        );
     }
     let drain_min_allocations = c.value("drain-min-allocations", "a number");
     let relay_threads = c
@@ -578,23 +703,138 @@ fn typed(
         );
     }
     let pidfile = c.raw.last("pidfile").map(|(v, _)| PathBuf::from(v));
-    if let Some((file, source)) = c.raw.last("log-file") {
-        if !matches!(file.as_str(), "stdout" | "stderr" | "-" | "syslog") {
-            let key = format!("log-file={file}");
-            let w = Problem::new(key, "is ignored: logs go to stderr").at(source.clone());
-            warnings.push(w);
+    let log_min_level = match c.raw.last("log-min-level") {
+        None => None,
+        Some((v, source)) => match v.to_ascii_lowercase().as_str() {
+            "debug" => Some("debug"),
+            "info" => Some("info"),
+            "warning" | "warn" => Some("warn"),
+            "error" => Some("error"),
+            _ => {
+                let source = source.clone();
+                c.bad(
+                    &source,
+                    "log-min-level",
+                    &v.clone(),
+                    "expected debug, info, warning or error",
+                );
+                None
+            }
+        },
+    };
+    let log_level = if c.flag("Verbose") {
+        Some("trace")
+    } else if c.flag("verbose") {
+        Some("debug")
+    } else {
+        log_min_level
+    };
+    let alternate_servers = c.each("alternate-server", parse_alternate);
+    let transport_alternates = TransportAlternates {
+        udp: c.each("udp-alternate-server", parse_alternate),
+        tcp: c.each("tcp-alternate-server", parse_alternate),
+        tls: c.each("tls-alternate-server", parse_alternate),
+    };
+    let rest_separator = match c.raw.last("rest-api-separator") {
+        None => ':',
+        Some((v, source)) => {
+            let mut chars = v.chars();
+            match (chars.next(), chars.next()) {
+                (Some(ch), None) => ch,
+                _ => {
+                    let source = source.clone();
+                    c.bad(
+                        &source,
+                        "rest-api-separator",
+                        &v.clone(),
+                        "expected one character",
+                    );
+                    ':'
+                }
+            }
+        }
+    };
+    let max_bps = c
+        .value::<u64>("max-bps", "a number of bytes per second")
+        .unwrap_or(0);
+    let bps_capacity = c
+        .value::<u64>("bps-capacity", "a number of bytes per second")
+        .unwrap_or(0);
+    if bps_capacity > 0 && max_bps == 0 {
+        c.require(
+            "bps-capacity",
+            "bps-capacity needs max-bps (what each allocation reserves of it), as in coturn",
+        );
+    }
+    let channel_lifetime = c
+        .value::<u32>("channel-lifetime", "a number of seconds")
+        .unwrap_or(600);
+    let permission_lifetime = c
+        .value::<u32>("permission-lifetime", "a number of seconds")
+        .unwrap_or(300);
+    for (name, v) in [
+        ("channel-lifetime", channel_lifetime),
+        ("permission-lifetime", permission_lifetime),
+    ] {
+        if v == 0 {
+            c.require(name, &format!("{name}=0: expected at least 1 second"));
         }
     }
-    let verbosity = if c.flag("Verbose") {
-        2
-    } else {
-        u8::from(c.flag("verbose"))
+    let keep_family = c.flag("keep-address-family");
+    let default_family = match c.raw.last("allocation-default-address-family") {
+        None if keep_family => DefaultFamily::Keep,
+        None => DefaultFamily::Ipv4,
+        Some((v, source)) => match v.to_ascii_lowercase().as_str() {
+            "ipv4" => DefaultFamily::Ipv4,
+            "ipv6" => DefaultFamily::Ipv6,
+            "keep" => DefaultFamily::Keep,
+            _ => {
+                let source = source.clone();
+                c.bad(
+                    &source,
+                    "allocation-default-address-family",
+                    &v.clone(),
+                    "expected ipv4, ipv6 or keep",
+                );
+                DefaultFamily::Ipv4
+            }
+        },
     };
-    let alternate_servers = c.each("alternate-server", |v| {
-        v.parse::<SocketAddr>()
-            .or_else(|_| v.parse::<IpAddr>().map(|ip| SocketAddr::new(ip, 3478)))
-            .map_err(|_| "expected IP:PORT".to_string())
-    });
+    let stun_only = c.flag("stun-only");
+    let no_stun = c.flag("no-stun");
+    if stun_only && no_stun {
+        c.require(
+            "no-stun",
+            "stun-only and no-stun together answer nothing: give one",
+        );
+    }
+    let service = match (stun_only, no_stun) {
+        (true, _) => Service::StunOnly,
+        (false, true) => Service::TurnOnly,
+        (false, false) => Service::StunAndTurn,
+    };
+    let secure_stun = c.flag("secure-stun");
+    let check_origin = c.flag("check-origin-consistency");
+    let reason_phrases = c.flag("include-reason-string");
+    let fingerprint = c.flag("fingerprint");
+    let software_attribute =
+        c.flag("software-attribute") && !c.flag("no-software-attribute") && !c.flag("prod");
+    let prometheus_ip = c.value::<IpAddr>("prometheus-address", "an IP address");
+    let prometheus_port = c.value::<u16>("prometheus-port", "a port number");
+    let no_auth = c.flag("no-auth");
+    let open_relay_acknowledged = c.flag("no-auth-acknowledge-open-relay");
+    if no_auth && !open_relay_acknowledged {
+        c.require(
+            "no-auth",
+            "no-auth makes an open relay (anyone may relay through this server to any peer the peer policy allows): give no-auth-acknowledge-open-relay too if that is meant, or use use-auth-secret / user",
+        );
+    }
+    if no_auth && (use_auth_secret || !users.is_empty()) {
+        c.require(
+            "no-auth",
+            "no-auth and credentials (use-auth-secret, user) together: give one or the other",
+        );
+    }
 
     if min_port > max_port {
         c.require(
@@ -605,10 +845,10 @@ fn typed(
     if min_port == 0 {
         c.require("min-port", "min-port must be at least 1");
     }
-    if !use_auth_secret && users.is_empty() {
+    if !no_auth && !use_auth_secret && users.is_empty() {
         c.require(
             "use-auth-secret",
-            "no credentials: give use-auth-secret with static-auth-secret, or user=NAME:PASSWORD (lastcall-turn never relays unauthenticated)",
+            "no credentials: give use-auth-secret with static-auth-secret, or user=NAME:PASSWORD (or, for an open relay, no-auth with no-auth-acknowledge-open-relay)",
         );
     }
     if use_auth_secret && static_auth_secrets.is_empty() {
@@ -676,7 +916,9 @@ fn typed(
             .at(source),
         );
     }
-    let auth = if use_auth_secret {
+    let auth = if no_auth {
+        AuthMode::Open
+    } else if use_auth_secret {
         AuthMode::RestApi {
             secrets: static_auth_secrets,
             users,
@@ -707,11 +949,27 @@ fn typed(
             total_quota,
             max_allocate_lifetime,
             stale_nonce,
+            unauthorized_rps,
             pidfile,
             alternate_servers,
+            transport_alternates,
+            rest_separator,
+            max_bps,
+            bps_capacity,
+            channel_lifetime,
+            permission_lifetime,
+            default_family,
+            service,
+            secure_stun,
+            check_origin,
+            reason_phrases,
+            fingerprint,
+            software_attribute,
         },
         drain_min_allocations,
-        verbosity,
+        log_level,
+        prometheus_ip,
+        prometheus_port,
     }
 }
 
@@ -795,10 +1053,39 @@ mod tests {
         assert_eq!((t.min_port, t.max_port), (49152, 65535));
         assert_eq!(t.max_allocate_lifetime, 3600);
         assert_eq!(t.stale_nonce, 600);
+        assert_eq!(t.unauthorized_rps, 100, "on by default, unlike coturn");
         assert!(!t.allow_loopback_peers);
         assert!(!t.tls_enabled());
         assert_eq!(s.term.shutdown_delay, std::time::Duration::from_secs(5));
         assert_eq!(s.term.drain_min_sessions, 0);
+    }
+
+    #[test]
+    fn unauthorized_ratelimit_like_coturn_but_on_by_default() {
+        for (args, rps) in [
+            (&[][..], 100),
+            (&["--unauthorized-ratelimit"][..], 10),
+            (&["--unauthorized-ratelimit-rps=50"][..], 50),
+            (
+                &["--unauthorized-ratelimit", "--unauthorized-ratelimit-rps=7"][..],
+                7,
+            ),
+            (&["--unauthorized-ratelimit=false"][..], 0),
+            (
+                &[
+                    "--unauthorized-ratelimit=off",
+                    "--unauthorized-ratelimit-rps=50",
+                ][..],
+                0,
+            ),
+        ] {
+            assert_eq!(
+                run(args).expect("valid").turn.unauthorized_rps,
+                rps,
+                "{args:?}"
+            );
+        }
+        assert!(run(&["--unauthorized-ratelimit-rps=many"]).is_err());
     }
 
     #[test]
@@ -860,13 +1147,13 @@ mod tests {
 
     #[test]
     fn every_error_is_reported_at_once() {
-        let f = file("listening-port=notaport\nsyslog\nfrobnicate=1\nuser=nocolon\n");
+        let f = file("listening-port=notaport\ndaemon\nfrobnicate=1\nuser=nocolon\n");
         let path = f.path().to_str().unwrap().to_string();
         let errs = errors(&["-c", &path, "--min-port=60000", "--max-port=50000"]);
         let all = errs.join("\n");
         assert!(all.contains(":1: listening-port=notaport"), "{all}");
         assert!(
-            all.contains(":2: unsupported coturn option syslog"),
+            all.contains(":2: unsupported coturn option daemon (run it in the foreground"),
             "{all}"
         );
         assert!(all.contains(":3: unknown option frobnicate"), "{all}");
@@ -884,7 +1171,7 @@ mod tests {
             "--daemon",
             "--userdb",
             "/tmp/x.db",
-            "--cli-port=5766",
+            "--mobility",
             "--bogus",
             "-d",
             "eth0",
@@ -893,7 +1180,7 @@ mod tests {
         assert!(all.contains("unsupported coturn option --daemon"), "{all}");
         assert!(all.contains("unsupported coturn option --userdb"), "{all}");
         assert!(
-            all.contains("unsupported coturn option --cli-port"),
+            all.contains("unsupported coturn option --mobility (RFC 8016"),
             "{all}"
         );
         assert!(all.contains("unknown option --bogus"), "{all}");
@@ -1055,5 +1342,113 @@ mod tests {
         assert_eq!(parse_bool("maybe"), None);
         let errs = errors(&["--no-udp=maybe"]);
         assert!(errs.join("\n").contains("not a boolean"));
+    }
+    #[test]
+    fn no_auth_needs_its_acknowledgement_and_no_credentials() {
+        let open = ["lastcall-turn", "-n", "--realm=example.org", "--no-auth"];
+        let errs: Vec<String> = match parse(open) {
+            Err(p) => p.iter().map(ToString::to_string).collect(),
+            Ok(_) => panic!("no-auth alone must be an error"),
+        };
+        assert!(
+            errs.join("\n").contains("no-auth-acknowledge-open-relay"),
+            "{errs:?}"
+        );
+        let acked = [&open[..], &["--no-auth-acknowledge-open-relay"]].concat();
+        let Ok(Parsed::Run(s)) = parse(acked) else {
+            panic!("acknowledged no-auth runs")
+        };
+        assert_eq!(s.turn.auth, AuthMode::Open);
+        let core = s.turn.core_config();
+        assert!(!core.auth.required(), "anonymous");
+        // Credentials and no-auth together: an error, not a silent choice.
+        let errs = errors(&["--no-auth", "--no-auth-acknowledge-open-relay"]);
+        assert!(
+            errs.join("\n").contains("give one or the other"),
+            "{errs:?}"
+        );
+        // Without no-auth a server never runs anonymously.
+        assert!(run(&[]).expect("runs").turn.core_config().auth.required());
+    }
+
+    #[test]
+    fn coturn_options_reach_the_core() {
+        let s = run(&[
+            "--max-bps=125000",
+            "--bps-capacity=1000000",
+            "--channel-lifetime=300",
+            "--permission-lifetime=120",
+            "--allocation-default-address-family=keep",
+            "--stun-only",
+            "--secure-stun",
+            "--check-origin-consistency",
+            "--include-reason-string",
+            "--fingerprint",
+            "--rest-api-separator=-",
+            "--udp-alternate-server=192.0.2.1:3478",
+            "--log-min-level=warning",
+            "--prometheus-port=9700",
+        ])
+        .expect("runs");
+        let c = s.turn.core_config();
+        assert_eq!(
+            (c.bandwidth.max_bps, c.bandwidth.capacity),
+            (125_000, 1_000_000)
+        );
+        assert_eq!(c.lifetimes.channel, Duration::from_secs(300));
+        assert_eq!(c.lifetimes.permission, Duration::from_secs(120));
+        assert_eq!(c.default_family, DefaultFamily::Keep);
+        assert_eq!(c.service, Service::StunOnly);
+        assert!(c.secure_stun && c.check_origin && c.reason_phrases && c.fingerprint);
+        assert_eq!(c.auth.rest_separator, '-');
+        assert_eq!(s.turn.transport_alternates.udp.len(), 1);
+        assert_eq!(s.log.log_level, "warn");
+        assert_eq!(
+            s.term.admin_addr,
+            Some(SocketAddr::from(([0, 0, 0, 0], 9700)))
+        );
+        assert!(s.term.sigusr1_refuses_at_once);
+        assert!(s.warnings.is_empty(), "{:?}", s.warnings);
+    }
+
+    #[test]
+    fn coturn_option_errors_name_the_option() {
+        let all = errors(&[
+            "--bps-capacity=1000",
+            "--allocation-default-address-family=ipv5",
+            "--rest-api-separator=::",
+            "--stun-only",
+            "--no-stun",
+            "--log-min-level=loud",
+        ])
+        .join("\n");
+        for needle in [
+            "bps-capacity needs max-bps",
+            "allocation-default-address-family=ipv5: expected ipv4, ipv6 or keep",
+            "rest-api-separator=::: expected one character",
+            "stun-only and no-stun",
+            "log-min-level=loud: expected debug, info, warning or error",
+        ] {
+            assert!(all.contains(needle), "{needle}:\n{all}");
+        }
+    }
+
+    #[test]
+    fn accepted_options_warn_once_and_a_refused_flag_turned_off_is_no_error() {
+        let f = file("syslog\nudp-gso\nudp-gso\ncli=0\ndtls=0\nmobility=false\n");
+        let path = f.path().to_str().unwrap().to_string();
+        let s = run(&["-c", &path, "--cpus=4"]).expect("runs");
+        let w: Vec<String> = s.warnings.iter().map(ToString::to_string).collect();
+        assert_eq!(w.len(), 3, "{w:?}");
+        for needle in [
+            ":1: syslog: is accepted and changes nothing: logs go to stderr",
+            ":3: udp-gso: is accepted",
+        ] {
+            assert!(w.iter().any(|l| l.contains(needle)), "{needle}: {w:?}");
+        }
+        assert!(
+            w.iter().any(|l| l.starts_with("cpus: is accepted")),
+            "{w:?}"
+        );
     }
 }

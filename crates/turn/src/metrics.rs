@@ -169,7 +169,7 @@ const fn coturn(name: &'static str, help: &'static str, value: u64) -> Exported 
 
 /// Every counter of the core but the traffic ones, as a metric. The destructuring names every
 /// field: a counter added to the core does not compile until it is exported here.
-fn exported(c: &Counters) -> [Exported; 15] {
+fn exported(c: &Counters) -> [Exported; 18] {
     let Counters {
         client_packets_in: _,
         client_bytes_in: _,
@@ -183,6 +183,7 @@ fn exported(c: &Counters) -> [Exported; 15] {
         client_data_dropped,
         malformed,
         suppressed_responses,
+        ratelimited_responses,
         binding_requests,
         binding_responses,
         binding_errors,
@@ -194,6 +195,8 @@ fn exported(c: &Counters) -> [Exported; 15] {
         refused_capacity,
         peers_denied,
         events_dropped,
+        bandwidth_dropped,
+        refused_bandwidth,
     } = *c;
     [
         coturn("stun_binding_request", "STUN Binding requests (coturn's name; only increases).", binding_requests),
@@ -208,9 +211,12 @@ fn exported(c: &Counters) -> [Exported; 15] {
         own("lastcall_turn_peers_denied", "CreatePermission and ChannelBind peers refused by the peer policy (403).", peers_denied),
         own("lastcall_turn_malformed", "Client datagrams or frames dropped as neither STUN nor ChannelData, or with a bad FINGERPRINT.", malformed),
         own("lastcall_turn_suppressed_responses", "Responses to unauthenticated requests dropped because they would be larger than the request (no amplification).", suppressed_responses),
+        own("lastcall_turn_ratelimited_responses", "Challenges and Binding answers larger than their unauthenticated UDP request not sent: their source IP had its unauthorized-ratelimit-rps this second.", ratelimited_responses),
         own("lastcall_turn_client_data_dropped", "ChannelData and Send indications from clients dropped: no allocation, channel or permission.", client_data_dropped),
         own("lastcall_turn_peer_dropped", "Datagrams from peers dropped: no allocation on that relay or no permission for the peer.", peer_dropped),
         own("lastcall_turn_events_dropped", "Core events dropped because their queue was full.", events_dropped),
+        own("lastcall_turn_bandwidth_dropped", "ChannelData, Send and peer datagrams dropped because their allocation was over max-bps.", bandwidth_dropped),
+        own("lastcall_turn_allocate_refused_bandwidth", "Allocate requests refused (486) because bps-capacity was all reserved.", refused_bandwidth),
     ]
 }
 

@@ -96,10 +96,16 @@ const fn refused(
 use Kind::{Flag, Multi, OptionalValue, Value};
 use Policy::{Accepted, Honoured};
 
-/// Every coturn option, plus `alternate-server` (whose meaning differs: used only while
-/// draining) and `verbose`.
+/// Every coturn option of 4.6 to 4.18 (their `--help` and shipped turnserver.conf), plus
+/// `alternate-server` (whose meaning differs: used only while draining) and our
+/// `no-auth-acknowledge-open-relay`. Kept in the order of docs/turn.md's table; a test checks
+/// both agree, and that every option of `tests/data/coturn-options.txt` is here.
+///
+/// For an [`Accepted`] option the help is the start-up warning: what `lastcall-turn` does
+/// instead. A refused [`Flag`] given as false (`dtls=0`) asks for nothing and is accepted.
 #[rustfmt::skip]
 pub(crate) const OPTIONS: &[Spec] = &[
+    // Listeners and relay addresses.
     spec("listening-port", &['p'], Value, Honoured, "PORT", "UDP and TCP listening port [default: 3478]"),
     spec("tls-listening-port", &[], Value, Honoured, "PORT", "TLS listening port [default: 5349]"),
     spec("listening-ip", &['L'], Multi, Honoured, "IP", "Listening address (repeatable); 0.0.0.0 or :: mean every host address of that family [default: every host address]"),
@@ -108,145 +114,170 @@ pub(crate) const OPTIONS: &[Spec] = &[
     spec("relay-threads", &['m'], Value, Honoured, "N", "UDP I/O threads, each with its own listening socket per address (SO_REUSEPORT) and the relay sockets of its clients; 0 = one per CPU this process may run on [default: 0]"),
     spec("min-port", &[], Value, Honoured, "PORT", "Lowest relay port [default: 49152]"),
     spec("max-port", &[], Value, Honoured, "PORT", "Highest relay port [default: 65535]"),
-    spec("realm", &['r'], Value, Honoured, "REALM", "Realm for long-term credentials"),
-    spec("use-auth-secret", &[], Flag, Honoured, "", "TURN REST API credentials (username `expiry:user`, password HMAC-SHA1 of it)"),
-    spec("static-auth-secret", &[], Multi, Honoured, "SECRET", "Shared secret of the TURN REST API (repeatable: all are accepted, for rotation)"),
-    spec("lt-cred-mech", &['a'], Flag, Accepted, "", "Long-term credential mechanism (always on; accepted for coturn compatibility)"),
-    spec("user", &['u'], Multi, Honoured, "NAME:PASSWORD", "Static long-term user (repeatable); the password may be a 0x-prefixed MD5 key"),
-    spec("no-tcp-relay", &[], Flag, Accepted, "", "No TCP relays (RFC 6062 is not implemented: always true)"),
-    spec("denied-peer-ip", &[], Multi, Honoured, "IP[-IP]|CIDR", "Peer addresses refused (repeatable); an allowed-peer-ip range wins over it (coturn's rule)"),
-    spec("allowed-peer-ip", &[], Multi, Honoured, "IP[-IP]|CIDR", "Peer addresses allowed although the default policy refuses them, e.g. private ranges (repeatable)"),
-    spec("no-multicast-peers", &[], Flag, Accepted, "", "Refuse multicast peers (always on; accepted for coturn compatibility)"),
-    spec("allow-loopback-peers", &[], Flag, Honoured, "", "Allow loopback peers. FOR TESTS ONLY: opens the host's own services to every client"),
-    spec("user-quota", &['q'], Value, Honoured, "N", "Most allocations per user (0 = no limit) [default: 0]"),
-    spec("total-quota", &['Q'], Value, Honoured, "N", "Most allocations in total (0 = no limit) [default: 0]"),
-    spec("max-allocate-lifetime", &[], Value, Honoured, "SECONDS", "Longest allocation lifetime a client may ask for [default: 3600]"),
-    spec("stale-nonce", &[], OptionalValue, Honoured, "SECONDS", "Nonce lifetime; the flag alone means 600 [default: 600]"),
-    spec("cert", &[], Value, Honoured, "PEM", "TLS certificate chain (PEM); reloaded on SIGHUP"),
-    spec("pkey", &[], Value, Honoured, "PEM", "TLS private key (PEM); reloaded on SIGHUP"),
-    spec("no-tls", &[], Flag, Honoured, "", "No TLS listener"),
     spec("no-udp", &[], Flag, Honoured, "", "No UDP client listener"),
     spec("no-tcp", &[], Flag, Honoured, "", "No TCP client listener"),
-    spec("no-cli", &[], Flag, Accepted, "", "Accepted; there is no telnet CLI"),
-    spec("no-dtls", &[], Flag, Accepted, "", "Accepted; DTLS is not implemented"),
-    spec("no-tlsv1", &[], Flag, Accepted, "", "Accepted; TLS 1.0 is never offered"),
-    spec("no-tlsv1_1", &[], Flag, Accepted, "", "Accepted; TLS 1.1 is never offered"),
+    spec("no-tls", &[], Flag, Honoured, "", "No TLS listener"),
+    spec("no-dtls", &[], Flag, Honoured, "", "No DTLS listener (there never is one)"),
+    spec("dtls", &[], Flag, Accepted, "", "there is no DTLS listener (DTLS is not implemented); clients use UDP, TCP or TLS"),
+    spec("alt-listening-port", &[], Value, Accepted, "PORT", "there is no RFC 5780 alternate listener (RFC 5780 is not implemented)"),
+    spec("alt-tls-listening-port", &[], Value, Accepted, "PORT", "there is no RFC 5780 alternate listener (RFC 5780 is not implemented)"),
+    spec("udp-self-balance", &[], Flag, Accepted, "", "UDP clients are spread over the UDP I/O threads by the kernel (SO_REUSEPORT, relay-threads), not redirected to aux servers"),
+    spec("cpus", &[], Value, Accepted, "N", "the CPU count comes from the process's affinity and cgroup quota; use relay-threads to choose the UDP I/O threads"),
+    spec("sock-buf-size", &[], Value, Accepted, "BYTES", "UDP sockets keep the kernel's buffer sizes (net.core.rmem_default / wmem_default)"),
+    spec("ne", &[], Value, Accepted, "1|2|3", "there is one network engine: UDP I/O threads with recvmmsg/sendmmsg"),
+    spec("udp-recvmmsg", &[], Flag, Honoured, "", "recvmmsg is always used"),
+    spec("udp-recvmmsg-log", &[], Flag, Accepted, "", "no recvmmsg log; lastcall_turn_udp_worker_datagrams_total / _wakeups_total give the mean batch"),
+    spec("udp-sendmmsg-log", &[], Flag, Accepted, "", "no sendmmsg log; lastcall_turn_udp_worker_datagrams_total / _wakeups_total give the mean batch"),
+    spec("udp-gso", &[], Flag, Accepted, "", "UDP GSO is not used; datagrams are batched with sendmmsg"),
+    spec("multiplex-peer", &[], Flag, Accepted, "", "every allocation keeps its own relay port in min-port..max-port: open that range to peers"),
+    spec("multiplex-peer-port", &[], Value, Accepted, "PORT", "every allocation keeps its own relay port in min-port..max-port: open that range to peers"),
+    spec("multiplex-peer-max-peers", &[], Value, Accepted, "N", "every allocation keeps its own relay port in min-port..max-port: open that range to peers"),
+    refused("listening-device", &['d'], Value, Some("give the device's address with listening-ip")),
+    refused("relay-device", &['i'], Value, Some("give the device's address with relay-ip")),
+    refused("tcp-proxy-port", &[], Value, Some("the PROXY protocol is not implemented")),
+    refused("aux-server", &[], Value, Some("give the address with listening-ip")),
+    // Credentials.
+    spec("realm", &['r'], Value, Honoured, "REALM", "Realm for long-term credentials"),
+    spec("lt-cred-mech", &['a'], Flag, Honoured, "", "Long-term credential mechanism (always on)"),
+    spec("use-auth-secret", &[], Flag, Honoured, "", "TURN REST API credentials (username `expiry:user`, password HMAC-SHA1 of it)"),
+    spec("static-auth-secret", &[], Multi, Honoured, "SECRET", "Shared secret of the TURN REST API (repeatable: all are accepted, for rotation)"),
+    spec("rest-api-separator", &['C'], Value, Honoured, "CHAR", "Separator between the expiry and the user in TURN REST API usernames [default: :]"),
+    spec("user", &['u'], Multi, Honoured, "NAME:PASSWORD", "Static long-term user (repeatable); the password may be a 0x-prefixed MD5 key"),
+    refused("userdb", &['b'], Value, Some("not implemented yet: coturn's SQLite user database is a follow-up of issue 18; use static-auth-secret (TURN REST API) or user=NAME:PASSWORD")),
+    refused("db", &[], Value, Some("not implemented yet: coturn's SQLite user database is a follow-up of issue 18; use static-auth-secret (TURN REST API) or user=NAME:PASSWORD")),
+    spec("no-auth", &['z'], Flag, Honoured, "", "Relay without authentication: an OPEN RELAY (the peer policy still applies); an error unless no-auth-acknowledge-open-relay is given too"),
+    spec("no-auth-acknowledge-open-relay", &[], Flag, Honoured, "", "lastcall-turn's own: acknowledges that no-auth makes an open relay"),
+    spec("no-auth-pings", &[], Flag, Accepted, "", "there is no user database to ping"),
+    spec("no-dynamic-ip-list", &[], Flag, Accepted, "", "there is no user database: the peer lists are allowed-peer-ip and denied-peer-ip"),
+    spec("no-dynamic-realms", &[], Flag, Accepted, "", "there is no user database: the realm and quotas are the configured ones"),
+    spec("secret-ts-exp-time", &[], OptionalValue, Accepted, "SECONDS", "coturn 4.6 ignored it too: a REST credential expires at the time in its username"),
+    spec("server-name", &[], Value, Accepted, "NAME", "used only by oAuth, which is not implemented"),
+    spec("secret-key-file", &[], Value, Accepted, "PATH", "used only for encrypted MySQL passwords; MySQL is not supported"),
+    refused("psql-userdb", &['e'], Value, Some("PostgreSQL is not supported: use userdb (SQLite), static-auth-secret or user")),
+    refused("sql-userdb", &[], Value, Some("PostgreSQL is not supported: use userdb (SQLite), static-auth-secret or user")),
+    refused("mysql-userdb", &['M'], Value, Some("MySQL is not supported: use userdb (SQLite), static-auth-secret or user")),
+    refused("mongo-userdb", &['J'], Value, Some("MongoDB is not supported: use userdb (SQLite), static-auth-secret or user")),
+    refused("redis-userdb", &['N'], Value, Some("Redis is not supported: use userdb (SQLite), static-auth-secret or user")),
+    spec("redis-statsdb", &['O'], Value, Accepted, "URL", "no statistics go to Redis; they are at /metrics on the admin listener (--admin-addr)"),
+    refused("oauth", &[], Flag, Some("third-party authorization (oAuth) is not implemented")),
+    // Peers and allocations.
+    spec("allowed-peer-ip", &[], Multi, Honoured, "IP[-IP]|CIDR", "Peer addresses allowed although the default policy refuses them, e.g. private ranges (repeatable)"),
+    spec("denied-peer-ip", &[], Multi, Honoured, "IP[-IP]|CIDR", "Peer addresses refused (repeatable); an allowed-peer-ip range wins over it (coturn's rule)"),
+    spec("allow-loopback-peers", &[], Flag, Honoured, "", "Allow loopback peers. FOR TESTS ONLY: opens the host's own services to every client"),
+    spec("no-multicast-peers", &[], Flag, Honoured, "", "Refuse multicast peers (always on)"),
+    refused("server-relay", &[], Flag, Some("it would relay without the permission check: leave it out")),
+    spec("user-quota", &['q'], Value, Honoured, "N", "Most allocations per user (0 = no limit) [default: 0]"),
+    spec("total-quota", &['Q'], Value, Honoured, "N", "Most allocations in total (0 = no limit) [default: 0]"),
+    spec("max-bps", &['s'], Value, Honoured, "BYTES/S", "Most bytes per second an allocation relays in each direction (client to peer, peer to client); more is dropped (0 = no limit) [default: 0]"),
+    spec("bps-capacity", &['B'], Value, Honoured, "BYTES/S", "Bandwidth all allocations together may reserve: each reserves max-bps (or what is left); an Allocate that finds none left gets 486 (0 = no limit) [default: 0]"),
+    spec("max-allocate-lifetime", &[], Value, Honoured, "SECONDS", "Longest allocation lifetime a client may ask for [default: 3600]"),
+    spec("channel-lifetime", &[], Value, Honoured, "SECONDS", "Channel binding lifetime (RFC 8656: 600; keep it) [default: 600]"),
+    spec("permission-lifetime", &[], Value, Honoured, "SECONDS", "Permission lifetime (RFC 8656: 300; keep it) [default: 300]"),
+    spec("max-allocate-timeout", &[], Value, Accepted, "SECONDS", "a TCP or TLS connection without an allocation is closed after 60 s"),
+    spec("stale-nonce", &[], OptionalValue, Honoured, "SECONDS", "Nonce lifetime; the flag alone means 600 [default: 600]"),
+    spec("unauthorized-ratelimit", &[], Flag, Honoured, "", "Limit the challenges (401/438) and Binding answers larger than their request sent to one source IP per second over UDP: on by default at 100/s, unlike coturn; given alone, coturn's 10/s; =false turns it off"),
+    spec("unauthorized-ratelimit-rps", &[], Value, Honoured, "N", "The per-source rate of unauthorized-ratelimit (0 = no limit) [default: 100]"),
+    spec("stateless-nonce", &[], Flag, Honoured, "", "Nonces are always stateless (a timestamp and an HMAC)"),
+    spec("stateless-nonce-secret", &[], Value, Accepted, "SECRET", "nonces are keyed by a per-process secret: after a restart a client gets one 438 and retries"),
+    spec("allocation-default-address-family", &['A'], Value, Honoured, "ipv4|ipv6|keep", "Relay address family of an Allocate that names none: ipv4 (RFC 8656), ipv6, or keep (the family the client talks to the server with) [default: ipv4]"),
+    spec("keep-address-family", &['K'], Flag, Honoured, "", "Same as allocation-default-address-family=keep"),
+    refused("no-udp-relay", &[], Flag, Some("TCP relays (RFC 6062) are not implemented, so without UDP relays nothing would relay: leave it out")),
+    spec("no-tcp-relay", &[], Flag, Honoured, "", "No TCP relays (RFC 6062 is not implemented: always so)"),
+    refused("mobility", &[], Flag, Some("RFC 8016 mobility is not implemented")),
+    spec("alternate-server", &[], Multi, Honoured, "IP:PORT", "While draining, answer new Allocates with 300 Try Alternate to these (round-robin; repeatable). Unlike coturn, not used before a drain"),
+    spec("udp-alternate-server", &[], Multi, Honoured, "IP:PORT", "Like alternate-server, for UDP clients (instead of alternate-server)"),
+    spec("tcp-alternate-server", &[], Multi, Honoured, "IP:PORT", "Like alternate-server, for TCP clients (instead of alternate-server)"),
+    spec("tls-alternate-server", &[], Multi, Honoured, "IP:PORT", "Like alternate-server, for TLS clients (instead of alternate-server)"),
+    // What requests get.
+    spec("stun-only", &['S'], Flag, Honoured, "", "STUN only: TURN requests get no answer"),
+    spec("no-stun", &[], Flag, Honoured, "", "TURN only: STUN Binding requests get no answer"),
+    spec("secure-stun", &[], Flag, Honoured, "", "Binding requests need long-term credentials too"),
+    spec("check-origin-consistency", &[], Flag, Honoured, "", "Every request on an allocation must carry the ORIGIN of the Allocate that made it (441 otherwise)"),
+    spec("include-reason-string", &[], Flag, Honoured, "", "Reason phrases in error responses (not in an unauthenticated one that would grow larger than its request)"),
+    spec("fingerprint", &['f'], Flag, Honoured, "", "FINGERPRINT on every response and Data indication (without it: on responses to requests that carry one)"),
+    spec("software-attribute", &[], Flag, Honoured, "", "SOFTWARE (lastcall-turn's version) on responses to authenticated requests"),
+    spec("no-software-attribute", &[], Flag, Honoured, "", "No SOFTWARE attribute (the default)"),
+    spec("prod", &[], Flag, Honoured, "", "coturn 4.6's name of no-software-attribute"),
+    spec("no-rfc5780", &[], Flag, Honoured, "", "No RFC 5780 (the default: it is not implemented)"),
+    spec("no-stun-backward-compatibility", &[], Flag, Honoured, "", "No RFC 3489 STUN (the default: it is not implemented)"),
+    spec("response-origin-only-with-rfc5780", &[], Flag, Honoured, "", "RESPONSE-ORIGIN is never sent"),
+    spec("rfc5766-channel-numbers", &[], Flag, Honoured, "", "Channel numbers 0x4000-0x7FFF (RFC 5766's range) are always accepted"),
+    spec("drop-invalid-packets", &[], Flag, Honoured, "", "Invalid packets are always dropped (and counted in lastcall_turn_malformed_total)"),
+    spec("drop-invalid-packets-log", &[], Flag, Accepted, "", "invalid packets are not logged; they are counted in lastcall_turn_malformed_total"),
+    spec("respond-http-unsupported", &[], Flag, Accepted, "", "an HTTP request on a TURN port gets no answer: the connection is closed"),
+    refused("rfc5780", &[], Flag, Some("RFC 5780 NAT behaviour discovery is not implemented")),
+    refused("stun-backward-compatibility", &[], Flag, Some("RFC 3489 STUN is not implemented")),
+    refused("rfc3489-compatibility", &[], Flag, Some("RFC 3489 STUN is not implemented")),
+    // TLS.
+    spec("cert", &[], Value, Honoured, "PEM", "TLS certificate chain (PEM); reloaded on SIGHUP"),
+    spec("pkey", &[], Value, Honoured, "PEM", "TLS private key (PEM); reloaded on SIGHUP"),
     spec("no-tlsv1_2", &[], Flag, Honoured, "", "TLS 1.3 only"),
-    spec("fingerprint", &['f'], Flag, Accepted, "", "Accepted; FINGERPRINT is answered when the request carries one"),
-    spec("no-software-attribute", &[], Flag, Accepted, "", "Accepted; SOFTWARE is never sent"),
-    spec("no-rfc5780", &[], Flag, Accepted, "", "Accepted; RFC 5780 is not implemented"),
-    spec("no-stun-backward-compatibility", &[], Flag, Accepted, "", "Accepted; RFC 3489 is not implemented"),
-    spec("response-origin-only-with-rfc5780", &[], Flag, Accepted, "", "Accepted; RESPONSE-ORIGIN is never sent"),
-    spec("rfc5766-channel-numbers", &[], Flag, Accepted, "", "Accepted; channel numbers 0x4000-0x7FFF (RFC 5766's range) are always accepted"),
-    spec("prometheus", &[], Flag, Accepted, "", "Accepted; metrics are always on the admin listener (--admin-addr), at /metrics"),
-    spec("drain-min-allocations", &[], Value, Honoured, "N", "Exit a drain when at most N allocations are left (= --drain-min-sessions) [default: 0]"),
-    spec("log-file", &['l'], Value, Honoured, "PATH", "Accepted; logs always go to stderr (a warning is logged when this names a file)"),
-    spec("simple-log", &[], Flag, Accepted, "", "Accepted; the log is one stream"),
-    spec("no-stdout-log", &[], Flag, Accepted, "", "Accepted; logs go to stderr"),
-    spec("pidfile", &[], Value, Honoured, "PATH", "Write the process id to this file"),
+    spec("no-tlsv1", &[], Flag, Honoured, "", "TLS 1.0 is never offered"),
+    spec("no-tlsv1_1", &[], Flag, Honoured, "", "TLS 1.1 is never offered"),
+    spec("no-sslv2", &[], Flag, Honoured, "", "SSL 2 is never offered"),
+    spec("no-sslv3", &[], Flag, Honoured, "", "SSL 3 is never offered"),
+    spec("tlsv1", &[], Flag, Accepted, "", "TLS 1.0 is never offered: clients need TLS 1.2 or 1.3"),
+    spec("tlsv1_1", &[], Flag, Accepted, "", "TLS 1.1 is never offered: clients need TLS 1.2 or 1.3"),
+    spec("cipher-list", &[], Value, Accepted, "CIPHERS", "rustls's cipher suites are used (TLS 1.3 AES-GCM and ChaCha20-Poly1305; TLS 1.2 ECDHE with the same)"),
+    spec("ec-curve-name", &[], Value, Accepted, "CURVE", "rustls's key exchange groups are used (X25519, P-256, P-384)"),
+    spec("dh566", &[], Flag, Accepted, "", "no finite-field Diffie-Hellman: rustls offers ECDHE only"),
+    spec("dh1066", &[], Flag, Accepted, "", "no finite-field Diffie-Hellman: rustls offers ECDHE only"),
+    spec("dh-file", &[], Value, Accepted, "PATH", "no finite-field Diffie-Hellman: rustls offers ECDHE only"),
+    refused("pkey-pwd", &[], Value, Some("encrypted private keys are not supported: decrypt it (openssl pkey -in KEY -out PLAIN)")),
+    refused("CA-file", &[], Value, Some("client certificates are not verified: that is not implemented")),
+    refused("raw-public-keys", &[], Flag, Some("RFC 7250 raw public keys are not implemented")),
+    // Logs, metrics, the process.
     spec("verbose", &['v'], Flag, Honoured, "", "Log at debug level (unless --log-level is given)"),
     spec("Verbose", &['V'], Flag, Honoured, "", "Log at trace level (unless --log-level is given)"),
-    spec("alternate-server", &[], Multi, Honoured, "IP:PORT", "While draining, answer new Allocates with 300 Try Alternate to these (round-robin; repeatable). Unlike coturn, not used before a drain"),
-    refused("listening-device", &['d'], Value, None),
-    refused("alt-listening-port", &[], Value, None),
-    refused("alt-tls-listening-port", &[], Value, None),
-    refused("tcp-proxy-port", &[], Value, None),
-    refused("relay-device", &['i'], Value, None),
-    refused("sock-buf-size", &[], Value, None),
-    refused("no-auth", &['z', 'A'], Flag, Some("lastcall-turn always authenticates (use-auth-secret or user)")),
-    refused("userdb", &['b', 'K'], Value, None),
-    refused("db", &[], Value, None),
-    refused("psql-userdb", &['e'], Value, None),
-    refused("sql-userdb", &[], Value, None),
-    refused("mysql-userdb", &['M'], Value, None),
-    refused("mongo-userdb", &['J'], Value, None),
-    refused("redis-userdb", &['N'], Value, None),
-    refused("redis-statsdb", &['O'], Value, None),
-    refused("prometheus-port", &[], Value, Some("metrics are served at /metrics on --admin-addr")),
-    refused("prometheus-address", &[], Value, Some("metrics are served at /metrics on --admin-addr")),
-    refused("prometheus-path", &[], Value, Some("metrics are served at /metrics on --admin-addr")),
-    refused("prometheus-username-labels", &[], Flag, None),
-    refused("prometheus-tls", &[], Flag, None),
-    refused("prometheus-cert", &[], Value, None),
-    refused("prometheus-key", &[], Value, None),
-    refused("no-auth-pings", &[], Flag, None),
-    refused("no-dynamic-ip-list", &[], Flag, None),
-    refused("no-dynamic-realms", &[], Flag, None),
-    refused("server-name", &[], Value, None),
-    refused("oauth", &[], Flag, None),
-    refused("max-bps", &['s'], Value, None),
-    refused("bps-capacity", &['B'], Value, None),
+    spec("log-min-level", &[], Value, Honoured, "LEVEL", "Log level: debug, info, warning or error (unless --log-level is given)"),
+    spec("log-file", &['l'], Value, Accepted, "PATH", "logs go to stderr; let the platform (journald, the kubelet) collect them"),
+    spec("syslog", &[], Flag, Accepted, "", "logs go to stderr (text, or JSON with --log-format json); let the platform (journald, the kubelet) collect them"),
+    spec("syslog-facility", &[], Value, Accepted, "FACILITY", "logs go to stderr, not to syslog"),
+    spec("simple-log", &[], Flag, Honoured, "", "There is no log file to roll over"),
+    spec("no-stdout-log", &[], Flag, Accepted, "", "logs go to stderr"),
+    spec("new-log-timestamp", &[], Flag, Accepted, "", "log lines carry tracing's RFC 3339 timestamps"),
+    spec("new-log-timestamp-format", &[], Value, Accepted, "FORMAT", "log lines carry tracing's RFC 3339 timestamps"),
+    spec("log-binding", &[], Flag, Accepted, "", "Binding requests are counted (stun_binding_request), not logged"),
+    spec("prometheus", &[], Flag, Honoured, "", "Metrics are always on the admin listener (--admin-addr), at /metrics"),
+    spec("prometheus-port", &[], Value, Honoured, "PORT", "The port of the admin listener, which serves /metrics (--admin-addr wins) [default: 9641]"),
+    spec("prometheus-address", &[], Value, Honoured, "IP", "The address of the admin listener, which serves /metrics (--admin-addr wins) [default: 0.0.0.0]"),
+    spec("prometheus-path", &[], Value, Accepted, "PATH", "metrics are served at /metrics on the admin listener"),
+    spec("prometheus-username-labels", &[], Flag, Accepted, "", "traffic metrics are labelled by realm only, not by user"),
+    refused("prometheus-tls", &[], Flag, Some("the admin listener speaks plain HTTP: put TLS in front of it")),
+    refused("prometheus-cert", &[], Value, Some("the admin listener speaks plain HTTP: put TLS in front of it")),
+    refused("prometheus-key", &[], Value, Some("the admin listener speaks plain HTTP: put TLS in front of it")),
+    spec("cli", &[], Flag, Accepted, "", "there is no telnet CLI: the admin listener (--admin-addr) serves /metrics, /drain, /readyz"),
+    spec("no-cli", &[], Flag, Honoured, "", "There is no telnet CLI"),
+    spec("cli-ip", &[], Value, Accepted, "IP", "there is no telnet CLI: the admin listener (--admin-addr) serves /metrics, /drain, /readyz"),
+    spec("cli-port", &[], Value, Accepted, "PORT", "there is no telnet CLI: the admin listener (--admin-addr) serves /metrics, /drain, /readyz"),
+    spec("cli-password", &[], Value, Accepted, "PASSWORD", "there is no telnet CLI: the admin listener (--admin-addr) serves /metrics, /drain, /readyz"),
+    spec("cli-max-output-sessions", &[], Value, Accepted, "N", "there is no telnet CLI: the admin listener (--admin-addr) serves /metrics, /drain, /readyz"),
+    spec("web-admin", &[], Flag, Accepted, "", "there is no web admin: the admin listener (--admin-addr) serves /metrics, /drain, /readyz"),
+    spec("web-admin-ip", &[], Value, Accepted, "IP", "there is no web admin: the admin listener (--admin-addr) serves /metrics, /drain, /readyz"),
+    spec("web-admin-port", &[], Value, Accepted, "PORT", "there is no web admin: the admin listener (--admin-addr) serves /metrics, /drain, /readyz"),
+    spec("web-admin-listen-on-workers", &[], Flag, Accepted, "", "there is no web admin: the admin listener (--admin-addr) serves /metrics, /drain, /readyz"),
+    refused("acme-redirect", &[], Value, Some("HTTP is not answered on the TURN ports: serve /.well-known/acme-challenge/ elsewhere (cert-manager, a web server)")),
+    spec("drain-min-allocations", &[], Value, Honoured, "N", "Exit a drain when at most N allocations are left (= --drain-min-sessions) [default: 0]"),
+    spec("pidfile", &[], Value, Honoured, "PATH", "Write the process id to this file"),
     refused("daemon", &['o'], Flag, Some("run it in the foreground under a supervisor")),
-    refused("software-attribute", &[], Flag, None),
-    refused("check-origin-consistency", &[], Flag, None),
-    refused("dtls", &[], Flag, None),
-    refused("no_dtls", &[], Flag, None),
-    refused("no-udp-relay", &[], Flag, None),
-    refused("channel-lifetime", &[], Flag, Some("RFC 8656 lifetimes are fixed (600 s, 300 s)")),
-    refused("permission-lifetime", &[], Flag, Some("RFC 8656 lifetimes are fixed (600 s, 300 s)")),
-    refused("stun-only", &['S'], Flag, None),
-    refused("no-stun", &[], Flag, None),
-    refused("raw-public-keys", &[], Flag, None),
-    refused("pkey-pwd", &[], Value, None),
-    refused("syslog", &[], Flag, Some("logs go to stderr; let the platform collect them")),
-    refused("log-min-level", &[], Value, None),
-    refused("new-log-timestamp", &[], Flag, None),
-    refused("new-log-timestamp-format", &[], Value, None),
-    refused("aux-server", &[], Value, None),
-    refused("udp-self-balance", &[], Flag, None),
-    refused("tls-alternate-server", &[], Value, Some("use --alternate-server (used while draining)")),
-    refused("tcp-alternate-server", &[], Value, Some("use --alternate-server (used while draining)")),
-    refused("udp-alternate-server", &[], Value, Some("use --alternate-server (used while draining)")),
-    refused("rest-api-separator", &['C'], Value, None),
-    refused("max-allocate-timeout", &[], Value, None),
-    refused("cipher-list", &[], Value, None),
-    refused("secure-stun", &[], Flag, None),
-    refused("CA-file", &[], Value, None),
-    refused("dh-file", &[], Value, None),
-    refused("proc-user", &[], Value, None),
-    refused("proc-group", &[], Value, None),
-    refused("mobility", &[], Flag, None),
-    refused("cli", &[], Flag, None),
-    refused("cli-ip", &[], Value, None),
-    refused("cli-port", &[], Value, None),
-    refused("cli-password", &[], Value, None),
-    refused("web-admin", &[], Flag, None),
-    refused("web-admin-ip", &[], Value, None),
-    refused("web-admin-port", &[], Value, None),
-    refused("web-admin-listen-on-workers", &[], Flag, None),
-    refused("server-relay", &[], Flag, None),
-    refused("cli-max-output-sessions", &[], Value, None),
-    refused("ec-curve-name", &[], Value, None),
-    refused("dh566", &[], Flag, None),
-    refused("dh1066", &[], Flag, None),
-    refused("tlsv1", &[], Flag, None),
-    refused("tlsv1_1", &[], Flag, None),
-    refused("secret-key-file", &[], Value, None),
-    refused("keep-address-family", &[], Flag, None),
-    refused("allocation-default-address-family", &[], Value, None),
-    refused("acme-redirect", &[], Value, None),
-    refused("log-binding", &[], Flag, None),
-    refused("rfc5780", &[], Flag, None),
-    refused("stun-backward-compatibility", &[], Flag, None),
-    refused("rfc3489-compatibility", &[], Flag, None),
-    refused("respond-http-unsupported", &[], Flag, None),
-    refused("drop-invalid-packets", &[], Flag, None),
-    refused("drop-invalid-packets-log", &[], Flag, None),
-    refused("udp-recvmmsg", &[], Flag, None),
-    refused("udp-recvmmsg-log", &[], Flag, None),
-    refused("udp-sendmmsg-log", &[], Flag, None),
-    refused("udp-gso", &[], Flag, None),
-    refused("include-reason-string", &[], Flag, None),
-    refused("multiplex-peer", &[], Flag, None),
-    refused("multiplex-peer-port", &[], Value, None),
-    refused("multiplex-peer-max-peers", &[], Value, None),
-    refused("syslog-facility", &[], Value, None),
-    refused("cpus", &[], Value, None),
-    refused("unauthorized-ratelimit", &[], Flag, None),
-    refused("unauthorized-ratelimit-rps", &[], Flag, None),
-    refused("stateless-nonce", &[], Flag, None),
-    refused("stateless-nonce-secret", &[], Value, None),
+    refused("proc-user", &[], Value, Some("start it as that user (systemd User=, Kubernetes runAsUser)")),
+    refused("proc-group", &[], Value, Some("start it as that group (systemd Group=, Kubernetes runAsGroup)")),
 ];
+
+/// coturn's boolean values: empty = true; 0/no/false/off = false; 1-9/yes/true/on = true.
+pub(crate) fn parse_bool(v: &str) -> Option<bool> {
+    let first = v.chars().next();
+    match first {
+        None => Some(true),
+        Some('0' | 'n' | 'N' | 'f' | 'F') => Some(false),
+        Some('y' | 'Y' | 't' | 'T' | '1'..='9') => Some(true),
+        _ => match v.to_ascii_lowercase().as_str() {
+            "on" => Some(true),
+            "off" => Some(false),
+            _ => None,
+        },
+    }
+}
 
 /// The option with this long name.
 pub(crate) fn find(name: &str) -> Option<&'static Spec> {
@@ -282,6 +313,77 @@ mod tests {
                 "{}: help iff accepted",
                 s.name
             );
+        }
+    }
+    fn kind_word(s: &Spec) -> &'static str {
+        match s.policy {
+            Policy::Honoured => "honoured",
+            Policy::Accepted => "accepted",
+            Policy::Refused { .. } => "refused",
+        }
+    }
+
+    /// docs/turn.md's option table: every row's option and kind are the code's, in order.
+    #[test]
+    fn the_docs_table_gives_each_options_kind() {
+        let doc = include_str!("../../../docs/turn.md");
+        let begin = doc
+            .find("<!-- options-table: begin")
+            .expect("table begin marker");
+        let end = doc
+            .find("<!-- options-table: end -->")
+            .expect("table end marker");
+        let rows: Vec<(String, String)> = doc[begin..end]
+            .lines()
+            .filter(|l| l.starts_with("| `"))
+            .map(|l| {
+                let cells: Vec<&str> = l.split(" | ").collect();
+                let name = cells[0].trim_start_matches("| ").trim_matches('`');
+                (name.to_string(), cells[2].trim().to_string())
+            })
+            .collect();
+        let code: Vec<(String, String)> = OPTIONS
+            .iter()
+            .map(|s| (s.name.to_string(), kind_word(s).to_string()))
+            .collect();
+        assert_eq!(rows, code, "docs/turn.md's option table and OPTIONS differ");
+    }
+
+    /// Every option of coturn 4.6 to 4.18 has a policy (`version` is clap's own flag).
+    #[test]
+    fn every_coturn_option_has_a_policy() {
+        let list = include_str!("../tests/data/coturn-options.txt");
+        let names: Vec<&str> = list
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+            .filter_map(|l| l.split_whitespace().next())
+            .collect();
+        assert!(names.len() > 140, "{}", names.len());
+        let missing: Vec<&&str> = names
+            .iter()
+            .filter(|n| **n != "version" && find(n).is_none())
+            .collect();
+        assert!(missing.is_empty(), "no policy for {missing:?}");
+        // And nothing here that coturn does not have, but our own acknowledgement.
+        let extra: Vec<&str> = OPTIONS
+            .iter()
+            .map(|s| s.name)
+            .filter(|n| !names.contains(n) && *n != "no-auth-acknowledge-open-relay")
+            .collect();
+        assert!(extra.is_empty(), "not coturn options: {extra:?}");
+    }
+
+    /// A refused option says what to do; an accepted one what we do instead.
+    #[test]
+    fn refused_options_say_what_to_do_and_accepted_what_we_do_instead() {
+        for s in OPTIONS {
+            match s.policy {
+                Policy::Refused { hint } => {
+                    assert!(hint.is_some_and(|h| h.len() > 10), "{}: no hint", s.name);
+                }
+                Policy::Accepted => assert!(s.help.len() > 10, "{}", s.name),
+                Policy::Honoured => {}
+            }
         }
     }
 }

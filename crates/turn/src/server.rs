@@ -14,7 +14,7 @@ use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant, SystemTime};
 
 use lastcall::{AcceptUntil, Daemon, Handle};
-use lastcall_turn_proto::Server;
+use lastcall_turn_proto::{Server, Transport};
 use tokio::net::TcpListener;
 
 use crate::config::TurnConfig;
@@ -159,6 +159,15 @@ pub fn start(
         .collect();
     let own_ports = [config.listening_port, config.tls_listening_port];
     let alternates = drain::alternates(&config.alternate_servers, &own_ips, &own_ports);
+    let by_transport = &config.transport_alternates;
+    for (transport, list) in [
+        (Transport::Udp, &by_transport.udp),
+        (Transport::Tcp, &by_transport.tcp),
+        (Transport::Tls, &by_transport.tls),
+    ] {
+        let list = drain::alternates(list, &own_ips, &own_ports);
+        shared.run(|server| server.set_transport_alternates(transport, list));
+    }
     tokio::spawn(drain::refuse_when_refusing(Arc::clone(&shared), alternates));
     Ok(Running {
         shared,

@@ -9,7 +9,7 @@ use std::path::Path;
 use clap::{ArgMatches, Command};
 use lastcall::{Problem, Problems, Source};
 
-use crate::options::{self, Policy, Spec};
+use crate::options::{self, parse_bool, Kind, Policy, Spec};
 
 /// Option values by name, in the order given, with where each came from.
 #[derive(Debug, Default)]
@@ -77,6 +77,8 @@ pub(crate) fn parse_file(path: &Path, text: &str, raw: &mut RawOptions, problems
         let name = name.strip_prefix("--").unwrap_or(name);
         match options::find(name) {
             Some(spec) if spec.accepted() => raw.push(spec.name, value, source),
+            // A refused flag turned off (`dtls=0`) asks for nothing.
+            Some(spec) if spec.kind == Kind::Flag && parse_bool(&value) == Some(false) => {}
             Some(spec) => problems.push(unsupported(source, name, spec)),
             None => problems.push(unknown(source, name)),
         }
@@ -157,12 +159,16 @@ pub(crate) fn prescan(cmd: &Command, args: &[String], problems: &mut Problems) -
             if takes && !has_eq {
                 kept.extend(it.next().cloned());
             }
-        } else if let Some(spec) = options::find(name) {
+        } else if let Some(spec) = options::find(name).filter(|s| {
+            // `--dtls=false` asks for nothing.
+            !(s.kind == Kind::Flag
+                && long.split_once('=').and_then(|(_, v)| parse_bool(v)) == Some(false))
+        }) {
             problems.push(unsupported(Source::Flag, &format!("--{name}"), spec));
             if spec.kind.takes_value() && !has_eq {
                 it.next();
             }
-        } else {
+        } else if options::find(name).is_none() {
             problems.push(unknown(Source::Flag, &format!("--{name}")));
         }
     }

@@ -789,3 +789,35 @@ fn leave_by_is_inside_the_deadline_plus_the_grace() {
         assert_eq!(m.leave_by(), Some(want), "{how}");
     }
 }
+
+/// `sigusr1_refuses_at_once` (turn: coturn's SIGUSR1): SIGUSR1 goes straight to Refusing,
+/// skipping `--shutdown-delay`, under every policy; SIGTERM and `POST /drain` still announce,
+/// and without the setting SIGUSR1 announces too.
+#[test]
+fn sigusr1_refuses_at_once_when_the_daemon_says_so() {
+    for policy in [
+        OnSigterm::Drain,
+        OnSigterm::Linger,
+        OnSigterm::Ignore,
+        OnSigterm::Exit,
+    ] {
+        for (at_once, trigger, want) in [
+            (true, Trigger::Sigusr1, Phase::Refusing),
+            (false, Trigger::Sigusr1, Phase::Announcing),
+            (true, Trigger::Admin, Phase::Announcing),
+        ] {
+            let mut cfg = TerminationConfig::new(policy, s(5), s(30));
+            cfg.sigusr1_refuses_at_once = at_once;
+            let mut m = Machine::new(&cfg);
+            let t0 = Instant::now();
+            sessions(&mut m, t0, 1, 1);
+            let a = m.handle(t0, Input::Trigger(trigger));
+            assert_eq!(
+                m.phase(),
+                want,
+                "{policy} {trigger} at_once={at_once}: {a:?}"
+            );
+            assert_eq!(m.deadline(), Some(t0 + s(30)), "{policy} {trigger}");
+        }
+    }
+}

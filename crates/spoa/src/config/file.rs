@@ -7,6 +7,7 @@
 //! them (``unknown field `x` ``, `invalid type: string "yes"`), with what would be valid.
 
 use std::collections::HashSet;
+use std::time::Duration;
 
 use lastcall::{Problem, Problems, Source};
 
@@ -29,6 +30,10 @@ const TOP: &[&str] = &[
     "max_inflight_per_connection",
     "evaluation",
     "crs_dir",
+    "evaluation_timeout",
+    "hello_timeout",
+    "idle_timeout",
+    "max_buffered_bytes",
 ];
 
 /// The keys of one application (coraza-spoa's, its older names, then ours).
@@ -222,6 +227,44 @@ impl Reader {
         }
     }
 
+    /// A duration (`1s`, `500ms`, `2m`; a bare number is seconds) between `min` and `max`.
+    fn duration(
+        &mut self,
+        path: &str,
+        node: &Node,
+        min: Duration,
+        max: Duration,
+    ) -> Option<Duration> {
+        const EXPECTED: &str = "a duration such as 1s, 500ms or 2m";
+        let text = match node.typed() {
+            Some(Typed::Null) => return None,
+            Some(Typed::Str(_) | Typed::Int(_)) => node.text()?,
+            _ => {
+                self.invalid_type(path, node, EXPECTED);
+                return None;
+            }
+        };
+        match lastcall::duration::parse(text) {
+            Ok(d) if (min..=max).contains(&d) => Some(d),
+            Ok(d) => {
+                self.problem(
+                    node.line,
+                    format!(
+                        "{path} {}: must be between {} and {}",
+                        lastcall::duration::format(d),
+                        lastcall::duration::format(min),
+                        lastcall::duration::format(max)
+                    ),
+                );
+                None
+            }
+            Err(e) => {
+                self.problem(node.line, format!("{path} ({text}): {e}"));
+                None
+            }
+        }
+    }
+
     fn config(&mut self, root: Option<&Node>) -> Config {
         let mut cfg = Config::builtin();
         cfg.applications.clear();
@@ -247,6 +290,7 @@ impl Reader {
             }
         };
         let mut default_application = None;
+        let mut buffered_line = None;
         for (key, node) in self.entries("", entries, TOP) {
             match key {
                 "bind" => {
@@ -325,6 +369,27 @@ impl Reader {
                         None => {}
                     }
                 }
+                "evaluation_timeout" => {
+                    let (min, max) = (Duration::from_millis(10), Duration::from_secs(3600));
+                    if let Some(d) = self.duration(key, node, min, max) {
+                        cfg.evaluation_timeout = d;
+                    }
+                }
+                "hello_timeout" | "idle_timeout" => {
+                    let (min, max) = (Duration::from_secs(1), Duration::from_secs(86_400));
+                    if let Some(d) = self.duration(key, node, min, max) {
+                        match key {
+                            "hello_timeout" => cfg.hello_timeout = d,
+                            _ => cfg.idle_timeout = d,
+                        }
+                    }
+                }
+                "max_buffered_bytes" => {
+                    if let Some(n) = self.unsigned(key, node) {
+                        cfg.max_buffered_bytes = usize::try_from(n).unwrap_or(usize::MAX);
+                        buffered_line = Some(node.line);
+                    }
+                }
                 "evaluation" => match self.string(key, node).as_deref() {
                     None | Some("pool") => {}
                     Some("inline") => cfg.evaluation = Evaluation::Inline,
@@ -335,6 +400,16 @@ impl Reader {
                 },
                 _ => {}
             }
+        }
+        let least = cfg.max_frame_size as usize + 4;
+        if let Some(line) = buffered_line.filter(|_| cfg.max_buffered_bytes < least) {
+            self.problem(
+                line,
+                format!(
+                    "max_buffered_bytes {}: must be at least max_frame_size + 4 ({least})",
+                    cfg.max_buffered_bytes
+                ),
+            );
         }
         match default_application {
             Some((d, line)) if !cfg.applications.iter().any(|a| a.name == d) => self.problem(

@@ -13,6 +13,7 @@ mod file;
 pub mod yaml;
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use lastcall::{Problem, Problems, Source};
 use lastcall_modsec::crs;
@@ -203,15 +204,24 @@ pub struct Config {
     pub workers: usize,
     /// Per-connection evaluation bound.
     pub max_inflight_per_connection: usize,
-    /// Where requests are evaluated.
+    /// Where requests are evaluated (only `pool` is left; `inline` is read, and ignored).
     pub evaluation: Evaluation,
+    /// Every NOTIFY is answered within this time (`evaluation_timeout`).
+    pub evaluation_timeout: Duration,
+    /// A connection without HELLO for this long is closed (`hello_timeout`).
+    pub hello_timeout: Duration,
+    /// A connection with nothing to do for this long is closed (`idle_timeout`).
+    pub idle_timeout: Duration,
+    /// Bytes held for frames, all connections together (`max_buffered_bytes`).
+    pub max_buffered_bytes: usize,
 }
 
 /// Where the engine runs a request (`evaluation` in the file).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Evaluation {
-    /// On the connection's own I/O thread, right after its NOTIFY is decoded (`workers` I/O
-    /// threads): no hand-off between threads, as nginx's in-process WAF.
+    /// Asked for evaluations on the I/O threads; no longer done (one slow evaluation held
+    /// up every connection and the probes): read so that older files load, then ignored
+    /// with a warning.
     Inline,
     /// On `workers` dedicated evaluation threads fed by one queue: a slow evaluation never
     /// holds up another connection's I/O.
@@ -256,6 +266,10 @@ impl Config {
             workers: 2 * cpus(),
             max_inflight_per_connection: 64,
             evaluation: Evaluation::Pool,
+            evaluation_timeout: crate::engine::EVALUATION_TIMEOUT,
+            hello_timeout: crate::engine::HELLO_TIMEOUT,
+            idle_timeout: crate::engine::IDLE_TIMEOUT,
+            max_buffered_bytes: crate::engine::MAX_BUFFERED_BYTES,
         }
     }
 
@@ -537,6 +551,36 @@ applications:
         assert_eq!(
             shown,
             ["line 3: evaluation `threads`: expected inline or pool"],
+            "{shown:?}"
+        );
+    }
+
+    #[test]
+    fn limits_and_timeouts() {
+        let c = Config::parse(
+            "evaluation_timeout: 250ms\nhello_timeout: 5s\nidle_timeout: 20m\nmax_buffered_bytes: 2097152\napplications:\n  - name: a\n",
+        )
+        .unwrap();
+        assert_eq!(c.evaluation_timeout, Duration::from_millis(250));
+        assert_eq!(c.hello_timeout, Duration::from_secs(5));
+        assert_eq!(c.idle_timeout, Duration::from_secs(1200));
+        assert_eq!(c.max_buffered_bytes, 2 << 20);
+        let d = Config::parse("applications:\n  - name: a\n").unwrap();
+        assert_eq!(d.evaluation_timeout, Duration::from_secs(1));
+        assert_eq!(d.idle_timeout, Duration::from_secs(600));
+        let errs = Config::parse(
+            "evaluation_timeout: soon\nidle_timeout: 0\nmax_buffered_bytes: 1000\nhello_timeout: [1]\napplications:\n  - name: a\n",
+        )
+        .unwrap_err();
+        let shown: Vec<String> = errs.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            shown,
+            [
+                "line 1: evaluation_timeout (soon): expected a number at `soon` (write e.g. 30s, 5m, 1h30m, 250ms or 30)",
+                "line 2: idle_timeout 0s: must be between 1s and 1d",
+                "line 3: max_buffered_bytes 1000: must be at least max_frame_size + 4 (1048580)",
+                "line 4: hello_timeout: invalid type: sequence; expected a duration such as 1s, 500ms or 2m",
+            ],
             "{shown:?}"
         );
     }

@@ -216,6 +216,11 @@ impl AckSink {
         !self.lock().pending.is_empty()
     }
 
+    /// How many bytes wait for the socket (a peer that does not read its ACKs).
+    pub fn pending_len(&self) -> usize {
+        self.lock().pending.len()
+    }
+
     /// The connection is gone: ACKs delivered from now on are dropped.
     pub fn close(&self) {
         let mut st = self.lock();

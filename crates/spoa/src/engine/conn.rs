@@ -101,7 +101,27 @@ pub struct Settings {
     pub drain_quiet: Duration,
     /// A frame started but not finished within this time closes the connection (status 2).
     pub partial_frame_timeout: Duration,
+    /// A connection that has not completed its HELLO within this time is closed (status 2).
+    pub hello_timeout: Duration,
+    /// A connection with nothing owed, nothing buffered and nothing received or sent for
+    /// this long is closed (AGENT-DISCONNECT status 0).
+    pub idle_timeout: Duration,
 }
+
+/// The largest frame accepted before the handshake: a HAPROXY-HELLO is a few hundred bytes
+/// (its KV-LIST names a version list, `max-frame-size`, `capabilities`, `healthcheck` and
+/// `engine-id`), and a stranger's bytes must not be held up to `max_frame_size` before anyone
+/// knows it speaks SPOP.
+pub const HELLO_FRAME_LIMIT: u32 = 4096;
+
+/// How much room a read asks for when no frame length is known yet (after the handshake):
+/// most NOTIFYs of HAProxy's default 16 KB buffer fit, and a connection waiting for its next
+/// frame holds no more.
+pub const READ_ROOM: usize = 8 * 1024;
+
+/// The most one read asks room for at once: a 1 MiB frame arrives in pieces of this size,
+/// each taken from `max_buffered_bytes` as it comes.
+pub const READ_ROOM_MAX: usize = 64 * 1024;
 
 /// A protocol event taken from the buffer.
 #[derive(Debug)]
@@ -122,6 +142,9 @@ pub enum Event {
         frame_id: u64,
         /// The messages.
         messages: Vec<Message>,
+        /// About what its decoded messages hold in memory (their bytes, plus what each
+        /// argument costs beside them).
+        size: usize,
     },
     /// Write `reply` whole and close.
     Close {
@@ -147,7 +170,11 @@ pub enum CloseReason {
     Drained,
     /// The lifecycle is exiting.
     Exiting,
-    /// The peer broke the protocol.
+    /// Nothing came or went for `idle_timeout`.
+    Idle,
+    /// No HELLO within `hello_timeout` (closed with status 2).
+    HelloTimeout,
+    /// The peer broke the protocol, or its unfinished frame was dropped to make room.
     Protocol(ProtocolError),
 }
 
@@ -176,6 +203,8 @@ pub enum Input {
     Probed(Probe),
     /// The time of [`Action::Wait`]'s `until` has come.
     Timeout,
+    /// The connection's unfinished frame is dropped to make room under `max_buffered_bytes`.
+    Evicted,
 }
 
 /// What a look at the socket found.
@@ -243,6 +272,10 @@ pub struct Conn {
     unread_waiting: bool,
     /// ACKs kept while [`Action::Probe`] decides whether the goodbye rides on them.
     held: Option<Vec<u8>>,
+    /// When the connection was accepted (for `hello_timeout`).
+    accepted: Instant,
+    /// The look at the socket in progress is for `idle_timeout`.
+    probing_idle: bool,
 }
 
 impl Conn {
@@ -254,7 +287,7 @@ impl Conn {
             max_frame_size: settings.max_frame_size,
             pipelined: false,
             had_session: false,
-            buf: BytesMut::with_capacity(16 * 1024),
+            buf: BytesMut::new(),
             drain,
             owed: 0,
             last_activity: now,
@@ -262,12 +295,55 @@ impl Conn {
             eof: false,
             unread_waiting: false,
             held: None,
+            accepted: now,
+            probing_idle: false,
         }
     }
 
     /// Where the task reads bytes into (then feeds [`Input::Read`]).
     pub fn buffer(&mut self) -> &mut BytesMut {
         &mut self.buf
+    }
+
+    /// How many free bytes the buffer should have for the next read: what is missing of the
+    /// frame being read (at least [`READ_ROOM`], at most [`READ_ROOM_MAX`] at once), or
+    /// enough for a HELLO before the handshake.
+    pub fn read_room(&self) -> usize {
+        let limit = self.frame_limit() as usize + 4;
+        match self.buf.get(..4) {
+            Some(&[a, b, c, d]) => {
+                let total = (u32::from_be_bytes([a, b, c, d]) as usize).saturating_add(4);
+                let missing = total.saturating_sub(self.buf.len()).min(limit);
+                missing.clamp(READ_ROOM.min(limit), READ_ROOM_MAX)
+            }
+            _ => READ_ROOM.min(limit),
+        }
+    }
+
+    /// Since when the buffer has held an unfinished frame (not a whole one waiting to be
+    /// decoded), as of the last action.
+    pub fn unfinished_since(&self) -> Option<Instant> {
+        if self.frame_waiting() {
+            None
+        } else {
+            self.partial_since
+        }
+    }
+
+    /// Gives the buffer's memory back when it is empty and larger than a read needs (after
+    /// a large frame).
+    pub fn shrink_buffer(&mut self) {
+        if self.buf.is_empty() && self.buf.capacity() > READ_ROOM_MAX {
+            self.buf = BytesMut::new();
+        }
+    }
+
+    /// The largest frame accepted now: [`HELLO_FRAME_LIMIT`] before the handshake.
+    fn frame_limit(&self) -> u32 {
+        match self.state {
+            State::AwaitHello => HELLO_FRAME_LIMIT.min(self.settings.max_frame_size),
+            _ => self.max_frame_size,
+        }
     }
 
     /// The negotiated (or, before HELLO, our own) maximum frame size.
@@ -298,6 +374,12 @@ impl Conn {
         !self.drain.serving() || self.eof || self.owed >= self.max_inflight()
     }
 
+    /// Whether [`Conn::poll`] has a frame to give now (a whole one is buffered and the bound
+    /// of NOTIFYs owed allows it): the task polls again before it waits.
+    pub fn decodable(&self) -> bool {
+        self.state != State::Closed && self.owed < self.max_inflight() && self.frame_waiting()
+    }
+
     /// Whether another whole frame is already buffered (HAProxy pipelined a burst).
     pub fn frame_waiting(&self) -> bool {
         match self.buf.get(..4) {
@@ -325,14 +407,24 @@ impl Conn {
         if self.state == State::Closed || self.owed >= self.max_inflight() {
             return None;
         }
-        let event = match frame::decode_frame(&mut self.buf, self.max_frame_size) {
+        let limit = self.frame_limit();
+        let event = match frame::decode_frame(&mut self.buf, limit) {
             Ok(None) => return None,
             Ok(Some(f)) => self.on_frame(f),
+            Err(e) if self.state == State::AwaitHello && e.status == StatusCode::TooBig => self
+                .fail(ProtocolError::new(
+                    StatusCode::TooBig,
+                    format!("{} (before HAPROXY-HELLO)", e.reason),
+                )),
             Err(e) => self.fail(e),
         };
-        if let Event::Notify { .. } = event {
-            self.owed += 1;
-            self.last_activity = now;
+        match event {
+            Event::Notify { .. } => {
+                self.owed += 1;
+                self.last_activity = now;
+            }
+            Event::Ready { .. } => self.last_activity = now,
+            Event::Close { .. } => {}
         }
         Some(event)
     }
@@ -348,6 +440,12 @@ impl Conn {
         }
         match input {
             Input::Nothing | Input::Timeout => {}
+            Input::Evicted => {
+                return self.fail_close(ProtocolError::new(
+                    StatusCode::Resource,
+                    "buffered bytes at max_buffered_bytes: the oldest unfinished frame is dropped",
+                ));
+            }
             Input::Read => self.unread_waiting = false,
             Input::Eof => self.eof = true,
             Input::Drain(drain) => {
@@ -364,6 +462,15 @@ impl Conn {
             Input::Probed(probe) => {
                 if probe == Probe::Waiting {
                     self.unread_waiting = true;
+                }
+                if std::mem::take(&mut self.probing_idle) {
+                    if probe == Probe::Idle
+                        && self.quiet()
+                        && self.idle_at().is_some_and(|at| now >= at)
+                    {
+                        return self.goodbye(Vec::new(), CloseReason::Idle, "idle");
+                    }
+                    return self.next(now);
                 }
                 if let Some(acks) = self.held.take() {
                     return match probe {
@@ -407,11 +514,17 @@ impl Conn {
 
     /// Nothing owed, nothing buffered, the peer still there, while refusing.
     fn idle(&self) -> bool {
-        self.drain.closes_idle()
-            && self.state == State::Ready
-            && self.owed == 0
-            && self.buf.is_empty()
-            && !self.eof
+        self.drain.closes_idle() && self.quiet()
+    }
+
+    /// After the handshake, nothing owed, nothing buffered, the peer still there.
+    fn quiet(&self) -> bool {
+        self.state == State::Ready && self.owed == 0 && self.buf.is_empty() && !self.eof
+    }
+
+    /// When a quiet connection is closed for idleness (never, if that is beyond time).
+    fn idle_at(&self) -> Option<Instant> {
+        self.last_activity.checked_add(self.settings.idle_timeout)
     }
 
     /// The next action when nothing needs an answer: close at EOF, on a stalled frame, or
@@ -435,6 +548,36 @@ impl Conn {
             ));
         }
         let mut until = stalled_at;
+        let hello_at = match self.state {
+            State::AwaitHello => self.accepted.checked_add(self.settings.hello_timeout),
+            _ => None,
+        };
+        if let Some(hello_at) = hello_at {
+            if now >= hello_at {
+                self.state = State::Closed;
+                let mut bytes = Vec::new();
+                frame::encode_agent_disconnect(
+                    StatusCode::Timeout,
+                    "no HAPROXY-HELLO within hello_timeout",
+                    &mut bytes,
+                );
+                return Action::Close {
+                    bytes,
+                    reason: CloseReason::HelloTimeout,
+                };
+            }
+            until = Some(until.map_or(hello_at, |u| u.min(hello_at)));
+        }
+        if let Some(idle_at) = self
+            .idle_at()
+            .filter(|_| self.quiet() && !self.unread_waiting)
+        {
+            if now >= idle_at {
+                self.probing_idle = true;
+                return Action::Probe;
+            }
+            until = Some(until.map_or(idle_at, |u| u.min(idle_at)));
+        }
         if self.idle() && !self.unread_waiting {
             let quiet_at = self.last_activity + self.settings.drain_quiet;
             if now >= quiet_at {
@@ -443,7 +586,10 @@ impl Conn {
             until = Some(until.map_or(quiet_at, |u| u.min(quiet_at)));
         }
         Action::Wait {
-            read: !self.eof && self.owed < self.max_inflight(),
+            // Not while a whole frame waits to be decoded: a peer that pipelines faster than
+            // its ACKs are taken would otherwise fill the buffer (measured: 64 MiB from one
+            // connection that never read, 8 KiB per ACK).
+            read: !self.eof && self.owed < self.max_inflight() && !self.frame_waiting(),
             until,
         }
     }
@@ -492,6 +638,21 @@ impl Conn {
     }
 
     fn on_frame(&mut self, f: frame::RawFrame) -> Event {
+        if matches!(f.kind, kind::HAPROXY_HELLO | kind::HAPROXY_DISCONNECT)
+            && (f.stream_id != 0 || f.frame_id != 0)
+        {
+            // SPOE.txt 3.2.4 and 3.2.8: STREAM-ID and FRAME-ID must be 0.
+            let name = if f.kind == kind::HAPROXY_HELLO {
+                "HAPROXY-HELLO"
+            } else {
+                "HAPROXY-DISCONNECT"
+            };
+            return self.fail(ProtocolError::invalid(format!(
+                "{name} with stream-id {} and frame-id {} (both must be 0)",
+                f.stream_id, f.frame_id
+            )));
+        }
+        let wire = f.payload.len();
         match (self.state, f.kind) {
             (_, kind::HAPROXY_DISCONNECT) => {
                 self.state = State::Closed;
@@ -520,6 +681,7 @@ impl Conn {
                 Ok(messages) => Event::Notify {
                     stream_id: f.stream_id,
                     frame_id: f.frame_id,
+                    size: held_size(wire, &messages),
                     messages,
                 },
                 Err(e) => self.fail(e),
@@ -563,6 +725,13 @@ impl Conn {
         self.pipelined = negotiated.pipelining;
         Event::Ready { reply, negotiated }
     }
+}
+
+/// About what decoded messages hold: the frame's bytes, plus a string, a typed value and two
+/// allocations per argument.
+fn held_size(wire: usize, messages: &[Message]) -> usize {
+    let args: usize = messages.iter().map(|m| m.args.len() + 1).sum();
+    wire + 128 * args
 }
 
 #[cfg(test)]

@@ -92,4 +92,11 @@ pub trait Handler: Send + Sync + 'static {
     fn answer_inline(&self, _messages: &[Message]) -> Option<Vars> {
         None
     }
+
+    /// Names the NOTIFY's transaction before it is evaluated (cheap, on the connection
+    /// task), so that an answer given for it at the deadline and the log line say which it
+    /// was; may fix the id in the messages (an id generated here is the one evaluated).
+    fn identify(&self, _messages: &mut [Message]) -> Option<String> {
+        None
+    }
 }

@@ -9,13 +9,17 @@
 //! - [`ack`]: the one way an ACK leaves (written by whoever has it while serving, handed to
 //!   the connection while draining);
 //! - [`pool`]: the evaluation threads and their queue;
+//! - [`budget`]: `evaluation_timeout`, and the watchdog that answers for a runaway;
+//! - [`memory`]: the cap on bytes held for frames, all connections together;
 //! - [`handler`]: what the engine asks of the WAF;
 //! - [`listener`]: binding, and what lastcall's accept loop runs for each connection.
 
 pub mod ack;
+pub mod budget;
 pub mod conn;
 pub mod handler;
 pub mod listener;
+pub mod memory;
 pub mod pool;
 pub mod task;
 
@@ -29,8 +33,9 @@ pub use handler::{error_vars, Answer, Handler, Later, Vars, AGENT_ERROR};
 pub use listener::{serve_accepted, Accepted, Listener};
 pub use task::{serve_conn, Unread};
 
-use crate::config::Evaluation;
 use crate::metrics::Metrics;
+use budget::Budget;
+use memory::Memory;
 use pool::Pool;
 
 /// Engine limits.
@@ -51,10 +56,32 @@ pub struct Limits {
     /// it for this long (default zero: at once). Measured only together with
     /// `pipelining: false` (1 s); with pipelining it would only make drains longer.
     pub drain_quiet: Duration,
-    /// Evaluate on the connection's task while serving ([`Evaluation::Inline`]) or on the
-    /// pool (the default).
-    pub evaluation: Evaluation,
+    /// Every NOTIFY is answered within this time of its arrival; at the deadline with the
+    /// failure verdict ([`budget`]).
+    pub evaluation_timeout: Duration,
+    /// Runaways (evaluations past their budget) that get a thread in their place; with that
+    /// many running, new NOTIFYs are answered at once with the failure verdict.
+    pub max_overruns: usize,
+    /// A connection without HELLO after this long is closed.
+    pub hello_timeout: Duration,
+    /// A connection with nothing to do for this long is closed.
+    pub idle_timeout: Duration,
+    /// Bytes held for frames, all connections together ([`memory`]).
+    pub max_buffered_bytes: usize,
 }
+
+/// Default `evaluation_timeout`: above the slowest ordinary evaluation measured (0.2 s for a
+/// 16 KB body of JSON, HAProxy's default buffer full) by five times, below the documented
+/// HAProxy `timeout processing` (2 s). Figures in docs/spoa.md, *Limits*.
+pub const EVALUATION_TIMEOUT: Duration = Duration::from_secs(1);
+/// Default `hello_timeout`: HAProxy sends its HELLO as soon as it connects.
+pub const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default `idle_timeout`: longer than HAProxy's own (`timeout idle` 2m in the documented
+/// SPOE file and coraza-spoa's; SPOE.txt's example has `timeout server 3m`), so that HAProxy
+/// closes an idle connection first.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(600);
+/// Default `max_buffered_bytes`: 64 frames of the largest size.
+pub const MAX_BUFFERED_BYTES: usize = 64 << 20;
 
 impl Default for Limits {
     fn default() -> Self {
@@ -64,7 +91,11 @@ impl Default for Limits {
             partial_frame_timeout: Duration::from_secs(30),
             pipelining: true,
             drain_quiet: Duration::ZERO,
-            evaluation: Evaluation::Pool,
+            evaluation_timeout: EVALUATION_TIMEOUT,
+            max_overruns: 0,
+            hello_timeout: HELLO_TIMEOUT,
+            idle_timeout: IDLE_TIMEOUT,
+            max_buffered_bytes: MAX_BUFFERED_BYTES,
         }
     }
 }
@@ -77,6 +108,8 @@ impl Limits {
             max_inflight: self.max_inflight_per_connection,
             drain_quiet: self.drain_quiet,
             partial_frame_timeout: self.partial_frame_timeout,
+            hello_timeout: self.hello_timeout,
+            idle_timeout: self.idle_timeout,
         }
     }
 }
@@ -86,13 +119,15 @@ pub struct Shared {
     handler: Arc<dyn Handler>,
     metrics: Arc<Metrics>,
     handle: Handle,
-    pool: Pool,
+    pool: Arc<Pool>,
+    budget: Budget,
+    memory: Arc<Memory>,
     limits: Limits,
 }
 
 impl Shared {
     /// `workers` evaluation threads (started here) bound concurrent evaluations across all
-    /// connections.
+    /// connections; `limits.max_overruns` zero means as many as `workers`.
     pub fn new(
         handler: Arc<dyn Handler>,
         metrics: Arc<Metrics>,
@@ -100,11 +135,29 @@ impl Shared {
         workers: usize,
         limits: Limits,
     ) -> Arc<Self> {
+        let max_overruns = match limits.max_overruns {
+            0 => workers.max(1),
+            n => n,
+        };
+        let pool = Arc::new(Pool::new(
+            workers,
+            max_overruns,
+            "spoa-eval",
+            metrics.overrunning.clone(),
+        ));
+        let budget = Budget::new(
+            limits.evaluation_timeout,
+            Arc::clone(&pool),
+            Arc::clone(&metrics),
+        );
+        let memory = Memory::new(limits.max_buffered_bytes, metrics.buffered_bytes.clone());
         Arc::new(Shared {
             handler,
             metrics,
             handle,
-            pool: Pool::new(workers, "spoa-eval"),
+            pool,
+            budget,
+            memory,
             limits,
         })
     }

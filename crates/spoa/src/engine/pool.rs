@@ -1,4 +1,4 @@
-//! The evaluation pool: exactly `workers` long-lived threads fed by one bounded FIFO queue.
+//! The evaluation pool: `workers` long-lived threads fed by one bounded FIFO queue.
 //!
 //! The threads bound how many evaluations run at once, all connections together; the queue
 //! holds what waits for a thread. A connection submits without waiting while the queue has
@@ -6,10 +6,19 @@
 //! full. A sleeping thread is woken only when a job needs it, so a busy pool takes jobs
 //! back to back without any park/unpark.
 //!
+//! An evaluation that outlives its budget ([`super::budget`]) is answered for by the
+//! watchdog and no longer counts against `workers`: [`Pool::overran`] starts a thread in its
+//! place, so a runaway never holds up the jobs behind it. At most `max_overruns` of them
+//! at once; beyond that a runaway keeps its place (the pool is then [`saturated`], and the
+//! connections answer new NOTIFYs at once instead of queueing them). A replacement thread
+//! leaves when a job ends with more threads than `workers` plus the runaways still running.
+//!
 //! Long-lived threads and a queue of our own, rather than a semaphore in front of tokio's
 //! blocking pool: with the permit taken first, that pool's queue is always empty when an
 //! evaluation finishes, so every evaluation costs a thread park/unpark plus an async wake
 //! (docs/benchmarks.md, *Optimisations*).
+//!
+//! [`saturated`]: Pool::saturated
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -18,13 +27,84 @@ use std::pin::Pin;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// Queue slots per thread.
 const QUEUE_PER_WORKER: usize = 256;
 
 /// One unit of work: runs once on a pool thread.
-pub type Work = Box<dyn FnOnce() + Send + 'static>;
+pub struct Work {
+    run: Box<dyn FnOnce() + Send + 'static>,
+    tracked: Option<Arc<Tracked>>,
+}
+
+impl Work {
+    /// Work the budget does not follow.
+    pub fn new(run: impl FnOnce() + Send + 'static) -> Work {
+        Work {
+            run: Box::new(run),
+            tracked: None,
+        }
+    }
+
+    /// Work whose state the budget's watchdog follows (see [`Pool::overran`]).
+    pub fn tracked(run: impl FnOnce() + Send + 'static, tracked: Arc<Tracked>) -> Work {
+        Work {
+            run: Box::new(run),
+            tracked: Some(tracked),
+        }
+    }
+}
+
+impl std::fmt::Debug for Work {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Work").finish_non_exhaustive()
+    }
+}
+
+/// Where a tracked job is; changed only under the pool's lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum JobState {
+    Queued,
+    Running,
+    /// Past its budget, moved out of `running`, a thread started in its place.
+    Overrun,
+    /// Past its budget with `max_overruns` already running: it keeps its place.
+    Stuck,
+    Done,
+}
+
+/// A job's state as the pool and the watchdog share it.
+#[derive(Debug)]
+pub struct Tracked(Mutex<JobState>);
+
+impl Default for Tracked {
+    fn default() -> Self {
+        Tracked(Mutex::new(JobState::Queued))
+    }
+}
+
+impl Tracked {
+    fn get(&self) -> JobState {
+        *lock(&self.0)
+    }
+
+    fn set(&self, state: JobState) -> JobState {
+        std::mem::replace(&mut *lock(&self.0), state)
+    }
+}
+
+/// What [`Pool::overran`] did with a job past its budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Overran {
+    /// It was not running (still queued, or finished).
+    NotRunning,
+    /// A thread was started in its place.
+    Replaced,
+    /// `max_overruns` were already running: it keeps its place.
+    Kept,
+}
 
 /// Room for one job in the queue, reserved while the queue was full.
 #[derive(Debug)]
@@ -44,10 +124,16 @@ struct State {
     jobs: VecDeque<Job>,
     /// Threads waiting for a job.
     idle: usize,
-    /// Evaluations running.
+    /// Evaluations running that count against `limit` (stuck runaways included).
     running: usize,
     /// Most evaluations at once (the threads started).
     limit: usize,
+    /// Runaways moved out of `running` (a thread each was started in their place).
+    overruns: usize,
+    /// Runaways that kept their place.
+    stuck: usize,
+    /// Most runaways moved out at once.
+    max_overruns: usize,
     /// Threads alive.
     alive: usize,
     closed: bool,
@@ -57,16 +143,28 @@ struct Inner {
     state: Mutex<State>,
     /// Signalled when a job is queued or the pool closes.
     ready: Condvar,
-    /// Signalled when a thread exits.
+    /// Signalled when a thread exits or a job ends.
     exited: Condvar,
+    name: String,
+    /// Runaways running (`spoa_evaluations_overrunning`).
+    overrunning: Gauge,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    match m.lock() {
+        Ok(g) => g,
+        Err(poisoned) => poisoned.into_inner(),
+    }
 }
 
 impl Inner {
     fn lock(&self) -> MutexGuard<'_, State> {
-        match self.state.lock() {
-            Ok(g) => g,
-            Err(poisoned) => poisoned.into_inner(),
-        }
+        lock(&self.state)
+    }
+
+    fn count_runaways(&self, st: &State) {
+        self.overrunning
+            .set(i64::try_from(st.overruns + st.stuck).unwrap_or(i64::MAX));
     }
 }
 
@@ -87,23 +185,25 @@ impl std::fmt::Debug for Pool {
 }
 
 impl Pool {
-    /// Starts `workers` threads (at least one) named `name-N`.
-    pub fn new(workers: usize, name: &str) -> Pool {
+    /// Starts `workers` threads (at least one) named `name-N`; at most `max_overruns`
+    /// runaways get a thread in their place; `overrunning` counts the runaways.
+    pub fn new(workers: usize, max_overruns: usize, name: &str, overrunning: Gauge) -> Pool {
         let workers = workers.max(1);
         let inner = Arc::new(Inner {
-            state: Mutex::new(State::default()),
+            state: Mutex::new(State {
+                max_overruns,
+                ..State::default()
+            }),
             ready: Condvar::new(),
             exited: Condvar::new(),
+            name: name.to_owned(),
+            overrunning,
         });
         let mut started = 0;
         for n in 0..workers {
-            let inner2 = Arc::clone(&inner);
             inner.lock().alive += 1;
-            let spawned = std::thread::Builder::new()
-                .name(format!("{name}-{n}"))
-                .spawn(move || work(&inner2));
-            match spawned {
-                Ok(_) => started += 1,
+            match spawn(&inner, n) {
+                Ok(()) => started += 1,
                 Err(e) => {
                     inner.lock().alive -= 1;
                     tracing::error!("cannot start evaluation thread {n}: {e}");
@@ -125,6 +225,20 @@ impl Pool {
     /// Threads started.
     pub fn workers(&self) -> usize {
         self.workers
+    }
+
+    /// Whether `max_overruns` runaways (at least one) are running: new jobs should not be
+    /// queued.
+    pub fn saturated(&self) -> bool {
+        let st = self.inner.lock();
+        let runaways = st.overruns + st.stuck;
+        runaways > 0 && runaways >= st.max_overruns
+    }
+
+    /// Runaways running (replaced or not).
+    pub fn overrunning(&self) -> usize {
+        let st = self.inner.lock();
+        st.overruns + st.stuck
     }
 
     /// Queues `work` if there is room; gives it back otherwise.
@@ -167,15 +281,58 @@ impl Pool {
         }
     }
 
+    /// A job's budget ran out (its answer is sent): if it is running, it stops counting
+    /// against `workers` and a thread is started in its place, unless `max_overruns` are
+    /// running already.
+    pub fn overran(&self, job: &Tracked) -> Overran {
+        let mut st = self.inner.lock();
+        if job.get() != JobState::Running {
+            return Overran::NotRunning;
+        }
+        if st.closed || st.overruns >= st.max_overruns {
+            job.set(JobState::Stuck);
+            st.stuck += 1;
+            self.inner.count_runaways(&st);
+            return Overran::Kept;
+        }
+        job.set(JobState::Overrun);
+        st.running -= 1;
+        st.overruns += 1;
+        st.alive += 1;
+        self.inner.count_runaways(&st);
+        let n = st.alive;
+        drop(st);
+        match spawn(&self.inner, n) {
+            Ok(()) => {
+                // The new thread takes what is queued, if anything.
+                self.inner.ready.notify_one();
+                Overran::Replaced
+            }
+            Err(e) => {
+                tracing::error!("cannot start an evaluation thread for a runaway: {e}");
+                let mut st = self.inner.lock();
+                st.alive -= 1;
+                if job.get() == JobState::Overrun {
+                    job.set(JobState::Stuck);
+                    st.overruns -= 1;
+                    st.running += 1;
+                    st.stuck += 1;
+                }
+                Overran::Kept
+            }
+        }
+    }
+
     /// Closes the queue (queued jobs are dropped) and waits up to `within` for the threads
-    /// to finish the jobs they are running. True when all have exited.
+    /// to finish the jobs they are running; runaways (answered already) are not waited for.
+    /// True when all threads have exited.
     pub fn shutdown(&self, within: Duration) -> bool {
         let mut st = self.inner.lock();
         st.closed = true;
         st.jobs.clear();
         self.inner.ready.notify_all();
         let end = Instant::now() + within;
-        while st.alive > 0 {
+        while st.alive > st.overruns + st.stuck {
             let left = end.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return false;
@@ -185,7 +342,7 @@ impl Pool {
                 Err(poisoned) => poisoned.into_inner().0,
             };
         }
-        true
+        st.alive == 0
     }
 }
 
@@ -199,18 +356,46 @@ impl Drop for Pool {
     }
 }
 
+fn spawn(inner: &Arc<Inner>, n: usize) -> std::io::Result<()> {
+    let inner2 = Arc::clone(inner);
+    std::thread::Builder::new()
+        .name(format!("{}-{n}", inner.name))
+        .spawn(move || work(&inner2))
+        .map(|_| ())
+}
+
 fn work(inner: &Inner) {
-    let mut ran = false;
+    let mut ran: Option<Option<Arc<Tracked>>> = None;
     loop {
         let work = {
             let mut st = inner.lock();
-            if ran {
-                st.running -= 1;
+            if let Some(tracked) = ran.take() {
+                let state = tracked.as_ref().map(|t| t.set(JobState::Done));
+                match state {
+                    Some(JobState::Overrun) => st.overruns -= 1,
+                    Some(JobState::Stuck) => {
+                        st.stuck -= 1;
+                        st.running -= 1;
+                    }
+                    _ => st.running -= 1,
+                }
+                inner.count_runaways(&st);
+                inner.exited.notify_all();
+                // A thread started for a runaway that has ended, or the runaway's own.
+                if st.alive > st.limit + st.overruns {
+                    st.alive -= 1;
+                    drop(st);
+                    inner.exited.notify_all();
+                    return;
+                }
             }
             loop {
                 if st.running < st.limit {
                     if let Some(Job { work, _slot }) = st.jobs.pop_front() {
                         st.running += 1;
+                        if let Some(t) = &work.tracked {
+                            t.set(JobState::Running);
+                        }
                         // The queue slot is given back under the lock, with the pop: whoever
                         // sees the queue empty also sees all its room free.
                         drop(_slot);
@@ -231,12 +416,13 @@ fn work(inner: &Inner) {
                 st.idle -= 1;
             }
         };
+        let Work { run, tracked } = work;
         // A panicking evaluation drops its ACK ticket (the connection answers with the error
         // variable) and the thread goes on.
-        if std::panic::catch_unwind(AssertUnwindSafe(work)).is_err() {
+        if std::panic::catch_unwind(AssertUnwindSafe(run)).is_err() {
             tracing::error!("evaluation panicked");
         }
-        ran = true;
+        ran = Some(tracked);
     }
 }
 
@@ -247,11 +433,11 @@ mod tests {
 
     #[test]
     fn runs_every_job_on_its_own_threads() {
-        let pool = Pool::new(2, "test-eval");
+        let pool = Pool::new(2, 2, "test-eval", Gauge::default());
         let (tx, rx) = mpsc::channel();
         for i in 0..100 {
             let tx = tx.clone();
-            let work: Work = Box::new(move || {
+            let work = Work::new(move || {
                 let name = std::thread::current().name().map(str::to_owned);
                 let _ = tx.send((i, name));
             });
@@ -271,15 +457,15 @@ mod tests {
 
     #[test]
     fn at_most_workers_at_once_and_a_panic_keeps_the_thread() {
-        let pool = Pool::new(2, "test-eval");
+        let pool = Pool::new(2, 2, "test-eval", Gauge::default());
         let running = Arc::new(Mutex::new((0usize, 0usize)));
         let (tx, rx) = mpsc::channel();
-        let boom: Work = Box::new(|| panic!("boom"));
+        let boom = Work::new(|| panic!("boom"));
         assert!(pool.try_submit(boom).is_ok());
         for _ in 0..20 {
             let running = Arc::clone(&running);
             let tx = tx.clone();
-            let work: Work = Box::new(move || {
+            let work = Work::new(move || {
                 {
                     let mut r = running.lock().unwrap();
                     r.0 += 1;
@@ -302,10 +488,10 @@ mod tests {
 
     #[tokio::test]
     async fn a_full_queue_waits_for_room() {
-        let pool = Arc::new(Pool::new(1, "test-eval"));
+        let pool = Arc::new(Pool::new(1, 1, "test-eval", Gauge::default()));
         let (gate_tx, gate_rx) = mpsc::channel::<()>();
         let (done_tx, done_rx) = mpsc::channel();
-        let gate: Work = Box::new(move || {
+        let gate = Work::new(move || {
             let _ = gate_rx.recv_timeout(Duration::from_secs(20));
         });
         assert!(pool.try_submit(gate).is_ok());
@@ -320,13 +506,13 @@ mod tests {
         }
         for _ in 0..QUEUE_PER_WORKER {
             let d = done_tx.clone();
-            let work: Work = Box::new(move || {
+            let work = Work::new(move || {
                 let _ = d.send(());
             });
             assert!(pool.try_submit(work).is_ok());
         }
         let d = done_tx.clone();
-        let extra: Work = Box::new(move || {
+        let extra = Work::new(move || {
             let _ = d.send(());
         });
         let extra = pool.try_submit(extra).expect_err("the queue is full");

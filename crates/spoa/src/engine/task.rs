@@ -3,14 +3,16 @@
 //! decides ([`Action`]); it decides nothing about the protocol or the drain itself.
 //!
 //! Where a NOTIFY is evaluated: answered on the task when it needs no engine work
-//! ([`Handler::answer_inline`], while serving); with `evaluation: inline`, on the task's own
-//! I/O thread while serving, unless it is part of a pipelined burst; otherwise queued on the
-//! pool, in order.
+//! ([`Handler::answer_inline`], while serving); otherwise queued on the pool, in order, its
+//! answer owed within the budget ([`super::budget`]), or answered at once with the failure
+//! verdict while the pool is saturated with runaways. No evaluation runs on an I/O thread: an
+//! evaluation there held that thread, and when the runtime's other threads were parked
+//! nobody polled the I/O driver for as long (measured: a 6 s evaluation delayed `/livez` by
+//! 6 s and the SIGTERM by 12 s).
 //!
-//! Only `inline` evaluates on an I/O thread: an evaluation there holds that thread, and when
-//! the runtime's other threads are parked nobody polls the I/O driver for as long (measured:
-//! a 6 s evaluation delayed `/livez` by 6 s and the SIGTERM by 12 s), so with `pool` a slow
-//! rule never holds up another connection, a signal or the admin listener.
+//! What the task holds for the peer is bounded: its read buffer grows only within
+//! `max_buffered_bytes` ([`super::memory`]), and reading pauses while more than
+//! [`MAX_UNSENT`] bytes of ACKs wait for a peer that does not read them.
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -24,11 +26,15 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::time::Instant;
 
 use super::ack::{AckSink, Ticket};
+use super::budget::{failure_vars, Owed};
 use super::conn::{Action, CloseReason, Conn, Drain, Event, Input, Probe};
-use super::handler::{error_vars, Answer, Handler};
+use super::handler::Handler;
+use super::memory::{Account, Charge, Pressure};
 use super::pool::{Slot, SlotFuture, Work};
 use super::{GaugeGuard, Shared};
-use crate::config::Evaluation;
+
+/// ACK bytes waiting for a peer that does not read them, above which reading pauses.
+pub const MAX_UNSENT: usize = 64 * 1024;
 
 /// Serves one connection to its end, over any stream (tests): its ACKs are all written by
 /// the task, and without a socket to peek at, "nothing unread" relies on the reactor's
@@ -59,6 +65,8 @@ pub(super) async fn serve_split<R, W>(
     sink.set_direct(drain.serving());
     let mut task = ConnTask {
         conn: Conn::new(shared.limits.conn_settings(), drain, Instant::now()),
+        account: shared.memory.account(),
+        jobs: Arc::new(Jobs::default()),
         direct: drain.serving(),
         waiting: VecDeque::new(),
         slot: None,
@@ -124,6 +132,10 @@ impl<T> Unread for tokio::io::ReadHalf<T> {
 /// What one connection task owns.
 struct ConnTask<R, W> {
     conn: Conn,
+    /// Its read buffer, as `max_buffered_bytes` counts it.
+    account: Account,
+    /// Its evaluations queued or running (an answer given at the deadline does not end one).
+    jobs: Arc<Jobs>,
     /// Whether the sink was last told to write ACKs directly.
     direct: bool,
     /// Evaluations waiting for room in the pool's queue (it was full), in order.
@@ -167,6 +179,8 @@ where
                 self.sink.set_direct(self.direct);
             }
             input = match action {
+                // ACKs taken just now made room under the bound: decode what is buffered.
+                Action::Wait { .. } if self.conn.decodable() => Input::Nothing,
                 Action::Wait { read, until } => match self.next_input(read, until).await {
                     Some(input) => input,
                     None => return,
@@ -203,6 +217,7 @@ where
                 stream_id,
                 frame_id,
                 messages,
+                size,
             } => {
                 let ticket = self.sink.ticket(
                     stream_id,
@@ -210,7 +225,8 @@ where
                     self.conn.max_frame_size(),
                     &self.shared.metrics.inflight,
                 );
-                self.evaluate(messages, ticket).await;
+                let charge = self.shared.memory.charge(size);
+                self.evaluate(messages, ticket, charge);
             }
             Event::Close { reply, reason } => {
                 self.close(&reply, &reason).await;
@@ -220,9 +236,9 @@ where
         Flow::Continue
     }
 
-    /// Answers one NOTIFY: here if it needs no engine work, on this thread with
-    /// `evaluation: inline`, else on the pool (see the module's doc).
-    async fn evaluate(&mut self, messages: Vec<Message>, ticket: Ticket) {
+    /// Answers one NOTIFY: here if it needs no engine work, at once with the failure verdict
+    /// while the pool is saturated with runaways, else on the pool within the budget.
+    fn evaluate(&mut self, mut messages: Vec<Message>, ticket: Ticket, charge: Charge) {
         // Only while serving: answered at once during a drain, a request waited for HAProxy's
         // `timeout processing` in 3 of 4 sidecar rollouts (`--on-sigterm linger`, HAProxy 2.6
         // soft-stopping under load, tests/spoa/rollout.rs; measured without `LINGER_HOLD`).
@@ -232,22 +248,24 @@ where
                 ticket.send(&vars);
                 return;
             }
-            if self.shared.limits.evaluation == Evaluation::Inline && !self.conn.frame_waiting() {
-                // The engine on this thread, as nginx runs it: no queue, no wake of another
-                // thread, the ACK written by the thread that evaluated. A NOTIFY with another
-                // whole frame buffered behind it (a pipelined burst) goes to the pool, to be
-                // evaluated in parallel.
-                let answer = self.evaluate_here(&messages);
-                ticket.send(&answer.vars);
-                // Phase 5 and cleanup, now that HAProxy has the verdict.
-                answer.later.run();
-                // Let this thread's other connections (and the I/O driver) have a turn
-                // between two evaluations of a pipelining connection.
-                tokio::task::yield_now().await;
-                return;
-            }
         }
-        let work = evaluation(&self.shared, messages, ticket);
+        let id = self.shared.handler.identify(&mut messages);
+        if self.shared.pool.saturated() {
+            self.shared.metrics.failed_closed("overloaded");
+            tracing::warn!(
+                tx = id.as_deref().unwrap_or("-"),
+                overrunning = self.shared.pool.overrunning(),
+                "max_overruns evaluations are running past evaluation_timeout: answered at once with the error variable"
+            );
+            ticket.send(&failure_vars(id.as_deref()));
+            return;
+        }
+        let owed = self
+            .shared
+            .budget
+            .owe(ticket, id, std::time::Instant::now());
+        let job = Jobs::start(&self.jobs);
+        let work = evaluation(&self.shared, messages, owed, (charge, job));
         self.hand_over(work);
     }
 
@@ -265,9 +283,31 @@ where
         if let Some((bytes, count)) = self.sink.take_held() {
             return Some(Input::HeldAcks { bytes, count });
         }
+        self.conn.shrink_buffer();
+        self.account.set(self.conn.buffer().capacity());
+        self.account.set_partial(self.conn.unfinished_since());
+        if self.account.evict().is_set() {
+            return Some(Input::Evicted);
+        }
+        // Evaluations answered at their deadline may still wait in the queue: no more bytes
+        // until this connection's are fewer than it may have in flight.
+        let jobs_full = self.jobs.count() >= self.shared.limits.max_inflight_per_connection.max(1);
+        let (read, retry) = if read && !jobs_full && self.sink.pending_len() <= MAX_UNSENT {
+            match self.room() {
+                Ok(()) => (true, None),
+                Err(Pressure::Evicted) => return Some(Input::Nothing),
+                Err(Pressure::Wait(at)) => (false, Some(at)),
+            }
+        } else {
+            (false, None)
+        };
+        let evict = Arc::clone(self.account.evict());
+        let memory = Arc::clone(&self.shared.memory);
+        let jobs = Arc::clone(&self.jobs);
         let input = tokio::select! {
             biased;
             seen = self.watch.changed() => Input::Drain(Drain::from(seen)),
+            () = evict.wait() => Input::Evicted,
             () = self.sink.woken() => {
                 // ACKs written or held (taken at the next call), or bytes left to flush.
                 if self.wr.flush().await.is_err() {
@@ -284,9 +324,54 @@ where
                 Ok(n) if n > 0 => Input::Read,
                 _ => Input::Eof,
             },
+            // Room was short: try again when bytes are released, or when the oldest
+            // unfinished frame may be dropped.
+            () = memory.released(), if retry.is_some() => Input::Nothing,
+            () = jobs.done.notified(), if jobs_full => Input::Nothing,
+            () = sleep_until(retry.flatten()), if retry.is_some_and(|r| r.is_some()) => Input::Nothing,
             () = sleep_until(until), if until.is_some() => Input::Timeout,
         };
+        if matches!(input, Input::Read) {
+            self.account.set(self.conn.buffer().capacity());
+        }
         Some(input)
+    }
+
+    /// Makes room in the buffer for the next read, within `max_buffered_bytes`; under
+    /// pressure, what the connection may do instead.
+    fn room(&mut self) -> Result<(), Pressure> {
+        let want = self.conn.read_room();
+        let buf = self.conn.buffer();
+        if buf.capacity() - buf.len() >= want {
+            return Ok(());
+        }
+        let needed = buf.len() + want;
+        if self.account.try_grow(needed) {
+            let buf = self.conn.buffer();
+            buf.reserve(want);
+            // `reserve` may double the allocation: beyond what the cap grants, the buffer is
+            // built anew at the size asked for.
+            if !self.account.try_grow(buf.capacity()) {
+                let mut exact = bytes::BytesMut::with_capacity(needed);
+                exact.extend_from_slice(buf);
+                *buf = exact;
+            }
+            self.account.set(buf.capacity());
+            return Ok(());
+        }
+        let pressure =
+            self.shared
+                .memory
+                .relieve(self.account.id(), self.account.partial(), Instant::now());
+        if pressure == Pressure::Evicted {
+            tracing::warn!(
+                peer = ?self.peer,
+                buffered = self.shared.memory.used(),
+                cap = self.shared.memory.cap(),
+                "max_buffered_bytes reached: the oldest unfinished frame (older than 1s) is dropped"
+            );
+        }
+        Err(pressure)
     }
 
     /// Room in the pool's queue: the first waiting evaluation takes it, the others follow
@@ -338,27 +423,20 @@ where
         }
     }
 
-    /// Runs one NOTIFY's messages through the engine on this thread. A panic in the handler
-    /// answers with the error variable, as on the pool.
-    fn evaluate_here(&self, messages: &[Message]) -> Answer {
-        let started = std::time::Instant::now();
-        let handler = &self.shared.handler;
-        let answer =
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| handler.handle(messages)))
-                .unwrap_or_else(|_| {
-                    tracing::error!("evaluation panicked; answering with the error variable");
-                    Answer::from(error_vars())
-                });
-        self.shared.metrics.observe(started.elapsed().as_secs_f64());
-        answer
-    }
-
     async fn close(&mut self, bytes: &[u8], reason: &CloseReason) {
         match reason {
             CloseReason::HealthCheck
             | CloseReason::PeerClosed
             | CloseReason::Drained
             | CloseReason::Exiting => {}
+            CloseReason::Idle => {
+                self.shared.metrics.timed_out("idle");
+                tracing::debug!(peer = ?self.peer, "closing an idle connection (idle_timeout)");
+            }
+            CloseReason::HelloTimeout => {
+                self.shared.metrics.timed_out("hello");
+                tracing::debug!(peer = ?self.peer, "closing a connection without HELLO (hello_timeout)");
+            }
             CloseReason::Refused => self.shared.handle.record_refused(),
             CloseReason::PeerDisconnect(status) => {
                 tracing::debug!(peer = ?self.peer, status, "HAPROXY-DISCONNECT answered");
@@ -409,22 +487,60 @@ async fn wait_slot(slot: &mut Option<SlotFuture>) -> Option<Slot> {
     }
 }
 
-/// One NOTIFY's evaluation, to run on an evaluation thread.
-fn evaluation(shared: &Shared, messages: Vec<Message>, ticket: Ticket) -> Work {
-    let started = std::time::Instant::now();
+/// A connection's evaluations queued or running.
+#[derive(Debug, Default)]
+struct Jobs {
+    n: std::sync::atomic::AtomicUsize,
+    done: tokio::sync::Notify,
+}
+
+/// One of a connection's evaluations, counted until dropped.
+struct Job(Arc<Jobs>);
+
+impl Jobs {
+    fn start(jobs: &Arc<Jobs>) -> Job {
+        jobs.n.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Job(Arc::clone(jobs))
+    }
+
+    fn count(&self) -> usize {
+        self.n.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl Drop for Job {
+    fn drop(&mut self) {
+        self.0.n.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        self.0.done.notify_one();
+    }
+}
+
+/// One NOTIFY's evaluation, to run on an evaluation thread; skipped if its answer went out
+/// already (at its deadline, while it was queued). Its bytes, and its place among the
+/// connection's evaluations, are held until it ends.
+fn evaluation(
+    shared: &Shared,
+    messages: Vec<Message>,
+    owed: Arc<Owed>,
+    held: (Charge, Job),
+) -> Work {
     let handler: Arc<dyn Handler> = Arc::clone(&shared.handler);
     let metrics = Arc::clone(&shared.metrics);
-    Box::new(move || {
-        if ticket.abandoned() {
-            // The connection is gone (closed at the deadline): nobody waits for this.
-            return;
-        }
-        let answer = handler.handle(&messages);
-        metrics.observe(started.elapsed().as_secs_f64());
-        ticket.send(&answer.vars);
-        // Phase 5 and cleanup, now that the ACK is on its way.
-        answer.later.run();
-    })
+    let tracked = owed.tracked();
+    Work::tracked(
+        move || {
+            let _held = held;
+            if owed.answered() {
+                return;
+            }
+            let answer = handler.handle(&messages);
+            metrics.observe(owed.received().elapsed().as_secs_f64());
+            owed.send(&answer.vars);
+            // Phase 5 and cleanup, now that the ACK is on its way.
+            answer.later.run();
+        },
+        tracked,
+    )
 }
 
 #[cfg(test)]
@@ -432,7 +548,7 @@ mod tests {
     //! In-process tests of the connection engine over `tokio::io::duplex`, with a trivial
     //! handler (the WAF itself is tested in `waf` and end to end through HAProxy).
     use super::*;
-    use crate::engine::{Limits, Vars};
+    use crate::engine::{Answer, Limits, Vars};
     use crate::metrics::Metrics;
     use crate::protocol::frame::{self, decode_agent_frame, AgentFrame};
     use bytes::BytesMut;
@@ -503,20 +619,13 @@ mod tests {
         handle
     }
 
-    async fn evaluate_three(
-        evaluation: Evaluation,
-        panic: bool,
-        burst: bool,
-    ) -> (Vec<AgentFrame>, Vec<String>) {
+    async fn evaluate_three(panic: bool, burst: bool) -> (Vec<AgentFrame>, Vec<String>) {
         let handle = serving_lifecycle();
         let handler = Arc::new(Where {
             threads: Mutex::new(Vec::new()),
             panic,
         });
-        let limits = Limits {
-            evaluation,
-            ..Limits::default()
-        };
+        let limits = Limits::default();
         let s = Shared::new(
             handler.clone(),
             Arc::new(Metrics::default()),
@@ -552,7 +661,7 @@ mod tests {
     /// for timers, the other connections and the drain.
     #[tokio::test]
     async fn a_single_io_thread_leaves_every_evaluation_to_the_pool() {
-        let (frames, threads) = evaluate_three(Evaluation::Pool, false, false).await;
+        let (frames, threads) = evaluate_three(false, false).await;
         assert_eq!(frames.len(), 3, "{frames:?}");
         assert!(
             threads.iter().all(|t| t.starts_with("spoa-eval")),
@@ -560,30 +669,100 @@ mod tests {
         );
     }
 
+    /// One at a time or pipelined, on a runtime with two I/O threads: every evaluation runs
+    /// on the pool, and each NOTIFY gets its ACK.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn inline_evaluation_answers_in_order_on_the_io_threads() {
-        let (frames, threads) = evaluate_three(Evaluation::Inline, false, false).await;
-        let sids: Vec<u64> = frames
-            .iter()
-            .map(|f| match f {
-                AgentFrame::Ack(sid, 1, vars) if vars[0].0 == "verdict" => *sid,
+    async fn no_evaluation_runs_on_an_io_thread() {
+        for burst in [false, true] {
+            let (frames, threads) = evaluate_three(false, burst).await;
+            let mut sids: Vec<u64> = frames
+                .iter()
+                .map(|f| match f {
+                    AgentFrame::Ack(sid, 1, vars) if vars[0].0 == "verdict" => *sid,
+                    other => panic!("{other:?}"),
+                })
+                .collect();
+            if !burst {
+                assert_eq!(sids, [1, 2, 3], "in order");
+            }
+            sids.sort_unstable();
+            assert_eq!(sids, [1, 2, 3]);
+            assert_eq!(threads.len(), 3);
+            assert!(
+                threads.iter().all(|t| t.starts_with("spoa-eval")),
+                "{threads:?}"
+            );
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_evaluation_that_panics_answers_the_error_variable() {
+        let (frames, threads) = evaluate_three(true, false).await;
+        assert_eq!(threads.len(), 3);
+        for f in &frames {
+            match f {
+                AgentFrame::Ack(_, 1, vars) => assert_eq!(vars[0].0, "error", "{vars:?}"),
                 other => panic!("{other:?}"),
-            })
-            .collect();
-        assert_eq!(sids, [1, 2, 3]);
-        assert_eq!(threads.len(), 3);
-        assert!(
-            threads.iter().all(|t| !t.starts_with("spoa-eval")),
-            "{threads:?}"
+            }
+        }
+        assert_eq!(frames.len(), 3);
+    }
+
+    /// At `evaluation_timeout` the NOTIFY is answered with the error variable while its
+    /// evaluation goes on; with `max_overruns` runaways running, the next NOTIFY is answered
+    /// at once; once the runaway ends, evaluations run again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_budget_answers_for_a_runaway_and_bounds_them() {
+        let handle = serving_lifecycle();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let metrics = Arc::new(Metrics::default());
+        let s = Shared::new(
+            Arc::new(Gated(Mutex::new(rx))),
+            Arc::clone(&metrics),
+            handle,
+            1,
+            Limits {
+                evaluation_timeout: Duration::from_millis(200),
+                max_overruns: 1,
+                ..Limits::default()
+            },
         );
-        // The pool, one NOTIFY at a time on an idle pool: still on the pool's threads, never
-        // on an I/O thread (see `a_blocked_evaluation_never_holds_up_the_runtime`).
-        let (frames, threads) = evaluate_three(Evaluation::Pool, false, false).await;
-        assert_eq!(frames.len(), 3, "{frames:?}");
-        assert_eq!(threads.len(), 3);
+        let mut c = connect(&s);
+        assert!(matches!(
+            hello(&mut c, false).await[..],
+            [AgentFrame::Hello(_)]
+        ));
+        let started = Instant::now();
+        c.write_all(&notify(1)).await.unwrap();
+        let (frames, _, _) = read_frames(&mut c, 1).await;
         assert!(
-            threads.iter().all(|t| t.starts_with("spoa-eval")),
-            "{threads:?}"
+            matches!(&frames[..], [AgentFrame::Ack(1, 1, vars)] if vars.last().is_some_and(|v| v.0 == "error")),
+            "{frames:?}"
+        );
+        assert!(started.elapsed() >= Duration::from_millis(200));
+        assert_eq!(metrics.failed_closed_with("deadline"), 1);
+        assert_eq!(metrics.overrunning.get(), 1);
+        // Saturated: answered at once, without an evaluation.
+        c.write_all(&notify(2)).await.unwrap();
+        let (frames, _, _) = read_frames(&mut c, 1).await;
+        assert!(
+            matches!(&frames[..], [AgentFrame::Ack(2, 1, vars)] if vars.last().is_some_and(|v| v.0 == "error")),
+            "{frames:?}"
+        );
+        assert_eq!(metrics.failed_closed_with("overloaded"), 1);
+        // The runaway ends (its answer is dropped); the next NOTIFY is evaluated.
+        tx.send(()).unwrap();
+        let end = Instant::now() + Duration::from_secs(20);
+        while metrics.overrunning.get() > 0 {
+            assert!(Instant::now() < end);
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        c.write_all(&notify(3)).await.unwrap();
+        tx.send(()).unwrap();
+        let (frames, _, _) = read_frames(&mut c, 1).await;
+        assert!(
+            matches!(&frames[..], [AgentFrame::Ack(3, 1, vars)] if vars[0].0 == "verdict"),
+            "{frames:?}"
         );
     }
 
@@ -639,40 +818,6 @@ mod tests {
         tx.send(()).unwrap();
         assert!(answered, "the health check was not answered within 10 s");
         assert!(took < Duration::from_secs(5), "answered after {took:?}");
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_pipelined_burst_goes_to_the_pool_but_its_last_frame() {
-        let (frames, threads) = evaluate_three(Evaluation::Inline, false, true).await;
-        let mut sids: Vec<u64> = frames
-            .iter()
-            .map(|f| match f {
-                AgentFrame::Ack(sid, 1, vars) if vars[0].0 == "verdict" => *sid,
-                other => panic!("{other:?}"),
-            })
-            .collect();
-        sids.sort_unstable();
-        assert_eq!(sids, [1, 2, 3]);
-        let pooled = threads
-            .iter()
-            .filter(|t| t.starts_with("spoa-eval"))
-            .count();
-        // The first two had a whole frame behind them when decoded (one write); the third
-        // did not, unless the write was split.
-        assert!((2..=3).contains(&pooled), "{threads:?}");
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn inline_evaluation_that_panics_answers_the_error_variable() {
-        let (frames, threads) = evaluate_three(Evaluation::Inline, true, false).await;
-        assert_eq!(threads.len(), 3);
-        for f in &frames {
-            match f {
-                AgentFrame::Ack(_, 1, vars) => assert_eq!(vars[0].0, "error", "{vars:?}"),
-                other => panic!("{other:?}"),
-            }
-        }
-        assert_eq!(frames.len(), 3);
     }
 
     fn connect(shared: &Arc<Shared>) -> DuplexStream {

@@ -8,13 +8,17 @@
 //! `detect-only` (`coraza-res`) asks for an answer at once, the response evaluated
 //! afterwards for the log only. Both are read as HAProxy sends them (`bool(true)`), and
 //! also from an integer or `true`/`false` text.
+//!
+//! A known argument of the wrong type (an integer where an address is expected, a boolean
+//! for a path) or a header block that cannot be read is a `problem`: the message is not
+//! evaluated (the agent answers with the error variable), never evaluated without it.
 
 use std::net::IpAddr;
 
 use spop::frame::Message;
 use spop::TypedData;
 
-use super::hdrs::{parse_hdrs_bin, parse_hdrs_text};
+use super::hdrs::parse_hdrs;
 
 /// Name of the request message.
 pub const REQUEST_MESSAGE: &str = "coraza-req";
@@ -52,6 +56,8 @@ pub struct Request {
     pub body_size: Option<u64>,
     /// `exportRuleIDs`: set `rule_ids`.
     pub export_rule_ids: bool,
+    /// The first argument that could not be read, and why.
+    pub problem: Option<String>,
 }
 
 /// A `coraza-res` message.
@@ -75,39 +81,46 @@ pub struct Response {
     pub export_rule_ids: bool,
     /// `detect-only`: answer at once, evaluate afterwards for the log only.
     pub detect_only: bool,
+    /// The first argument that could not be read, and why.
+    pub problem: Option<String>,
 }
 
-fn text(v: &TypedData) -> Option<String> {
+/// The type of a value, in errors.
+fn kind(v: &TypedData) -> &'static str {
     match v {
-        TypedData::String(s) => Some(s.clone()),
-        TypedData::Binary(b) => Some(String::from_utf8_lossy(b).into_owned()),
-        TypedData::Null => None,
-        TypedData::Int32(n) => Some(n.to_string()),
-        TypedData::UInt32(n) => Some(n.to_string()),
-        TypedData::Int64(n) => Some(n.to_string()),
-        TypedData::UInt64(n) => Some(n.to_string()),
-        TypedData::IPv4(a) => Some(a.to_string()),
-        TypedData::IPv6(a) => Some(a.to_string()),
-        TypedData::Bool(b) => Some(b.to_string()),
+        TypedData::Null => "null",
+        TypedData::Bool(_) => "a boolean",
+        TypedData::Int32(_) | TypedData::UInt32(_) | TypedData::Int64(_) | TypedData::UInt64(_) => {
+            "an integer"
+        }
+        TypedData::IPv4(_) | TypedData::IPv6(_) => "an address",
+        TypedData::String(_) => "a string",
+        TypedData::Binary(_) => "binary data",
     }
 }
 
-fn bytes(v: &TypedData) -> Vec<u8> {
+type Read<T> = Result<T, String>;
+
+fn wrong<T>(expected: &str, v: &TypedData) -> Read<T> {
+    Err(format!("expected {expected}, got {}", kind(v)))
+}
+
+/// Text: a string, binary data (read as UTF-8, lossily), or null (none).
+fn text(v: &TypedData) -> Read<Option<String>> {
     match v {
-        TypedData::Binary(b) => b.clone(),
-        TypedData::String(s) => s.as_bytes().to_vec(),
-        _ => Vec::new(),
+        TypedData::String(s) => Ok(Some(s.clone())),
+        TypedData::Binary(b) => Ok(Some(String::from_utf8_lossy(b).into_owned())),
+        TypedData::Null => Ok(None),
+        other => wrong("a string", other),
     }
 }
 
-fn int(v: &TypedData) -> Option<i64> {
+fn bytes(v: &TypedData) -> Read<Vec<u8>> {
     match v {
-        TypedData::Int32(n) => Some(i64::from(*n)),
-        TypedData::UInt32(n) => Some(i64::from(*n)),
-        TypedData::Int64(n) => Some(*n),
-        TypedData::UInt64(n) => i64::try_from(*n).ok(),
-        TypedData::String(s) => s.trim().parse().ok(),
-        _ => None,
+        TypedData::Binary(b) => Ok(b.clone()),
+        TypedData::String(s) => Ok(s.as_bytes().to_vec()),
+        TypedData::Null => Ok(Vec::new()),
+        other => wrong("binary data or a string", other),
     }
 }
 
@@ -116,51 +129,94 @@ fn switch(v: &TypedData) -> bool {
     match v {
         TypedData::Bool(b) => *b,
         TypedData::String(s) => matches!(s.trim(), "true" | "1"),
-        other => int(other).is_some_and(|n| n != 0),
+        other => matches!(int(other), Ok(Some(n)) if n != 0),
     }
 }
 
-fn ip(v: &TypedData) -> Option<IpAddr> {
+fn int(v: &TypedData) -> Read<Option<i64>> {
     match v {
-        TypedData::IPv4(a) => Some(IpAddr::V4(*a)),
-        TypedData::IPv6(a) => Some(IpAddr::V6(*a)),
-        TypedData::String(s) => s.parse().ok(),
-        _ => None,
+        TypedData::Int32(n) => Ok(Some(i64::from(*n))),
+        TypedData::UInt32(n) => Ok(Some(i64::from(*n))),
+        TypedData::Int64(n) => Ok(Some(*n)),
+        TypedData::UInt64(n) => i64::try_from(*n)
+            .map(Some)
+            .map_err(|_| format!("integer {n} out of range")),
+        TypedData::String(s) => s
+            .trim()
+            .parse()
+            .map(Some)
+            .map_err(|_| format!("expected an integer, got the string {s:?}")),
+        TypedData::Null => Ok(None),
+        other => wrong("an integer", other),
     }
 }
 
-fn port(v: &TypedData) -> u16 {
-    int(v).and_then(|n| u16::try_from(n).ok()).unwrap_or(0)
+fn size(v: &TypedData) -> Read<Option<u64>> {
+    int(v)?
+        .map(|n| u64::try_from(n).map_err(|_| format!("size {n} is negative")))
+        .transpose()
 }
 
-fn headers(v: &TypedData) -> Vec<(String, String)> {
+fn ip(v: &TypedData) -> Read<Option<IpAddr>> {
     match v {
-        TypedData::Binary(b) => parse_hdrs_bin(b).unwrap_or_else(|| parse_hdrs_text(b)),
-        TypedData::String(s) => parse_hdrs_text(s.as_bytes()),
-        _ => Vec::new(),
+        TypedData::IPv4(a) => Ok(Some(IpAddr::V4(*a))),
+        TypedData::IPv6(a) => Ok(Some(IpAddr::V6(*a))),
+        TypedData::String(s) => s
+            .trim()
+            .parse()
+            .map(Some)
+            .map_err(|_| format!("expected an address, got the string {s:?}")),
+        TypedData::Null => Ok(None),
+        other => wrong("an address", other),
     }
+}
+
+fn port(v: &TypedData) -> Read<u16> {
+    match int(v)? {
+        None => Ok(0),
+        Some(n) => u16::try_from(n).map_err(|_| format!("port {n} out of range")),
+    }
+}
+
+fn headers(v: &TypedData) -> Read<Vec<(String, String)>> {
+    match v {
+        TypedData::Binary(b) => parse_hdrs(b, true),
+        TypedData::String(s) => parse_hdrs(s.as_bytes(), false),
+        TypedData::Null => Ok(Vec::new()),
+        other => wrong("a header block (req.hdrs or req.hdrs_bin)", other),
+    }
+}
+
+/// Keeps what `got` read; otherwise notes the first problem, naming the argument.
+fn keep<T: Default>(problem: &mut Option<String>, arg: &str, got: Read<T>) -> T {
+    got.unwrap_or_else(|e| {
+        problem.get_or_insert_with(|| format!("argument `{arg}`: {e}"));
+        T::default()
+    })
 }
 
 impl Request {
     /// Decodes a `coraza-req` message.
     pub fn from_message(msg: &Message) -> Self {
         let mut r = Request::default();
+        let p = &mut r.problem;
         for (name, v) in &msg.args {
-            match name.as_str() {
-                "app" => r.app = text(v).unwrap_or_default(),
-                "id" => r.id = text(v).filter(|s| !s.is_empty()),
-                "src-ip" => r.src_ip = ip(v),
-                "src-port" => r.src_port = port(v),
-                "dst-ip" => r.dst_ip = ip(v),
-                "dst-port" => r.dst_port = port(v),
-                "method" => r.method = text(v).unwrap_or_default(),
-                "path" => r.path = text(v).unwrap_or_default(),
-                "query" => r.query = text(v).filter(|q| !q.is_empty()),
-                "version" => r.version = text(v).unwrap_or_default(),
-                "headers" => r.headers = headers(v),
-                "body" => r.body = bytes(v),
+            let name = name.as_str();
+            match name {
+                "app" => r.app = keep(p, name, text(v)).unwrap_or_default(),
+                "id" => r.id = keep(p, name, text(v)).filter(|s| !s.is_empty()),
+                "src-ip" => r.src_ip = keep(p, name, ip(v)),
+                "src-port" => r.src_port = keep(p, name, port(v)),
+                "dst-ip" => r.dst_ip = keep(p, name, ip(v)),
+                "dst-port" => r.dst_port = keep(p, name, port(v)),
+                "method" => r.method = keep(p, name, text(v)).unwrap_or_default(),
+                "path" => r.path = keep(p, name, text(v)).unwrap_or_default(),
+                "query" => r.query = keep(p, name, text(v)).filter(|q| !q.is_empty()),
+                "version" => r.version = keep(p, name, text(v)).unwrap_or_default(),
+                "headers" => r.headers = keep(p, name, headers(v)),
+                "body" => r.body = keep(p, name, bytes(v)),
                 "body_size" | "body-size" | "req.body_size" => {
-                    r.body_size = int(v).and_then(|n| u64::try_from(n).ok());
+                    r.body_size = keep(p, name, size(v));
                 }
                 "exportRuleIDs" => r.export_rule_ids = switch(v),
                 _ => {}
@@ -206,7 +262,7 @@ pub fn app_of(msg: &Message) -> String {
         .iter()
         .rev()
         .find(|(name, _)| name == "app")
-        .and_then(|(_, v)| text(v))
+        .and_then(|(_, v)| text(v).ok().flatten())
         .unwrap_or_default()
 }
 
@@ -214,16 +270,25 @@ impl Response {
     /// Decodes a `coraza-res` message.
     pub fn from_message(msg: &Message) -> Self {
         let mut r = Response::default();
+        let p = &mut r.problem;
         for (name, v) in &msg.args {
-            match name.as_str() {
-                "app" => r.app = text(v).unwrap_or_default(),
-                "id" => r.id = text(v).unwrap_or_default(),
-                "version" => r.version = text(v).unwrap_or_default(),
-                "status" => r.status = int(v).and_then(|n| i32::try_from(n).ok()).unwrap_or(0),
-                "headers" => r.headers = headers(v),
-                "body" => r.body = bytes(v),
+            let name = name.as_str();
+            match name {
+                "app" => r.app = keep(p, name, text(v)).unwrap_or_default(),
+                "id" => r.id = keep(p, name, text(v)).unwrap_or_default(),
+                "version" => r.version = keep(p, name, text(v)).unwrap_or_default(),
+                "status" => {
+                    let status = keep(p, name, int(v)).unwrap_or(0);
+                    r.status = keep(
+                        p,
+                        name,
+                        i32::try_from(status).map_err(|_| format!("status {status} out of range")),
+                    );
+                }
+                "headers" => r.headers = keep(p, name, headers(v)),
+                "body" => r.body = keep(p, name, bytes(v)),
                 "body_size" | "body-size" | "res.body_size" => {
-                    r.body_size = int(v).and_then(|n| u64::try_from(n).ok());
+                    r.body_size = keep(p, name, size(v));
                 }
                 "exportRuleIDs" => r.export_rule_ids = switch(v),
                 "detect-only" => r.detect_only = switch(v),
@@ -283,6 +348,7 @@ mod tests {
         assert_eq!(r.src_port, 5555);
         assert!(r.body_truncated());
         assert!(!r.export_rule_ids);
+        assert_eq!(r.problem, None);
     }
 
     #[test]
@@ -318,5 +384,70 @@ mod tests {
         assert!(!r.export_rule_ids && r.detect_only);
         let r = Response::from_message(&msg(vec![("detect-only", TypedData::Int32(0))]));
         assert!(!r.detect_only);
+    }
+
+    /// A known argument of the wrong type, or headers that cannot be read, is a problem
+    /// (the first one is kept), never an empty value.
+    #[test]
+    fn wrong_types_and_bad_headers_are_problems() {
+        let req = |args: Vec<(&str, TypedData)>| {
+            Request::from_message(&Message {
+                name: REQUEST_MESSAGE.into(),
+                args: args.into_iter().map(|(k, v)| (k.to_owned(), v)).collect(),
+            })
+        };
+        for (arg, v, says) in [
+            (
+                "src-ip",
+                TypedData::Int32(7),
+                "expected an address, got an integer",
+            ),
+            (
+                "src-ip",
+                TypedData::String("nowhere".into()),
+                "got the string",
+            ),
+            ("src-port", TypedData::Int32(70_000), "out of range"),
+            ("dst-port", TypedData::Bool(true), "expected an integer"),
+            (
+                "path",
+                TypedData::IPv4([1, 2, 3, 4].into()),
+                "expected a string",
+            ),
+            ("body", TypedData::Int64(1), "expected binary data"),
+            ("body_size", TypedData::Int64(-1), "negative"),
+            ("headers", TypedData::Int32(1), "expected a header block"),
+            (
+                "headers",
+                TypedData::Binary(vec![0xff, 0x01, 0x02]),
+                "req.hdrs_bin",
+            ),
+            (
+                "headers",
+                TypedData::String("no colon here\r\n".into()),
+                "without a name",
+            ),
+        ] {
+            let r = req(vec![
+                ("app", TypedData::String("a".into())),
+                (arg, v.clone()),
+                ("src-port", TypedData::Bool(false)),
+            ]);
+            let p = r.problem.unwrap_or_default();
+            assert!(
+                p.starts_with(&format!("argument `{arg}`")) && p.contains(says),
+                "{arg} {v:?}: {p}"
+            );
+        }
+        assert_eq!(
+            req(vec![("src-ip", TypedData::String("::1".into()))]).problem,
+            None
+        );
+        assert_eq!(req(vec![("query", TypedData::Null)]).problem, None);
+        let res = Response::from_message(&Message {
+            name: RESPONSE_MESSAGE.into(),
+            args: vec![("status".into(), TypedData::String("two hundred".into()))],
+        });
+        assert!(res.problem.is_some_and(|p| p.contains("status")));
     }
 }

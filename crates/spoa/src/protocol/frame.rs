@@ -62,6 +62,7 @@ impl ProtocolError {
             | StatusCode::BadFrameSize => "bad_hello",
             StatusCode::FragmentationNotSupported => "fragmented",
             StatusCode::Timeout => "timeout",
+            StatusCode::Resource => "resource",
             _ => "other",
         }
     }

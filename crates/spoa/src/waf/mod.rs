@@ -292,6 +292,11 @@ impl Waf {
             "coraza-req received"
         );
         let mut vars: Vars = vec![("id", TypedData::String(id.clone()))];
+        if let Some(problem) = &req.problem {
+            tracing::warn!(tx = %id, "coraza-req not evaluated: {problem}");
+            vars.push(("error", TypedData::Int64(AGENT_ERROR)));
+            return (Verdict::Error, vars);
+        }
         if req.body_truncated() {
             let declared = req.declared_body_size().unwrap_or(0);
             match app.config.body_limit_action {
@@ -444,6 +449,10 @@ impl Waf {
     /// The transaction `res` belongs to, taken out of the cache; the error answer when
     /// there is none.
     fn take_kept(&self, res: &Response) -> Result<Kept, Vars> {
+        if let Some(problem) = &res.problem {
+            tracing::warn!(tx = %res.id, "coraza-res not evaluated: {problem}");
+            return Err(vec![("error", TypedData::Int64(AGENT_ERROR))]);
+        }
         let kept = self.cache().map.remove(&res.id).map(|(_, k)| k);
         self.count_cached();
         kept.ok_or_else(|| {
@@ -598,6 +607,33 @@ impl Handler for Waf {
             })
         };
         Answer { vars, later }
+    }
+
+    /// The transaction id of the first `coraza-req` (its `id` argument, else one generated
+    /// now and added to the message, so that the evaluation uses the same one), else the
+    /// `id` of the first `coraza-res`.
+    fn identify(&self, messages: &mut [Message]) -> Option<String> {
+        let given = |m: &Message| {
+            m.args
+                .iter()
+                .rev()
+                .find_map(|(name, v)| match (name.as_str(), v) {
+                    ("id", TypedData::String(s)) if !s.is_empty() => Some(s.clone()),
+                    _ => None,
+                })
+        };
+        if let Some(req) = messages.iter_mut().find(|m| m.name == REQUEST_MESSAGE) {
+            if let Some(id) = given(req) {
+                return Some(id);
+            }
+            let id = self.new_id();
+            req.args.push(("id".into(), TypedData::String(id.clone())));
+            return Some(id);
+        }
+        messages
+            .iter()
+            .find(|m| m.name == RESPONSE_MESSAGE)
+            .and_then(given)
     }
 
     /// Inline when every message is a `coraza-res` of an application without response

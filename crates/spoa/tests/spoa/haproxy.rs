@@ -141,8 +141,10 @@ applications:
         .wait_for_log("would be denied (detect only)", crate::support::WAIT);
 }
 
+/// A file from before with `evaluation: inline` still loads; the setting is ignored with a
+/// warning (every evaluation runs on the evaluation threads), and the agent serves.
 #[test]
-fn inline_evaluation_serves_benign_and_denies_attacks_under_load() {
+fn inline_evaluation_is_ignored_and_the_agent_serves_under_load() {
     let config = "\
 evaluation: inline
 default_application: default
@@ -153,15 +155,15 @@ applications:
     let agent = &stack.agents[0];
     agent
         .pod
-        .wait_for_log("evaluation inline", crate::support::WAIT);
+        .wait_for_log("evaluation: inline is no longer done", crate::support::WAIT);
     let ok = get(stack.http(), "/index.html?q=hello");
     assert_eq!(ok.status, 200, "{}", ok.text());
     let attack = get(stack.http(), "/?id=1'%20OR%20'1'='1");
     assert_eq!(attack.status, 403, "{}", attack.text());
     assert_eq!(attack.header("x-waf-ruleid"), Some("949110"));
 
-    // 16 keep-alive clients, benign requests and attacks mixed: HAProxy pipelines NOTIFYs,
-    // some are evaluated on the I/O threads and bursts on the pool; every one is answered.
+    // 16 keep-alive clients, benign requests and attacks mixed: HAProxy pipelines NOTIFYs;
+    // every one is answered.
     let load = crate::support::traffic::Load::start(stack.http(), 16);
     load.wait_until(600, std::time::Duration::from_secs(120));
     let totals = load.stop();

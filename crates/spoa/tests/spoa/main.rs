@@ -8,6 +8,7 @@
 //! - `docs`: docs/spoa.md shows the configuration the tests run.
 //! - `drain`: the drain recipe with two agents under load.
 //! - `haproxy`: acceptance: benign traffic passes, attacks are denied.
+//! - `hostile`: hostile peers: costly evaluations, strangers' memory, idle connections.
 //! - `load`: the load measurement (ignored by default).
 //! - `protocol`: a raw SPOP client: malformed frames, health checks, pipelining.
 //! - `rollout`: rolling restarts without a failed request.
@@ -28,6 +29,7 @@ mod differential;
 mod docs;
 mod drain;
 mod haproxy;
+mod hostile;
 mod load;
 mod protocol;
 mod rollout;

@@ -91,6 +91,7 @@ fn deadline_cuts_busy_connections_with_status_75() {
 /// 2-core development machine under load 4-5), about 50 s with the debug build these tests
 /// run: still evaluating at any deadline below.
 const SLOW_RULE: &str = "\
+evaluation_timeout: 60s
 default_application: slow
 applications:
   - name: slow
@@ -189,6 +190,64 @@ fn an_evaluation_running_at_the_deadline_does_not_hold_the_exit() {
             [AgentFrame::Hello(_), AgentFrame::Disconnect(0, _)]
         ),
         "{frames:?}"
+    );
+}
+
+/// The same evaluation with a budget of 500 ms: the NOTIFY is answered with the error
+/// variable at the budget, the evaluation runs on, and a SIGTERM then leaves at once with
+/// status 0 (the connection is idle: nothing is owed), without waiting for it.
+#[test]
+fn a_runaway_past_its_budget_is_answered_and_does_not_hold_the_drain() {
+    let config = SLOW_RULE.replace("evaluation_timeout: 60s", "evaluation_timeout: 500ms");
+    let mut agent = Agent::start(
+        Some(&config),
+        &["--shutdown-delay", "0s", "--drain-timeout", "20s"],
+    );
+    let mut s = TcpStream::connect(agent.addr).expect("connect agent");
+    s.set_read_timeout(Some(WAIT)).expect("timeout");
+    let mut hello = Vec::new();
+    frame::encode_haproxy_hello(16380, false, &mut hello);
+    s.write_all(&hello).expect("hello");
+    let sent = Instant::now();
+    s.write_all(&slow_notify()).expect("notify");
+    let mut buf = BytesMut::new();
+    let mut frames = Vec::new();
+    while frames.len() < 2 {
+        let mut chunk = [0u8; 4096];
+        let n = s.read(&mut chunk).expect("read");
+        assert!(n > 0, "closed early: {frames:?}");
+        buf.extend_from_slice(&chunk[..n]);
+        while let Some(f) = frame::decode_agent_frame(&mut buf).expect("frame") {
+            frames.push(f);
+        }
+    }
+    let answered = sent.elapsed();
+    eprintln!("RUNAWAY ANSWERED after {answered:?}: {frames:?}");
+    match &frames[..] {
+        [AgentFrame::Hello(_), AgentFrame::Ack(1, 1, vars)] => {
+            assert_eq!(
+                vars.last(),
+                Some(&("error".to_string(), TypedData::Int64(99))),
+                "{vars:?}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(answered >= Duration::from_millis(500), "{answered:?}");
+    assert!(answered < Duration::from_secs(3), "{answered:?}");
+    assert!(agent.metric("spoa_evaluations_overrunning") >= 1.0);
+    assert_eq!(
+        agent.metric("spoa_evaluations_failed_closed_total{reason=\"deadline\"}"),
+        1.0
+    );
+    agent.pod.wait_for_log("over evaluation_timeout", WAIT);
+    agent.pod.signal(Signal::Term);
+    let report = agent.pod.wait_exit(Duration::from_secs(60));
+    eprintln!("RUNAWAY AT SIGTERM: {report:?}");
+    assert_eq!(report.code, Some(0), "{report:?}");
+    assert!(
+        report.elapsed_since_signal < Duration::from_secs(3),
+        "{report:?}"
     );
 }
 

@@ -7,7 +7,11 @@
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
-use super::{Attrs, Authed, Ctx, Message, Reply, Server, FAMILY_V4, FAMILY_V6};
+use super::{
+    canonical_origin, Attrs, Authed, Bucket, Buckets, Ctx, Grant, Message, Reply, Server,
+    FAMILY_V4, FAMILY_V6,
+};
+use crate::config::DefaultFamily;
 use crate::stun::attr;
 use crate::types::{
     ClientAddr, DrainMode, Event, RelayAddrs, RelayBound, RelayError, RelayPorts, RelayRequest,
@@ -48,6 +52,8 @@ pub(super) struct Pending {
     /// A dual allocation whose second family has no relay address: ADDRESS-ERROR-CODE 440.
     additional_error: Option<u16>,
     since: Instant,
+    /// Its ORIGIN and bandwidth (reserved of `bps-capacity` while it waits).
+    grant: Grant,
 }
 
 impl Server {
@@ -78,7 +84,12 @@ impl Server {
             (Some(_), Some(_)) => return self.error(ctx, 400, out),
             (None, Some(FAMILY_V6)) => (true, true),
             (None, Some(_)) => return self.error(ctx, 400, out),
-            (Some(FAMILY_V4), None) | (None, None) => (true, false),
+            (None, None) => match self.config.default_family {
+                DefaultFamily::Ipv4 => (true, false),
+                DefaultFamily::Ipv6 => (false, false),
+                DefaultFamily::Keep => (from.client.is_ipv4(), false),
+            },
+            (Some(FAMILY_V4), None) => (true, false),
             (Some(FAMILY_V6), None) => (false, false),
             (Some(_), None) => return self.error(ctx, 440, out),
         };
@@ -115,17 +126,43 @@ impl Server {
         if life.is_zero() {
             return self.error(ctx, 401, out);
         }
+        let Some(bps) = self.reserve_bandwidth() else {
+            self.counters.refused_bandwidth += 1;
+            self.push_event(Event::AllocateRefused {
+                client: *from,
+                code: 486,
+            });
+            return self.error(ctx, 486, out);
+        };
+        let grant = Grant {
+            origin: attrs.origin.map(canonical_origin),
+            bps,
+        };
         if let Some(token) = attrs.reservation_token {
             let Some(relay) = self.take_reservation(now, &token) else {
+                self.unreserve_bandwidth(bps);
                 return self.refuse_capacity(from, ctx, out);
             };
             self.reserve_user(&username);
             let addrs = RelayAddrs::for_one(relay);
-            return self.create(now, from, addrs, username, life, ctx, None, None, out);
+            return self.create(
+                now,
+                from,
+                addrs,
+                (username, grant),
+                life,
+                ctx,
+                None,
+                None,
+                out,
+            );
         }
         let ip = match self.relay_ip(primary_v4, from) {
             Ok(ip) => ip,
-            Err(_) => return self.error(ctx, 440, out),
+            Err(_) => {
+                self.unreserve_bandwidth(bps);
+                return self.error(ctx, 440, out);
+            }
         };
         let (additional, additional_error) = match dual {
             false => (None, None),
@@ -153,6 +190,7 @@ impl Server {
             ports,
             additional_error,
             since: now,
+            grant,
         });
         Reply::Bind(RelayRequest {
             id,
@@ -181,7 +219,7 @@ impl Server {
         };
         let p = self.pending.swap_remove(at);
         let reply = self.complete(now, &p, answer, out);
-        self.respond(reply, p.request_len, p.client, out)
+        self.respond(now, reply, p.request_len, p.client, out)
     }
 
     /// [`relay_bound`](Self::relay_bound) for a waiting Allocate.
@@ -198,21 +236,21 @@ impl Server {
         // Refusing, so a drain that found no allocation left can end.
         if matches!(self.drain, DrainMode::Refuse { .. }) {
             self.release_answer(&answer);
-            self.unreserve_user(&p.username);
+            self.unreserve_pending(p);
             return self.refuse_draining(from, ctx, out);
         }
         let (primary, pair) = match answer.primary {
             Ok((addr, _)) if self.in_use(addr) => {
                 // Another allocation's socket (release_answer never closes one).
                 self.release_answer(&answer);
-                self.unreserve_user(&p.username);
+                self.unreserve_pending(p);
                 return self.refuse_capacity(from, ctx, out);
             }
             Ok(bound) => bound,
             Err(ref e) => {
                 let family = matches!(e, RelayError::FamilyNotSupported);
                 self.release_answer(&answer);
-                self.unreserve_user(&p.username);
+                self.unreserve_pending(p);
                 return match family {
                     true => self.error(ctx, 440, out),
                     false => self.refuse_capacity(from, ctx, out),
@@ -230,7 +268,7 @@ impl Server {
         };
         if !keeps_rule {
             self.release_answer(&answer);
-            self.unreserve_user(&p.username);
+            self.unreserve_pending(p);
             return self.refuse_capacity(from, ctx, out);
         }
         let mut addrs = RelayAddrs::for_one(primary);
@@ -255,7 +293,7 @@ impl Server {
         }
         if life.is_zero() {
             self.release_answer(&answer);
-            self.unreserve_user(&p.username);
+            self.unreserve_pending(p);
             return self.error(ctx, 401, out);
         }
         let token = pair.map(|relay| {
@@ -267,12 +305,12 @@ impl Server {
             });
             token
         });
-        let username = p.username.clone();
+        let claim = (p.username.clone(), p.grant.clone());
         self.create(
             now,
             from,
             addrs,
-            username,
+            claim,
             life,
             ctx,
             address_error,
@@ -288,7 +326,7 @@ impl Server {
         now: Instant,
         from: &ClientAddr,
         addrs: RelayAddrs,
-        username: String,
+        (username, grant): (String, Grant),
         life: Duration,
         ctx: &Ctx,
         address_error: Option<u16>,
@@ -296,7 +334,15 @@ impl Server {
         out: &mut Vec<u8>,
     ) -> Reply {
         let lifetime = u32::try_from(life.as_secs()).unwrap_or(u32::MAX);
-        self.insert(now, from, addrs, username.clone(), life, lifetime, ctx.txid);
+        self.insert(
+            now,
+            from,
+            addrs,
+            (username.clone(), grant),
+            life,
+            lifetime,
+            ctx.txid,
+        );
         self.counters.allocations_created += 1;
         self.push_event(Event::AllocationCreated {
             client: *from,
@@ -307,11 +353,41 @@ impl Server {
         self.allocate_success(ctx, from, addrs, lifetime, address_error, token, out)
     }
 
+    /// `max-bps` of `bps-capacity` for a new allocation: `Some(0)` without a limit, `None`
+    /// when the capacity is all reserved.
+    fn reserve_bandwidth(&mut self) -> Option<u64> {
+        let bw = self.config.bandwidth;
+        if bw.max_bps == 0 {
+            return Some(0);
+        }
+        let bps = match bw.capacity {
+            0 => bw.max_bps,
+            cap => bw.max_bps.min(cap.saturating_sub(self.bps_reserved)),
+        };
+        if bps == 0 {
+            return None;
+        }
+        self.bps_reserved += bps;
+        Some(bps)
+    }
+
+    fn unreserve_bandwidth(&mut self, bps: u64) {
+        self.bps_reserved = self.bps_reserved.saturating_sub(bps);
+    }
+
+    /// What a waiting Allocate held: its place in the user's quota and its bandwidth.
+    fn unreserve_pending(&mut self, p: &Pending) {
+        self.unreserve_user(&p.username);
+        self.unreserve_bandwidth(p.grant.bps);
+    }
+
     /// 300 Try Alternate (round-robin over the alternates, the client's family first) or 403.
     fn refuse_draining(&mut self, from: &ClientAddr, ctx: &Ctx, out: &mut Vec<u8>) -> Reply {
         let DrainMode::Refuse { alternates } = &self.drain else {
             return self.error(ctx, 403, out);
         };
+        let own = &self.transport_alternates[super::transport_index(from.transport)];
+        let alternates = if own.is_empty() { alternates } else { own };
         let alt = super::pick_alternate(alternates, from.client.is_ipv4(), &mut self.alternate_rr);
         self.counters.refused_draining += 1;
         self.push_event(Event::AllocateRefusedDraining {
@@ -469,12 +545,13 @@ impl Server {
         self.pending.retain(|p| {
             let forget = which(p);
             if forget {
-                forgotten.push(p.username.clone());
+                forgotten.push((p.username.clone(), p.grant.bps));
             }
             !forget
         });
-        for username in forgotten {
+        for (username, bps) in forgotten {
             self.unreserve_user(&username);
+            self.unreserve_bandwidth(bps);
         }
     }
 
@@ -484,11 +561,16 @@ impl Server {
         now: Instant,
         from: &ClientAddr,
         relays: RelayAddrs,
-        username: String,
+        (username, grant): (String, Grant),
         life: Duration,
         lifetime: u32,
         txid: [u8; 12],
     ) {
+        let bandwidth = (grant.bps > 0).then(|| Buckets {
+            rate: grant.bps,
+            up: Bucket::full(grant.bps, now),
+            down: Bucket::full(grant.bps, now),
+        });
         let gen = self.next_gen;
         self.next_gen += 1;
         let expires = now + life;
@@ -503,6 +585,8 @@ impl Server {
             perms: Vec::new(),
             channels: Vec::new(),
             scheduled: expires,
+            origin: grant.origin,
+            bandwidth,
         };
         let idx = match self.free.pop() {
             Some(i) => {

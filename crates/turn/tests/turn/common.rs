@@ -16,6 +16,8 @@ pub(crate) struct Turn {
     pub pod: Pod,
     /// The UDP and TCP listening port.
     pub port: u16,
+    /// The TLS listening port (0: none chosen by the test).
+    pub tls_port: u16,
     /// The admin listener.
     pub admin: String,
 }
@@ -45,16 +47,21 @@ impl Turn {
         let admin = format!("127.0.0.1:{}", testkit::free_port());
         let mut args = turn_args(port, &admin);
         args.extend(extra.iter().map(ToString::to_string));
-        Turn::spawn(args, port, admin)
+        Turn::spawn(args, port, 0, admin)
     }
 
     /// Starts with exactly `args` (the caller chose the ports).
-    pub(crate) fn spawn(args: Vec<String>, port: u16, admin: String) -> Turn {
+    pub(crate) fn spawn(args: Vec<String>, port: u16, tls_port: u16, admin: String) -> Turn {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_lastcall-turn"));
         cmd.args(&args);
         let pod = Pod::spawn(cmd);
         pod.wait_for_log("lastcall-turn listening", WAIT);
-        Turn { pod, port, admin }
+        Turn {
+            pod,
+            port,
+            tls_port,
+            admin,
+        }
     }
 
     /// The value of one metric line (`name{labels}`), if present.

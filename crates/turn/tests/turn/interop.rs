@@ -110,6 +110,7 @@ fn tls_channels_and_send_indications() {
     let tls = Turn {
         pod: turn.pod,
         port: tls_port,
+        tls_port,
         admin: turn.admin,
     };
     run(&tls, Some(&peer), &["-t", "-S"], &rest()).assert_all_echoed(MSGS * CLIENTS);

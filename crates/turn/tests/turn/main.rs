@@ -1,6 +1,9 @@
 //! The integration tests of `lastcall-turn`, one test binary: the real process on loopback
 //! with coturn's own clients and peers, and our TURN client (`lastcall_testkit::turn`).
 //!
+//! - `bandwidth`: max-bps and bps-capacity.
+//! - `coturn_configs`: coturn users' turnserver.conf files, unchanged.
+//! - `hostile`: unauthenticated floods: bounded answers, the per-source rate limit.
 //! - `interop`: coturn's `turnutils_uclient` over UDP, TCP and TLS against `turnutils_peer`.
 //! - `process`: turnserver.conf, flags, `--help`, TLS reload, the drain's answers.
 //! - `termination`: calls across SIGTERM, the deadline, alternates, coturn's own behaviour.
@@ -11,7 +14,10 @@
     reason = "test code: a panic is the failure report"
 )]
 
+mod bandwidth;
 mod common;
+mod coturn_configs;
+mod hostile;
 mod interop;
 mod process;
 mod termination;

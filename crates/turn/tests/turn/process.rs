@@ -69,7 +69,12 @@ fn coturn_conf_starts_unchanged_and_relays() {
         line.contains(&format!("127.0.0.1:{tls_port}")),
         "TLS listener: {line}"
     );
-    let turn = Turn { pod, port, admin };
+    let turn = Turn {
+        pod,
+        port,
+        tls_port: 0,
+        admin,
+    };
     let peer = Peer::start();
     let p = port.to_string();
     let r = uclient(
@@ -112,13 +117,13 @@ fn unsupported_coturn_options_exit_64_naming_them() {
     let conf = dir.path().join("turnserver.conf");
     std::fs::write(
         &conf,
-        "realm=example.org\nuse-auth-secret\nstatic-auth-secret=x\nuserdb=/var/lib/turn/turndb\n",
+        "realm=example.org\nuse-auth-secret\nstatic-auth-secret=x\nuserdb=/var/lib/turn/turndb\nfrobnicate=1\n",
     )
     .expect("write conf");
     let out = bin()
         .arg("-c")
         .arg(&conf)
-        .args(["--redis-statsdb=ip=127.0.0.1", "--no-such-thing"])
+        .args(["--mobility", "--no-such-thing"])
         .output()
         .expect("run");
     assert_eq!(out.status.code(), Some(64));
@@ -128,7 +133,12 @@ fn unsupported_coturn_options_exit_64_naming_them() {
         "{err}"
     );
     assert!(
-        err.contains("unsupported coturn option --redis-statsdb"),
+        err.contains("unsupported coturn option --mobility"),
+        "{err}"
+    );
+    // An unknown option still exits 64, named with its line.
+    assert!(
+        err.contains("turnserver.conf:5: unknown option frobnicate"),
         "{err}"
     );
     assert!(err.contains("unknown option --no-such-thing"), "{err}");

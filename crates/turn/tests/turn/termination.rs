@@ -491,6 +491,70 @@ fn during_the_shutdown_delay_allocations_succeed_while_readyz_is_503() {
     );
 }
 
+/// SIGUSR1 keeps coturn's meaning (4.6.3 and later): refuse new allocations at once, with
+/// no `--shutdown-delay` announce (10 s here, which SIGTERM would spend announcing). New
+/// Allocates are tried from the signal on; the first 403 and how soon it came are printed.
+/// The live call loses nothing and the process exits 0 at its last allocation.
+#[test]
+fn sigusr1_refuses_at_once_without_the_announce_and_exits_at_the_last_allocation() {
+    let mut turn = Turn::start(&["--shutdown-delay=10s", "--drain-timeout=60s"]);
+    let peer = Peer::start();
+    let (server, peer_addr) = (loopback(turn.port), loopback(peer.port));
+    let mut calls = start_calls(server, peer_addr, 1, "live");
+    let mut late = TurnClient::new(server, SECRET, "late");
+    late.binding().expect("binding");
+    let signalled = Instant::now();
+    turn.pod.signal(Signal::Usr1);
+    // Until the signal is handled a new Allocate may still succeed: delete it and retry.
+    let mut before = 0;
+    let refused = loop {
+        match late.allocate(600) {
+            Ok(_) => {
+                before += 1;
+                late.refresh(0).expect("delete");
+                assert!(signalled.elapsed() < WAIT, "never refused");
+            }
+            Err(e) => break e,
+        }
+    };
+    let first_403 = signalled.elapsed();
+    assert_eq!(
+        refused,
+        TurnError::Code {
+            code: 403,
+            alternate: None
+        }
+    );
+    println!(
+        "FIGURES sigusr1: first Allocate refused (403) {} after SIGUSR1 ({before} allocated before the signal was handled)",
+        ms(first_403)
+    );
+    turn.pod.wait_for_log(
+        "SIGUSR1 received (--on-sigterm drain): draining: refusing new work now",
+        WAIT,
+    );
+    assert!(!turn.pod.has_log("announcing (readiness 503)"));
+    assert_eq!(testkit::http_get(&turn.admin, "/readyz").0, 503);
+    assert!(first_403 < WAIT, "{first_403:?}");
+
+    let call = &mut calls[0];
+    call.wait_received(call.received() + 25, WAIT);
+    call.stop_stream(Duration::from_millis(500));
+    let split = call.split(signalled);
+    print_split("sigusr1 live", 0, split);
+    assert_eq!(split.lost(), 0, "{split:?}");
+    call.refresh(0).expect("delete");
+    let deleted = Instant::now();
+    let (gone, exit) = exit_instant(&mut turn.pod, WAIT);
+    println!(
+        "FIGURES sigusr1: exit {:?} {} after the last allocation was deleted",
+        exit.code,
+        ms(gone - deleted)
+    );
+    assert_eq!(exit.code, Some(0), "{exit:?}");
+    assert!(gone - deleted < EXIT_BOUND, "{:?}", gone - deleted);
+}
+
 /// `--drain-min-allocations 2` (coturn's name) with three live allocations:
 /// the drain holds while three are live and ends, status 0, when one of them ends.
 #[test]
@@ -787,7 +851,7 @@ fn a_draining_server_never_redirects_to_itself() {
         format!("--alternate-server=127.0.0.1:{port}"),
         format!("--alternate-server=127.0.0.1:{}", b.port),
     ]);
-    let mut a = Turn::spawn(args, port, admin);
+    let mut a = Turn::spawn(args, port, 0, admin);
     let peer = Peer::start();
     let _live = start_calls(loopback(a.port), loopback(peer.port), 1, "live");
     a.pod.signal(Signal::Term);

@@ -36,6 +36,9 @@ fn settings() -> Settings {
         max_inflight: 4,
         drain_quiet: Duration::ZERO,
         partial_frame_timeout: Duration::from_secs(30),
+        // Off in the tables (tested on their own in `timeouts`).
+        hello_timeout: Duration::MAX,
+        idle_timeout: Duration::MAX,
     }
 }
 
@@ -162,6 +165,152 @@ fn haproxy_disconnect_is_answered_with_status_0() {
                 [AgentFrame::Disconnect(0, _)]
             ));
         }
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Before the handshake a frame may not be larger than a HELLO needs, whatever
+/// `max_frame_size` says; HELLO and HAPROXY-DISCONNECT must carry stream-id and frame-id 0.
+#[test]
+fn strangers_before_and_at_the_handshake() {
+    let t0 = Instant::now();
+    let mut c = Conn::new(settings(), SERVING, t0);
+    feed(&mut c, &(1u32 << 20).saturating_sub(1).to_be_bytes());
+    match c.poll(t0) {
+        Some(Event::Close { reply, reason }) => {
+            assert!(matches!(reason, CloseReason::Protocol(_)));
+            assert!(matches!(
+                &agent_frames(&reply)[..],
+                [AgentFrame::Disconnect(3, m)] if m.contains("before HAPROXY-HELLO")
+            ));
+        }
+        other => panic!("{other:?}"),
+    }
+    let c = Conn::new(settings(), SERVING, t0);
+    assert!(c.read_room() <= HELLO_FRAME_LIMIT as usize + 4);
+
+    for (kind, sid, fid) in [
+        (kind::HAPROXY_HELLO, 1, 0),
+        (kind::HAPROXY_HELLO, 0, 7),
+        (kind::HAPROXY_DISCONNECT, 3, 3),
+    ] {
+        let mut c = Conn::new(settings(), SERVING, t0);
+        if kind == kind::HAPROXY_DISCONNECT {
+            feed(&mut c, &hello(false));
+            assert!(matches!(c.poll(t0), Some(Event::Ready { .. })));
+        }
+        let mut whole = Vec::new();
+        frame::encode_haproxy_hello(16380, false, &mut whole);
+        let mut payload = Vec::new();
+        payload::put_kv(&mut payload, "status-code", &spop::TypedData::UInt32(0));
+        let body = if kind == kind::HAPROXY_HELLO {
+            // The HELLO's own payload, after its 4-byte length, type, flags and two ids.
+            whole[11..].to_vec()
+        } else {
+            payload
+        };
+        let mut v = Vec::new();
+        frame::put_frame(kind, sid, fid, &body, &mut v);
+        feed(&mut c, &v);
+        match c.poll(t0) {
+            Some(Event::Close { reply, .. }) => assert!(
+                matches!(&agent_frames(&reply)[..], [AgentFrame::Disconnect(4, m)] if m.contains("must be 0")),
+                "{kind} {sid} {fid}"
+            ),
+            other => panic!("{kind} {sid} {fid}: {other:?}"),
+        }
+    }
+}
+
+/// `hello_timeout` closes a connection that has not said HELLO (status 2); `idle_timeout`
+/// closes a quiet one after a look at the socket (status 0), and any traffic restarts it.
+#[test]
+fn timeouts() {
+    let t0 = Instant::now();
+    let s = Settings {
+        hello_timeout: Duration::from_secs(10),
+        idle_timeout: Duration::from_secs(600),
+        ..settings()
+    };
+    let mut c = Conn::new(s, SERVING, t0);
+    assert_eq!(
+        c.handle(t0, Input::Nothing),
+        Action::Wait {
+            read: true,
+            until: Some(t0 + Duration::from_secs(10))
+        }
+    );
+    match c.handle(t0 + Duration::from_secs(10), Input::Timeout) {
+        Action::Close {
+            bytes,
+            reason: CloseReason::HelloTimeout,
+        } => assert!(matches!(
+            agent_frames(&bytes)[..],
+            [AgentFrame::Disconnect(2, _)]
+        )),
+        other => panic!("{other:?}"),
+    }
+
+    let mut c = Conn::new(s, SERVING, t0);
+    let t1 = t0 + Duration::from_secs(5);
+    feed(&mut c, &hello(false));
+    assert!(matches!(c.poll(t1), Some(Event::Ready { .. })));
+    let idle_at = t1 + Duration::from_secs(600);
+    assert_eq!(
+        c.handle(t1, Input::Nothing),
+        Action::Wait {
+            read: true,
+            until: Some(idle_at)
+        }
+    );
+    // A NOTIFY and its ACK push the deadline on.
+    let t2 = t1 + Duration::from_secs(100);
+    feed(&mut c, &notify(1));
+    assert!(matches!(c.poll(t2), Some(Event::Notify { .. })));
+    let t3 = t2 + Duration::from_secs(1);
+    assert_eq!(
+        c.handle(t3, Input::AcksWritten(1)),
+        Action::Wait {
+            read: true,
+            until: Some(t3 + Duration::from_secs(600))
+        }
+    );
+    let idle_at = t3 + Duration::from_secs(600);
+    assert_eq!(c.handle(idle_at, Input::Timeout), Action::Probe);
+    // Bytes waiting on the socket: no goodbye.
+    assert!(matches!(
+        c.handle(idle_at, Input::Probed(Probe::Waiting)),
+        Action::Wait { .. }
+    ));
+    assert!(matches!(c.handle(idle_at, Input::Read), Action::Probe));
+    match act(c.handle(idle_at, Input::Probed(Probe::Idle))) {
+        Act::Goodbye {
+            acks: 0,
+            status: 0,
+            reason: CloseReason::Idle,
+        } => {}
+        other => panic!("{other:?}"),
+    }
+}
+
+/// A connection told its unfinished frame is dropped says so with status 13.
+#[test]
+fn evicted_is_status_13() {
+    let t0 = Instant::now();
+    let mut c = conn(
+        SERVING,
+        Setup {
+            partial: true,
+            ..READY
+        },
+        t0,
+    );
+    match act(c.handle(t0, Input::Evicted)) {
+        Act::Goodbye {
+            acks: 0,
+            status: 13,
+            reason: CloseReason::Protocol(_),
+        } => {}
         other => panic!("{other:?}"),
     }
 }
@@ -729,4 +878,44 @@ proptest::proptest! {
             let _ = c.handle(t0, Input::Eof);
         }
     }
+}
+
+/// While a whole frame is buffered the task is not asked to read more: it decodes first.
+/// A peer pipelining NOTIFYs faster than their ACKs go out cannot fill the buffer.
+#[test]
+fn no_read_while_a_whole_frame_waits() {
+    let t0 = Instant::now();
+    let mut c = Conn::new(settings(), SERVING, t0);
+    feed(&mut c, &hello(false));
+    assert!(matches!(c.poll(t0), Some(Event::Ready { .. })));
+    for sid in 1..=6 {
+        feed(&mut c, &notify(sid));
+    }
+    for _ in 0..4 {
+        assert!(matches!(c.poll(t0), Some(Event::Notify { .. })));
+    }
+    assert!(c.poll(t0).is_none(), "at the bound of 4 owed");
+    assert!(!c.decodable());
+    assert!(matches!(
+        c.handle(t0, Input::Read),
+        Action::Wait { read: false, .. }
+    ));
+    // One ACK out: a frame may be decoded, and still no read before it is.
+    assert!(matches!(
+        c.handle(t0, Input::AcksWritten(1)),
+        Action::Wait { read: false, .. }
+    ));
+    assert!(c.decodable());
+    assert!(matches!(c.poll(t0), Some(Event::Notify { .. })));
+    assert!(!c.decodable());
+    assert!(matches!(
+        c.handle(t0, Input::AcksWritten(2)),
+        Action::Wait { read: false, .. }
+    ));
+    assert!(matches!(c.poll(t0), Some(Event::Notify { .. })));
+    // Nothing whole left: read again.
+    assert!(matches!(
+        c.handle(t0, Input::Nothing),
+        Action::Wait { read: true, .. }
+    ));
 }

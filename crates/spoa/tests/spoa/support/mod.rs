@@ -7,6 +7,7 @@
 
 pub(crate) mod haproxy;
 pub(crate) mod nginx;
+pub(crate) mod spop;
 pub(crate) mod traffic;
 
 use std::net::SocketAddr;
