@@ -11,6 +11,7 @@
 //! | coturn's `turnutils_uclient` | `/usr/bin/turnutils_uclient` | `LASTCALL_UCLIENT` |
 //! | coturn's `turnutils_peer` | `/usr/bin/turnutils_peer` | `LASTCALL_PEER` |
 //! | coturn's `turnserver` | `/usr/bin/turnserver` | `LASTCALL_TURNSERVER` |
+//! | our own daemon under test | the binary itself | `LASTCALL_SPOA_RUNNER`, a prefix (e.g. `scripts/peer-run trixie`: the agent on Debian 13's libmodsecurity) |
 
 use std::process::Command;
 
@@ -46,4 +47,19 @@ pub fn coturn(tool: &str) -> Command {
         tool.trim_start_matches("turnutils_").to_ascii_uppercase()
     );
     command(&var, &format!("/usr/bin/{tool}"))
+}
+
+/// A command running `binary` (a daemon under test) through the prefix in `var`, if set:
+/// the same binary on another system's libraries (`scripts/peer-run SUITE`).
+pub fn ours(var: &str, binary: &std::path::Path) -> Command {
+    let given = std::env::var(var).unwrap_or_default();
+    let mut words = given.split_whitespace();
+    match words.next() {
+        Some(program) => {
+            let mut cmd = Command::new(program);
+            cmd.args(words).arg(binary);
+            cmd
+        }
+        None => Command::new(binary),
+    }
 }

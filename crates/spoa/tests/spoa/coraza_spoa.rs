@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::Command;
 
-use crate::support::{agent_bin, crate_dir, get, Haproxy, Origin, WAIT};
+use crate::support::{agent_command, crate_dir, get, Haproxy, Origin, WAIT};
 use lastcall_testkit::{self as testkit, Pod};
 
 fn fixture(name: &str) -> PathBuf {
@@ -26,7 +26,7 @@ fn unit_command(config: &std::path::Path) -> Command {
         .expect("ExecStart");
     let mut words = exec.split_whitespace();
     assert_eq!(words.next(), Some("/usr/bin/coraza-spoa"));
-    let mut cmd = Command::new(agent_bin());
+    let mut cmd = agent_command();
     for w in words {
         cmd.arg(w.replace(
             "/etc/coraza-spoa/config.yaml",

@@ -26,6 +26,12 @@ pub(crate) fn agent_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_lastcall-spoa"))
 }
 
+/// The agent's command: [`agent_bin`], through `LASTCALL_SPOA_RUNNER` when that is set
+/// (scripts/test_peers.sh runs it on Debian 13's and unstable's libmodsecurity).
+pub(crate) fn agent_command() -> Command {
+    lastcall_testkit::peers::ours("LASTCALL_SPOA_RUNNER", &agent_bin())
+}
+
 /// A running `lastcall-spoa` process.
 pub(crate) struct Agent {
     /// The process (stderr lines captured).
@@ -60,7 +66,7 @@ impl Agent {
         let admin: SocketAddr = format!("127.0.0.1:{}", testkit::free_port())
             .parse()
             .expect("addr");
-        let mut cmd = Command::new(agent_bin());
+        let mut cmd = agent_command();
         cmd.args([
             "--bind",
             &addr.to_string(),
