@@ -25,7 +25,7 @@ from chartlib import render
 from cluster import CriCluster
 from controllers import Deployment, Endpoints
 from enginelib import assert_runs_as_rendered, measured
-from kubelet import Pod
+from kubelet import Pod, wait_until
 from loadlib import Load, Origin, haproxy_config, spoe_config
 
 DELAY = 2
@@ -116,6 +116,11 @@ def test_spoa_deployment_rolls_behind_haproxy_without_a_failed_request(
         before = {p.uid: evaluations(edge, p) for p in old}
         assert all(before.values()), f"an agent got no work before the rollout: {before}"
         new = deployment.rollout(second)
+        # A new pod joins HAProxy's backend once its endpoint has propagated (the lag) and
+        # HAProxy's checks pass: the load goes on until each new agent has evaluated
+        # something (bounded), then 200 more requests.
+        wait_until("work on every new agent", lambda: all(evaluations(edge, p) for p in new),
+                   timeout=60, timeline=cluster.timeline)
         load.wait_sent(load.sent() + 200)
         counts = load.stop()
         after = {p.uid: evaluations(edge, p) for p in new}
