@@ -110,6 +110,7 @@
 
 pub mod auth;
 pub mod config;
+pub mod fastpath;
 pub mod frame;
 mod hash;
 pub mod policy;
@@ -122,6 +123,7 @@ pub use config::{
     parse_coturn_user, AuthConfig, Bandwidth, ConfigError, DefaultFamily, ExternalIp, Lifetimes,
     NonceConfig, Quotas, RelayConfig, ServerConfig, Service, UserKey,
 };
+pub use fastpath::{ChannelRoute, RouteChange};
 pub use frame::{stream_frame_len, FrameError, CHANNEL_MAX, CHANNEL_MIN};
 pub use policy::{DenyReason, IpRange, IpRangeError, PeerPolicy};
 pub use server::Server;

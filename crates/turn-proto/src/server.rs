@@ -32,6 +32,7 @@ use crate::types::{
 };
 
 mod allocate;
+mod routes;
 
 use allocate::{Pending, Reservation};
 
@@ -76,6 +77,8 @@ pub struct Server {
     bps_reserved: u64,
     /// Amplifying responses sent to UDP sources this second (`unauthorized_rps`).
     unauthorized: SourceBudget,
+    /// Changes to the fast path's routes, when that output is on ([`crate::fastpath`]).
+    routes: Option<VecDeque<crate::fastpath::RouteChange>>,
 }
 
 /// Slots of [`SourceBudget`]: sources hashed together share one budget (rarely, with a random
@@ -384,6 +387,7 @@ impl Server {
             transport_alternates: Default::default(),
             bps_reserved: 0,
             unauthorized: SourceBudget::new(now),
+            routes: None,
         };
         server.sync_wall_clock(now, wall);
         server
@@ -821,6 +825,13 @@ impl Server {
                 continue;
             };
             a.perms.retain(|(_, exp)| *exp > now);
+            Server::unpublish_routes(
+                &mut self.routes,
+                a,
+                a.channels
+                    .iter()
+                    .filter(|c| c.expires + CHANNEL_QUARANTINE <= now),
+            );
             a.channels.retain(|c| c.expires + CHANNEL_QUARANTINE > now);
             let next = next_deadline(a, now);
             a.scheduled = next;
@@ -865,6 +876,7 @@ impl Server {
         let Some(a) = self.allocs.get_mut(idx).and_then(Option::take) else {
             return;
         };
+        Server::unpublish_routes(&mut self.routes, &a, &a.channels);
         self.free.push(idx);
         self.live = self.live.saturating_sub(1);
         let by_transport = &mut self.live_by_transport[transport_index(a.client.transport)];
@@ -1256,6 +1268,7 @@ impl Server {
             a.lifetime = lifetime;
         }
         self.reschedule(idx, now);
+        self.publish_routes(idx, now);
         self.success(ctx, out, |b| {
             b.u32(attr::LIFETIME, lifetime);
         })
@@ -1316,6 +1329,7 @@ impl Server {
             }
         }
         self.reschedule(idx, now);
+        self.publish_routes(idx, now);
         self.success(ctx, out, |_| {})
     }
 
@@ -1377,6 +1391,7 @@ impl Server {
             install_permission(a, peer.ip(), perm_exp);
         }
         self.reschedule(idx, now);
+        self.publish_routes(idx, now);
         self.success(ctx, out, |_| {})
     }
 }
