@@ -92,6 +92,8 @@ pub struct TurnConfig {
     /// coturn's `relay-threads`: UDP I/O threads; 0 = one per CPU this process may run on
     /// (see [`TurnConfig::udp_workers`]).
     pub relay_threads: usize,
+    /// Our `kernel-relay`: relay channel-bound UDP allocations in the kernel (eBPF).
+    pub kernel_relay: bool,
     /// How clients authenticate.
     pub auth: AuthMode,
     /// Peer ranges refused (coturn's `denied-peer-ip`).
@@ -632,6 +634,7 @@ fn typed(
     let denied_peer_ips = c.each("denied-peer-ip", parse_range);
     let allowed_peer_ips = c.each("allowed-peer-ip", parse_range);
     let allow_loopback_peers = c.flag("allow-loopback-peers");
+    let kernel_relay = c.flag("kernel-relay");
     let user_quota = c.value("user-quota", "a number").unwrap_or(0);
     let total_quota = c.value("total-quota", "a number").unwrap_or(0);
     let max_allocate_lifetime = c
@@ -941,6 +944,7 @@ fn typed(
             min_port,
             max_port,
             relay_threads,
+            kernel_relay,
             auth,
             denied_peer_ips,
             allowed_peer_ips,

@@ -15,6 +15,7 @@
 
 pub mod config;
 mod drain;
+mod kernel;
 pub mod listen;
 mod mailbox;
 pub mod metrics;

@@ -112,6 +112,7 @@ pub(crate) const OPTIONS: &[Spec] = &[
     spec("relay-ip", &['E'], Multi, Honoured, "IP", "Relay address (repeatable; round-robin per address family) [default: the listening address the client used]"),
     spec("external-ip", &['X'], Multi, Honoured, "PUBLIC[/PRIVATE]", "Public address advertised for a relay address behind NAT (repeatable)"),
     spec("relay-threads", &['m'], Value, Honoured, "N", "UDP I/O threads, each with its own listening socket per address (SO_REUSEPORT) and the relay sockets of its clients; 0 = one per CPU this process may run on [default: 0]"),
+    spec("kernel-relay", &[], Flag, Honoured, "", "lastcall-turn's own: relay the ChannelData of channel-bound UDP IPv4 allocations in the kernel (eBPF on tc ingress; needs root or CAP_BPF + CAP_NET_ADMIN and a build with the kernel-relay feature); if the kernel refuses, one log line and user space"),
     spec("min-port", &[], Value, Honoured, "PORT", "Lowest relay port [default: 49152]"),
     spec("max-port", &[], Value, Honoured, "PORT", "Highest relay port [default: 65535]"),
     spec("no-udp", &[], Flag, Honoured, "", "No UDP client listener"),

@@ -70,6 +70,10 @@ impl Running {
     ) {
         let core: Arc<dyn crate::metrics::CoreCounters> = self.shared.clone();
         crate::metrics::CoreMetrics::register(registry, core, realm);
+        if self.shared.kernel().is_some() {
+            let shared = Arc::clone(&self.shared);
+            registry.register_collector(Box::new(crate::kernel::KernelMetrics(shared)));
+        }
     }
 
     /// Ends every allocation (logging how many were left) and stops the UDP I/O threads,
@@ -113,6 +117,7 @@ fn shared(
     metrics: Metrics,
     handle: Handle,
     workers: usize,
+    kernel: Option<crate::kernel::Kernel>,
 ) -> Result<Arc<Shared>, StartError> {
     let mailboxes = (0..workers)
         .map(|worker| {
@@ -123,7 +128,19 @@ fn shared(
         .collect::<Result<Vec<_>, _>>()?;
     let server = Server::new(config.core_config(), Instant::now(), SystemTime::now());
     let relays = RelaySockets::new(config.min_port, config.max_port, mailboxes);
-    Ok(Arc::new(Shared::new(server, relays, metrics, handle)))
+    Ok(Arc::new(
+        Shared::new(server, relays, metrics, handle).with_kernel(kernel),
+    ))
+}
+
+/// The addresses the kernel fast path serves: the UDP listeners' and the relay addresses
+/// (the listening addresses when `relay-ip` is not given).
+fn kernel_ips(config: &TurnConfig, udp: &[SocketAddr]) -> Vec<IpAddr> {
+    let mut ips: Vec<IpAddr> = udp.iter().map(SocketAddr::ip).collect();
+    ips.extend(&config.relay_ips);
+    ips.sort();
+    ips.dedup();
+    ips
 }
 
 /// Binds every listener and starts every thread and task (TCP/TLS connections as tracked
@@ -137,7 +154,11 @@ pub fn start(
 ) -> Result<Running, StartError> {
     let workers = config.udp_workers().max(1);
     let listeners = listen::bind(config, ips, workers, certs.is_some())?;
-    let shared = shared(config, metrics, daemon.handle().clone(), workers)?;
+    let kernel = config
+        .kernel_relay
+        .then(|| crate::kernel::Kernel::start(&kernel_ips(config, &listeners.udp_addrs)))
+        .flatten();
+    let shared = shared(config, metrics, daemon.handle().clone(), workers, kernel)?;
     let (ended_tx, ended) = mpsc::channel();
     let mut threads = Vec::new();
     for (worker, sockets) in listeners.udp.into_iter().enumerate() {

@@ -16,6 +16,7 @@ use lastcall_turn_proto::{
 };
 use parking_lot::Mutex;
 
+use crate::kernel::Kernel;
 use crate::metrics::{CoreCounters, Metrics};
 use crate::relay::RelaySockets;
 use crate::route::{LocalSockets, Streams, TxQueue};
@@ -28,6 +29,8 @@ pub struct Shared {
     pub(crate) streams: Streams,
     pub(crate) metrics: Metrics,
     handle: Handle,
+    /// The kernel fast path (`--kernel-relay`), when it runs.
+    kernel: Option<Kernel>,
 }
 
 /// What calls into the core left to do once the lock is released.
@@ -78,7 +81,22 @@ impl Shared {
             streams: Streams::default(),
             metrics,
             handle,
+            kernel: None,
         }
+    }
+
+    /// With the kernel fast path `kernel`: the core's route changes go to it.
+    pub(crate) fn with_kernel(mut self, kernel: Option<Kernel>) -> Shared {
+        if kernel.is_some() {
+            self.core.get_mut().set_route_output(true);
+        }
+        self.kernel = kernel;
+        self
+    }
+
+    /// The kernel fast path, when it runs.
+    pub(crate) fn kernel(&self) -> Option<&Kernel> {
+        self.kernel.as_ref()
     }
 
     /// Runs `f` on the locked core; its events and relay releases are moved into `fx`
@@ -89,6 +107,9 @@ impl Shared {
         fx.events.extend(std::iter::from_fn(|| server.poll_event()));
         fx.releases
             .extend(std::iter::from_fn(|| server.poll_release()));
+        if let Some(k) = &self.kernel {
+            k.take(&mut server);
+        }
         r
     }
 
@@ -125,6 +146,9 @@ impl Shared {
     /// stay in `fx.ended`), relay sockets released, connections of expired allocations
     /// closed, log lines.
     pub(crate) fn apply(&self, fx: &mut Effects) {
+        if let Some(k) = &self.kernel {
+            k.apply();
+        }
         if fx.is_empty() {
             return;
         }
@@ -250,8 +274,14 @@ impl Shared {
 
 impl CoreCounters for Shared {
     fn snapshot(&self) -> (Counters, (usize, usize, usize)) {
-        let server = self.core.lock();
-        (*server.counters(), server.allocation_count_by_transport())
+        let (mut counters, live) = {
+            let server = self.core.lock();
+            (*server.counters(), server.allocation_count_by_transport())
+        };
+        if let Some(k) = &self.kernel {
+            crate::kernel::add_traffic(&mut counters, &k.totals());
+        }
+        (counters, live)
     }
 }
 

@@ -19,6 +19,7 @@ mod common;
 mod coturn_configs;
 mod hostile;
 mod interop;
+mod kernel;
 mod process;
 mod termination;
 mod workers;

@@ -1,0 +1,160 @@
+//! `--kernel-relay`: the daemon's side of the kernel fast path ([`lastcall_turn_kernel`]).
+//!
+//! At start the program is attached to the interfaces that carry the UDP listening and relay
+//! addresses; if the kernel, the process's privileges or the build refuse it, one warning
+//! says why and every datagram keeps going through user space. Then the core's route
+//! changes ([`lastcall_turn_proto::fastpath`]) are taken out under the core's lock, in the
+//! order the core made them, and applied to the maps once that lock is released (map updates
+//! are system calls), one caller at a time so that order holds across threads. The routes'
+//! counters join the live traffic counters (`turn_traffic_*`), and have their own metrics.
+
+use std::net::IpAddr;
+
+use lastcall_turn_kernel::{KernelRelay, Totals};
+use lastcall_turn_proto::{Counters, RouteChange, Server};
+use parking_lot::Mutex;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::MetricType;
+
+/// The attached program, and the route changes not applied yet.
+pub(crate) struct Kernel {
+    relay: KernelRelay,
+    pending: Mutex<Vec<RouteChange>>,
+    /// Held while changes are applied, so that they are applied in order.
+    applying: Mutex<Vec<RouteChange>>,
+}
+
+impl Kernel {
+    /// Starts the fast path for the listening and relay addresses `ips`, or logs why not.
+    pub(crate) fn start(ips: &[IpAddr]) -> Option<Kernel> {
+        match KernelRelay::start(ips) {
+            Ok(relay) => {
+                tracing::info!(interfaces = ?relay.interfaces(),
+                    "kernel fast path on: ChannelData of channel-bound UDP allocations is relayed in the kernel");
+                Some(Kernel {
+                    relay,
+                    pending: Mutex::new(Vec::new()),
+                    applying: Mutex::new(Vec::new()),
+                })
+            }
+            Err(e) => {
+                tracing::warn!(
+                    "kernel-relay: the kernel fast path is off, relaying in user space: {e}"
+                );
+                None
+            }
+        }
+    }
+
+    /// Takes the core's route changes (under the core's lock: no system call).
+    pub(crate) fn take(&self, server: &mut Server) {
+        let mut first = server.poll_route();
+        if first.is_none() {
+            return;
+        }
+        let mut pending = self.pending.lock();
+        while let Some(change) = first.take().or_else(|| server.poll_route()) {
+            pending.push(change);
+        }
+    }
+
+    /// Applies the changes taken so far, in order (the core's lock is not held).
+    pub(crate) fn apply(&self) {
+        if self.pending.lock().is_empty() {
+            return;
+        }
+        let mut batch = self.applying.lock();
+        std::mem::swap(&mut *batch, &mut *self.pending.lock());
+        for change in batch.drain(..) {
+            self.relay.apply(&change);
+        }
+    }
+
+    /// What the program relayed.
+    pub(crate) fn totals(&self) -> Totals {
+        self.relay.totals()
+    }
+}
+
+impl std::fmt::Debug for Kernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Kernel")
+            .field("relay", &self.relay)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Adds what the kernel relayed to the core's traffic counters: a ChannelData datagram from
+/// a client is 4 bytes of header and its data, sent to the peer as the data alone.
+pub(crate) fn add_traffic(c: &mut Counters, t: &Totals) {
+    c.client_packets_in += t.to_peer_packets;
+    c.client_bytes_in += t.to_peer_bytes + 4 * t.to_peer_packets;
+    c.peer_packets_out += t.to_peer_packets;
+    c.peer_bytes_out += t.to_peer_bytes;
+    c.peer_packets_in += t.to_client_packets;
+    c.peer_bytes_in += t.to_client_bytes;
+    c.client_packets_out += t.to_client_packets;
+    c.client_bytes_out += t.to_client_bytes + 4 * t.to_client_packets;
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct Direction {
+    direction: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct Reason {
+    reason: &'static str,
+}
+
+/// The fast path's own metrics, read at each scrape.
+#[derive(Debug)]
+pub(crate) struct KernelMetrics(pub(crate) std::sync::Arc<crate::shared::Shared>);
+
+impl Collector for KernelMetrics {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let Some(k) = self.0.kernel() else {
+            return Ok(());
+        };
+        let t = k.totals();
+        for (name, help, to_peer, to_client) in [
+            (
+                "lastcall_turn_kernel_relayed_packets",
+                "Datagrams relayed by the kernel fast path (to_peer: client ChannelData; to_client: peer datagrams).",
+                t.to_peer_packets,
+                t.to_client_packets,
+            ),
+            (
+                "lastcall_turn_kernel_relayed_bytes",
+                "Application data bytes relayed by the kernel fast path.",
+                t.to_peer_bytes,
+                t.to_client_bytes,
+            ),
+        ] {
+            let mut e = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+            for (direction, v) in [("to_peer", to_peer), ("to_client", to_client)] {
+                ConstCounter::new(v).encode(e.encode_family(&Direction { direction })?)?;
+            }
+        }
+        let mut e = encoder.encode_descriptor(
+            "lastcall_turn_kernel_handed_on",
+            "Datagrams of a kernel route the fast path left to the daemon (expired: past the route's expiry; unhandled: padding, GSO, no direct route).",
+            None,
+            MetricType::Counter,
+        )?;
+        for (reason, v) in [("expired", t.expired), ("unhandled", t.unhandled)] {
+            ConstCounter::new(v).encode(e.encode_family(&Reason { reason })?)?;
+        }
+        let e = encoder.encode_descriptor(
+            "lastcall_turn_kernel_routes",
+            "Channel routes installed in the kernel fast path.",
+            None,
+            MetricType::Gauge,
+        )?;
+        ConstGauge::new(k.relay.routes() as i64).encode(e)?;
+        Ok(())
+    }
+}
