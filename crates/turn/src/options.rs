@@ -98,7 +98,7 @@ use Policy::{Accepted, Honoured};
 
 /// Every coturn option of 4.6 to 4.18 (their `--help` and shipped turnserver.conf), plus
 /// `alternate-server` (whose meaning differs: used only while draining) and our
-/// `no-auth-acknowledge-open-relay`. Kept in the order of docs/turn.md's table; a test checks
+/// `no-auth-acknowledge-open-relay` and `kernel-relay`. Kept in the order of docs/turn.md's table; a test checks
 /// both agree, and that every option of `tests/data/coturn-options.txt` is here.
 ///
 /// For an [`Accepted`] option the help is the start-up warning: what `lastcall-turn` does
@@ -365,11 +365,12 @@ mod tests {
             .filter(|n| **n != "version" && find(n).is_none())
             .collect();
         assert!(missing.is_empty(), "no policy for {missing:?}");
-        // And nothing here that coturn does not have, but our own acknowledgement.
+        // And nothing here that coturn does not have, but our own two.
+        let ours = ["no-auth-acknowledge-open-relay", "kernel-relay"];
         let extra: Vec<&str> = OPTIONS
             .iter()
             .map(|s| s.name)
-            .filter(|n| !names.contains(n) && *n != "no-auth-acknowledge-open-relay")
+            .filter(|n| !names.contains(n) && !ours.contains(n))
             .collect();
         assert!(extra.is_empty(), "not coturn options: {extra:?}");
     }
