@@ -12,6 +12,9 @@ PACKAGES=(
   # The container tests (scripts/test_containers.sh): they start their own dockerd and
   # containerds (own roots and sockets), never the system's services.
   docker.io containerd runc containernetworking-plugins debootstrap binutils
+  # lastcall-turn's kernel fast path (feature kernel-relay): clang builds the eBPF object
+  # (-target bpf) against libbpf's headers; nothing of it is needed at run time.
+  clang libbpf-dev
 )
 
 missing=()

@@ -36,6 +36,8 @@ trap stop_containers EXIT
 
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
+echo "== cargo clippy, with lastcall-turn's kernel fast path (eBPF, built by clang)"
+cargo clippy --workspace --all-targets --locked --features lastcall-turn/kernel-relay -- -D warnings
 echo "== build binaries used by the process-level tests"
 cargo build --workspace --bins --examples --locked
 touch "$LASTCALL_BUILT_MARKER"
@@ -43,12 +45,13 @@ echo "== Python tests (charts, PID 1, benchmark smoke)"
 bash scripts/test_python.sh
 echo "== doc tests"
 cargo test --workspace --locked --doc
-echo "== cargo test"
+echo "== cargo test (with the kernel fast path: its tests load the eBPF program as root)"
+kernel="--features lastcall-turn/kernel-relay"
 rust_status=0
 if cargo nextest --version >/dev/null 2>&1; then
-  cargo nextest run --workspace --locked --no-fail-fast || rust_status=$?
+  cargo nextest run --workspace --locked --no-fail-fast $kernel || rust_status=$?
 else
-  cargo test --workspace --locked --no-fail-fast || rust_status=$?
+  cargo test --workspace --locked --no-fail-fast $kernel || rust_status=$?
 fi
 fuzz_status=0
 if [ "$rust_status" -eq 0 ]; then
