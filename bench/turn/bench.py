@@ -17,6 +17,7 @@ import tempfile
 import time
 
 SECRET = "SECRET"
+PEER_RUN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts", "peer-run")
 REALM = "example.org"
 MIN_PORT, MAX_PORT = 10000, 31999  # relay ports: below the ephemeral range (32768-60999)
 SERVERS = ["coturn", "lastcall-turn"]
@@ -99,6 +100,11 @@ class Server:
                   "--total-quota=0", "--user-quota=0"]
         if base == "coturn":
             cmd = ["turnserver", "-n", "--no-cli"] + common + ["--log-file=stdout", "--simple-log"] + flags
+        elif base == "coturn-4.18":
+            # Debian unstable's coturn from the peer chroot (scripts/peers.sh ensure sid), same
+            # PID; 4.18 has no --no-dtls (DTLS is off unless --dtls) and deprecates --no-cli.
+            cmd = [PEER_RUN, "sid", "/usr/bin/turnserver", "-n"] + [c for c in common if c != "--no-dtls"] + [
+                "--log-file=stdout", "--simple-log"] + flags
         else:
             binary = BINARIES.get(base, os.path.join(bin_dir, "lastcall-turn"))
             cmd = [binary, "-n", "--no-cli"] + common + [
@@ -353,6 +359,111 @@ def plot(rounds, table, cfg, path):
     return True
 
 
+# --whole-path: the CPU of the whole path (server + clients + echo peer, each process's exact
+# utime+stime) per relayed datagram beside the server's own, for every design, alternated.
+WHOLE_SERVERS = ["coturn-4.18", "coturn", "lastcall-turn", "lastcall-turn+kernel"]
+WHOLE = dict(rounds=4, rates=[10000, 100000], duration=4.0, clients=4, size=160)
+WHOLE_SMOKE = dict(rounds=1, rates=[500], duration=1.0, clients=2, size=160)
+
+
+def whole_round(name, cfg, bin_dir, logdir):
+    r = {"server": name, "load_before": loadavg()}
+    with Server(name, bin_dir, logdir) as s:
+        out = turnload(bin_dir, s, ["relay", "--clients", str(cfg["clients"]), "--size", str(cfg["size"]),
+                                    "--duration", str(cfg["duration"]),
+                                    "--rates", ",".join(map(str, cfg["rates"]))], timeout=300)
+        with open(s.log.name) as f:
+            log = f.read()
+    if name.endswith("+kernel") and "fast path is off" in log:
+        raise RuntimeError(f"{name}: the kernel fast path did not run: {log[-2000:]}")
+    r["baseline"] = [o for o in out if o["kind"] == "baseline"][0]
+    r["phases"] = {str(int(o["rate"])): o for o in out if o["kind"] == "relay"}
+    r["load_after"] = loadavg()
+    return r
+
+
+def whole_table(rounds, cfg):
+    """{rate: {figure: {server: median}}} over the kept rounds, and the ratio to coturn 4.18."""
+    kept = kept_rounds(rounds)
+    servers = [n for n in WHOLE_SERVERS if any(r["server"] == n for r in rounds)]
+    table = {}
+    for rate in cfg["rates"]:
+        rows = {}
+        for fig, key in [("whole_us_per_relayed", "whole_cpu_us_per_relayed"),
+                         ("server_us_per_relayed", "cpu_s_per_m_relayed"),
+                         ("loss_pct", "loss_pct"), ("rtt_p50_us", "p50_us"), ("rtt_p99_us", "p99_us"),
+                         ("added_p50_us", "added_p50_us"), ("added_p99_us", "added_p99_us")]:
+            row = {}
+            for n in servers:
+                vals = [r["phases"][str(rate)].get(key) for r in kept if r["server"] == n]
+                row[n] = median(vals)
+                row[n + "_all"] = vals
+            rows[fig] = row
+        table[rate] = rows
+    return servers, table
+
+
+def whole_lines(servers, table, md=False):
+    lines = []
+    head = ["rate", "figure"] + servers + [f"{n} / coturn-4.18" for n in servers[1:]]
+    if md:
+        lines += ["| " + " | ".join(head) + " |", "| ---: | --- |" + " ---: |" * (len(head) - 2)]
+    else:
+        lines.append(" ".join(f"{h:>22}" for h in head))
+    for rate, rows in table.items():
+        for fig, row in rows.items():
+            base = row.get("coturn-4.18")
+            ratios = [(f"{row[n] / base:.2f}" if row[n] is not None and base else "-")
+                      if fig.endswith("per_relayed") else "" for n in servers[1:]]
+            cells = [f"{rate:,}/s", fig] + [fmt(row[n]) for n in servers] + ratios
+            lines.append("| " + " | ".join(cells) + " |" if md else " ".join(f"{c:>22}" for c in cells))
+    return lines
+
+
+def whole_main(args):
+    cfg = dict(WHOLE if args.mode == "full" else WHOLE_SMOKE)
+    if args.rounds:
+        cfg["rounds"] = args.rounds
+    servers = list(WHOLE_SERVERS)
+    if args.skip:
+        servers = [n for n in servers if n not in args.skip]
+    VARIANTS["lastcall-turn+kernel"] = ("lastcall-turn", ["--kernel-relay"])
+    m = machine()
+    print(f"machine: nproc {m['nproc']}, {m['cpu_model']}, kernel {m['kernel']}, coturn {m['coturn']}")
+    print(f"pinning: {' '.join(pin(0)) + ' server; ' + ' '.join(pin(1)) + ' load generator'}")
+    print(f"config: {json.dumps(cfg)}; servers {servers}")
+    rounds = []
+    t0 = time.time()
+    with tempfile.TemporaryDirectory(prefix="turn-bench-") as logdir:
+        for i in range(cfg["rounds"]):
+            order = servers if i % 2 == 0 else servers[::-1]
+            for name in order:
+                r = whole_round(name, cfg, args.bin_dir, logdir)
+                r["round"] = i + 1
+                rounds.append(r)
+                print(f"round {i + 1} {name:21} load {r['load_before']:.1f}->{r['load_after']:.1f} " + " ".join(
+                    f"{rate}/s: whole {fmt(p.get('whole_cpu_us_per_relayed'))} us server "
+                    f"{fmt(p.get('cpu_s_per_m_relayed'))} us loss {p['loss_pct']:.3f}% p50 {p['p50_us']} us;"
+                    for rate, p in r["phases"].items()), flush=True)
+    servers, table = whole_table(rounds, cfg)
+    kept = "first round discarded" if cfg["rounds"] > 1 else "one round"
+    print(f"\nmedians ({kept}; us of CPU per relayed datagram, relayed = client->peer + peer->client "
+          f"forwarded; whole = server + load generator (clients and echo peer); {time.time() - t0:.0f} s):")
+    print("\n".join(whole_lines(servers, table)))
+    loads = [x for r in rounds for x in (r["load_before"], r["load_after"])]
+    print(f"load average during the run: {min(loads):.1f} to {max(loads):.1f}")
+    result = {"machine": m, "config": cfg, "rounds": rounds,
+              "table": {str(k): v for k, v in table.items()}}
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write("\n".join(whole_lines(servers, table, md=True)) + "\n\n"
+                    f"Medians ({kept} of {cfg['rounds']}); load average during the run "
+                    f"{min(loads):.1f} to {max(loads):.1f}.\n")
+
+
 def machine():
     model = "?"
     with open("/proc/cpuinfo") as f:
@@ -380,9 +491,16 @@ def main():
                     help="also measure another lastcall-turn binary (e.g. an earlier build), in the same rounds")
     ap.add_argument("--variant", action="append", default=[], metavar="'NAME=BASE FLAG...'",
                     help="also measure coturn or lastcall-turn (BASE) run with these extra flags, in the same rounds")
+    ap.add_argument("--whole-path", action="store_true",
+                    help="only the whole path's CPU per relayed datagram (server + clients + peer) beside the "
+                         "server's, for coturn 4.18 (sid chroot), coturn 4.6.1, lastcall-turn and its kernel "
+                         "fast path, at 10,000 and 100,000 datagrams/s")
+    ap.add_argument("--skip", action="append", default=[], help="with --whole-path: leave this server out")
     args = ap.parse_args()
     global REALTIME
     REALTIME = args.realtime
+    if args.whole_path:
+        return whole_main(args)
     for v in args.variant:
         name, _, spec = v.partition("=")
         base, *flags = spec.split()

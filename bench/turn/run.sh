@@ -32,8 +32,10 @@ PROFILE=${LASTCALL_BENCH_PROFILE:-$PROFILE}
 command -v turnserver >/dev/null || { echo "run.sh: coturn's turnserver is not installed (apt-get install coturn)" >&2; exit 69; }
 # 10,000 allocations: a socket each in the generator and one or two in the server.
 ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
-echo "run.sh: cargo build $FLAG -p lastcall-turn -p lastcall-turnload" >&2
-cargo build $FLAG -q -p lastcall-turn -p lastcall-turnload
+# With the kernel fast path built in (clang, libbpf-dev: scripts/setup.sh); it runs only with
+# --kernel-relay (the lastcall-turn+kernel server of --whole-path).
+echo "run.sh: cargo build $FLAG -p lastcall-turn -p lastcall-turnload --features lastcall-turn/kernel-relay" >&2
+cargo build $FLAG -q -p lastcall-turn -p lastcall-turnload --features lastcall-turn/kernel-relay
 PY=python3
 if ! python3 -c 'import matplotlib' 2>/dev/null; then
   VENV="${XDG_CACHE_HOME:-$HOME/.cache}/lastcall/bench-venv"

@@ -180,6 +180,9 @@ pub(crate) struct PhaseResult {
     pub peer_rx: u64,
     pub hist: Histogram,
     pub cpu_s: Option<f64>,
+    /// This process's CPU time over the same window (the clients and the echo peer: the
+    /// rest of the path).
+    pub gen_cpu_s: Option<f64>,
     pub secs: f64,
 }
 
@@ -238,6 +241,7 @@ impl Load {
             })
             .collect();
         let cpu0 = cpu.and_then(|(pid, _)| cpu_ticks(pid));
+        let gen0 = cpu_ticks(std::process::id());
         let peer0 = self.shared.peer_rx.load(Ordering::Relaxed);
         let start = Instant::now();
         let (mut sent, mut errors) = (0u64, 0u64);
@@ -288,6 +292,12 @@ impl Load {
             }
             _ => None,
         };
+        let gen_cpu_s = match (cpu, gen0, cpu_ticks(std::process::id())) {
+            (Some((_, tck)), Some(g0), Some(g1)) => {
+                Some(g1.saturating_sub(g0) as f64 / tck.max(1) as f64)
+            }
+            _ => None,
+        };
         // Later echoes of this phase no longer count.
         self.shared.phase.store(0, Ordering::Relaxed);
         let mut hist = Histogram::default();
@@ -306,6 +316,7 @@ impl Load {
             peer_rx: self.shared.peer_rx.load(Ordering::Relaxed) - peer0,
             hist,
             cpu_s,
+            gen_cpu_s,
             secs: send_secs,
         }
     }
@@ -345,6 +356,10 @@ fn phase_json(kind: &str, r: &PhaseResult, base: Option<&PhaseResult>) -> serde_
         "added_p99_us": if base.is_some() { added(0.99) } else { None },
         "server_cpu_s": r.cpu_s,
         "cpu_s_per_m_relayed": r.cpu_s.filter(|_| relayed > 0).map(|c| c * 1e6 / relayed as f64),
+        "generator_cpu_s": r.gen_cpu_s,
+        // The whole path: server + clients + peer (this process), per relayed datagram.
+        "whole_cpu_us_per_relayed": r.cpu_s.zip(r.gen_cpu_s).filter(|_| relayed > 0)
+            .map(|(s, g)| (s + g) * 1e6 / relayed as f64),
     })
 }
 
@@ -509,6 +524,7 @@ mod tests {
             peer_rx: 9_995,
             hist: Histogram::default(),
             cpu_s: None,
+            gen_cpu_s: None,
             secs: 10.0,
         };
         assert!(passes(&r, 0.1));
