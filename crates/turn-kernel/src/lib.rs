@@ -160,12 +160,13 @@ impl std::fmt::Debug for KernelRelay {
     }
 }
 
-/// The IPv4 address and port of `a` (the fast path relays IPv4 only).
+/// The IPv4 address and port of `a` (the fast path relays IPv4 only; a wildcard address
+/// cannot be written into a datagram: such a route stays the daemon's).
 #[cfg_attr(not(feature = "bpf"), allow(dead_code))]
 fn v4(a: SocketAddr) -> Option<([u8; 4], u16)> {
     match a {
-        SocketAddr::V4(a) => Some((a.ip().octets(), a.port())),
-        SocketAddr::V6(_) => None,
+        SocketAddr::V4(a) if !a.ip().is_unspecified() => Some((a.ip().octets(), a.port())),
+        _ => None,
     }
 }
 
