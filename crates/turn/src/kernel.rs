@@ -112,13 +112,11 @@ struct Reason {
 
 /// The fast path's own metrics, read at each scrape.
 #[derive(Debug)]
-pub(crate) struct KernelMetrics(pub(crate) std::sync::Arc<crate::shared::Shared>);
+pub(crate) struct KernelMetrics(pub(crate) std::sync::Arc<Kernel>);
 
 impl Collector for KernelMetrics {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let Some(k) = self.0.kernel() else {
-            return Ok(());
-        };
+        let k = &self.0;
         let t = k.totals();
         for (name, help, to_peer, to_client) in [
             (

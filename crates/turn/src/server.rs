@@ -70,9 +70,9 @@ impl Running {
     ) {
         let core: Arc<dyn crate::metrics::CoreCounters> = self.shared.clone();
         crate::metrics::CoreMetrics::register(registry, core, realm);
-        if self.shared.kernel().is_some() {
-            let shared = Arc::clone(&self.shared);
-            registry.register_collector(Box::new(crate::kernel::KernelMetrics(shared)));
+        if let Some(kernel) = self.shared.kernel() {
+            let kernel = Arc::clone(kernel);
+            registry.register_collector(Box::new(crate::kernel::KernelMetrics(kernel)));
         }
     }
 

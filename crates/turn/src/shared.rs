@@ -30,7 +30,7 @@ pub struct Shared {
     pub(crate) metrics: Metrics,
     handle: Handle,
     /// The kernel fast path (`--kernel-relay`), when it runs.
-    kernel: Option<Kernel>,
+    kernel: Option<std::sync::Arc<Kernel>>,
 }
 
 /// What calls into the core left to do once the lock is released.
@@ -90,12 +90,12 @@ impl Shared {
         if kernel.is_some() {
             self.core.get_mut().set_route_output(true);
         }
-        self.kernel = kernel;
+        self.kernel = kernel.map(std::sync::Arc::new);
         self
     }
 
     /// The kernel fast path, when it runs.
-    pub(crate) fn kernel(&self) -> Option<&Kernel> {
+    pub(crate) fn kernel(&self) -> Option<&std::sync::Arc<Kernel>> {
         self.kernel.as_ref()
     }
 
