@@ -18,7 +18,7 @@ cargo build --workspace --bins --locked
 # drive coturn's uclient (each crate has one test binary, a module per subject).
 SPOA_TESTS='haproxy|drain|rollout|coraza_spoa|differential'
 TURN_TESTS='interop|coturn_configs|termination'
-spoa_filter="test(/^($SPOA_TESTS)::/)"
+spoa_filter="test(/^($SPOA_TESTS)::/) | test(=cli::engine_version_is_the_loaded_library)"
 turn_filter="test(/^($TURN_TESTS)::/)"
 
 run=$PWD/scripts/peer-run
