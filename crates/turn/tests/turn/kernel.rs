@@ -19,15 +19,23 @@ use crate::common::{uclient, Peer, Turn, SECRET, WAIT};
 const ON: &str = "kernel fast path on";
 const OFF: &str = "the kernel fast path is off";
 
-/// `lastcall-turn --kernel-relay EXTRA`: `Ok` if the fast path runs; otherwise checks that
-/// it said why in one line (and, in a build with the feature, that this is neither root nor
-/// CI) and returns the process (relaying in user space) as `Err`.
-fn kernel_turn(extra: &[&str]) -> Result<Turn, Turn> {
+/// A `lastcall-turn --kernel-relay`, and whether its fast path runs.
+enum Started {
+    /// The fast path runs.
+    Kernel(Turn),
+    /// It said why not and relays in user space.
+    UserSpace(Turn),
+}
+
+/// `lastcall-turn --kernel-relay EXTRA`; where the fast path does not run, checks that it
+/// said why in one line (and, in a build with the feature, that this is neither root nor
+/// CI).
+fn kernel_turn(extra: &[&str]) -> Started {
     let mut args = vec!["--kernel-relay"];
     args.extend(extra);
     let turn = Turn::start(&args);
     if turn.pod.has_log(ON) {
-        return Ok(turn);
+        return Started::Kernel(turn);
     }
     let why: Vec<String> = turn
         .pod
@@ -45,7 +53,7 @@ fn kernel_turn(extra: &[&str]) -> Result<Turn, Turn> {
     } else {
         assert!(why[0].contains("kernel-relay` feature"), "{why:?}");
     }
-    Err(turn)
+    Started::UserSpace(turn)
 }
 
 fn datagrams_read(turn: &Turn) -> f64 {
@@ -68,8 +76,8 @@ fn kernel(turn: &Turn, direction: &str) -> f64 {
 #[test]
 fn without_the_fast_path_uclient_relays_in_user_space() {
     let turn = match kernel_turn(&[]) {
-        Ok(_) => Turn::start(&[]),
-        Err(turn) => turn,
+        Started::Kernel(_) => Turn::start(&[]),
+        Started::UserSpace(turn) => turn,
     };
     let peer = Peer::start();
     let port = turn.port.to_string();
@@ -110,7 +118,7 @@ fn without_the_fast_path_uclient_relays_in_user_space() {
 /// kernel counted them, the daemon read only the control messages.
 #[test]
 fn uclient_relays_through_the_kernel() {
-    let Ok(turn) = kernel_turn(&[]) else {
+    let Started::Kernel(turn) = kernel_turn(&[]) else {
         return;
     };
     let peer = Peer::start();
@@ -164,7 +172,8 @@ fn uclient_relays_through_the_kernel() {
 /// is the daemon's to relay; when the binding expires the kernel stops relaying.
 #[test]
 fn permissions_and_expiry_hold_on_the_fast_path() {
-    let Ok(turn) = kernel_turn(&["--channel-lifetime=3", "--permission-lifetime=3"]) else {
+    let Started::Kernel(turn) = kernel_turn(&["--channel-lifetime=3", "--permission-lifetime=3"])
+    else {
         return;
     };
     let peer = Peer::start();
@@ -220,7 +229,8 @@ fn permissions_and_expiry_hold_on_the_fast_path() {
 /// last allocation and exits when it is deleted.
 #[test]
 fn a_drain_with_calls_on_the_fast_path_loses_nothing_and_ends_at_the_last_allocation() {
-    let Ok(mut turn) = kernel_turn(&["--shutdown-delay=0s", "--drain-timeout=60s"]) else {
+    let Started::Kernel(mut turn) = kernel_turn(&["--shutdown-delay=0s", "--drain-timeout=60s"])
+    else {
         return;
     };
     let peer = Peer::start();
