@@ -278,6 +278,26 @@ impl Loaded {
         })
     }
 
+    pub(crate) fn client_activity(&self) -> Vec<(ClientAddr, Instant)> {
+        let maps = self.maps.lock();
+        maps.to_peer
+            .iter()
+            .flatten()
+            .filter(|(_, v)| v.last_ns > 0)
+            .filter_map(|(k, v)| {
+                let addr = |ip: [u8; 4], port: [u8; 2]| {
+                    std::net::SocketAddr::from((ip, u16::from_be_bytes(port)))
+                };
+                let client = ClientAddr {
+                    transport: lastcall_turn_proto::Transport::Udp,
+                    client: addr(k.client_ip, k.client_port),
+                    local: addr(k.server_ip, k.server_port),
+                };
+                Some((client, instant_of(v.last_ns)?))
+            })
+            .collect()
+    }
+
     pub(crate) fn routes(&self) -> usize {
         self.maps.lock().to_peer.keys().count()
     }
@@ -442,6 +462,13 @@ mod tests {
         let stats = l.route_stats(&from, 0x4001).expect("route");
         assert_eq!((stats.to_peer_packets, stats.to_client_packets), (n, n));
         assert!(stats.last.is_some());
+        // The client was heard from just now, through the kernel.
+        let heard = l.client_activity();
+        let at = heard.iter().find(|(c, _)| *c == from).map(|(_, at)| *at);
+        assert!(
+            at.is_some_and(|at| at.elapsed() < Duration::from_secs(30)),
+            "{heard:?}"
+        );
         // Removed: datagrams go to the sockets again, counters stay in the totals.
         let before = l.totals();
         l.apply(&RouteChange::Remove {

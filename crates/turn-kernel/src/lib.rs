@@ -143,6 +143,15 @@ impl KernelRelay {
         }
     }
 
+    /// When each client with a route last sent ChannelData through the kernel (datagrams the
+    /// core never sees: feed them to its idle detection), one entry per route that relayed.
+    pub fn client_activity(&self) -> Vec<(ClientAddr, Instant)> {
+        #[cfg(feature = "bpf")]
+        return self.inner.client_activity();
+        #[cfg(not(feature = "bpf"))]
+        Vec::new()
+    }
+
     /// Routes installed.
     pub fn routes(&self) -> usize {
         #[cfg(feature = "bpf")]
