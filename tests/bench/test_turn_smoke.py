@@ -41,3 +41,25 @@ def test_turn_bench_smoke(tmp_path):
             assert a["ok"] == int(n) and a["failed"] == 0, (r["server"], a)
             assert a["rss_after_kib"] > a["rss_before_kib"], (r["server"], a)
     assert {r["server"] for r in res["rounds"]} == set(SERVERS)
+
+
+@pytest.mark.skipif(shutil.which("turnserver") is None, reason="coturn's turnserver is not installed")
+@pytest.mark.skipif(os.geteuid() != 0, reason="the kernel fast path loads a BPF program: root only")
+def test_turn_whole_path_smoke(tmp_path):
+    """--whole-path, one short round: every design but coturn 4.18 (its chroot belongs to the
+    peer tests), the whole path's and the server's CPU for each, nothing lost; the fast path's
+    server does (almost) nothing."""
+    out = tmp_path / "whole.json"
+    p = subprocess.run(["bash", "bench/turn/run.sh", "smoke", "--whole-path", "--skip", "coturn-4.18",
+                        "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    res = json.loads(out.read_text())
+    servers = {r["server"] for r in res["rounds"]}
+    assert servers == {"coturn", "lastcall-turn", "lastcall-turn+kernel"}, servers
+    for r in res["rounds"]:
+        for rate, ph in r["phases"].items():
+            assert ph["lost"] == 0, (r["server"], ph)
+            assert ph["whole_cpu_us_per_relayed"] is not None, (r["server"], ph)
+            assert ph["generator_cpu_s"] is not None, (r["server"], ph)
+            if r["server"] == "lastcall-turn+kernel":
+                assert ph["server_cpu_s"] <= 0.05, ph
