@@ -68,6 +68,16 @@ pub enum BodyLimitAction {
     ProcessPartial,
 }
 
+impl BodyLimitAction {
+    /// The name the configuration file uses.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BodyLimitAction::Reject => "reject",
+            BodyLimitAction::ProcessPartial => "process_partial",
+        }
+    }
+}
+
 /// An application's SecLang text as the file wrote it, and where.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Directives {

@@ -265,7 +265,8 @@ where
             .budget
             .owe(ticket, id, std::time::Instant::now());
         let job = Jobs::start(&self.jobs);
-        let work = evaluation(&self.shared, messages, owed, (charge, job));
+        let frame_size = self.conn.max_frame_size();
+        let work = evaluation(&self.shared, messages, frame_size, owed, (charge, job));
         self.hand_over(work);
     }
 
@@ -521,6 +522,7 @@ impl Drop for Job {
 fn evaluation(
     shared: &Shared,
     messages: Vec<Message>,
+    frame_size: u32,
     owed: Arc<Owed>,
     held: (Charge, Job),
 ) -> Work {
@@ -533,7 +535,7 @@ fn evaluation(
             if owed.answered() {
                 return;
             }
-            let answer = handler.handle(&messages);
+            let answer = handler.handle_framed(&messages, frame_size);
             metrics.observe(owed.received().elapsed().as_secs_f64());
             owed.send(&answer.vars);
             // Phase 5 and cleanup, now that the ACK is on its way.
