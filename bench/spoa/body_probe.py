@@ -219,7 +219,7 @@ def main():
     agent_port = free_port()
     cfg = os.path.join(tmp, "agent.yaml")
     with open(cfg, "w") as f:
-        f.write("default_application: default\napplications:\n  - name: default\n"
+        f.write("max_frame_size: 4194304\ndefault_application: default\napplications:\n  - name: default\n"
                 "    body_limit_action: process_partial\n")
     alog = open(os.path.join(tmp, "agent.log"), "w")
     agent = subprocess.Popen([AGENT, "--bind", f"127.0.0.1:{agent_port}", "--admin-addr",
