@@ -19,6 +19,9 @@ LASTCALL_HAPROXY, as the tests take it):
     LASTCALL_HAPROXY="scripts/peer-run trixie /usr/sbin/haproxy" python3 bench/spoa/body_probe.py
     LASTCALL_HAPROXY="scripts/peer-run sid /usr/sbin/haproxy" python3 bench/spoa/body_probe.py
 
+`python3 bench/spoa/body_probe.py memory` measures instead HAProxy's memory per connection
+holding a body in its buffer, for each `tune.bufsize` in BUFSIZES (CONNS connections).
+
 Everything listens on 127.0.0.1, ephemeral ports; every process is stopped at the end.
 """
 
@@ -209,7 +212,74 @@ def wait_for(path, pattern, timeout=10):
     return None
 
 
+def rss_kib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def memory():
+    """HAProxy's memory per connection holding a request body in its buffer: CONNS clients
+    each send the headers of a 1 MiB upload and BODY_KB of its body, then hold; HAProxy's
+    RSS before and while they hold, for each tune.bufsize."""
+    conns = int(os.environ.get("CONNS", "100"))
+    body_kb = int(os.environ.get("BODY_KB", "900"))
+    tmp = tempfile.mkdtemp(prefix="body-mem-")
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Origin)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    version = subprocess.run(HAPROXY + ["-v"], capture_output=True, text=True).stdout.splitlines()[0]
+    print(f"{version}; {conns} connections each holding {body_kb} KB of a 1 MiB body\n")
+    print("| tune.bufsize | RSS idle | RSS holding | per connection |")
+    print("|---|---|---|---|")
+    for bufsize in os.environ.get("BUFSIZES", "16384,1114112").split(","):
+        front, front_h2 = free_port(), free_port()
+        spoe = os.path.join(tmp, "coraza.cfg")
+        with open(spoe, "w") as f:
+            f.write(SPOE)
+        hcfg = os.path.join(tmp, f"haproxy-{bufsize}.cfg")
+        with open(hcfg, "w") as f:
+            f.write(haproxy_cfg(spoe, front, front_h2, srv.server_address[1], free_port(),
+                                CONFIGS["http-buffer-request"], bufsize))
+        hlog = open(os.path.join(tmp, f"haproxy-{bufsize}.log"), "w")
+        hap = subprocess.Popen(HAPROXY + ["-db", "-f", hcfg], stdout=hlog, stderr=subprocess.STDOUT)
+        socks = []
+        try:
+            for _ in range(100):
+                try:
+                    socket.create_connection(("127.0.0.1", front), timeout=1).close()
+                    break
+                except OSError:
+                    time.sleep(0.1)
+            time.sleep(0.5)
+            idle = rss_kib(hap.pid)
+            chunk = b"a" * (body_kb * 1024)
+            for i in range(conns):
+                s = socket.create_connection(("127.0.0.1", front))
+                s.sendall(f"POST /m{i} HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: 1048576\r\n\r\n".encode())
+                s.sendall(chunk[: min(len(chunk), int(bufsize) - 2048)])
+                socks.append(s)
+            # HAProxy reads what the buffer takes: wait until its RSS stops growing.
+            last, same = 0, 0
+            while same < 10:
+                time.sleep(0.2)
+                now = rss_kib(hap.pid)
+                same = same + 1 if now == last else 0
+                last = now
+            print(f"| {bufsize} | {idle / 1024:.1f} MiB | {last / 1024:.1f} MiB | "
+                  f"{(last - idle) / conns:.0f} KiB |", flush=True)
+        finally:
+            for s in socks:
+                s.close()
+            hap.terminate()
+            hap.wait()
+    srv.shutdown()
+
+
 def main():
+    if sys.argv[1:] == ["memory"]:
+        return memory()
     sizes = [int(s) for s in os.environ.get("PROBE_SIZES", "1200,102400").split(",")]
     bufsize = os.environ.get("PROBE_BUFSIZE", "")
     tmp = tempfile.mkdtemp(prefix="body-probe-")

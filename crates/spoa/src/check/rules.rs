@@ -605,9 +605,9 @@ impl Frontend<'_> {
                     l.no,
                     Level::Note,
                     "a verdict must come within this, queueing included: under load this turns \
-                     slowness into errors (docs/spoa.md uses 2s)"
+                     slowness into errors (docs/spoa.md uses 5s)"
                         .into(),
-                    Some("timeout processing 2s".into()),
+                    Some("timeout processing 5s".into()),
                 ));
             }
         }
@@ -749,7 +749,7 @@ backend coraza-spoa
                 "haproxy.cfg:13 Fix backend `coraza-spoa` has 1 agent server(s): while one restarts or drains, requests fail; two or more keep them flowing",
                 "haproxy.cfg:13 Fix backend `coraza-spoa` has no `option spop-check`: HAProxy cannot see that an agent is draining and keeps sending it requests",
                 "coraza.cfg:2 Note no retry: a request queued on an agent connection that closes under it (an agent cut at its deadline) fails instead of being asked again",
-                "coraza.cfg:6 Note a verdict must come within this, queueing included: under load this turns slowness into errors (docs/spoa.md uses 2s)",
+                "coraza.cfg:6 Note a verdict must come within this, queueing included: under load this turns slowness into errors (docs/spoa.md uses 5s)",
             ]
         );
     }

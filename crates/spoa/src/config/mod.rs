@@ -250,6 +250,12 @@ impl Evaluation {
 
 /// Default listener when neither the file nor `--bind` says.
 pub const DEFAULT_BIND: &str = "127.0.0.1:9000";
+/// Default `max_frame_size`: 4 MiB, above what HAProxy offers for any `tune.bufsize` up to
+/// 4 MiB (it offers `tune.bufsize - 4`), so that the documented `tune.bufsize 1114112` (a
+/// 1 MiB body whole) is HAProxy's to choose. The agent announces `min(HAProxy's, this)`.
+pub const DEFAULT_MAX_FRAME_SIZE: u32 = 4 * 1024 * 1024;
+/// Largest `max_frame_size` accepted (what `max_buffered_bytes` holds by default).
+pub const MAX_FRAME_SIZE_CAP: u32 = 64 * 1024 * 1024;
 /// Default transaction TTL (coraza-spoa's example value).
 pub const DEFAULT_TTL_MS: u64 = 60_000;
 /// Default bound on transactions waiting for a response.
@@ -272,7 +278,7 @@ impl Config {
             crs: crs::Location::debian(),
             default_application: Some(DEFAULT_APP.into()),
             applications: vec![Application::new(DEFAULT_APP)],
-            max_frame_size: spop::MAX_FRAME_SIZE_LIMIT,
+            max_frame_size: DEFAULT_MAX_FRAME_SIZE,
             workers: 2 * cpus(),
             max_inflight_per_connection: 64,
             evaluation: Evaluation::Pool,
@@ -449,7 +455,7 @@ default_application: b
             [
                 "line 2: workers: invalid type: string \"4\"; expected a non-negative integer",
                 "line 3: duplicate field `bind` (first given on line 1)",
-                "line 4: max_frame_size 100: must be between 256 and 1048576",
+                "line 4: max_frame_size 100: must be between 256 and 67108864",
                 "line 7: applications[0].response_check: invalid type: string \"yes\"; expected a boolean (true or false)",
                 "line 8: applications[0].body_limit_action: unknown variant `drop`; expected `reject` or `process_partial`",
                 "line 9: applications[0].rules: invalid type: string \"SecRuleEngine On\"; expected a sequence of directive lines",

@@ -536,7 +536,7 @@ fn check_haproxy_reads_the_files_line_by_line() {
             "coraza.cfg:4: note: no retry: a request queued on an agent connection that closes under it (an agent cut at its deadline) fails instead of being asked again",
             "coraza.cfg:9: note: ignored by HAProxy 3.1 and later: there the agents' backend's `timeout connect` and `timeout server` apply (and `timeout server` closes idle agent connections)",
             "coraza.cfg:10: note: ignored by HAProxy 3.1 and later: there the agents' backend's `timeout connect` and `timeout server` apply (and `timeout server` closes idle agent connections)",
-            "coraza.cfg:11: note: a verdict must come within this, queueing included: under load this turns slowness into errors (docs/spoa.md uses 2s)",
+            "coraza.cfg:11: note: a verdict must come within this, queueing included: under load this turns slowness into errors (docs/spoa.md uses 5s)",
             "2 to fix, 4 note(s)",
         ],
         "{out}"

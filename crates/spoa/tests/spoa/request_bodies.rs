@@ -11,7 +11,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::support::{crate_dir, Agent, Haproxy, Origin, WAIT};
+use crate::support::{crate_dir, Agent, Haproxy, Origin, Stack, StackOptions, WAIT};
 
 const BOUNDARY: &str = "----WebKitFormBoundary7MA4YWxkTrZu0gW";
 
@@ -241,6 +241,113 @@ fn coraza_spoa_file_with_http_buffer_request_passes_every_upload() {
     assert_eq!(
         s.agent
             .metric("spoa_bodies_not_waited_total{policy=\"reject\"}"),
+        0.0
+    );
+}
+
+const SQLI: &str = "1' UNION SELECT password FROM users-- ";
+
+/// A body of about `size` bytes of `kind` whose last field is `last`, and its content type.
+fn body_of(kind: &str, size: usize, last: &str) -> (Vec<u8>, String) {
+    let filler = |room: usize| "a".repeat(size.saturating_sub(room + last.len()));
+    match kind {
+        "form" => (
+            format!("filler={}&text={last}", filler(16)).into_bytes(),
+            FORM.into(),
+        ),
+        "multipart" => (
+            format!(
+                "--{BOUNDARY}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"big.txt\"\r\n\
+                 Content-Type: text/plain\r\n\r\n{}\r\n--{BOUNDARY}\r\nContent-Disposition: form-data; \
+                 name=\"comment\"\r\n\r\n{last}\r\n--{BOUNDARY}--\r\n",
+                filler(300)
+            )
+            .into_bytes(),
+            MULTIPART.into(),
+        ),
+        "json" => (
+            format!(
+                "{{\"filler\":\"{}\",\"comment\":\"{}\"}}",
+                filler(32),
+                last.replace('"', "\\\"")
+            )
+            .into_bytes(),
+            "application/json".into(),
+        ),
+        "xml" => (
+            format!(
+                "<?xml version=\"1.0\"?><doc><filler>{}</filler><comment>{last}</comment></doc>",
+                filler(80)
+            )
+            .into_bytes(),
+            "application/xml".into(),
+        ),
+        other => panic!("{other}"),
+    }
+}
+
+/// The documented configuration (`tune.bufsize 1114112`, `option http-buffer-request`):
+/// 100 KB and 1 MiB bodies, form, multipart, JSON and XML, by `Content-Length` and chunked,
+/// pass whole when benign, and are denied (403) with an SQL injection at their very end,
+/// which then never reaches the origin.
+#[test]
+fn large_bodies_are_inspected_whole_with_the_documented_configuration() {
+    let stack = Stack::start(StackOptions {
+        agents: 1,
+        ..StackOptions::default()
+    });
+    let addr = stack.http();
+    let mut n = 0;
+    let mut rows = Vec::new();
+    for size in [100 * 1024, 1024 * 1024] {
+        for kind in ["form", "multipart", "json", "xml"] {
+            for framing in [Framing::Length, Framing::Chunked(64 * 1024)] {
+                for (last, want) in [("thanks for the lovely stay", 200), (SQLI, 403)] {
+                    n += 1;
+                    let target = format!("/big/{n}/");
+                    let (body, ctype) = body_of(kind, size, last);
+                    let started = std::time::Instant::now();
+                    let status = send(
+                        addr,
+                        &target,
+                        &[("Content-Type", &ctype)],
+                        &body,
+                        framing,
+                        Duration::ZERO,
+                    );
+                    let framed = match framing {
+                        Framing::Length => "length",
+                        Framing::Chunked(_) => "chunked",
+                    };
+                    rows.push(format!(
+                        "{size} {kind} {framed} {}: {status} in {:?}",
+                        if want == 200 { "benign" } else { "attack" },
+                        started.elapsed()
+                    ));
+                    let seen = stack.origin.seen(&target);
+                    assert_eq!(status, want, "{kind} {size} {framed} ({last}): {rows:#?}");
+                    if want == 200 {
+                        let got: Vec<_> = seen.iter().map(|s| s.body).collect();
+                        assert_eq!(got, [Some(body.len())], "{kind} {size} {framed}");
+                    } else {
+                        assert!(seen.is_empty(), "{kind} {size} {framed}: {seen:?}");
+                    }
+                }
+            }
+        }
+    }
+    eprintln!(
+        "{}\n{}",
+        crate::support::haproxy::version(),
+        rows.join("\n")
+    );
+    let agent = &stack.agents[0];
+    assert_eq!(
+        agent.metric("spoa_truncated_bodies_total{policy=\"reject\"}"),
+        0.0
+    );
+    assert_eq!(
+        agent.metric("spoa_bodies_not_waited_total{policy=\"reject\"}"),
         0.0
     );
 }
