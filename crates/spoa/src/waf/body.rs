@@ -28,8 +28,13 @@
 use crate::protocol::coraza::{content_length, is_chunked, Request};
 
 /// What HAProxy's buffer keeps free of data (`tune.maxrewrite`, 1024 by default) plus room
-/// for its own block headers: a body within this of the frame size is taken for cut.
-pub const BUFFER_MARGIN: u64 = 1024 + 512;
+/// for its own block headers: an HTTP/1 body within this of the frame size is taken for cut
+/// (measured: HAProxy stopped 1,287 bytes short of a 16 KB buffer, headers included).
+pub const BUFFER_MARGIN: u64 = 2560;
+/// The same for HTTP/2 and later, whose bodies come in DATA frames of up to 16 KB: HAProxy
+/// stopped 1,755 bytes short of a 1 MiB buffer, and a whole frame may not fit, so a body
+/// within a frame and the reserve of the frame size is taken for cut.
+pub const H2_BUFFER_MARGIN: u64 = 16_384 + 2048;
 
 /// What the agent can say about a request's body.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,8 +60,8 @@ pub enum BodyState {
 /// Whether a body of `received` bytes, with headers of `header_bytes`, filled HAProxy's
 /// buffer, given the connection's SPOP frame size (HAProxy announces `tune.bufsize - 4`).
 /// Without a frame size, a body shorter than declared is taken for cut.
-fn filled(received: u64, header_bytes: u64, frame_size: Option<u32>) -> Option<bool> {
-    frame_size.map(|f| received + header_bytes + BUFFER_MARGIN >= u64::from(f) + 4)
+fn filled(received: u64, header_bytes: u64, margin: u64, frame_size: Option<u32>) -> Option<bool> {
+    frame_size.map(|f| received + header_bytes + margin >= u64::from(f) + 4)
 }
 
 /// The state of `req`'s body, received on a connection whose frame size is `frame_size`.
@@ -67,7 +72,10 @@ pub fn body_state(req: &Request, frame_size: Option<u32>) -> BodyState {
         .iter()
         .map(|(k, v)| (k.len() + v.len() + 4) as u64)
         .sum();
-    let full = filled(received, header_bytes, frame_size);
+    let h2 =
+        !req.version.is_empty() && !req.version.starts_with('1') && !req.version.starts_with('0');
+    let margin = if h2 { H2_BUFFER_MARGIN } else { BUFFER_MARGIN };
+    let full = filled(received, header_bytes, margin, frame_size);
     let chunked = is_chunked(&req.headers);
     // A chunked request's Content-Length is no length (HAProxy drops it, RFC 9112 6.1).
     let length = if chunked {
@@ -112,6 +120,11 @@ mod tests {
     }
 
     const F: Option<u32> = Some(16_380);
+
+    fn h2(mut r: Request) -> Request {
+        r.version = "2.0".into();
+        r
+    }
 
     #[test]
     fn the_cases_haproxy_produces() {

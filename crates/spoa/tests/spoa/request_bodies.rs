@@ -351,3 +351,86 @@ fn large_bodies_are_inspected_whole_with_the_documented_configuration() {
         0.0
     );
 }
+
+/// HTTP/2 clients (h2c, `curl --http2-prior-knowledge`) through the documented files with an
+/// h2 listener added: a benign 100 KB body passes, an attack gets 403, a body over HAProxy's
+/// buffer gets 413 on HAProxy 3.1 and later. HAProxy 2.6 and 3.0 answer a request refused
+/// while its body is still coming (past the client's 64 KB HTTP/2 window) with RST_STREAM
+/// CANCEL and no response (curl exit 92), whatever the agent says: there the test asserts
+/// that, and that the body never reached the origin.
+#[test]
+fn http2_clients_get_responses_not_resets() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let text =
+        std::fs::read_to_string(crate::support::haproxy::config_path()).expect("haproxy.cfg");
+    let h2: SocketAddr = format!("127.0.0.1:{}", lastcall_testkit::free_port())
+        .parse()
+        .expect("addr");
+    let bind = "    bind \"${FRONTEND_ADDR}\"\n";
+    assert!(text.contains(bind));
+    let config = dir.path().join("haproxy.cfg");
+    std::fs::write(
+        &config,
+        text.replacen(bind, &format!("{bind}    bind {h2} proto h2\n"), 1),
+    )
+    .expect("write");
+    let origin = Origin::start();
+    let agent = Agent::start(None, &[]);
+    let _haproxy = Haproxy::start_files(
+        dir,
+        &config,
+        &crate::support::haproxy::spoe_path(),
+        origin.addr,
+        agent.addr,
+        agent.addr,
+    );
+    let curl = |target: &str, body: &[u8]| -> (String, String) {
+        let file = tempfile::NamedTempFile::new().expect("temp");
+        std::fs::write(file.path(), body).expect("write body");
+        let out = std::process::Command::new("curl")
+            .args([
+                "-s",
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_code} %{http_version}",
+            ])
+            .args(["--http2-prior-knowledge", "--max-time", "60"])
+            .args(["-H", &format!("Content-Type: {FORM}")])
+            .arg("--data-binary")
+            .arg(format!("@{}", file.path().display()))
+            .arg(format!("http://{h2}{target}"))
+            .output()
+            .expect("run curl");
+        (
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            format!("curl exit {}", out.status.code().unwrap_or(-1)),
+        )
+    };
+    let ok = "curl exit 0".to_owned();
+    let benign = form_ending_with(100 * 1024, "thanks");
+    assert_eq!(curl("/h2/benign/", &benign), ("200 2".into(), ok.clone()));
+    assert_eq!(
+        origin
+            .seen("/h2/benign/")
+            .iter()
+            .map(|s| s.body)
+            .collect::<Vec<_>>(),
+        [Some(benign.len())]
+    );
+    let attack = form_ending_with(100 * 1024, SQLI);
+    assert_eq!(curl("/h2/attack/", &attack), ("403 2".into(), ok.clone()));
+    let over = form_ending_with(2 * 1024 * 1024, "thanks");
+    let version = crate::support::haproxy::version();
+    let old = ["version 2.", "version 3.0."]
+        .iter()
+        .any(|v| version.contains(v));
+    let want = if old {
+        ("000 0".into(), "curl exit 92".into())
+    } else {
+        ("413 2".into(), ok)
+    };
+    assert_eq!(curl("/h2/over/", &over), want, "{version}");
+    assert!(origin.seen("/h2/attack/").is_empty());
+    assert!(origin.seen("/h2/over/").is_empty());
+}
