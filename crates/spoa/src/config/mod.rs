@@ -574,15 +574,15 @@ applications:
     #[test]
     fn limits_and_timeouts() {
         let c = Config::parse(
-            "evaluation_timeout: 250ms\nhello_timeout: 5s\nidle_timeout: 20m\nmax_buffered_bytes: 2097152\napplications:\n  - name: a\n",
+            "evaluation_timeout: 250ms\nhello_timeout: 5s\nidle_timeout: 20m\nmax_buffered_bytes: 8388608\napplications:\n  - name: a\n",
         )
         .unwrap();
         assert_eq!(c.evaluation_timeout, Duration::from_millis(250));
         assert_eq!(c.hello_timeout, Duration::from_secs(5));
         assert_eq!(c.idle_timeout, Duration::from_secs(1200));
-        assert_eq!(c.max_buffered_bytes, 2 << 20);
+        assert_eq!(c.max_buffered_bytes, 8 << 20);
         let d = Config::parse("applications:\n  - name: a\n").unwrap();
-        assert_eq!(d.evaluation_timeout, Duration::from_secs(1));
+        assert_eq!(d.evaluation_timeout, Duration::from_secs(4));
         assert_eq!(d.idle_timeout, Duration::from_secs(600));
         let errs = Config::parse(
             "evaluation_timeout: soon\nidle_timeout: 0\nmax_buffered_bytes: 1000\nhello_timeout: [1]\napplications:\n  - name: a\n",
@@ -594,7 +594,7 @@ applications:
             [
                 "line 1: evaluation_timeout (soon): expected a number at `soon` (write e.g. 30s, 5m, 1h30m, 250ms or 30)",
                 "line 2: idle_timeout 0s: must be between 1s and 1d",
-                "line 3: max_buffered_bytes 1000: must be at least max_frame_size + 4 (1048580)",
+                "line 3: max_buffered_bytes 1000: must be at least max_frame_size + 4 (4194308)",
                 "line 4: hello_timeout: invalid type: sequence; expected a duration such as 1s, 500ms or 2m",
             ],
             "{shown:?}"

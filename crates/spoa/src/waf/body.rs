@@ -31,10 +31,9 @@ use crate::protocol::coraza::{content_length, is_chunked, Request};
 /// for its own block headers: an HTTP/1 body within this of the frame size is taken for cut
 /// (measured: HAProxy stopped 1,287 bytes short of a 16 KB buffer, headers included).
 pub const BUFFER_MARGIN: u64 = 2560;
-/// The same for HTTP/2 and later, whose bodies come in DATA frames of up to 16 KB: HAProxy
-/// stopped 1,755 bytes short of a 1 MiB buffer, and a whole frame may not fit, so a body
-/// within a frame and the reserve of the frame size is taken for cut.
-pub const H2_BUFFER_MARGIN: u64 = 16_384 + 2048;
+/// The same for HTTP/2 and later: HAProxy stopped 1,755 bytes short of a 1 MiB buffer
+/// (headers included), more than over HTTP/1, so the margin is wider.
+pub const H2_BUFFER_MARGIN: u64 = 4096;
 
 /// What the agent can say about a request's body.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -221,7 +220,7 @@ mod tests {
             ),
             (
                 "HTTP/2 without length, buffer full",
-                req(&[], 15103, Some(15103)),
+                h2(req(&[], 15103, Some(15103))),
                 F,
                 OverBuffer {
                     received: 15103,
@@ -230,7 +229,37 @@ mod tests {
             ),
             (
                 "HTTP/2 without length, whole",
-                req(&[], 1200, Some(1200)),
+                h2(req(&[], 1200, Some(1200))),
+                F,
+                Whole,
+            ),
+            (
+                "HTTP/2, 2 MiB into a 1 MiB buffer (HAProxy stopped 1,755 short)",
+                h2(req(&cl("2097149"), 1_112_357, Some(2_097_149))),
+                Some(1_114_108),
+                OverBuffer {
+                    received: 1_112_357,
+                    declared: Some(2_097_149),
+                },
+            ),
+            (
+                "HTTP/2 without length, 3 KB short of a 1 MiB buffer",
+                h2(req(&[], 1_111_000, Some(1_111_000))),
+                Some(1_114_108),
+                OverBuffer {
+                    received: 1_111_000,
+                    declared: Some(1_111_000),
+                },
+            ),
+            (
+                "HTTP/1 without length or chunks: no body HAProxy could cut",
+                req(&[], 1_111_000, Some(1_111_000)),
+                Some(1_114_108),
+                Whole,
+            ),
+            (
+                "HTTP/1 without length or body",
+                req(&[], 0, Some(0)),
                 F,
                 Whole,
             ),

@@ -68,6 +68,7 @@ applications:
     let stack = Stack::start(StackOptions {
         agent_config: Some(config.into()),
         agents: 1,
+        slow_bodies: true,
         ..StackOptions::default()
     });
     let body = form(2 * 1024 * 1024, "hello", false);

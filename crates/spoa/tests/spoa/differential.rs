@@ -316,6 +316,7 @@ fn large_bodies_agree() {
     drop(ngx);
     let stack = Stack::start(StackOptions {
         agents: 1,
+        slow_bodies: true,
         ..StackOptions::default()
     });
     let agent = nginx::run_corpus(stack.http(), &stack.origin, &corpus, |_| Vec::new());

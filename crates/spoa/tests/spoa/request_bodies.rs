@@ -294,6 +294,7 @@ fn body_of(kind: &str, size: usize, last: &str) -> (Vec<u8>, String) {
 fn large_bodies_are_inspected_whole_with_the_documented_configuration() {
     let stack = Stack::start(StackOptions {
         agents: 1,
+        slow_bodies: true,
         ..StackOptions::default()
     });
     let addr = stack.http();
