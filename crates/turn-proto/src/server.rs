@@ -59,6 +59,9 @@ pub struct Server {
     live_by_transport: [usize; 3],
     timers: BinaryHeap<Reverse<(Instant, usize, u64)>>,
     events: VecDeque<Event>,
+    /// Queued events that are not an allocation's creation or deletion (only these are
+    /// dropped past [`MAX_QUEUED_EVENTS`]).
+    notices: usize,
     next_gen: u64,
     relay_rr: usize,
     alternate_rr: usize,
@@ -372,6 +375,7 @@ impl Server {
             live_by_transport: [0; 3],
             timers: BinaryHeap::new(),
             events: VecDeque::new(),
+            notices: 0,
             next_gen: 1,
             relay_rr: 0,
             alternate_rr: 0,
@@ -510,13 +514,24 @@ impl Server {
 
     /// Next queued event.
     pub fn poll_event(&mut self) -> Option<Event> {
-        self.events.pop_front()
+        let e = self.events.pop_front()?;
+        if !e.is_lifecycle() {
+            self.notices = self.notices.saturating_sub(1);
+        }
+        Some(e)
     }
 
+    /// Queues `e`. An allocation's creation and deletion are always queued (a lost one would
+    /// leave a session guard held, and a drain could only end at its deadline; there are at
+    /// most two per allocation); past [`MAX_QUEUED_EVENTS`] other events, a new one is
+    /// dropped and counted.
     fn push_event(&mut self, e: Event) {
-        if self.events.len() >= MAX_QUEUED_EVENTS {
-            self.events.pop_front();
-            self.counters.events_dropped += 1;
+        if !e.is_lifecycle() {
+            if self.notices >= MAX_QUEUED_EVENTS {
+                self.counters.events_dropped += 1;
+                return;
+            }
+            self.notices += 1;
         }
         self.events.push_back(e);
     }

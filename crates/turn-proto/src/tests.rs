@@ -1821,6 +1821,68 @@ fn event_queue_is_bounded() {
     }
     assert_eq!(h.events().len(), MAX_QUEUED_EVENTS);
     assert_eq!(h.server.counters().events_dropped, 10);
+    // Once polled, there is room again.
+    h.client(from, &bytes);
+    assert_eq!(h.events().len(), 1);
+}
+
+/// Session ends are never lost: 10,000 allocations ending in one timer pass during a drain,
+/// behind a queue already full of other events, each come out as `AllocationDeleted` (the
+/// I/O layer drops a session guard for each; the drain ends with the last).
+#[test]
+fn ten_thousand_allocations_ending_in_one_timer_pass_are_all_reported() {
+    const N: u16 = 10_000;
+    let mut config = base_config();
+    config.lifetimes.allocation_max = Duration::from_secs(60);
+    config.lifetimes.allocation_default = Duration::from_secs(60);
+    config.quotas.total = 0;
+    let mut h = H::new(config);
+    let creds = Creds::rest(SECRET, h.unix_now() + 3600, "many");
+    let nonce = h.nonce(udp("192.0.2.7:1"));
+    for i in 0..N {
+        let from = udp(&format!("192.0.2.7:{}", 10_000 + i));
+        let bytes = Req::new(method::ALLOCATE)
+            .transport_udp()
+            .auth(&creds, &nonce)
+            .bytes();
+        let r = decode(&h.client(from, &bytes).expect("a response"));
+        assert_eq!(r.class, Class::Success, "allocation {i}: {:?}", r.code);
+    }
+    let created = h
+        .events()
+        .iter()
+        .filter(|e| matches!(e, Event::AllocationCreated { .. }))
+        .count();
+    assert_eq!(created, usize::from(N));
+    h.server.set_drain(DrainMode::Refuse { alternates: vec![] });
+    // Other events fill the queue first (failed authentications nobody polled).
+    let bad = Req::new(method::ALLOCATE)
+        .transport_udp()
+        .auth(&Creds::password("alice", "bad"), &nonce)
+        .bytes();
+    for _ in 0..MAX_QUEUED_EVENTS + 1 {
+        h.client(udp("192.0.2.7:2"), &bad);
+    }
+    // One timer pass: every allocation expires in it.
+    h.advance(61);
+    assert_eq!(h.server.allocation_count(), 0);
+    let events = h.events();
+    let deleted = events
+        .iter()
+        .filter(|e| {
+            matches!(
+                e,
+                Event::AllocationDeleted {
+                    reason: DeleteReason::Expired,
+                    ..
+                }
+            )
+        })
+        .count();
+    assert_eq!(deleted, usize::from(N));
+    assert_eq!(events.len(), usize::from(N) + MAX_QUEUED_EVENTS);
+    assert_eq!(h.server.counters().events_dropped, 1);
+    assert_eq!(h.relays.released.len(), usize::from(N));
 }
 
 /// EVEN-PORT and RESERVATION-TOKEN, the way `turnutils_uclient` uses them (RTP allocation

@@ -235,8 +235,9 @@ impl AuthFailure {
 }
 
 /// Something the I/O layer may want to know (metrics, session guards, logs). Poll with
-/// [`Server::poll_event`](crate::Server::poll_event) after each call; at most
-/// [`MAX_QUEUED_EVENTS`] are kept (older ones are dropped and counted).
+/// [`Server::poll_event`](crate::Server::poll_event) after each call. Allocations' creations
+/// and deletions are never dropped; of the other events at most [`MAX_QUEUED_EVENTS`] are
+/// kept (newer ones are dropped and counted in [`Counters::events_dropped`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {
     /// A new allocation (take a session guard here).
@@ -295,8 +296,20 @@ pub enum Event {
     },
 }
 
-/// Most events queued before the oldest are dropped.
+/// Most events other than allocations' creations and deletions queued before new ones are
+/// dropped.
 pub const MAX_QUEUED_EVENTS: usize = 4096;
+
+impl Event {
+    /// Whether this is an allocation's creation or deletion (what session guards follow:
+    /// never dropped from the queue).
+    pub fn is_lifecycle(&self) -> bool {
+        matches!(
+            self,
+            Event::AllocationCreated { .. } | Event::AllocationDeleted { .. }
+        )
+    }
+}
 
 /// Drain behaviour for NEW allocations (existing ones always keep working).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

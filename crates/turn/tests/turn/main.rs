@@ -3,6 +3,7 @@
 //!
 //! - `bandwidth`: max-bps and bps-capacity.
 //! - `coturn_configs`: coturn users' turnserver.conf files, unchanged.
+//! - `drain_ends`: every allocation's end ends the drain; the last response is sent first.
 //! - `hostile`: unauthenticated floods: bounded answers, the per-source rate limit.
 //! - `interop`: coturn's `turnutils_uclient` over UDP, TCP and TLS against `turnutils_peer`.
 //! - `process`: turnserver.conf, flags, `--help`, TLS reload, the drain's answers.
@@ -17,6 +18,7 @@
 mod bandwidth;
 mod common;
 mod coturn_configs;
+mod drain_ends;
 mod hostile;
 mod interop;
 mod process;
