@@ -359,6 +359,7 @@ fn tls_setup(
         ])
         .args(["-nodes", "-days", "2", "-subj", "/CN=127.0.0.1"])
         .args(["-addext", "subjectAltName=IP:127.0.0.1"])
+        .args(["-addext", "basicConstraints=critical,CA:FALSE"])
         .arg("-keyout")
         .arg(&key)
         .arg("-out")
