@@ -123,7 +123,7 @@ pub use config::{
     NonceConfig, Quotas, RelayConfig, ServerConfig, Service, UserKey,
 };
 pub use frame::{stream_frame_len, FrameError, CHANNEL_MAX, CHANNEL_MIN};
-pub use policy::{DenyReason, IpRange, IpRangeError, PeerPolicy};
+pub use policy::{embedded_ipv4s, DenyReason, IpRange, IpRangeError, PeerPolicy};
 pub use server::Server;
 pub use types::{
     AuthFailure, ClientAddr, Counters, DeleteReason, DrainMode, Event, Output, RelayAddrs,
