@@ -21,7 +21,7 @@ use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use crate::auth::{keys_for, make_nonce, nonce_valid, Keys};
+use crate::auth::{check_nonce, keys_for, make_nonce, Keys, NonceCheck};
 use crate::config::{Bandwidth, ServerConfig, Service};
 use crate::frame::{channel_in_range, parse_channel_data, write_channel_data};
 use crate::hash::Seeded;
@@ -1089,7 +1089,20 @@ impl Server {
         let unix = self.unix(now);
         let secret = self.config.nonce.secret;
         let life = self.config.nonce.lifetime.as_secs();
-        if !nonce_valid(&secret, nonce, unix, from.client.ip(), life) {
+        let verdict = check_nonce(&secret, nonce, unix, from.client.ip(), life);
+        if verdict != NonceCheck::Valid {
+            let reason = if verdict == NonceCheck::Stale {
+                AuthFailure::StaleNonce
+            } else {
+                AuthFailure::UnknownNonce
+            };
+            let username = std::str::from_utf8(user).ok().map(str::to_string);
+            // A 438 is the protocol's nonce rotation: an event (for the log), not a failure.
+            self.push_event(Event::AuthFailed {
+                client: *from,
+                username,
+                reason,
+            });
             return Err(self.challenge(now, from, ctx, 438, out));
         }
         let Ok(username) = std::str::from_utf8(user) else {

@@ -613,6 +613,16 @@ fn stale_nonce_438() {
         .bytes();
     let r = decode(&h.client(from, &bytes).unwrap());
     assert_eq!(r.code, Some(438));
+    assert!(matches!(
+        &h.events()[..],
+        [Event::AuthFailed {
+            reason: AuthFailure::StaleNonce,
+            username: Some(u),
+            ..
+        }] if u == "alice"
+    ));
+    // Nonce rotation is not an authentication failure.
+    assert_eq!(h.server.counters().auth_failures, 0);
     let fresh = r.get(attr::NONCE).unwrap().to_vec();
     assert_ne!(fresh, nonce);
     assert_eq!(r.get(attr::REALM), Some(REALM.as_bytes()));
@@ -637,6 +647,31 @@ fn nonce_from_another_ip_438() {
         .bytes();
     let r = decode(&h.client(udp("192.0.2.8:40000"), &bytes).unwrap());
     assert_eq!(r.code, Some(438));
+    assert!(matches!(
+        &h.events()[..],
+        [Event::AuthFailed {
+            reason: AuthFailure::UnknownNonce,
+            ..
+        }]
+    ));
+    // Another server's nonce (another secret) is unknown too.
+    let mut config = base_config();
+    config.nonce.secret = [8; 32];
+    let mut other = H::new(config);
+    let foreign = other.nonce(udp("192.0.2.7:40000"));
+    let forged = Req::new(method::ALLOCATE)
+        .transport_udp()
+        .auth(&alice(), &foreign)
+        .bytes();
+    let r = decode(&h.client(udp("192.0.2.7:40000"), &forged).unwrap());
+    assert_eq!(r.code, Some(438));
+    assert!(matches!(
+        &h.events()[..],
+        [Event::AuthFailed {
+            reason: AuthFailure::UnknownNonce,
+            ..
+        }]
+    ));
     // Same IP, other port (NAT rebinding, a new TCP connection): still valid.
     let r = decode(&h.client(udp("192.0.2.7:40001"), &bytes).unwrap());
     assert_eq!(r.class, Class::Success);

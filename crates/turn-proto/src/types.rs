@@ -220,6 +220,12 @@ pub enum AuthFailure {
     Expired,
     /// The username differs from the allocation's (441).
     WrongCredentials,
+    /// A NONCE this server issued, past `stale-nonce` (438 with a fresh one: the usual
+    /// rotation, not counted in [`Counters::auth_failures`]).
+    StaleNonce,
+    /// A NONCE this server never issued: made with another nonce secret (another server, a
+    /// restart without a shared secret), for another client IP, or forged (438).
+    UnknownNonce,
 }
 
 impl AuthFailure {
@@ -230,6 +236,8 @@ impl AuthFailure {
             AuthFailure::BadIntegrity => "bad_integrity",
             AuthFailure::Expired => "expired",
             AuthFailure::WrongCredentials => "wrong_credentials",
+            AuthFailure::StaleNonce => "stale_nonce",
+            AuthFailure::UnknownNonce => "unknown_nonce",
         }
     }
 }

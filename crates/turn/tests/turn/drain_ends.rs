@@ -23,7 +23,7 @@ use crate::common::{Turn, SECRET, WAIT};
 const REALM: &str = "example.org";
 
 /// TURN REST API credentials valid for an hour: username and long-term key.
-fn rest_creds(user: &str) -> (String, [u8; 16]) {
+pub(crate) fn rest_creds(user: &str) -> (String, [u8; 16]) {
     let expiry = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap_or_default()
@@ -39,7 +39,7 @@ fn rest_creds(user: &str) -> (String, [u8; 16]) {
 }
 
 /// A transaction id unique in this process.
-fn txid(n: u64) -> [u8; 12] {
+pub(crate) fn txid(n: u64) -> [u8; 12] {
     let mut id = [0x5au8; 12];
     id[..4].copy_from_slice(&std::process::id().to_be_bytes());
     id[4..].copy_from_slice(&n.to_be_bytes());
@@ -48,14 +48,14 @@ fn txid(n: u64) -> [u8; 12] {
 
 /// Credentials of one client once it learnt the nonce.
 #[derive(Clone)]
-struct Auth {
-    username: String,
-    key: [u8; 16],
-    nonce: Vec<u8>,
+pub(crate) struct Auth {
+    pub username: String,
+    pub key: [u8; 16],
+    pub nonce: Vec<u8>,
 }
 
 /// A TURN request: `m` with `build`'s attributes, authenticated with `auth` if given.
-fn request(
+pub(crate) fn request(
     m: u16,
     id: [u8; 12],
     auth: Option<&Auth>,
@@ -76,15 +76,15 @@ fn request(
 /// What a response said: success, the error code, the nonce of a challenge, the relayed
 /// address.
 #[derive(Debug, Default)]
-struct Answer {
-    id: [u8; 12],
-    success: bool,
-    code: u16,
-    nonce: Option<Vec<u8>>,
-    relayed: Option<SocketAddr>,
+pub(crate) struct Answer {
+    pub id: [u8; 12],
+    pub success: bool,
+    pub code: u16,
+    pub nonce: Option<Vec<u8>>,
+    pub relayed: Option<SocketAddr>,
 }
 
-fn answer(bytes: &[u8]) -> Option<Answer> {
+pub(crate) fn answer(bytes: &[u8]) -> Option<Answer> {
     let m = Message::parse(bytes).ok()?;
     let id = m.transaction_id();
     let mut a = Answer {

@@ -1,6 +1,7 @@
 //! The integration tests of `lastcall-turn`, one test binary: the real process on loopback
 //! with coturn's own clients and peers, and our TURN client (`lastcall_testkit::turn`).
 //!
+//! - `auth_log`: authentication refusals in the log, with their reason, rate-limited.
 //! - `bandwidth`: max-bps and bps-capacity.
 //! - `coturn_configs`: coturn users' turnserver.conf files, unchanged.
 //! - `drain_ends`: every allocation's end ends the drain; the last response is sent first.
@@ -15,6 +16,7 @@
     reason = "test code: a panic is the failure report"
 )]
 
+mod auth_log;
 mod bandwidth;
 mod common;
 mod coturn_configs;
