@@ -63,6 +63,10 @@ pub struct ServerConfig {
     pub default_family: DefaultFamily,
     /// coturn `max-bps` / `bps-capacity`.
     pub bandwidth: Bandwidth,
+    /// `--drain-idle-timeout`: while refusing, an allocation that heard nothing from its
+    /// client (no data, no request) for this long is ended as if expired
+    /// ([`DeleteReason::Reclaimed`](crate::DeleteReason::Reclaimed)); `None`: never.
+    pub drain_idle_timeout: Option<Duration>,
 }
 
 /// Which requests are answered (coturn `stun-only`, `no-stun`).
@@ -136,6 +140,7 @@ impl ServerConfig {
             fingerprint: false,
             default_family: DefaultFamily::default(),
             bandwidth: Bandwidth::default(),
+            drain_idle_timeout: None,
         }
     }
 }

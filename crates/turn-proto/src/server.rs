@@ -32,6 +32,7 @@ use crate::types::{
 };
 
 mod allocate;
+mod reclaim;
 
 use allocate::{Pending, Reservation};
 
@@ -130,6 +131,9 @@ struct Allocation {
     perms: Vec<(IpAddr, Instant)>,
     channels: Vec<Channel>,
     scheduled: Instant,
+    /// When its client was last heard from (any datagram or frame on its 5-tuple, or
+    /// [`Server::note_client_activity`]): the idle reclaim of a drain reads it.
+    last_heard: Instant,
     /// The canonical ORIGIN of the Allocate (`check-origin-consistency`).
     origin: Option<String>,
     /// `max-bps`: the allocation's buckets, and what it reserved of `bps-capacity`.
@@ -427,9 +431,12 @@ impl Server {
         }
     }
 
-    /// Set the drain mode for new allocations.
+    /// Set the drain mode for new allocations. From Refusing on, with
+    /// [`ServerConfig::drain_idle_timeout`], allocations whose client went quiet are
+    /// reclaimed (see [`note_client_activity`](Self::note_client_activity)).
     pub fn set_drain(&mut self, mode: DrainMode) {
         self.drain = mode;
+        self.schedule_idle_checks();
     }
 
     /// Current drain mode.
@@ -634,6 +641,7 @@ impl Server {
             return None;
         };
         let idx = self.by_client.get(from).copied();
+        self.heard(idx, now);
         let found = idx.and_then(|i| {
             let a = self.allocs.get(i)?.as_ref().filter(|a| a.expires > now)?;
             let ch = a
@@ -683,6 +691,7 @@ impl Server {
             return None;
         }
         let idx = self.by_client.get(from).copied();
+        self.heard(idx, now);
         let found = idx.and_then(|i| {
             let a = self.allocs.get(i)?.as_ref().filter(|a| a.expires > now)?;
             let permitted = a
@@ -824,12 +833,24 @@ impl Server {
                 break;
             }
             self.timers.pop();
-            let expired = match self.allocs.get(idx) {
-                Some(Some(a)) if a.gen == gen && a.scheduled == t => a.expires <= now,
+            let idle = self.idle_limit();
+            let end = match self.allocs.get(idx) {
+                Some(Some(a)) if a.gen == gen && a.scheduled == t => {
+                    if a.expires <= now {
+                        Some(DeleteReason::Expired)
+                    } else if reclaim::is_idle(a, idle, now) {
+                        Some(DeleteReason::Reclaimed)
+                    } else {
+                        None
+                    }
+                }
                 _ => continue, // stale entry
             };
-            if expired {
-                self.delete(idx, DeleteReason::Expired);
+            if let Some(reason) = end {
+                if reason == DeleteReason::Reclaimed {
+                    self.counters.allocations_reclaimed += 1;
+                }
+                self.delete(idx, reason);
                 continue;
             }
             let Some(Some(a)) = self.allocs.get_mut(idx) else {
@@ -837,15 +858,16 @@ impl Server {
             };
             a.perms.retain(|(_, exp)| *exp > now);
             a.channels.retain(|c| c.expires + CHANNEL_QUARANTINE > now);
-            let next = next_deadline(a, now);
+            let next = reclaim::with_idle_deadline(next_deadline(a, now), a, idle);
             a.scheduled = next;
             self.timers.push(Reverse((next, idx, gen)));
         }
     }
 
     fn reschedule(&mut self, idx: usize, now: Instant) {
+        let idle = self.idle_limit();
         if let Some(Some(a)) = self.allocs.get_mut(idx) {
-            let next = next_deadline(a, now);
+            let next = reclaim::with_idle_deadline(next_deadline(a, now), a, idle);
             if next < a.scheduled {
                 a.scheduled = next;
                 self.timers.push(Reverse((next, idx, a.gen)));
@@ -942,6 +964,9 @@ impl Server {
             (Service::StunOnly, false) | (Service::TurnOnly, true) => return Reply::Silent,
             _ => {}
         }
+        // Any request on the 5-tuple shows its client is there (even one refused).
+        let heard = self.by_client.get(from).copied();
+        self.heard(heard, now);
         if ctx.method == method::BINDING {
             return self.binding(now, from, msg, attrs, ctx, out);
         }

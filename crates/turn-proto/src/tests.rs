@@ -2333,3 +2333,128 @@ fn allocation_default_address_family_chooses_the_relay_of_an_allocate_naming_non
         assert_eq!(relay.is_ipv4(), want_v4, "{family:?} from {from:?}");
     }
 }
+
+/// The idle reclaim of a drain, on a paused clock: while refusing, an allocation that heard
+/// nothing from its client for `drain_idle_timeout` ends (reason Reclaimed, counted); a
+/// quiet live call sending one datagram every 5 s never does, and ends 30 s after its last
+/// one; nothing is reclaimed before the drain; activity reported from elsewhere
+/// (`note_client_activity`) counts like a datagram.
+#[test]
+fn drain_reclaims_allocations_whose_client_went_quiet() {
+    let mut config = base_config();
+    config.drain_idle_timeout = Some(Duration::from_secs(30));
+    let mut h = H::new(config);
+    let vanished = udp("192.0.2.7:40000");
+    let live = udp("192.0.2.8:40000");
+    let fed = udp("192.0.2.9:40000");
+    for c in [vanished, live, fed] {
+        h.allocate(c, &alice());
+    }
+    let r = h.authed(
+        live,
+        &alice(),
+        Req::new(method::CHANNEL_BIND)
+            .channel(0x4000)
+            .peer("8.8.8.8:9"),
+    );
+    assert_eq!(r.class, Class::Success);
+    let mut frame = Vec::new();
+    crate::frame::write_channel_data(&mut frame, 0x4000, b"consent", false);
+    let reclaimed = |h: &mut H| -> Vec<ClientAddr> {
+        h.events()
+            .into_iter()
+            .filter_map(|e| match e {
+                Event::AllocationDeleted {
+                    client,
+                    reason: DeleteReason::Reclaimed,
+                    ..
+                } => Some(client),
+                _ => None,
+            })
+            .collect()
+    };
+    // Not draining: 100 quiet seconds (but for the live call) reclaim nothing.
+    for s in 1..=100u64 {
+        h.advance(1);
+        if s % 5 == 0 {
+            assert!(matches!(h.client(live, &frame), Some(Sent::Peer(..))));
+        }
+    }
+    assert_eq!(h.server.allocation_count(), 3);
+    assert!(reclaimed(&mut h).is_empty());
+    h.server.set_drain(DrainMode::Refuse { alternates: vec![] });
+    h.server.note_client_activity(&fed, h.now);
+    h.advance(0);
+    assert_eq!(reclaimed(&mut h), [vanished], "quiet for 100 s: at once");
+    // Ten minutes of a quiet live call (one datagram every 5 s), and activity reported for
+    // `fed` every 20 s: neither is reclaimed. (Refreshes keep both allocations, and the
+    // channel, alive.)
+    for s in 1..=600u64 {
+        h.advance(1);
+        if s % 150 == 0 {
+            for c in [live, fed] {
+                let r = h.authed(c, &alice(), Req::new(method::REFRESH).lifetime(600));
+                assert_eq!(r.class, Class::Success);
+            }
+            let r = h.authed(
+                live,
+                &alice(),
+                Req::new(method::CHANNEL_BIND)
+                    .channel(0x4000)
+                    .peer("8.8.8.8:9"),
+            );
+            assert_eq!(r.class, Class::Success);
+        }
+        if s % 5 == 0 {
+            assert!(matches!(h.client(live, &frame), Some(Sent::Peer(..))));
+        }
+        if s % 20 == 0 {
+            h.server.note_client_activity(&fed, h.now);
+        }
+        assert!(reclaimed(&mut h).is_empty(), "reclaimed at {s} s");
+    }
+    assert_eq!(h.server.allocation_count(), 2);
+    // The live call stops (its last datagram at 600 s): reclaimed 30 s later, not sooner.
+    let last = h.now;
+    for _ in 0..29 {
+        h.advance(1);
+        h.server.note_client_activity(&fed, h.now);
+        assert!(reclaimed(&mut h).is_empty());
+    }
+    h.advance(1);
+    assert_eq!(reclaimed(&mut h), [live]);
+    assert_eq!(h.now - last, Duration::from_secs(30));
+    assert_eq!(
+        h.server.last_client_activity(&fed),
+        Some(h.now - Duration::from_secs(1))
+    );
+    assert_eq!(h.server.counters().allocations_reclaimed, 2);
+    assert_eq!(h.server.counters().allocations_deleted, 2);
+}
+
+/// Without `drain_idle_timeout` (`--drain-idle-timeout=0`) a drain reclaims nothing: a
+/// quiet allocation lasts its lifetime.
+#[test]
+fn drain_without_idle_timeout_keeps_quiet_allocations_until_they_expire() {
+    let mut h = H::new(base_config());
+    let c = udp("192.0.2.7:40000");
+    h.allocate(c, &alice());
+    h.server.set_drain(DrainMode::Refuse { alternates: vec![] });
+    for _ in 0..599 {
+        h.advance(1);
+    }
+    assert_eq!(h.server.allocation_count(), 1);
+    h.advance(1);
+    assert_eq!(h.server.allocation_count(), 0);
+    assert!(matches!(
+        &h.events()[..],
+        [
+            ..,
+            Event::AllocationDeleted {
+                reason: DeleteReason::Expired,
+                ..
+            }
+        ]
+    ));
+    assert_eq!(h.server.counters().allocations_reclaimed, 0);
+}

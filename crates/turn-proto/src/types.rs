@@ -193,6 +193,10 @@ pub enum DeleteReason {
     ConnectionClosed,
     /// [`Server::clear`](crate::Server::clear) (shutdown deadline).
     Shutdown,
+    /// While refusing, nothing came from its client for
+    /// [`ServerConfig::drain_idle_timeout`](crate::ServerConfig::drain_idle_timeout): a
+    /// client that vanished without deleting it.
+    Reclaimed,
 }
 
 impl DeleteReason {
@@ -203,6 +207,7 @@ impl DeleteReason {
             DeleteReason::Expired => "expired",
             DeleteReason::ConnectionClosed => "connection_closed",
             DeleteReason::Shutdown => "shutdown",
+            DeleteReason::Reclaimed => "reclaimed",
         }
     }
 }
@@ -387,6 +392,9 @@ pub struct Counters {
     pub peers_denied: u64,
     /// Events dropped because the queue was full.
     pub events_dropped: u64,
+    /// Allocations ended while refusing because their client had gone quiet
+    /// ([`DeleteReason::Reclaimed`]).
+    pub allocations_reclaimed: u64,
     /// ChannelData, Send and peer datagrams dropped because their allocation was over its
     /// `max-bps`.
     pub bandwidth_dropped: u64,

@@ -108,6 +108,9 @@ pub struct TurnConfig {
     pub max_allocate_lifetime: u32,
     /// Seconds.
     pub stale_nonce: u32,
+    /// `--drain-idle-timeout`: while draining, allocations whose client has been quiet this
+    /// long end; zero = never.
+    pub drain_idle_timeout: Duration,
     /// Challenges larger than their request per source IP and second over UDP (coturn
     /// `unauthorized-ratelimit[-rps]`); 0 = no limit.
     pub unauthorized_rps: u32,
@@ -224,6 +227,10 @@ impl std::fmt::Debug for AuthMode {
     }
 }
 
+/// `--drain-idle-timeout` when not given: RFC 7675 consent freshness declares a WebRTC path
+/// dead after 30 s, and a live one sends consent checks every few seconds.
+const DEFAULT_DRAIN_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// The most `relay-threads` accepted.
 pub const MAX_RELAY_THREADS: usize = 1024;
 
@@ -250,6 +257,8 @@ impl TurnConfig {
         s.quotas.per_user = self.user_quota;
         s.quotas.total = self.total_quota;
         s.nonce.lifetime = Duration::from_secs(u64::from(self.stale_nonce));
+        s.drain_idle_timeout =
+            (!self.drain_idle_timeout.is_zero()).then_some(self.drain_idle_timeout);
         s.unauthorized_rps = self.unauthorized_rps;
         s.peer_policy.allow_loopback = self.allow_loopback_peers;
         s.peer_policy.allowed = self.allowed_peer_ips.clone();
@@ -637,6 +646,17 @@ fn typed(
     let max_allocate_lifetime = c
         .value("max-allocate-lifetime", "a number of seconds")
         .unwrap_or(3600);
+    let drain_idle_timeout = match c.raw.last("drain-idle-timeout") {
+        Some((v, source)) => match lastcall::duration::parse(v) {
+            Ok(d) => d,
+            Err(e) => {
+                let why = format!("not a duration (30s, 2m, 0 = never): {e}");
+                c.bad(source, "drain-idle-timeout", v, &why);
+                DEFAULT_DRAIN_IDLE_TIMEOUT
+            }
+        },
+        None => DEFAULT_DRAIN_IDLE_TIMEOUT,
+    };
     let stale_nonce = match c.raw.last("stale-nonce") {
         Some((v, _)) if v.is_empty() => 600,
         Some(_) => c.value("stale-nonce", "a number of seconds").unwrap_or(600),
@@ -949,6 +969,7 @@ fn typed(
             total_quota,
             max_allocate_lifetime,
             stale_nonce,
+            drain_idle_timeout,
             unauthorized_rps,
             pidfile,
             alternate_servers,
@@ -1238,6 +1259,23 @@ mod tests {
         );
         let s = run(&["--drain-min-allocations=3", "--drain-min-sessions=1"]).unwrap();
         assert_eq!(s.term.drain_min_sessions, 1, "lastcall's own option wins");
+    }
+
+    #[test]
+    fn drain_idle_timeout_defaults_to_30s_and_0_turns_it_off() {
+        let core = |args: &[&str]| run(args).unwrap().turn.core_config().drain_idle_timeout;
+        assert_eq!(core(&[]), Some(Duration::from_secs(30)));
+        assert_eq!(
+            core(&["--drain-idle-timeout=2m"]),
+            Some(Duration::from_secs(120))
+        );
+        assert_eq!(
+            core(&["--drain-idle-timeout=45"]),
+            Some(Duration::from_secs(45))
+        );
+        assert_eq!(core(&["--drain-idle-timeout=0"]), None);
+        let all = errors(&["--drain-idle-timeout=soon"]).join("\n");
+        assert!(all.contains("drain-idle-timeout=soon"), "{all}");
     }
 
     #[test]

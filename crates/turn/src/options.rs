@@ -98,7 +98,7 @@ use Policy::{Accepted, Honoured};
 
 /// Every coturn option of 4.6 to 4.18 (their `--help` and shipped turnserver.conf), plus
 /// `alternate-server` (whose meaning differs: used only while draining) and our
-/// `no-auth-acknowledge-open-relay`. Kept in the order of docs/turn.md's table; a test checks
+/// `no-auth-acknowledge-open-relay` and `drain-idle-timeout`. Kept in the order of docs/turn.md's table; a test checks
 /// both agree, and that every option of `tests/data/coturn-options.txt` is here.
 ///
 /// For an [`Accepted`] option the help is the start-up warning: what `lastcall-turn` does
@@ -188,6 +188,7 @@ pub(crate) const OPTIONS: &[Spec] = &[
     spec("udp-alternate-server", &[], Multi, Honoured, "IP:PORT", "Like alternate-server, for UDP clients (instead of alternate-server)"),
     spec("tcp-alternate-server", &[], Multi, Honoured, "IP:PORT", "Like alternate-server, for TCP clients (instead of alternate-server)"),
     spec("tls-alternate-server", &[], Multi, Honoured, "IP:PORT", "Like alternate-server, for TLS clients (instead of alternate-server)"),
+    spec("drain-idle-timeout", &[], Value, Honoured, "DURATION", "lastcall-turn's own: while draining, end an allocation whose client sent nothing (no data, no request) for this long, as if expired; 0 = never [default: 30s]"),
     // What requests get.
     spec("stun-only", &['S'], Flag, Honoured, "", "STUN only: TURN requests get no answer"),
     spec("no-stun", &[], Flag, Honoured, "", "TURN only: STUN Binding requests get no answer"),
@@ -368,7 +369,10 @@ mod tests {
         let extra: Vec<&str> = OPTIONS
             .iter()
             .map(|s| s.name)
-            .filter(|n| !names.contains(n) && *n != "no-auth-acknowledge-open-relay")
+            .filter(|n| {
+                !names.contains(n)
+                    && !["no-auth-acknowledge-open-relay", "drain-idle-timeout"].contains(n)
+            })
             .collect();
         assert!(extra.is_empty(), "not coturn options: {extra:?}");
     }

@@ -193,12 +193,19 @@ impl Shared {
                 reason,
                 ..
             } => {
-                // An expired allocation means a silent client: close its connection.
-                if client.transport.is_stream() && reason == DeleteReason::Expired {
+                // An expired or reclaimed allocation means a silent client: close its
+                // connection.
+                let silent = matches!(reason, DeleteReason::Expired | DeleteReason::Reclaimed);
+                if client.transport.is_stream() && silent {
                     self.streams.close(&client);
                 }
-                tracing::debug!(client = %client.client, relay = ?relays,
-                    reason = reason.as_str(), "allocation deleted");
+                if reason == DeleteReason::Reclaimed {
+                    tracing::info!(client = %client.client, transport = %client.transport,
+                        relay = ?relays, "allocation reclaimed: nothing from its client for drain-idle-timeout");
+                } else {
+                    tracing::debug!(client = %client.client, relay = ?relays,
+                        reason = reason.as_str(), "allocation deleted");
+                }
             }
             Event::AuthFailed {
                 client,

@@ -585,6 +585,7 @@ impl Server {
             perms: Vec::new(),
             channels: Vec::new(),
             scheduled: expires,
+            last_heard: now,
             origin: grant.origin,
             bandwidth,
         };

@@ -6,6 +6,7 @@
 //! - `coturn_configs`: coturn users' turnserver.conf files, unchanged.
 //! - `drain_ends`: every allocation's end ends the drain; the last response is sent first.
 //! - `hostile`: unauthenticated floods: bounded answers, the per-source rate limit.
+//! - `idle_reclaim`: a drain ends the allocations of clients that vanished (`--drain-idle-timeout`).
 //! - `interop`: coturn's `turnutils_uclient` over UDP, TCP and TLS against `turnutils_peer`.
 //! - `process`: turnserver.conf, flags, `--help`, TLS reload, the drain's answers.
 //! - `termination`: calls across SIGTERM, the deadline, alternates, coturn's own behaviour.
@@ -22,6 +23,7 @@ mod common;
 mod coturn_configs;
 mod drain_ends;
 mod hostile;
+mod idle_reclaim;
 mod interop;
 mod process;
 mod termination;
