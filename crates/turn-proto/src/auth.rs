@@ -94,6 +94,37 @@ pub(crate) fn make_nonce(secret: &[u8; 32], now: u64, ip: IpAddr) -> [u8; NONCE_
     out
 }
 
+/// The nonce key derived from a shared secret (`nonce-secret`, or a TURN REST API
+/// `static-auth-secret`): HMAC-SHA256(secret, "lastcall-turn nonce key v1"). Every server
+/// given the same secret issues and accepts the same nonces; the secret itself never keys a
+/// nonce, so a nonce reveals nothing about the credentials.
+pub fn nonce_key(secret: &[u8]) -> [u8; 32] {
+    let mut key = [0u8; 32];
+    if let Ok(mut m) = Hmac::<sha2::Sha256>::new_from_slice(secret) {
+        m.update(b"lastcall-turn nonce key v1");
+        key.copy_from_slice(&m.finalize().into_bytes());
+    }
+    key
+}
+
+/// Checks `nonce` against every key of `config` (the issuing one first).
+pub(crate) fn check_nonce_with(
+    config: &crate::config::NonceConfig,
+    nonce: &[u8],
+    now: u64,
+    ip: IpAddr,
+) -> NonceCheck {
+    let life = config.lifetime.as_secs();
+    let mut verdict = check_nonce(&config.secret, nonce, now, ip, life);
+    for key in &config.accepted {
+        if verdict != NonceCheck::Unknown {
+            break;
+        }
+        verdict = check_nonce(key, nonce, now, ip, life);
+    }
+    verdict
+}
+
 /// What a nonce is worth.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum NonceCheck {

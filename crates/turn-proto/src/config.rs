@@ -273,9 +273,13 @@ pub struct Quotas {
 /// and cannot be used from another IP address.
 #[derive(Clone)]
 pub struct NonceConfig {
-    /// HMAC key for nonces (random by default; set the same value on servers sharing clients
-    /// only if you want nonces to survive a restart — not needed).
+    /// HMAC key for the nonces this server issues (random by default). Servers that share it
+    /// accept each other's nonces (fleet nonces: a client sent to another server with 300
+    /// Try Alternate keeps its nonce); see [`nonce_key`](crate::auth::nonce_key).
     pub secret: [u8; 32],
+    /// Further keys whose nonces are accepted (not issued): the keys of the other TURN REST
+    /// API secrets during a rotation, whatever order other servers list them in.
+    pub accepted: Vec<[u8; 32]>,
     /// coturn `stale-nonce` (600 s): a nonce older than this gets 438 Stale Nonce.
     pub lifetime: Duration,
 }
@@ -284,6 +288,7 @@ impl Default for NonceConfig {
     fn default() -> Self {
         NonceConfig {
             secret: rand::random(),
+            accepted: Vec::new(),
             lifetime: Duration::from_secs(600),
         }
     }

@@ -21,7 +21,7 @@ use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use crate::auth::{check_nonce, keys_for, make_nonce, Keys, NonceCheck};
+use crate::auth::{check_nonce_with, keys_for, make_nonce, Keys, NonceCheck};
 use crate::config::{Bandwidth, ServerConfig, Service};
 use crate::frame::{channel_in_range, parse_channel_data, write_channel_data};
 use crate::hash::Seeded;
@@ -976,6 +976,15 @@ impl Server {
         ) {
             return self.error(&ctx, 400, out);
         }
+        if ctx.method == method::ALLOCATE
+            && attrs.integrity.is_none()
+            && attrs.integrity256.is_none()
+            && self.config.auth.required()
+        {
+            if let Some(reply) = self.try_alternate_first(from, &ctx, out) {
+                return reply;
+            }
+        }
         let authed = match self.authenticate(now, from, msg, attrs, &ctx, out) {
             Ok(a) => a,
             Err(reply) => return reply,
@@ -1112,9 +1121,7 @@ impl Server {
             return Err(self.error(ctx, 400, out));
         };
         let unix = self.unix(now);
-        let secret = self.config.nonce.secret;
-        let life = self.config.nonce.lifetime.as_secs();
-        let verdict = check_nonce(&secret, nonce, unix, from.client.ip(), life);
+        let verdict = check_nonce_with(&self.config.nonce, nonce, unix, from.client.ip());
         if verdict != NonceCheck::Valid {
             let reason = if verdict == NonceCheck::Stale {
                 AuthFailure::StaleNonce

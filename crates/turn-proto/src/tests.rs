@@ -392,11 +392,20 @@ impl Req {
 
 impl H {
     /// Get a nonce the way a client does: an unauthenticated Allocate answered 401.
+    /// (While refusing with alternates a new client's first Allocate gets 300: then an
+    /// unauthenticated Refresh, which any server answers 401.)
     pub(crate) fn nonce(&mut self, from: ClientAddr) -> Vec<u8> {
         let r = self
             .client(from, &Req::new(method::ALLOCATE).transport_udp().bytes())
             .unwrap();
-        let r = decode(&r);
+        let mut r = decode(&r);
+        if r.code == Some(300) {
+            r = decode(
+                &self
+                    .client(from, &Req::new(method::REFRESH).bytes())
+                    .unwrap(),
+            );
+        }
         assert_eq!(r.code, Some(401));
         r.get(attr::NONCE).unwrap().to_vec()
     }
@@ -1591,19 +1600,32 @@ fn drain_refuses_new_allocations_only() {
     h.server.set_drain(DrainMode::Refuse {
         alternates: alts.clone(),
     });
-    // An unauthenticated Allocate still gets the normal 401 challenge first.
+    // A new client's first, unauthenticated Allocate gets 300 at once (coturn's answer),
+    // with ALTERNATE-SERVER only: no REALM or NONCE (libwebrtc would take them and then
+    // treat the alternate's 401 as fatal), no MESSAGE-INTEGRITY; within the challenge's size.
     let new = udp("192.0.2.8:40000");
-    let r = decode(
-        &h.client(new, &Req::new(method::ALLOCATE).transport_udp().bytes())
-            .unwrap(),
-    );
-    assert_eq!(r.code, Some(401));
-    // Authenticated: 300 with an IPv4 ALTERNATE-SERVER, round-robin, authenticated.
+    let first = Req::new(method::ALLOCATE).transport_udp().bytes();
+    let r = decode(&h.client(new, &first).unwrap());
+    assert_eq!(r.code, Some(300));
+    assert!(r.get(attr::ALTERNATE_SERVER).is_some());
+    for a in [attr::REALM, attr::NONCE, attr::MESSAGE_INTEGRITY] {
+        assert!(r.get(a).is_none(), "{a:#x} in the first 300");
+    }
+    assert!(r.raw.len() <= 60, "{} bytes", r.raw.len());
+    // Authenticated (a client that already had a nonce): 300 with an IPv4
+    // ALTERNATE-SERVER, round-robin, integrity-protected, with REALM and a fresh NONCE.
     let mut seen = Vec::new();
+    let nonce = h.nonce(new);
     for _ in 0..4 {
-        let r = h.authed(new, &alice(), Req::new(method::ALLOCATE).transport_udp());
+        let req = Req::new(method::ALLOCATE)
+            .transport_udp()
+            .auth(&alice(), &nonce)
+            .bytes();
+        let r = decode(&h.client(new, &req).unwrap());
         assert_eq!(r.code, Some(300));
         assert!(r.get(attr::MESSAGE_INTEGRITY).is_some());
+        assert_eq!(r.get(attr::REALM), Some(REALM.as_bytes()));
+        assert_eq!(r.get(attr::NONCE).map(<[u8]>::len), Some(NONCE_LEN));
         let a = decode_address(r.get(attr::ALTERNATE_SERVER).unwrap(), &r.txid, false).unwrap();
         assert!(a.is_ipv4());
         seen.push(a);
@@ -1657,7 +1679,8 @@ fn drain_refuses_new_allocations_only() {
     let r = h.authed(old, &alice(), Req::new(method::REFRESH).lifetime(0));
     assert_eq!(r.class, Class::Success);
     assert_eq!(h.server.allocation_count(), 0);
-    assert_eq!(h.server.counters().refused_draining, 5);
+    // Two first Allocates (300 unauthenticated), four authenticated (300), one 403.
+    assert_eq!(h.server.counters().refused_draining, 7);
     h.server.set_drain(DrainMode::Off);
     h.allocate(new, &alice());
 }
@@ -2457,4 +2480,56 @@ fn drain_without_idle_timeout_keeps_quiet_allocations_until_they_expire() {
         ]
     ));
     assert_eq!(h.server.counters().allocations_reclaimed, 0);
+}
+
+/// Fleet nonces: servers with the same nonce key accept each other's nonces (a client sent
+/// on with 300 keeps the nonce of the 300, as libwebrtc does), servers with another key
+/// answer 438 (unknown nonce); a key in `accepted` (the other REST secrets of a rotation)
+/// is accepted but never issued.
+#[test]
+fn fleet_nonces_are_valid_on_every_server_sharing_the_key() {
+    let key = nonce_key(b"the fleet's secret");
+    assert_ne!(key, nonce_key(b"another secret"));
+    let mut config = base_config();
+    config.nonce.secret = key;
+    let mut draining = H::new(config.clone());
+    let mut alternate = H::new(config);
+    let alt: SocketAddr = "198.51.100.2:3478".parse().unwrap();
+    draining.server.set_drain(DrainMode::Refuse {
+        alternates: vec![alt],
+    });
+    // The client had a nonce from the draining server; its authenticated Allocate gets 300
+    // with a NONCE, which it takes to the alternate.
+    let from = udp("192.0.2.7:40000");
+    let r = draining.authed(from, &alice(), Req::new(method::ALLOCATE).transport_udp());
+    assert_eq!(r.code, Some(300));
+    let nonce = r.get(attr::NONCE).unwrap().to_vec();
+    let bytes = Req::new(method::ALLOCATE)
+        .transport_udp()
+        .auth(&alice(), &nonce)
+        .bytes();
+    let r = decode(&alternate.client(from, &bytes).unwrap());
+    assert_eq!(r.class, Class::Success, "{:?}", r.code);
+    // A server with another key: 438, logged as an unknown nonce.
+    let mut config = base_config();
+    config.nonce.secret = nonce_key(b"another secret");
+    let mut stranger = H::new(config.clone());
+    let r = decode(&stranger.client(from, &bytes).unwrap());
+    assert_eq!(r.code, Some(438));
+    assert!(matches!(
+        &stranger.events()[..],
+        [Event::AuthFailed {
+            reason: AuthFailure::UnknownNonce,
+            ..
+        }]
+    ));
+    // The same server, accepting the fleet key during a rotation: valid.
+    config.nonce.accepted = vec![key];
+    let mut rotating = H::new(config);
+    let bytes = Req::new(method::ALLOCATE)
+        .transport_udp()
+        .auth(&alice(), &nonce)
+        .bytes();
+    let r = decode(&rotating.client(udp("192.0.2.7:40001"), &bytes).unwrap());
+    assert_eq!(r.class, Class::Success, "{:?}", r.code);
 }

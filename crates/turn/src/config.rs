@@ -111,6 +111,9 @@ pub struct TurnConfig {
     /// `--drain-idle-timeout`: while draining, allocations whose client has been quiet this
     /// long end; zero = never.
     pub drain_idle_timeout: Duration,
+    /// `nonce-secret` (`stateless-nonce-secret`, `nonce-secret-file`): the nonce key's
+    /// secret; `None`: derived from the first `static-auth-secret`, else random.
+    pub nonce_secret: Option<Vec<u8>>,
     /// Challenges larger than their request per source IP and second over UDP (coturn
     /// `unauthorized-ratelimit[-rps]`); 0 = no limit.
     pub unauthorized_rps: u32,
@@ -259,6 +262,17 @@ impl TurnConfig {
         s.nonce.lifetime = Duration::from_secs(u64::from(self.stale_nonce));
         s.drain_idle_timeout =
             (!self.drain_idle_timeout.is_zero()).then_some(self.drain_idle_timeout);
+        // Fleet nonces: one key for every server given the same secret.
+        let rest = self.auth.rest_secrets();
+        if let Some(secret) = &self.nonce_secret {
+            s.nonce.secret = lastcall_turn_proto::nonce_key(secret);
+        } else if let Some((first, others)) = rest.split_first() {
+            s.nonce.secret = lastcall_turn_proto::nonce_key(first.as_bytes());
+            s.nonce.accepted = others
+                .iter()
+                .map(|o| lastcall_turn_proto::nonce_key(o.as_bytes()))
+                .collect();
+        }
         s.unauthorized_rps = self.unauthorized_rps;
         s.peer_policy.allow_loopback = self.allow_loopback_peers;
         s.peer_policy.allowed = self.allowed_peer_ips.clone();
@@ -502,7 +516,9 @@ fn log_args(
 /// Options whose values must never be printed in a problem.
 fn shown_value(name: &str, value: &str) -> String {
     match name {
-        "static-auth-secret" if !value.is_empty() => "(secret)".to_string(),
+        "static-auth-secret" | "nonce-secret" | "stateless-nonce-secret" if !value.is_empty() => {
+            "(secret)".to_string()
+        }
         // The user's name helps; the password or key after the colon never.
         "user" => match value.split_once(':') {
             Some((user, _)) => format!("{user}:(secret)"),
@@ -572,6 +588,56 @@ impl Checker<'_> {
     fn require(&mut self, name: &str, message: &str) {
         let source = self.raw.last(name).map_or(Source::Flag, |(_, s)| s.clone());
         self.problems.push(Problem::new("", message).at(source));
+    }
+}
+
+/// `nonce-secret` (or coturn's `stateless-nonce-secret`), or the contents of
+/// `nonce-secret-file`; one of them at most.
+fn nonce_secret(c: &mut Checker<'_>) -> Option<Vec<u8>> {
+    let given = c
+        .raw
+        .last("nonce-secret")
+        .or_else(|| c.raw.last("stateless-nonce-secret"));
+    let file = c.raw.last("nonce-secret-file");
+    match (given, file) {
+        (Some(_), Some((path, source))) => {
+            let why =
+                "give nonce-secret (or stateless-nonce-secret) or nonce-secret-file, not both";
+            c.bad(source, "nonce-secret-file", path, why);
+            None
+        }
+        (Some((v, source)), None) => {
+            if v.is_empty() {
+                c.bad(
+                    source,
+                    "nonce-secret",
+                    v,
+                    "empty: give the fleet's shared secret",
+                );
+                return None;
+            }
+            Some(v.as_bytes().to_vec())
+        }
+        (None, Some((path, source))) => match std::fs::read(path) {
+            Ok(bytes) => {
+                let text = bytes.trim_ascii_end().to_vec();
+                if text.is_empty() {
+                    c.bad(source, "nonce-secret-file", path, "the file is empty");
+                    return None;
+                }
+                Some(text)
+            }
+            Err(e) => {
+                c.bad(
+                    source,
+                    "nonce-secret-file",
+                    path,
+                    &format!("cannot read it: {e}"),
+                );
+                None
+            }
+        },
+        (None, None) => None,
     }
 }
 
@@ -657,6 +723,7 @@ fn typed(
         },
         None => DEFAULT_DRAIN_IDLE_TIMEOUT,
     };
+    let nonce_secret = nonce_secret(&mut c);
     let stale_nonce = match c.raw.last("stale-nonce") {
         Some((v, _)) if v.is_empty() => 600,
         Some(_) => c.value("stale-nonce", "a number of seconds").unwrap_or(600),
@@ -970,6 +1037,7 @@ fn typed(
             max_allocate_lifetime,
             stale_nonce,
             drain_idle_timeout,
+            nonce_secret,
             unauthorized_rps,
             pidfile,
             alternate_servers,
@@ -1259,6 +1327,34 @@ mod tests {
         );
         let s = run(&["--drain-min-allocations=3", "--drain-min-sessions=1"]).unwrap();
         assert_eq!(s.term.drain_min_sessions, 1, "lastcall's own option wins");
+    }
+
+    #[test]
+    fn nonce_key_from_nonce_secret_its_file_or_the_first_static_auth_secret() {
+        use lastcall_turn_proto::nonce_key;
+        let key = |args: &[&str]| {
+            let n = run(args).unwrap().turn.core_config().nonce;
+            (n.secret, n.accepted)
+        };
+        // run() gives static-auth-secret s3cret (see `run`): the fleet key is derived from it.
+        let (derived, accepted) = key(&[]);
+        assert_eq!(derived, key(&[]).0, "the same on every server");
+        assert!(accepted.is_empty());
+        assert_eq!(key(&["--nonce-secret=fleet"]).0, nonce_key(b"fleet"));
+        assert_eq!(
+            key(&["--stateless-nonce-secret=fleet"]).0,
+            nonce_key(b"fleet")
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("nonce");
+        std::fs::write(&file, "fleet\n").unwrap();
+        let arg = format!("--nonce-secret-file={}", file.display());
+        assert_eq!(key(&[&arg]).0, nonce_key(b"fleet"));
+        let both = errors(&["--nonce-secret=a", &arg]).join("\n");
+        assert!(both.contains("not both"), "{both}");
+        let missing = errors(&["--nonce-secret-file=/nonexistent/nonce"]).join("\n");
+        assert!(missing.contains("cannot read it"), "{missing}");
+        assert!(!missing.contains("fleet"));
     }
 
     #[test]

@@ -81,7 +81,9 @@ pub(crate) struct Answer {
     pub success: bool,
     pub code: u16,
     pub nonce: Option<Vec<u8>>,
+    pub realm: Option<Vec<u8>>,
     pub relayed: Option<SocketAddr>,
+    pub alternate: Option<SocketAddr>,
 }
 
 pub(crate) fn answer(bytes: &[u8]) -> Option<Answer> {
@@ -100,6 +102,8 @@ pub(crate) fn answer(bytes: &[u8]) -> Option<Answer> {
                 }
             }
             attr::NONCE => a.nonce = Some(at.value.to_vec()),
+            attr::REALM => a.realm = Some(at.value.to_vec()),
+            attr::ALTERNATE_SERVER => a.alternate = decode_address(at.value, &id, false),
             attr::XOR_RELAYED_ADDRESS => a.relayed = decode_address(at.value, &id, true),
             _ => {}
         }

@@ -5,6 +5,7 @@
 //! - `bandwidth`: max-bps and bps-capacity.
 //! - `coturn_configs`: coturn users' turnserver.conf files, unchanged.
 //! - `drain_ends`: every allocation's end ends the drain; the last response is sent first.
+//! - `fleet_nonce`: nonces shared by servers with one secret; the 300 as libwebrtc follows it.
 //! - `hostile`: unauthenticated floods: bounded answers, the per-source rate limit.
 //! - `idle_reclaim`: a drain ends the allocations of clients that vanished (`--drain-idle-timeout`).
 //! - `interop`: coturn's `turnutils_uclient` over UDP, TCP and TLS against `turnutils_peer`.
@@ -22,6 +23,7 @@ mod bandwidth;
 mod common;
 mod coturn_configs;
 mod drain_ends;
+mod fleet_nonce;
 mod hostile;
 mod idle_reclaim;
 mod interop;
