@@ -3,6 +3,7 @@
 //!
 //! - `auth_log`: authentication refusals in the log, with their reason, rate-limited.
 //! - `bandwidth`: max-bps and bps-capacity.
+//! - `chromium`: headless Chromium's WebRTC over UDP, TCP and TLS across a drain.
 //! - `coturn_configs`: coturn users' turnserver.conf files, unchanged.
 //! - `drain_ends`: every allocation's end ends the drain; the last response is sent first.
 //! - `fleet_nonce`: nonces shared by servers with one secret; the 300 as libwebrtc follows it.
@@ -20,6 +21,7 @@
 
 mod auth_log;
 mod bandwidth;
+mod chromium;
 mod common;
 mod coturn_configs;
 mod drain_ends;
