@@ -3,7 +3,10 @@
 # suite (unit, paused-clock, process-level and interop tests against real HAProxy, coturn's
 # clients and libmodsecurity), the chart tests, every fuzz target for a bounded time
 # (FUZZ_SECONDS, default 20 s each; see scripts/fuzz.sh), and the container tests
-# (scripts/test_containers.sh, in the background beside the rest).
+# (scripts/test_containers.sh, in the background beside the rest), and the interop tests again
+# against today's peers: HAProxy 3.0/3.2, libmodsecurity 3.0.14/3.0.16, nginx, coturn 4.18
+# (scripts/test_peers.sh, from Debian 13 and unstable chroots built beside the rest;
+# LASTCALL_PEER_SUITES, default "trixie sid"; empty skips them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -34,6 +37,17 @@ stop_containers() {
 }
 trap stop_containers EXIT
 
+# Today's peers: the chroots (scripts/peers.sh, cached; a cold build is mostly downloads and
+# dpkg) are made in the background now; their tests run after the main suite.
+read -r -a peer_suites <<<"${LASTCALL_PEER_SUITES-trixie sid}"
+peers_pid=
+peers_log=$(mktemp "${TMPDIR:-/tmp}/lastcall-peers-build.XXXXXX")
+if ((${#peer_suites[@]})) && [ "$(id -u)" -eq 0 ]; then
+  peers_start=$SECONDS
+  bash scripts/peers.sh ensure "${peer_suites[@]}" >"$peers_log" 2>&1 &
+  peers_pid=$!
+fi
+
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "== build binaries used by the process-level tests"
@@ -56,6 +70,22 @@ if [ "$rust_status" -eq 0 ]; then
   bash scripts/fuzz.sh || fuzz_status=$?
 fi
 
+peers_status=0
+if [ -n "$peers_pid" ]; then
+  echo "== today's peers: chroots (started in the background)"
+  wait "$peers_pid" || peers_status=$?
+  cat "$peers_log"
+  echo "== today's peers: chroots ready $((SECONDS - peers_start)) s after they were started (exit $peers_status)"
+  if [ "$peers_status" -eq 0 ]; then
+    peers_tests_start=$SECONDS
+    bash scripts/test_peers.sh "${peer_suites[@]}" || peers_status=$?
+    echo "== today's peers: tests took $((SECONDS - peers_tests_start)) s (exit $peers_status)"
+  fi
+elif ((${#peer_suites[@]})); then
+  echo "== today's peers: skipped (making chroots needs root; as root: bash scripts/test_peers.sh)"
+fi
+rm -f "$peers_log"
+
 echo "== container tests (started in the background; waiting)"
 containers_status=0
 wait "$containers_pid" || containers_status=$?
@@ -63,4 +93,5 @@ trap - EXIT
 cat "$containers_log"
 rm -f "$containers_log" "$LASTCALL_BUILT_MARKER"
 echo "== container tests: exit $containers_status (started ${containers_start} s into this run; their own time is in the line test_containers: above)"
-[ "$rust_status" -eq 0 ] && [ "$fuzz_status" -eq 0 ] && [ "$containers_status" -eq 0 ]
+[ "$rust_status" -eq 0 ] && [ "$fuzz_status" -eq 0 ] && [ "$peers_status" -eq 0 ] &&
+  [ "$containers_status" -eq 0 ]

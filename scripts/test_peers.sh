@@ -18,34 +18,47 @@ cargo build --workspace --bins --locked
 # drive coturn's uclient (each crate has one test binary, a module per subject).
 SPOA_TESTS='haproxy|drain|rollout|coraza_spoa|differential'
 TURN_TESTS='interop|coturn_configs|termination'
-spoa_filter="test(/^($SPOA_TESTS)::/)"
+spoa_filter="test(/^($SPOA_TESTS)::/) | test(=cli::engine_version_is_the_loaded_library)"
 turn_filter="test(/^($TURN_TESTS)::/)"
 
 run=$PWD/scripts/peer-run
+log=$(mktemp "${TMPDIR:-/tmp}/lastcall-peers.XXXXXX")
+trap 'rm -f "$log"' EXIT
 status=0
 summary=()
+# nextest [ARGS...]: runs, keeps the exit status, and leaves nextest's own summary line in $ran.
+nextest() {
+  local rc=0
+  cargo nextest run --locked --no-fail-fast "$@" 2>&1 | tee "$log" || rc=$?
+  ran=$(grep -E '^ +Summary ' "$log" | tail -n 1 | sed -E 's/^ +Summary +//') || true
+  return "$rc"
+}
+version_of() { awk -v p="$1" '$1 ~ "^"p { print $2; exit }' <<<"$2"; }
 for suite in "$@"; do
-  versions=$(bash scripts/peers.sh versions "$suite" | tr '\n' ',' | sed 's/,$//; s/,/, /g')
-  echo "== $suite peers: $versions"
+  versions=$(bash scripts/peers.sh versions "$suite")
+  echo "== $suite peers: $(tr '\n' ',' <<<"$versions" | sed 's/,$//; s/,/, /g')"
   rc=0
   LASTCALL_HAPROXY="$run $suite /usr/sbin/haproxy" \
     LASTCALL_NGINX="$run $suite /usr/sbin/nginx" \
     LASTCALL_SPOA_RUNNER="$run $suite" \
-    cargo nextest run --locked -p lastcall-spoa --no-fail-fast -E "$spoa_filter" || rc=$?
-  summary+=("$suite: lastcall-spoa on its libmodsecurity behind its HAProxy, differential against its nginx ($SPOA_TESTS): exit $rc")
+    nextest -p lastcall-spoa -E "$spoa_filter" || rc=$?
+  summary+=("$suite: HAProxy $(version_of haproxy "$versions"), lastcall-spoa on libmodsecurity $(version_of libmodsecurity3 "$versions") + CRS $(version_of modsecurity-crs "$versions"), nginx $(version_of nginx "$versions") + ModSecurity-nginx $(version_of libnginx-mod-http-modsecurity "$versions"): spoa modules $SPOA_TESTS and the engine-version check: $ran: exit $rc")
   ((rc == 0)) || status=1
   # coturn's clients only where the suite's coturn is not this machine's (trixie has 4.6.1).
-  theirs=$(awk '$1 == "coturn" { print $2 }' <(bash scripts/peers.sh versions "$suite"))
+  theirs=$(version_of coturn "$versions")
   ours=$(dpkg-query -W -f='${Version}' coturn 2>/dev/null || true)
   if [ -n "$theirs" ] && [ "${theirs%%-*}" != "${ours%%-*}" ]; then
     rc=0
     LASTCALL_UCLIENT="$run $suite /usr/bin/turnutils_uclient" \
+      LASTCALL_TURNSERVER="$run $suite /usr/bin/turnserver" \
       LASTCALL_PEER="$run $suite /usr/bin/turnutils_peer" \
-      cargo nextest run --locked -p lastcall-turn --no-fail-fast -E "$turn_filter" || rc=$?
-    summary+=("$suite: lastcall-turn driven by its turnutils_uclient ($TURN_TESTS): exit $rc")
+      nextest -p lastcall-turn -E "$turn_filter" || rc=$?
+    summary+=("$suite: coturn $theirs's turnutils_uclient and turnutils_peer around lastcall-turn, its turnserver for comparison: turn modules $TURN_TESTS: $ran: exit $rc")
     ((rc == 0)) || status=1
+  else
+    summary+=("$suite: coturn $theirs is this machine's release: the main suite covers it")
   fi
 done
-echo "== today's peers"
+echo "== today's peers (the main suite ran against this machine's: HAProxy $(dpkg-query -W -f='${Version}' haproxy 2>/dev/null), libmodsecurity $(dpkg-query -W -f='${Version}' 'libmodsecurity3*' 2>/dev/null | head -n 1), coturn $(dpkg-query -W -f='${Version}' coturn 2>/dev/null))"
 printf '%s\n' "${summary[@]}"
 exit "$status"

@@ -36,7 +36,16 @@
 # NGINX_PRELOAD (a library nginx is started with in LD_PRELOAD, e.g. Debian's libmimalloc.so.2),
 # SPOA_EVALUATION (the agent's `evaluation`: inline or pool; default: the agent's default),
 # AGENT_SOCKET (how HAProxy reaches the agent: tcp, the default, or unix),
-# SPOA_RESPONSE_GROUP (0: (b) without the `http-response` lines; default 1).
+# SPOA_RESPONSE_GROUP (0: (b) without the `http-response` lines; default 1),
+# SPOA_ALLOCATOR (mimalloc, the agent's default, or glibc: the agent built without its
+# `mimalloc` feature, so that it allocates as nginx does),
+# and the tests' peer commands (docs/peers.md): LASTCALL_HAPROXY (stacks a, b),
+# LASTCALL_NGINX (stack c; the origin stays this machine's nginx), LASTCALL_SPOA_RUNNER (a
+# prefix for the agent), e.g. HAProxy 3.2 with the agent and nginx on Debian 13's
+# libmodsecurity 3.0.14:
+#   LASTCALL_HAPROXY="scripts/peer-run sid /usr/sbin/haproxy" \
+#   LASTCALL_NGINX="scripts/peer-run trixie /usr/sbin/nginx" \
+#   LASTCALL_SPOA_RUNNER="scripts/peer-run trixie" SPOA_ALLOCATOR=glibc bash bench/spoa/run.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -76,6 +85,10 @@ if ! command -v wrk >/dev/null; then
   log "installing wrk (Debian)"
   apt-get install -y wrk >/dev/null 2>&1 || { apt-get update >/dev/null && apt-get install -y wrk >/dev/null; }
 fi
+# The peers' commands (words), as the tests take them (lastcall_testkit::peers).
+read -r -a HAPROXY <<<"${LASTCALL_HAPROXY:-haproxy}"
+read -r -a NGINX <<<"${LASTCALL_NGINX:-nginx}"
+read -r -a RUNNER <<<"${LASTCALL_SPOA_RUNNER:-}"
 for t in wrk haproxy nginx curl taskset python3; do command -v "$t" >/dev/null || die "$t not found"; done
 MODSEC_MODULE=/usr/lib/nginx/modules/ngx_http_modsecurity_module.so
 [ -f "$MODSEC_MODULE" ] || die "$MODSEC_MODULE missing (apt-get install libnginx-mod-http-modsecurity)"
@@ -88,8 +101,13 @@ elif [ "$MODE" = smoke ]; then
   cargo build -q -p lastcall-spoa
   AGENT=$ROOT/target/debug/lastcall-spoa
 else
-  log "cargo build --release -p lastcall-spoa"
-  cargo build -q --release -p lastcall-spoa
+  case "${SPOA_ALLOCATOR:-mimalloc}" in
+    mimalloc) features=() ;;
+    glibc) features=(--no-default-features) ;;
+    *) die "SPOA_ALLOCATOR must be mimalloc or glibc, not '$SPOA_ALLOCATOR'" ;;
+  esac
+  log "cargo build --release -p lastcall-spoa ${features[*]}"
+  cargo build -q --release -p lastcall-spoa "${features[@]}"
   AGENT=$ROOT/target/release/lastcall-spoa
 fi
 [ -x "$AGENT" ] || die "agent binary $AGENT missing"
@@ -191,8 +209,8 @@ applications:
 EOF
 
 # Same rules as the built-in application? Compare the compiled rule counts.
-builtin_rules=$("$AGENT" --validate --admin-addr off | sed -n 's/.*, \([0-9]*\) rules,.*/\1/p')
-file_rules=$("$AGENT" -c "$WORK/agent.yaml" --validate --admin-addr off | sed -n 's/.*, \([0-9]*\) rules,.*/\1/p')
+builtin_rules=$("${RUNNER[@]}" "$AGENT" --validate --admin-addr off | sed -n 's/.*, \([0-9]*\) rules,.*/\1/p')
+file_rules=$("${RUNNER[@]}" "$AGENT" -c "$WORK/agent.yaml" --validate --admin-addr off | sed -n 's/.*, \([0-9]*\) rules,.*/\1/p')
 [ -n "$builtin_rules" ] && [ "$builtin_rules" = "$file_rules" ] ||
   die "rules file compiles to '$file_rules' rules, the built-in application to '$builtin_rules'"
 log "rules: $file_rules (same count as the agent's built-in application)"
@@ -293,18 +311,18 @@ start_origin() {
   wait_200 "http://127.0.0.1:$ORIGIN_PORT/"
 }
 start_plain() {
-  haproxy -db -f "$WORK/haproxy-plain.cfg" >"$WORK/haproxy-plain.log" 2>&1 &
+  "${HAPROXY[@]}" -db -f "$WORK/haproxy-plain.cfg" >"$WORK/haproxy-plain.log" 2>&1 &
   PIDS+=($!)
   wait_200 "http://127.0.0.1:$PLAIN_PORT/"
 }
 start_spoa() {
-  "$AGENT" -c "$WORK/agent.yaml" --admin-addr "127.0.0.1:$AGENT_ADMIN" 2>"$WORK/agent.log" &
+  "${RUNNER[@]}" "$AGENT" -c "$WORK/agent.yaml" --admin-addr "127.0.0.1:$AGENT_ADMIN" 2>"$WORK/agent.log" &
   AGENT_PID=$!
   PIDS+=($AGENT_PID)
   FRONTEND_ADDR=127.0.0.1:$SPOA_PORT ORIGIN_ADDR=127.0.0.1:$ORIGIN_PORT \
     SPOA1_ADDR=$AGENT_ADDR SPOA2_ADDR=$AGENT_ADDR \
     CORAZA_SPOE_CFG=$WORK/coraza.cfg STATS_SOCKET=$WORK/haproxy-spoa.sock \
-    haproxy -db -f "$WORK/haproxy-spoa.cfg" >"$WORK/haproxy-spoa.log" 2>&1 &
+    "${HAPROXY[@]}" -db -f "$WORK/haproxy-spoa.cfg" >"$WORK/haproxy-spoa.log" 2>&1 &
   HAPROXY_SPOA_PID=$!
   PIDS+=($HAPROXY_SPOA_PID)
   wait_200 "http://127.0.0.1:$SPOA_PORT/"
@@ -317,17 +335,17 @@ start_spoa_noresp() {
   FRONTEND_ADDR=127.0.0.1:$NORESP_PORT ORIGIN_ADDR=127.0.0.1:$ORIGIN_PORT \
     SPOA1_ADDR=$AGENT_ADDR SPOA2_ADDR=$AGENT_ADDR \
     CORAZA_SPOE_CFG=$WORK/coraza.cfg STATS_SOCKET=$WORK/haproxy-spoa-noresp.sock \
-    haproxy -db -f "$WORK/haproxy-spoa-noresp.cfg" >"$WORK/haproxy-spoa-noresp.log" 2>&1 &
+    "${HAPROXY[@]}" -db -f "$WORK/haproxy-spoa-noresp.cfg" >"$WORK/haproxy-spoa-noresp.log" 2>&1 &
   HAPROXY_NORESP_PID=$!
   PIDS+=($HAPROXY_NORESP_PID)
   wait_200 "http://127.0.0.1:$NORESP_PORT/"
 }
 start_nginx() {
-  nginx -p "$WORK" -c "$WORK/nginx-modsec.conf" -e "$WORK/nginx-error.log" -t -q ||
+  "${NGINX[@]}" -p "$WORK" -c "$WORK/nginx-modsec.conf" -e "$WORK/nginx-error.log" -t -q ||
     die "nginx -t failed: $(cat "$WORK/nginx-error.log")"
   # NGINX_PRELOAD=/usr/lib/x86_64-linux-gnu/libmimalloc.so.2: nginx with the agent's allocator
   # (a control for how much of the difference is malloc; env execs nginx, the PID is nginx's).
-  ${NGINX_PRELOAD:+env LD_PRELOAD=$NGINX_PRELOAD} nginx -p "$WORK" -c "$WORK/nginx-modsec.conf" -e "$WORK/nginx-error.log" &
+  ${NGINX_PRELOAD:+env LD_PRELOAD=$NGINX_PRELOAD} "${NGINX[@]}" -p "$WORK" -c "$WORK/nginx-modsec.conf" -e "$WORK/nginx-error.log" &
   NGINX_PID=$!
   PIDS+=($NGINX_PID)
   wait_200 "http://127.0.0.1:$NGINX_PORT/"
@@ -387,11 +405,12 @@ machine_info() {
     echo "nproc: $(nproc)"
     echo "cpu: $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)"
     echo "kernel: $(uname -r)"
-    echo "haproxy: $(haproxy -v | head -1)"
-    echo "nginx: $(nginx -v 2>&1)"
-    echo "libmodsecurity: $(dpkg-query -W -f '${Version}' libmodsecurity3 2>/dev/null || true)"
-    echo "modsecurity-crs: $(dpkg-query -W -f '${Version}' modsecurity-crs 2>/dev/null || true)"
-    echo "nginx module: $(dpkg-query -W -f '${Version}' libnginx-mod-http-modsecurity 2>/dev/null || true)"
+    echo "haproxy: $("${HAPROXY[@]}" -v | head -1) (${HAPROXY[*]})"
+    echo "nginx: $("${NGINX[@]}" -v 2>&1) (${NGINX[*]})"
+    echo "agent engine: $("${RUNNER[@]}" "$AGENT" --version) (${RUNNER[*]:-host libraries}; allocator ${SPOA_ALLOCATOR:-mimalloc})"
+    echo "libmodsecurity (this machine's): $(dpkg-query -W -f '${Version}' libmodsecurity3 2>/dev/null || true)"
+    echo "modsecurity-crs (this machine's): $(dpkg-query -W -f '${Version}' modsecurity-crs 2>/dev/null || true)"
+    echo "nginx module (this machine's): $(dpkg-query -W -f '${Version}' libnginx-mod-http-modsecurity 2>/dev/null || true)"
     echo "wrk: $(dpkg-query -W -f '${Version}' wrk 2>/dev/null || true)"
     echo "agent: $AGENT ($(git -C "$ROOT" rev-parse --short HEAD)$(git -C "$ROOT" diff --quiet -- crates/spoa crates/modsec || echo ', crates/spoa or crates/modsec modified in the work tree'))"
     echo "rules: $file_rules"

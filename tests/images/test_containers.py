@@ -124,6 +124,14 @@ def test_spoa_image_runs_as_rendered_and_stops_idle(engine: Engine, tmp_path: Pa
     version = engine.docker("exec", pod.cname(agent), "dpkg-query", "-W", "-f", "${Version}", "libmodsecurity3t64").stdout
     ns, port, _ = readiness(pod, "agent")
     assert netns.http_get(ns, "127.0.0.1", port, "/livez")[0] == 200  # type: ignore[index]
+    # The engine the agent reports is the image's libmodsecurity (3.0.14 on Debian 13).
+    release = version.split("-")[0]
+    said = engine.docker("exec", pod.cname(agent), "lastcall-spoa", "--version").stdout.strip()
+    assert said.endswith(f"(engine: ModSecurity {release})"), said
+    got = netns.http_get(ns, "127.0.0.1", port, "/metrics")
+    assert got is not None and got[0] == 200, got
+    gauge = f'spoa_engine_info{{engine="ModSecurity",version="{release}"}} 1'
+    assert gauge in got[1], got[1]
     since: list[float] = []
     unready: list[float] = []
     watcher = watch_unready(pod, "agent", since, unready)
@@ -133,7 +141,7 @@ def test_spoa_image_runs_as_rendered_and_stops_idle(engine: Engine, tmp_path: Pa
     assert DELAY - 0.5 <= stopped.seconds < pod.spec.grace, f"exited {stopped.seconds:.2f} s after docker stop"
     assert unready and unready[0] - since[0] < AT_ONCE, "readiness did not fall at once"
     measured(f"spoa container (uid {st['Uid'].split()[0]}, groups {st['Groups']}, CapEff {st['CapEff']}, "
-             f"NoNewPrivs {st['NoNewPrivs']}, Seccomp {st['Seccomp']}, read-only root; libmodsecurity3t64 {version}): "
+             f"NoNewPrivs {st['NoNewPrivs']}, Seccomp {st['Seccomp']}, read-only root; libmodsecurity3t64 {version}, `{said}`): "
              f"idle docker stop -t {pod.spec.grace} -> exit {stopped.exit_code} after {stopped.seconds:.2f} s "
              f"(shutdown delay {DELAY} s), /readyz 503 after {1000 * (unready[0] - since[0]):.0f} ms")
 

@@ -1281,30 +1281,14 @@ fn check_call(call: &Proc, exit: Exit, packets: u32) -> Result<Call> {
     Ok(report)
 }
 
-fn number_after(line: &str, key: &str) -> Option<u64> {
-    let at = line.find(key)? + key.len();
-    let digits: String = line
-        .get(at..)?
-        .trim_start_matches([' ', '~', '='])
-        .chars()
-        .take_while(char::is_ascii_digit)
-        .collect();
-    digits.parse().ok()
-}
-
-/// The totals of `turnutils_uclient`'s output (not its per-client `msz=` lines).
+/// The totals of `turnutils_uclient`'s output (the testkit's parser of its summary lines).
 fn parse_uclient(output: &str) -> Call {
-    let mut c = Call::default();
-    for line in output.lines().filter(|l| !l.contains("msz=")) {
-        if line.contains("tot_send_msgs=") {
-            c.sent = number_after(line, "tot_send_msgs").unwrap_or(0);
-            c.received = number_after(line, "tot_recv_msgs").unwrap_or(0);
-        }
-        if line.contains("Total lost packets") {
-            c.lost = number_after(line, "Total lost packets");
-        }
+    let r = lastcall_testkit::coturn::parse_report(output);
+    Call {
+        sent: r.send_msgs,
+        received: r.recv_msgs,
+        lost: r.lost,
     }
-    c
 }
 
 #[cfg(test)]

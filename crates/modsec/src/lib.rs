@@ -219,6 +219,22 @@ impl ModSecurity {
         // SAFETY: non-NULL, NUL-terminated (std::string::c_str), alive for this call.
         unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
     }
+
+    /// The loaded library's release, e.g. "3.0.14": [`who_am_i`](Self::who_am_i)'s version
+    /// (compiled into the shared object, so it names the library this process loaded, not
+    /// the headers it was built against); empty if the string has none.
+    pub fn version(&self) -> String {
+        release_of(&self.who_am_i()).to_owned()
+    }
+}
+
+/// The `X.Y.Z` after the `v` in "ModSecurity v3.0.9 (Linux)".
+fn release_of(who_am_i: &str) -> &str {
+    who_am_i
+        .split_whitespace()
+        .filter_map(|word| word.strip_prefix('v'))
+        .find(|rest| rest.starts_with(|c: char| c.is_ascii_digit()))
+        .unwrap_or("")
 }
 
 impl Drop for ModSecurity {
@@ -688,4 +704,23 @@ unsafe extern "C" fn log_callback(data: *mut c_void, msg: *const c_void) {
         let report = unsafe { &mut *data.cast::<MatchReport>() };
         report.record_line(&line, false);
     }));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::release_of;
+
+    #[test]
+    fn release_is_read_from_who_am_i() {
+        for (text, release) in [
+            ("ModSecurity v3.0.9 (Linux)", "3.0.9"),
+            ("ModSecurity v3.0.14 (Linux)", "3.0.14"),
+            ("ModSecurity v3.0.16 (Linux)", "3.0.16"),
+            ("ModSecurity v3.1.0-rc1 (Darwin)", "3.1.0-rc1"),
+            ("ModSecurity (Linux)", ""),
+            ("", ""),
+        ] {
+            assert_eq!(release_of(text), release, "{text:?}");
+        }
+    }
 }

@@ -116,7 +116,9 @@ fn defaults() -> Defaults {
 fn main() {
     let args = cli::go_style(std::env::args_os(), &cli::long_options(&Cli::command()));
     let (cli, matches): (Cli, ArgMatches) =
-        lastcall::config::parse_cli_matches_from(args, &defaults(), |cmd| cmd);
+        lastcall::config::parse_cli_matches_from(args, &defaults(), |cmd| {
+            cmd.version(version_line())
+        });
     if let Some(Command::CheckHaproxy { files }) = &cli.command {
         std::process::exit(lastcall_spoa::check::run(files));
     }
@@ -159,6 +161,17 @@ fn main() {
         ),
     };
     runtime.block_on(start(cli, matches, term, cfg))
+}
+
+/// `--version`'s text: ours, and the libmodsecurity this process loaded (its own version
+/// string, so a newer shared library under the same binary shows as itself).
+fn version_line() -> &'static str {
+    let engine = match ModSecurity::new() {
+        Ok(engine) => format!("ModSecurity {}", engine.version()),
+        Err(e) => format!("libmodsecurity failed to start: {e}"),
+    };
+    // Once per process, before anything else runs: clap wants a 'static string.
+    Box::leak(format!("{} (engine: {engine})", env!("CARGO_PKG_VERSION")).into_boxed_str())
 }
 
 /// `--validate`: the options, the file and every application's rules, then exit 0 or 64.
@@ -411,10 +424,12 @@ async fn serve(cli: Cli, matches: ArgMatches, mut daemon: Daemon, cfg: Config, a
         Err(e) => fail(exit::SOFTWARE, &format!("starting libmodsecurity: {e}")),
     };
     tracing::info!(
-        "{} application(s), {} rules compiled",
+        "{} application(s), {} rules compiled; engine: {}",
         cfg.applications.len(),
-        apps.rule_count()
+        apps.rule_count(),
+        engine.who_am_i()
     );
+    metrics.set_engine("ModSecurity", &engine.version());
     let waf = Arc::new(Waf::new(engine, apps, Arc::clone(&metrics)));
 
     let listener = match Listener::bind(&cfg.bind).await {

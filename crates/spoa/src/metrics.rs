@@ -62,6 +62,8 @@ pub struct Metrics {
     pub buffered_bytes: Gauge,
     /// Connections closed for idleness (no HELLO in time, or idle after it), by when.
     timeouts: Family<Labels, Counter>,
+    /// `spoa_engine_info`: the WAF library this process loaded, and its release.
+    engine: Family<Vec<(&'static str, String)>, Gauge>,
 }
 
 impl Default for Metrics {
@@ -89,6 +91,7 @@ impl Default for Metrics {
             overrunning: Gauge::default(),
             buffered_bytes: Gauge::default(),
             timeouts: Family::default(),
+            engine: Family::default(),
         }
     }
 }
@@ -174,11 +177,27 @@ impl Metrics {
             self.buffered_bytes.clone(),
         );
         r.register(
+            "engine_info",
+            "The WAF engine this process loaded (1): its name and release as the library \
+             itself reports them",
+            self.engine.clone(),
+        );
+        r.register(
             "connections_timed_out",
             "Connections closed with nothing to do: no HELLO within hello_timeout (hello), or \
              idle for idle_timeout (idle)",
             self.timeouts.clone(),
         );
+    }
+
+    /// Records the engine's name and release (`spoa_engine_info{engine,version} 1`).
+    pub fn set_engine(&self, engine: &'static str, version: &str) {
+        self.engine
+            .get_or_create(&vec![
+                ("engine", engine.to_owned()),
+                ("version", version.to_owned()),
+            ])
+            .set(1);
     }
 
     /// Counts a NOTIFY answered with the error variable for lack of time (`deadline` or

@@ -212,6 +212,26 @@ pub fn parse_report(output: &str) -> Report {
     r
 }
 
+/// The release of the `turnserver` [`peers::coturn`] runs (`turnserver --version`, e.g.
+/// "4.6.1" or "4.18.0"), and whether it knows `option` (`--help` lists it): coturn 4.18
+/// dropped options 4.6 had, such as `--no-dtls`.
+pub fn turnserver_release_and(option: &str) -> (String, bool) {
+    let run = |arg: &str| {
+        peers::coturn("turnserver")
+            .arg(arg)
+            .output()
+            .map(|o| {
+                let mut text = String::from_utf8_lossy(&o.stdout).into_owned();
+                text.push_str(&String::from_utf8_lossy(&o.stderr));
+                text
+            })
+            .unwrap_or_default()
+    };
+    let release = run("--version").trim().to_owned();
+    let known = run("--help").split_whitespace().any(|word| word == option);
+    (release, known)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

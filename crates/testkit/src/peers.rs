@@ -69,3 +69,16 @@ pub fn ours(var: &str, binary: &std::path::Path) -> Command {
         None => Command::new(binary),
     }
 }
+
+/// The release in the file name of the shared library `stem` (e.g. `libmodsecurity`) that
+/// process `pid` has mapped, as in `libmodsecurity.so.3.0.14` (`/proc/PID/maps`): which
+/// library a peer or our own daemon actually loaded, whatever it was built against.
+pub fn mapped_release(pid: u32, stem: &str) -> Option<String> {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
+    let marker = format!("/{stem}.so.");
+    maps.lines()
+        .filter_map(|line| line.split_whitespace().nth(5))
+        .filter_map(|path| path.rsplit_once(marker.as_str()))
+        .map(|(_, release)| release.to_owned())
+        .find(|release| release.matches('.').count() == 2)
+}

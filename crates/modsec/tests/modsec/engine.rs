@@ -590,3 +590,19 @@ fn score_rules_after_any_rule_set_report_crs_totals() {
     let (_, tx) = run_request(&ms, &rules, &Req::get("/"));
     assert_eq!(tx.report().inbound_anomaly_score(), None);
 }
+
+/// `version()` names the library this process mapped (`libmodsecurity.so.3.0.N`), which is
+/// what a newer shared library under the same binary must show as (scripts/test_peers.sh
+/// runs the spoa tests that check it on 3.0.14 and 3.0.16).
+#[test]
+fn version_is_the_loaded_librarys() {
+    let (ms, _) = crs_engine(&CrsOptions::default());
+    let mapped = lastcall_testkit::peers::mapped_release(std::process::id(), "libmodsecurity")
+        .expect("libmodsecurity.so.X.Y.Z mapped");
+    assert_eq!(ms.version(), mapped, "{}", ms.who_am_i());
+    assert!(
+        ms.who_am_i().starts_with("ModSecurity v"),
+        "{}",
+        ms.who_am_i()
+    );
+}

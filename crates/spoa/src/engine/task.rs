@@ -572,6 +572,22 @@ mod tests {
         }
     }
 
+    /// A [`Gated`] handler that also says when an evaluation has started (and so is
+    /// blocked at the gate).
+    struct GatedTelling {
+        gate: Gated,
+        started: Mutex<std::sync::mpsc::Sender<()>>,
+    }
+
+    impl Handler for GatedTelling {
+        fn handle(&self, messages: &[Message]) -> Answer {
+            if let Ok(started) = self.started.lock() {
+                let _ = started.send(());
+            }
+            self.gate.handle(messages)
+        }
+    }
+
     struct Open;
     impl Handler for Open {
         fn handle(&self, _: &[Message]) -> Answer {
@@ -777,7 +793,12 @@ mod tests {
             futures_never(),
         );
         let (tx, rx) = std::sync::mpsc::channel();
-        let s = shared(Arc::new(Gated(Mutex::new(rx))), daemon.handle());
+        let (started_tx, started) = std::sync::mpsc::channel();
+        let handler = GatedTelling {
+            gate: Gated(Mutex::new(rx)),
+            started: Mutex::new(started_tx),
+        };
+        let s = shared(Arc::new(handler), daemon.handle());
         let listener =
             super::super::Listener::bind(&crate::config::Bind::Tcp("127.0.0.1:0".into()))
                 .await
@@ -806,8 +827,10 @@ mod tests {
             frame::encode_haproxy_hello(16380, false, &mut first);
             assert!(exchange(&first, &mut conns), "the first HELLO");
             conns[0].write_all(&notify(1)).unwrap();
-            // Let the evaluation start and block.
-            std::thread::sleep(Duration::from_millis(300));
+            // The evaluation has started and blocks at the gate.
+            started
+                .recv_timeout(Duration::from_secs(10))
+                .expect("the evaluation started");
             let mut check = Vec::new();
             frame::encode_haproxy_hello(16380, true, &mut check);
             let started = std::time::Instant::now();

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::support::{agent_bin, get, Stack, StackOptions, WAIT};
+use crate::support::{agent_bin, agent_command, get, Agent, Stack, StackOptions, WAIT};
 use lastcall_testkit::Signal;
 
 fn validate(config: &str) -> (i32, String) {
@@ -556,4 +556,29 @@ fn check_haproxy_reads_the_files_line_by_line() {
     let (code, _, err) = run_in(&examples, &["check-haproxy", "no-such.cfg"]);
     assert_eq!(code, 64, "{err}");
     assert!(err.contains("no-such.cfg"), "{err}");
+}
+
+/// `--version` and `/metrics` name the libmodsecurity the agent loaded: the release in its
+/// file name as the running process mapped it (on 3.0.14 and 3.0.16 too, under
+/// scripts/test_peers.sh's runner).
+#[test]
+fn engine_version_is_the_loaded_library() {
+    let out = agent_command()
+        .arg("--version")
+        .output()
+        .expect("run --version");
+    assert!(out.status.success(), "{out:?}");
+    let line = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    let agent = Agent::start(None, &[]);
+    let mapped = lastcall_testkit::peers::mapped_release(agent.pod.pid(), "libmodsecurity")
+        .expect("libmodsecurity.so.X.Y.Z mapped by the agent");
+    assert_eq!(
+        line,
+        format!(
+            "lastcall-spoa {} (engine: ModSecurity {mapped})",
+            env!("CARGO_PKG_VERSION")
+        )
+    );
+    let gauge = format!("spoa_engine_info{{engine=\"ModSecurity\",version=\"{mapped}\"}}");
+    assert_eq!(agent.metric(&gauge), 1.0, "{}", agent.metrics());
 }

@@ -391,7 +391,9 @@ fn a_hostile_query_is_answered_within_the_budget() {
     });
     let started = Instant::now();
     c.send(&msg_frame).expect("notify");
-    thread::sleep(Duration::from_millis(200));
+    wait_for("the unlimited evaluation starts", || {
+        agent.metric("spoa_inflight") >= 1.0
+    });
     let mut other = Raw::connect(agent.addr, WAIT);
     other.hello(16380);
     let (ordinary, ordinary_took) = other.ordinary(1);

@@ -14,7 +14,6 @@
 //! termination --no-capture`, lines starting with `FIGURES`).
 
 use std::net::SocketAddr;
-use std::process::Command;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -680,19 +679,24 @@ fn second_sigterm_exits_within_1s_with_status_76() {
     );
 }
 
-/// For the docs: the same load against coturn 4.6.1 on SIGTERM. Asserts only
+/// For the docs: the same load against coturn on SIGTERM (Debian 12's 4.6.1, or the
+/// release `LASTCALL_TURNSERVER` runs: scripts/test_peers.sh gives 4.18's). Asserts only
 /// that coturn exited and that the measurement ran; prints what it lost.
 #[test]
-fn coturn_4_6_1_on_sigterm_under_the_same_load_for_comparison() {
+fn coturn_on_sigterm_under_the_same_load_for_comparison() {
     let port = crate::common::free_udp_tcp_port();
-    let mut cmd = Command::new("turnserver");
+    let (release, has_no_dtls) = lastcall_testkit::coturn::turnserver_release_and("--no-dtls");
+    println!("FIGURES run6 coturn release {release}");
+    let mut cmd = lastcall_testkit::peers::coturn("turnserver");
+    if has_no_dtls {
+        cmd.arg("--no-dtls");
+    }
     cmd.args([
         "-n",
         "--no-cli",
         "--listening-ip=127.0.0.1",
         "--relay-ip=127.0.0.1",
         "--no-tls",
-        "--no-dtls",
         "--realm=example.org",
         "--use-auth-secret",
         &format!("--static-auth-secret={SECRET}"),
@@ -760,7 +764,7 @@ fn coturn_4_6_1_on_sigterm_under_the_same_load_for_comparison() {
     }
     let r = tcp.join().expect("uclient thread");
     println!(
-        "FIGURES run6 coturn: exit {:?} (signal {:?}) {} after SIGTERM; our 3 UDP calls: {cut} cut, \
+        "FIGURES run6 coturn {release}: exit {:?} (signal {:?}) {} after SIGTERM; our 3 UDP calls: {cut} cut, \
          {lost_after} of {sent_after} datagrams sent after SIGTERM lost; uclient -t -m 2 -n 300 -z 20: \
          sent {} of 600 messages (the rest never went: the connections were reset), received {}, \
          lost {:?}, status {:?}",
