@@ -12,6 +12,9 @@ PACKAGES=(
   # The container tests (scripts/test_containers.sh): they start their own dockerd and
   # containerds (own roots and sockets), never the system's services.
   docker.io containerd runc containernetworking-plugins debootstrap binutils
+  # The browser test of lastcall-turn (crates/turn/tests/turn/chromium.rs): headless
+  # Chromium's own WebRTC stack, driven by the page it loads (no driver needed).
+  chromium
 )
 
 missing=()
