@@ -31,6 +31,19 @@ def free_port(kind: int = socket.SOCK_STREAM) -> int:
         return s.getsockname()[1]
 
 
+def free_udp_tcp_port() -> int:
+    """A port free for both UDP and TCP on 127.0.0.1: a TURN listener binds both (a free UDP
+    port may be a TCP connection's local port on a busy machine)."""
+    while True:
+        port = free_port(socket.SOCK_DGRAM)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as t:
+            try:
+                t.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+
+
 def http_status(port: int, path: str) -> int | None:
     try:
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
@@ -143,7 +156,7 @@ def test_turn_runs_as_the_chart_starts_it(extra: str, tmp_path: Path) -> None:
     if binary is None:
         pytest.skip("lastcall-turn is not built")
     admin_port = free_port()
-    turn_port = free_port(socket.SOCK_DGRAM)
+    turn_port = free_udp_tcp_port()
     relay = free_port(socket.SOCK_DGRAM)
     values: dict[str, Any] = {
         "admin": {"port": admin_port},

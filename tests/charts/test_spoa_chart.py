@@ -307,6 +307,20 @@ def test_sidecar_haproxy_config(case: Any, tmp_path: Path) -> None:
     # The real HAProxy accepts it.
     result = haproxy_check(haproxy_cfg, spoe_cfg, tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
+    # Bodies reach the agent whole: HAProxy waits for them, with room for the configured size.
+    assert "option http-buffer-request" in haproxy_cfg
+    assert f"tune.bufsize {values['sidecar']['haproxy'].get('bufsize', 1114112)}\n" in haproxy_cfg
+    # And the agent's own reader of HAProxy files finds nothing to add about bodies (when it
+    # is built); it would without the line. (It does ask a sidecar for a second agent server
+    # and the retry lines: one agent per pod is the sidecar's design.)
+    binary = built_binary("lastcall-spoa")
+    if binary is not None:
+        (tmp_path / "spoe.cfg").write_text(spoe_cfg)
+        for cfg, flagged in ((haproxy_cfg, False), (haproxy_cfg.replace("option http-buffer-request", ""), True)):
+            (tmp_path / "haproxy.cfg").write_text(cfg.replace("/usr/local/etc/haproxy/spoe.cfg", str(tmp_path / "spoe.cfg")))
+            checked = subprocess.run([binary, "check-haproxy", str(tmp_path / "haproxy.cfg")],
+                                     capture_output=True, text=True, timeout=30)
+            assert ("option http-buffer-request" in checked.stdout) == flagged, checked.stdout + checked.stderr
     haproxy = container(rendered.pod_spec(), "haproxy")
     assert probe_path(haproxy, "readinessProbe") == "/healthz"
     assert "command" not in haproxy, "the haproxy image's STOPSIGNAL (SIGUSR1) and entrypoint are kept"

@@ -49,6 +49,7 @@ pub struct Metrics {
     rejected: Family<Labels, Counter>,
     reloads: Family<Labels, Counter>,
     truncated: Family<Labels, Counter>,
+    not_waited: Family<Labels, Counter>,
     /// Transactions kept for a response check.
     pub transactions_cached: Gauge,
     /// Transactions dropped because their TTL ran out or the bound was reached.
@@ -81,6 +82,7 @@ impl Default for Metrics {
             rejected: Family::default(),
             reloads: Family::default(),
             truncated: Family::default(),
+            not_waited: Family::default(),
             transactions_cached: Gauge::default(),
             transactions_expired: Counter::default(),
             // Prometheus' Go client's default buckets, as coraza-spoa's histogram has.
@@ -147,8 +149,13 @@ impl Metrics {
         );
         r.register(
             "truncated_bodies",
-            "Bodies HAProxy delivered truncated, by policy applied",
+            "Bodies larger than HAProxy's buffer (the rest never reached the agent), by policy applied",
             self.truncated.clone(),
+        );
+        r.register(
+            "bodies_not_waited",
+            "Requests HAProxy sent before their body arrived (no option http-buffer-request), by policy applied",
+            self.not_waited.clone(),
         );
         r.register(
             "transactions_cached",
@@ -263,6 +270,13 @@ impl Metrics {
     pub fn reload(&self, ok: bool) {
         let result = if ok { "ok" } else { "error" };
         self.reloads.get_or_create(&vec![("result", result)]).inc();
+    }
+
+    /// Counts a request sent before its body arrived.
+    pub fn not_waited(&self, policy: &'static str) {
+        self.not_waited
+            .get_or_create(&vec![("policy", policy)])
+            .inc();
     }
 
     /// Counts a truncated body.

@@ -36,6 +36,6 @@ pub mod wait;
 pub use cargo::{bin_path, example_path};
 pub use http::{http_get, http_post, try_http};
 pub use net::{free_addr, free_port, free_udp_tcp_port, wait_for_tcp};
-pub use origin::{Origin, LEAK_HEADER};
+pub use origin::{Origin, Seen, LEAK_HEADER};
 pub use process::{ExitReport, Pod, RolloutReport, Signal};
 pub use wait::{wait_for, wait_until, WAIT};

@@ -3,7 +3,7 @@
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::Duration;
 
@@ -21,6 +21,33 @@ pub struct Origin {
     stop: Arc<AtomicBool>,
     /// Requests answered.
     pub served: Arc<AtomicU64>,
+    /// Every request it began to read, in order: `(method, target, body bytes)`, the body
+    /// `None` until it was read whole (a request cut short stays `None`).
+    pub seen: Arc<Mutex<Vec<Seen>>>,
+}
+
+/// One request the [`Origin`] began to read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Seen {
+    /// The method.
+    pub method: String,
+    /// The request target.
+    pub target: String,
+    /// The body's length once read whole.
+    pub body: Option<usize>,
+}
+
+impl Origin {
+    /// The requests it began to read whose target starts with `prefix`.
+    pub fn seen(&self, prefix: &str) -> Vec<Seen> {
+        self.seen
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .filter(|s| s.target.starts_with(prefix))
+            .cloned()
+            .collect()
+    }
 }
 
 impl Origin {
@@ -35,19 +62,25 @@ impl Origin {
         let addr = listener.local_addr()?;
         let stop = Arc::new(AtomicBool::new(false));
         let served = Arc::new(AtomicU64::new(0));
-        let (s, n) = (stop.clone(), served.clone());
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let (s, n, log) = (stop.clone(), served.clone(), seen.clone());
         thread::spawn(move || {
             for conn in listener.incoming() {
                 if s.load(Ordering::SeqCst) {
                     break;
                 }
                 if let Ok(conn) = conn {
-                    let n = n.clone();
-                    thread::spawn(move || origin_conn(conn, &n));
+                    let (n, log) = (n.clone(), log.clone());
+                    thread::spawn(move || origin_conn(conn, &n, &log));
                 }
             }
         });
-        Ok(Origin { addr, stop, served })
+        Ok(Origin {
+            addr,
+            stop,
+            served,
+            seen,
+        })
     }
 }
 
@@ -59,7 +92,7 @@ impl Drop for Origin {
 }
 
 /// Serves one keep-alive connection until the client closes it or asks to.
-fn origin_conn(conn: TcpStream, served: &AtomicU64) {
+fn origin_conn(conn: TcpStream, served: &AtomicU64, seen: &Mutex<Vec<Seen>>) {
     let _ = conn.set_read_timeout(Some(Duration::from_secs(60)));
     let mut writer = match conn.try_clone() {
         Ok(w) => w,
@@ -74,9 +107,23 @@ fn origin_conn(conn: TcpStream, served: &AtomicU64) {
         let mut parts = line.split_whitespace();
         let method = parts.next().unwrap_or("").to_owned();
         let path = parts.next().unwrap_or("").to_owned();
+        let at = {
+            let mut seen = seen
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            seen.push(Seen {
+                method: method.clone(),
+                target: path.clone(),
+                body: None,
+            });
+            seen.len() - 1
+        };
         let Ok((len, close)) = read_headers_and_body(&mut reader) else {
             return;
         };
+        seen.lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)[at]
+            .body = Some(len);
         served.fetch_add(1, Ordering::SeqCst);
         let (extra, text) = if path.starts_with("/leak") {
             (

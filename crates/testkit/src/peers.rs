@@ -11,6 +11,7 @@
 //! | coturn's `turnutils_uclient` | `/usr/bin/turnutils_uclient` | `LASTCALL_UCLIENT` |
 //! | coturn's `turnutils_peer` | `/usr/bin/turnutils_peer` | `LASTCALL_PEER` |
 //! | coturn's `turnserver` | `/usr/bin/turnserver` | `LASTCALL_TURNSERVER` |
+//! | Chromium (headless WebRTC) | `/usr/bin/chromium` | `LASTCALL_CHROMIUM` |
 //! | our own daemon under test | the binary itself | `LASTCALL_SPOA_RUNNER`, a prefix (e.g. `scripts/peer-run trixie`: the agent on Debian 13's libmodsecurity) |
 
 use std::process::Command;
@@ -37,6 +38,11 @@ pub fn haproxy() -> Command {
 /// A command running nginx.
 pub fn nginx() -> Command {
     command("LASTCALL_NGINX", "/usr/sbin/nginx")
+}
+
+/// Chromium (`LASTCALL_CHROMIUM`), for the browser tests.
+pub fn chromium() -> Command {
+    command("LASTCALL_CHROMIUM", "/usr/bin/chromium")
 }
 
 /// A command running coturn's `tool` (`turnutils_uclient`, `turnutils_peer`,

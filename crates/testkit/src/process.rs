@@ -39,6 +39,10 @@ pub enum Signal {
     Hup,
     /// SIGKILL (what the kubelet sends at the end of the grace period).
     Kill,
+    /// SIGSTOP (freeze the process: its timers come due all at once on SIGCONT).
+    Stop,
+    /// SIGCONT.
+    Cont,
 }
 
 impl Signal {
@@ -51,6 +55,8 @@ impl Signal {
             Signal::Usr1 => S::SIGUSR1,
             Signal::Hup => S::SIGHUP,
             Signal::Kill => S::SIGKILL,
+            Signal::Stop => S::SIGSTOP,
+            Signal::Cont => S::SIGCONT,
         }
     }
 }

@@ -94,7 +94,81 @@ pub(crate) fn make_nonce(secret: &[u8; 32], now: u64, ip: IpAddr) -> [u8; NONCE_
     out
 }
 
+/// The nonce key derived from a shared secret (`nonce-secret`, or a TURN REST API
+/// `static-auth-secret`): HMAC-SHA256(secret, "lastcall-turn nonce key v1"). Every server
+/// given the same secret issues and accepts the same nonces; the secret itself never keys a
+/// nonce, so a nonce reveals nothing about the credentials.
+pub fn nonce_key(secret: &[u8]) -> [u8; 32] {
+    let mut key = [0u8; 32];
+    if let Ok(mut m) = Hmac::<sha2::Sha256>::new_from_slice(secret) {
+        m.update(b"lastcall-turn nonce key v1");
+        key.copy_from_slice(&m.finalize().into_bytes());
+    }
+    key
+}
+
+/// Checks `nonce` against every key of `config` (the issuing one first).
+pub(crate) fn check_nonce_with(
+    config: &crate::config::NonceConfig,
+    nonce: &[u8],
+    now: u64,
+    ip: IpAddr,
+) -> NonceCheck {
+    let life = config.lifetime.as_secs();
+    let mut verdict = check_nonce(&config.secret, nonce, now, ip, life);
+    for key in &config.accepted {
+        if verdict != NonceCheck::Unknown {
+            break;
+        }
+        verdict = check_nonce(key, nonce, now, ip, life);
+    }
+    verdict
+}
+
+/// What a nonce is worth.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum NonceCheck {
+    /// Made by [`make_nonce`] for this IP no more than `lifetime` seconds ago.
+    Valid,
+    /// Made for this IP, but too long ago (or too far in the future).
+    Stale,
+    /// Never issued for this IP with this secret (another secret, another IP, garbage).
+    Unknown,
+}
+
+/// Checks `nonce` for `ip` at UNIX second `now`.
+pub(crate) fn check_nonce(
+    secret: &[u8; 32],
+    nonce: &[u8],
+    now: u64,
+    ip: IpAddr,
+    lifetime: u64,
+) -> NonceCheck {
+    if nonce.len() != NONCE_LEN {
+        return NonceCheck::Unknown;
+    }
+    let mut raw = [0u8; 12];
+    match URL_SAFE_NO_PAD.decode_slice(nonce, &mut raw) {
+        Ok(12) => {}
+        _ => return NonceCheck::Unknown,
+    }
+    let ts = u32::from_be_bytes([raw[0], raw[1], raw[2], raw[3]]);
+    let Some(m) = nonce_mac(secret, ts, ip) else {
+        return NonceCheck::Unknown;
+    };
+    if m.verify_truncated_left(&raw[4..]).is_err() {
+        return NonceCheck::Unknown;
+    }
+    let ts = u64::from(ts);
+    if ts <= now.saturating_add(5) && now.saturating_sub(ts) <= lifetime {
+        NonceCheck::Valid
+    } else {
+        NonceCheck::Stale
+    }
+}
+
 /// `true` if `nonce` was made by [`make_nonce`] for `ip` no more than `lifetime` seconds ago.
+#[cfg(test)]
 pub(crate) fn nonce_valid(
     secret: &[u8; 32],
     nonce: &[u8],
@@ -102,23 +176,7 @@ pub(crate) fn nonce_valid(
     ip: IpAddr,
     lifetime: u64,
 ) -> bool {
-    if nonce.len() != NONCE_LEN {
-        return false;
-    }
-    let mut raw = [0u8; 12];
-    match URL_SAFE_NO_PAD.decode_slice(nonce, &mut raw) {
-        Ok(12) => {}
-        _ => return false,
-    }
-    let ts = u32::from_be_bytes([raw[0], raw[1], raw[2], raw[3]]);
-    let Some(m) = nonce_mac(secret, ts, ip) else {
-        return false;
-    };
-    if m.verify_truncated_left(&raw[4..]).is_err() {
-        return false;
-    }
-    let ts = u64::from(ts);
-    ts <= now.saturating_add(5) && now.saturating_sub(ts) <= lifetime
+    check_nonce(secret, nonce, now, ip, lifetime) == NonceCheck::Valid
 }
 
 #[cfg(test)]
@@ -146,6 +204,14 @@ mod tests {
         assert!(!nonce_valid(&s, &bad, 1000, ip, 600));
         assert!(!nonce_valid(&s, b"short", 1000, ip, 600));
         assert!(std::str::from_utf8(&n).is_ok());
+        assert_eq!(check_nonce(&s, &n, 1601, ip, 600), NonceCheck::Stale);
+        assert_eq!(check_nonce(&s, &n, 994, ip, 600), NonceCheck::Stale);
+        assert_eq!(check_nonce(&s, &n, 995, ip, 600), NonceCheck::Valid);
+        assert_eq!(
+            check_nonce(&[8u8; 32], &n, 1000, ip, 600),
+            NonceCheck::Unknown
+        );
+        assert_eq!(check_nonce(&s, &bad, 1000, ip, 600), NonceCheck::Unknown);
     }
 
     #[test]

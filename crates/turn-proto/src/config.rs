@@ -63,6 +63,10 @@ pub struct ServerConfig {
     pub default_family: DefaultFamily,
     /// coturn `max-bps` / `bps-capacity`.
     pub bandwidth: Bandwidth,
+    /// `--drain-idle-timeout`: while refusing, an allocation that heard nothing from its
+    /// client (no data, no request) for this long is ended as if expired
+    /// ([`DeleteReason::Reclaimed`](crate::DeleteReason::Reclaimed)); `None`: never.
+    pub drain_idle_timeout: Option<Duration>,
 }
 
 /// Which requests are answered (coturn `stun-only`, `no-stun`).
@@ -136,6 +140,7 @@ impl ServerConfig {
             fingerprint: false,
             default_family: DefaultFamily::default(),
             bandwidth: Bandwidth::default(),
+            drain_idle_timeout: None,
         }
     }
 }
@@ -268,9 +273,13 @@ pub struct Quotas {
 /// and cannot be used from another IP address.
 #[derive(Clone)]
 pub struct NonceConfig {
-    /// HMAC key for nonces (random by default; set the same value on servers sharing clients
-    /// only if you want nonces to survive a restart — not needed).
+    /// HMAC key for the nonces this server issues (random by default). Servers that share it
+    /// accept each other's nonces (fleet nonces: a client sent to another server with 300
+    /// Try Alternate keeps its nonce); see [`nonce_key`](crate::auth::nonce_key).
     pub secret: [u8; 32],
+    /// Further keys whose nonces are accepted (not issued): the keys of the other TURN REST
+    /// API secrets during a rotation, whatever order other servers list them in.
+    pub accepted: Vec<[u8; 32]>,
     /// coturn `stale-nonce` (600 s): a nonce older than this gets 438 Stale Nonce.
     pub lifetime: Duration,
 }
@@ -279,6 +288,7 @@ impl Default for NonceConfig {
     fn default() -> Self {
         NonceConfig {
             secret: rand::random(),
+            accepted: Vec::new(),
             lifetime: Duration::from_secs(600),
         }
     }

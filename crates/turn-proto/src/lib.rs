@@ -74,15 +74,17 @@
 //!   requests are not limited: nonces are bound to the
 //!   client's IP address, so a spoofed source can never produce an authenticated request.
 //! - **Stateless nonces**: 16 characters, base64url(32-bit time || first 8 bytes of
-//!   HMAC-SHA1(secret, time || client IP)). Older than `stale-nonce`, from another IP, or made
-//!   by another secret (restart): 438 with a fresh nonce.
-//! - **Drain**: the 300 Try Alternate / 403 comes *after* authentication (RFC 5766/8656 list
-//!   authentication first; RFC 8489 §10 wants the 300 integrity-protected when the request
-//!   was): a new client first gets the usual 401, then 300 with ALTERNATE-SERVER and
-//!   MESSAGE-INTEGRITY or 403. `turnutils_uclient` verifies the 300's integrity and moves to
-//!   the alternate server (checked with `examples/mini_udp.rs ... drain=ADDR`: every message
-//!   echoed through the alternate); on 403 it exits 255 at once. ALTERNATE-DOMAIN is not
-//!   sent.
+//!   HMAC-SHA1(key, time || client IP)). Older than `stale-nonce`, from another IP, or made
+//!   by another key: 438 with a fresh nonce. Servers given the same key ([`nonce_key`] of a
+//!   shared secret; [`NonceConfig::accepted`] for more keys) accept each other's nonces
+//!   (fleet nonces).
+//! - **Drain**: a new client's first, unauthenticated Allocate gets 300 Try Alternate with
+//!   ALTERNATE-SERVER only (coturn's answer; exempt from the size guard like the challenge,
+//!   at most 60 bytes) when there is an alternate; an authenticated Allocate gets the 300
+//!   with MESSAGE-INTEGRITY (RFC 8489 §10), REALM and a fresh NONCE — libwebrtc takes those
+//!   to the alternate, where a 438 or a second 401 would be fatal to its Allocate — or 403
+//!   without alternates. `turnutils_uclient` follows both 300s; on 403 it exits 255 at once.
+//!   ALTERNATE-DOMAIN is not sent.
 //! - **Channel numbers 0x4000..=0x7FFF** (RFC 5766's range) are accepted, not only RFC 8656's
 //!   0x4000..=0x4FFF: `turnutils_uclient` and coturn use the whole range.
 //! - **EVEN-PORT** (with or without R) and **RESERVATION-TOKEN** are supported (uclient sends
@@ -118,14 +120,14 @@ pub mod server;
 pub mod stun;
 pub mod types;
 
-pub use auth::{rest_expiry, rest_password, NONCE_LEN};
+pub use auth::{nonce_key, rest_expiry, rest_password, NONCE_LEN};
 pub use config::{
     parse_coturn_user, AuthConfig, Bandwidth, ConfigError, DefaultFamily, ExternalIp, Lifetimes,
     NonceConfig, Quotas, RelayConfig, ServerConfig, Service, UserKey,
 };
 pub use fastpath::{ChannelRoute, RouteChange};
 pub use frame::{stream_frame_len, FrameError, CHANNEL_MAX, CHANNEL_MIN};
-pub use policy::{DenyReason, IpRange, IpRangeError, PeerPolicy};
+pub use policy::{embedded_ipv4s, DenyReason, IpRange, IpRangeError, PeerPolicy};
 pub use server::Server;
 pub use types::{
     AuthFailure, ClientAddr, Counters, DeleteReason, DrainMode, Event, Output, RelayAddrs,

@@ -21,7 +21,7 @@ use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use crate::auth::{keys_for, make_nonce, nonce_valid, Keys};
+use crate::auth::{check_nonce_with, keys_for, make_nonce, Keys, NonceCheck};
 use crate::config::{Bandwidth, ServerConfig, Service};
 use crate::frame::{channel_in_range, parse_channel_data, write_channel_data};
 use crate::hash::Seeded;
@@ -32,6 +32,7 @@ use crate::types::{
 };
 
 mod allocate;
+mod reclaim;
 mod routes;
 
 use allocate::{Pending, Reservation};
@@ -60,6 +61,9 @@ pub struct Server {
     live_by_transport: [usize; 3],
     timers: BinaryHeap<Reverse<(Instant, usize, u64)>>,
     events: VecDeque<Event>,
+    /// Queued events that are not an allocation's creation or deletion (only these are
+    /// dropped past [`MAX_QUEUED_EVENTS`]).
+    notices: usize,
     next_gen: u64,
     relay_rr: usize,
     alternate_rr: usize,
@@ -130,6 +134,9 @@ struct Allocation {
     perms: Vec<(IpAddr, Instant)>,
     channels: Vec<Channel>,
     scheduled: Instant,
+    /// When its client was last heard from (any datagram or frame on its 5-tuple, or
+    /// [`Server::note_client_activity`]): the idle reclaim of a drain reads it.
+    last_heard: Instant,
     /// The canonical ORIGIN of the Allocate (`check-origin-consistency`).
     origin: Option<String>,
     /// `max-bps`: the allocation's buckets, and what it reserved of `bps-capacity`.
@@ -375,6 +382,7 @@ impl Server {
             live_by_transport: [0; 3],
             timers: BinaryHeap::new(),
             events: VecDeque::new(),
+            notices: 0,
             next_gen: 1,
             relay_rr: 0,
             alternate_rr: 0,
@@ -427,9 +435,12 @@ impl Server {
         }
     }
 
-    /// Set the drain mode for new allocations.
+    /// Set the drain mode for new allocations. From Refusing on, with
+    /// [`ServerConfig::drain_idle_timeout`], allocations whose client went quiet are
+    /// reclaimed (see [`note_client_activity`](Self::note_client_activity)).
     pub fn set_drain(&mut self, mode: DrainMode) {
         self.drain = mode;
+        self.schedule_idle_checks();
     }
 
     /// Current drain mode.
@@ -514,13 +525,24 @@ impl Server {
 
     /// Next queued event.
     pub fn poll_event(&mut self) -> Option<Event> {
-        self.events.pop_front()
+        let e = self.events.pop_front()?;
+        if !e.is_lifecycle() {
+            self.notices = self.notices.saturating_sub(1);
+        }
+        Some(e)
     }
 
+    /// Queues `e`. An allocation's creation and deletion are always queued (a lost one would
+    /// leave a session guard held, and a drain could only end at its deadline; there are at
+    /// most two per allocation); past [`MAX_QUEUED_EVENTS`] other events, a new one is
+    /// dropped and counted.
     fn push_event(&mut self, e: Event) {
-        if self.events.len() >= MAX_QUEUED_EVENTS {
-            self.events.pop_front();
-            self.counters.events_dropped += 1;
+        if !e.is_lifecycle() {
+            if self.notices >= MAX_QUEUED_EVENTS {
+                self.counters.events_dropped += 1;
+                return;
+            }
+            self.notices += 1;
         }
         self.events.push_back(e);
     }
@@ -623,6 +645,7 @@ impl Server {
             return None;
         };
         let idx = self.by_client.get(from).copied();
+        self.heard(idx, now);
         let found = idx.and_then(|i| {
             let a = self.allocs.get(i)?.as_ref().filter(|a| a.expires > now)?;
             let ch = a
@@ -672,6 +695,7 @@ impl Server {
             return None;
         }
         let idx = self.by_client.get(from).copied();
+        self.heard(idx, now);
         let found = idx.and_then(|i| {
             let a = self.allocs.get(i)?.as_ref().filter(|a| a.expires > now)?;
             let permitted = a
@@ -813,12 +837,24 @@ impl Server {
                 break;
             }
             self.timers.pop();
-            let expired = match self.allocs.get(idx) {
-                Some(Some(a)) if a.gen == gen && a.scheduled == t => a.expires <= now,
+            let idle = self.idle_limit();
+            let end = match self.allocs.get(idx) {
+                Some(Some(a)) if a.gen == gen && a.scheduled == t => {
+                    if a.expires <= now {
+                        Some(DeleteReason::Expired)
+                    } else if reclaim::is_idle(a, idle, now) {
+                        Some(DeleteReason::Reclaimed)
+                    } else {
+                        None
+                    }
+                }
                 _ => continue, // stale entry
             };
-            if expired {
-                self.delete(idx, DeleteReason::Expired);
+            if let Some(reason) = end {
+                if reason == DeleteReason::Reclaimed {
+                    self.counters.allocations_reclaimed += 1;
+                }
+                self.delete(idx, reason);
                 continue;
             }
             let Some(Some(a)) = self.allocs.get_mut(idx) else {
@@ -833,15 +869,16 @@ impl Server {
                     .filter(|c| c.expires + CHANNEL_QUARANTINE <= now),
             );
             a.channels.retain(|c| c.expires + CHANNEL_QUARANTINE > now);
-            let next = next_deadline(a, now);
+            let next = reclaim::with_idle_deadline(next_deadline(a, now), a, idle);
             a.scheduled = next;
             self.timers.push(Reverse((next, idx, gen)));
         }
     }
 
     fn reschedule(&mut self, idx: usize, now: Instant) {
+        let idle = self.idle_limit();
         if let Some(Some(a)) = self.allocs.get_mut(idx) {
-            let next = next_deadline(a, now);
+            let next = reclaim::with_idle_deadline(next_deadline(a, now), a, idle);
             if next < a.scheduled {
                 a.scheduled = next;
                 self.timers.push(Reverse((next, idx, a.gen)));
@@ -939,6 +976,9 @@ impl Server {
             (Service::StunOnly, false) | (Service::TurnOnly, true) => return Reply::Silent,
             _ => {}
         }
+        // Any request on the 5-tuple shows its client is there (even one refused).
+        let heard = self.by_client.get(from).copied();
+        self.heard(heard, now);
         if ctx.method == method::BINDING {
             return self.binding(now, from, msg, attrs, ctx, out);
         }
@@ -947,6 +987,15 @@ impl Server {
             method::ALLOCATE | method::REFRESH | method::CREATE_PERMISSION | method::CHANNEL_BIND
         ) {
             return self.error(&ctx, 400, out);
+        }
+        if ctx.method == method::ALLOCATE
+            && attrs.integrity.is_none()
+            && attrs.integrity256.is_none()
+            && self.config.auth.required()
+        {
+            if let Some(reply) = self.try_alternate_first(from, &ctx, out) {
+                return reply;
+            }
         }
         let authed = match self.authenticate(now, from, msg, attrs, &ctx, out) {
             Ok(a) => a,
@@ -1084,9 +1133,20 @@ impl Server {
             return Err(self.error(ctx, 400, out));
         };
         let unix = self.unix(now);
-        let secret = self.config.nonce.secret;
-        let life = self.config.nonce.lifetime.as_secs();
-        if !nonce_valid(&secret, nonce, unix, from.client.ip(), life) {
+        let verdict = check_nonce_with(&self.config.nonce, nonce, unix, from.client.ip());
+        if verdict != NonceCheck::Valid {
+            let reason = if verdict == NonceCheck::Stale {
+                AuthFailure::StaleNonce
+            } else {
+                AuthFailure::UnknownNonce
+            };
+            let username = std::str::from_utf8(user).ok().map(str::to_string);
+            // A 438 is the protocol's nonce rotation: an event (for the log), not a failure.
+            self.push_event(Event::AuthFailed {
+                client: *from,
+                username,
+                reason,
+            });
             return Err(self.challenge(now, from, ctx, 438, out));
         }
         let Ok(username) = std::str::from_utf8(user) else {

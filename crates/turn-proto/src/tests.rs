@@ -392,11 +392,20 @@ impl Req {
 
 impl H {
     /// Get a nonce the way a client does: an unauthenticated Allocate answered 401.
+    /// (While refusing with alternates a new client's first Allocate gets 300: then an
+    /// unauthenticated Refresh, which any server answers 401.)
     pub(crate) fn nonce(&mut self, from: ClientAddr) -> Vec<u8> {
         let r = self
             .client(from, &Req::new(method::ALLOCATE).transport_udp().bytes())
             .unwrap();
-        let r = decode(&r);
+        let mut r = decode(&r);
+        if r.code == Some(300) {
+            r = decode(
+                &self
+                    .client(from, &Req::new(method::REFRESH).bytes())
+                    .unwrap(),
+            );
+        }
         assert_eq!(r.code, Some(401));
         r.get(attr::NONCE).unwrap().to_vec()
     }
@@ -613,6 +622,16 @@ fn stale_nonce_438() {
         .bytes();
     let r = decode(&h.client(from, &bytes).unwrap());
     assert_eq!(r.code, Some(438));
+    assert!(matches!(
+        &h.events()[..],
+        [Event::AuthFailed {
+            reason: AuthFailure::StaleNonce,
+            username: Some(u),
+            ..
+        }] if u == "alice"
+    ));
+    // Nonce rotation is not an authentication failure.
+    assert_eq!(h.server.counters().auth_failures, 0);
     let fresh = r.get(attr::NONCE).unwrap().to_vec();
     assert_ne!(fresh, nonce);
     assert_eq!(r.get(attr::REALM), Some(REALM.as_bytes()));
@@ -637,6 +656,31 @@ fn nonce_from_another_ip_438() {
         .bytes();
     let r = decode(&h.client(udp("192.0.2.8:40000"), &bytes).unwrap());
     assert_eq!(r.code, Some(438));
+    assert!(matches!(
+        &h.events()[..],
+        [Event::AuthFailed {
+            reason: AuthFailure::UnknownNonce,
+            ..
+        }]
+    ));
+    // Another server's nonce (another secret) is unknown too.
+    let mut config = base_config();
+    config.nonce.secret = [8; 32];
+    let mut other = H::new(config);
+    let foreign = other.nonce(udp("192.0.2.7:40000"));
+    let forged = Req::new(method::ALLOCATE)
+        .transport_udp()
+        .auth(&alice(), &foreign)
+        .bytes();
+    let r = decode(&h.client(udp("192.0.2.7:40000"), &forged).unwrap());
+    assert_eq!(r.code, Some(438));
+    assert!(matches!(
+        &h.events()[..],
+        [Event::AuthFailed {
+            reason: AuthFailure::UnknownNonce,
+            ..
+        }]
+    ));
     // Same IP, other port (NAT rebinding, a new TCP connection): still valid.
     let r = decode(&h.client(udp("192.0.2.7:40001"), &bytes).unwrap());
     assert_eq!(r.class, Class::Success);
@@ -1085,6 +1129,14 @@ fn forbidden_peers_403() {
         "[64:ff9b::192.168.1.1]:9",
         "[64:ff9b:1::127.0.0.1]:9",
         "[64:ff9b:1::8.8.8.8]:9",
+        // IPv4-translated, ISATAP, Teredo (client 127.0.0.1 inverted), the rest of ::/8
+        "[::ffff:0:127.0.0.1]:9",
+        "[::ffff:0:169.254.169.254]:80",
+        "[::5efe:169.254.169.254]:80",
+        "[2606:4700:1:2:200:5efe:127.0.0.1]:9",
+        "[2001:0:808:808::80ff:fffe]:9",
+        "[2001:0:a9fe:a9fe::f7f7:f7f7]:80",
+        "[::1:0:0:1]:9",
     ];
     let mut h = H::new(base_config());
     let v4_client = udp("192.0.2.7:40000");
@@ -1548,19 +1600,32 @@ fn drain_refuses_new_allocations_only() {
     h.server.set_drain(DrainMode::Refuse {
         alternates: alts.clone(),
     });
-    // An unauthenticated Allocate still gets the normal 401 challenge first.
+    // A new client's first, unauthenticated Allocate gets 300 at once (coturn's answer),
+    // with ALTERNATE-SERVER only: no REALM or NONCE (libwebrtc would take them and then
+    // treat the alternate's 401 as fatal), no MESSAGE-INTEGRITY; within the challenge's size.
     let new = udp("192.0.2.8:40000");
-    let r = decode(
-        &h.client(new, &Req::new(method::ALLOCATE).transport_udp().bytes())
-            .unwrap(),
-    );
-    assert_eq!(r.code, Some(401));
-    // Authenticated: 300 with an IPv4 ALTERNATE-SERVER, round-robin, authenticated.
+    let first = Req::new(method::ALLOCATE).transport_udp().bytes();
+    let r = decode(&h.client(new, &first).unwrap());
+    assert_eq!(r.code, Some(300));
+    assert!(r.get(attr::ALTERNATE_SERVER).is_some());
+    for a in [attr::REALM, attr::NONCE, attr::MESSAGE_INTEGRITY] {
+        assert!(r.get(a).is_none(), "{a:#x} in the first 300");
+    }
+    assert!(r.raw.len() <= 60, "{} bytes", r.raw.len());
+    // Authenticated (a client that already had a nonce): 300 with an IPv4
+    // ALTERNATE-SERVER, round-robin, integrity-protected, with REALM and a fresh NONCE.
     let mut seen = Vec::new();
+    let nonce = h.nonce(new);
     for _ in 0..4 {
-        let r = h.authed(new, &alice(), Req::new(method::ALLOCATE).transport_udp());
+        let req = Req::new(method::ALLOCATE)
+            .transport_udp()
+            .auth(&alice(), &nonce)
+            .bytes();
+        let r = decode(&h.client(new, &req).unwrap());
         assert_eq!(r.code, Some(300));
         assert!(r.get(attr::MESSAGE_INTEGRITY).is_some());
+        assert_eq!(r.get(attr::REALM), Some(REALM.as_bytes()));
+        assert_eq!(r.get(attr::NONCE).map(<[u8]>::len), Some(NONCE_LEN));
         let a = decode_address(r.get(attr::ALTERNATE_SERVER).unwrap(), &r.txid, false).unwrap();
         assert!(a.is_ipv4());
         seen.push(a);
@@ -1614,7 +1679,8 @@ fn drain_refuses_new_allocations_only() {
     let r = h.authed(old, &alice(), Req::new(method::REFRESH).lifetime(0));
     assert_eq!(r.class, Class::Success);
     assert_eq!(h.server.allocation_count(), 0);
-    assert_eq!(h.server.counters().refused_draining, 5);
+    // Two first Allocates (300 unauthenticated), four authenticated (300), one 403.
+    assert_eq!(h.server.counters().refused_draining, 7);
     h.server.set_drain(DrainMode::Off);
     h.allocate(new, &alice());
 }
@@ -1821,6 +1887,68 @@ fn event_queue_is_bounded() {
     }
     assert_eq!(h.events().len(), MAX_QUEUED_EVENTS);
     assert_eq!(h.server.counters().events_dropped, 10);
+    // Once polled, there is room again.
+    h.client(from, &bytes);
+    assert_eq!(h.events().len(), 1);
+}
+
+/// Session ends are never lost: 10,000 allocations ending in one timer pass during a drain,
+/// behind a queue already full of other events, each come out as `AllocationDeleted` (the
+/// I/O layer drops a session guard for each; the drain ends with the last).
+#[test]
+fn ten_thousand_allocations_ending_in_one_timer_pass_are_all_reported() {
+    const N: u16 = 10_000;
+    let mut config = base_config();
+    config.lifetimes.allocation_max = Duration::from_secs(60);
+    config.lifetimes.allocation_default = Duration::from_secs(60);
+    config.quotas.total = 0;
+    let mut h = H::new(config);
+    let creds = Creds::rest(SECRET, h.unix_now() + 3600, "many");
+    let nonce = h.nonce(udp("192.0.2.7:1"));
+    for i in 0..N {
+        let from = udp(&format!("192.0.2.7:{}", 10_000 + i));
+        let bytes = Req::new(method::ALLOCATE)
+            .transport_udp()
+            .auth(&creds, &nonce)
+            .bytes();
+        let r = decode(&h.client(from, &bytes).expect("a response"));
+        assert_eq!(r.class, Class::Success, "allocation {i}: {:?}", r.code);
+    }
+    let created = h
+        .events()
+        .iter()
+        .filter(|e| matches!(e, Event::AllocationCreated { .. }))
+        .count();
+    assert_eq!(created, usize::from(N));
+    h.server.set_drain(DrainMode::Refuse { alternates: vec![] });
+    // Other events fill the queue first (failed authentications nobody polled).
+    let bad = Req::new(method::ALLOCATE)
+        .transport_udp()
+        .auth(&Creds::password("alice", "bad"), &nonce)
+        .bytes();
+    for _ in 0..MAX_QUEUED_EVENTS + 1 {
+        h.client(udp("192.0.2.7:2"), &bad);
+    }
+    // One timer pass: every allocation expires in it.
+    h.advance(61);
+    assert_eq!(h.server.allocation_count(), 0);
+    let events = h.events();
+    let deleted = events
+        .iter()
+        .filter(|e| {
+            matches!(
+                e,
+                Event::AllocationDeleted {
+                    reason: DeleteReason::Expired,
+                    ..
+                }
+            )
+        })
+        .count();
+    assert_eq!(deleted, usize::from(N));
+    assert_eq!(events.len(), usize::from(N) + MAX_QUEUED_EVENTS);
+    assert_eq!(h.server.counters().events_dropped, 1);
+    assert_eq!(h.relays.released.len(), usize::from(N));
 }
 
 /// EVEN-PORT and RESERVATION-TOKEN, the way `turnutils_uclient` uses them (RTP allocation
@@ -2227,4 +2355,181 @@ fn allocation_default_address_family_chooses_the_relay_of_an_allocate_naming_non
         let relay = h.allocate(from, &alice());
         assert_eq!(relay.is_ipv4(), want_v4, "{family:?} from {from:?}");
     }
+}
+
+/// The idle reclaim of a drain, on a paused clock: while refusing, an allocation that heard
+/// nothing from its client for `drain_idle_timeout` ends (reason Reclaimed, counted); a
+/// quiet live call sending one datagram every 5 s never does, and ends 30 s after its last
+/// one; nothing is reclaimed before the drain; activity reported from elsewhere
+/// (`note_client_activity`) counts like a datagram.
+#[test]
+fn drain_reclaims_allocations_whose_client_went_quiet() {
+    let mut config = base_config();
+    config.drain_idle_timeout = Some(Duration::from_secs(30));
+    let mut h = H::new(config);
+    let vanished = udp("192.0.2.7:40000");
+    let live = udp("192.0.2.8:40000");
+    let fed = udp("192.0.2.9:40000");
+    for c in [vanished, live, fed] {
+        h.allocate(c, &alice());
+    }
+    let r = h.authed(
+        live,
+        &alice(),
+        Req::new(method::CHANNEL_BIND)
+            .channel(0x4000)
+            .peer("8.8.8.8:9"),
+    );
+    assert_eq!(r.class, Class::Success);
+    let mut frame = Vec::new();
+    crate::frame::write_channel_data(&mut frame, 0x4000, b"consent", false);
+    let reclaimed = |h: &mut H| -> Vec<ClientAddr> {
+        h.events()
+            .into_iter()
+            .filter_map(|e| match e {
+                Event::AllocationDeleted {
+                    client,
+                    reason: DeleteReason::Reclaimed,
+                    ..
+                } => Some(client),
+                _ => None,
+            })
+            .collect()
+    };
+    // Not draining: 100 quiet seconds (but for the live call) reclaim nothing.
+    for s in 1..=100u64 {
+        h.advance(1);
+        if s % 5 == 0 {
+            assert!(matches!(h.client(live, &frame), Some(Sent::Peer(..))));
+        }
+    }
+    assert_eq!(h.server.allocation_count(), 3);
+    assert!(reclaimed(&mut h).is_empty());
+    h.server.set_drain(DrainMode::Refuse { alternates: vec![] });
+    h.server.note_client_activity(&fed, h.now);
+    h.advance(0);
+    assert_eq!(reclaimed(&mut h), [vanished], "quiet for 100 s: at once");
+    // Ten minutes of a quiet live call (one datagram every 5 s), and activity reported for
+    // `fed` every 20 s: neither is reclaimed. (Refreshes keep both allocations, and the
+    // channel, alive.)
+    for s in 1..=600u64 {
+        h.advance(1);
+        if s % 150 == 0 {
+            for c in [live, fed] {
+                let r = h.authed(c, &alice(), Req::new(method::REFRESH).lifetime(600));
+                assert_eq!(r.class, Class::Success);
+            }
+            let r = h.authed(
+                live,
+                &alice(),
+                Req::new(method::CHANNEL_BIND)
+                    .channel(0x4000)
+                    .peer("8.8.8.8:9"),
+            );
+            assert_eq!(r.class, Class::Success);
+        }
+        if s % 5 == 0 {
+            assert!(matches!(h.client(live, &frame), Some(Sent::Peer(..))));
+        }
+        if s % 20 == 0 {
+            h.server.note_client_activity(&fed, h.now);
+        }
+        assert!(reclaimed(&mut h).is_empty(), "reclaimed at {s} s");
+    }
+    assert_eq!(h.server.allocation_count(), 2);
+    // The live call stops (its last datagram at 600 s): reclaimed 30 s later, not sooner.
+    let last = h.now;
+    for _ in 0..29 {
+        h.advance(1);
+        h.server.note_client_activity(&fed, h.now);
+        assert!(reclaimed(&mut h).is_empty());
+    }
+    h.advance(1);
+    assert_eq!(reclaimed(&mut h), [live]);
+    assert_eq!(h.now - last, Duration::from_secs(30));
+    assert_eq!(
+        h.server.last_client_activity(&fed),
+        Some(h.now - Duration::from_secs(1))
+    );
+    assert_eq!(h.server.counters().allocations_reclaimed, 2);
+    assert_eq!(h.server.counters().allocations_deleted, 2);
+}
+
+/// Without `drain_idle_timeout` (`--drain-idle-timeout=0`) a drain reclaims nothing: a
+/// quiet allocation lasts its lifetime.
+#[test]
+fn drain_without_idle_timeout_keeps_quiet_allocations_until_they_expire() {
+    let mut h = H::new(base_config());
+    let c = udp("192.0.2.7:40000");
+    h.allocate(c, &alice());
+    h.server.set_drain(DrainMode::Refuse { alternates: vec![] });
+    for _ in 0..599 {
+        h.advance(1);
+    }
+    assert_eq!(h.server.allocation_count(), 1);
+    h.advance(1);
+    assert_eq!(h.server.allocation_count(), 0);
+    assert!(matches!(
+        &h.events()[..],
+        [
+            ..,
+            Event::AllocationDeleted {
+                reason: DeleteReason::Expired,
+                ..
+            }
+        ]
+    ));
+    assert_eq!(h.server.counters().allocations_reclaimed, 0);
+}
+
+/// Fleet nonces: servers with the same nonce key accept each other's nonces (a client sent
+/// on with 300 keeps the nonce of the 300, as libwebrtc does), servers with another key
+/// answer 438 (unknown nonce); a key in `accepted` (the other REST secrets of a rotation)
+/// is accepted but never issued.
+#[test]
+fn fleet_nonces_are_valid_on_every_server_sharing_the_key() {
+    let key = nonce_key(b"the fleet's secret");
+    assert_ne!(key, nonce_key(b"another secret"));
+    let mut config = base_config();
+    config.nonce.secret = key;
+    let mut draining = H::new(config.clone());
+    let mut alternate = H::new(config);
+    let alt: SocketAddr = "198.51.100.2:3478".parse().unwrap();
+    draining.server.set_drain(DrainMode::Refuse {
+        alternates: vec![alt],
+    });
+    // The client had a nonce from the draining server; its authenticated Allocate gets 300
+    // with a NONCE, which it takes to the alternate.
+    let from = udp("192.0.2.7:40000");
+    let r = draining.authed(from, &alice(), Req::new(method::ALLOCATE).transport_udp());
+    assert_eq!(r.code, Some(300));
+    let nonce = r.get(attr::NONCE).unwrap().to_vec();
+    let bytes = Req::new(method::ALLOCATE)
+        .transport_udp()
+        .auth(&alice(), &nonce)
+        .bytes();
+    let r = decode(&alternate.client(from, &bytes).unwrap());
+    assert_eq!(r.class, Class::Success, "{:?}", r.code);
+    // A server with another key: 438, logged as an unknown nonce.
+    let mut config = base_config();
+    config.nonce.secret = nonce_key(b"another secret");
+    let mut stranger = H::new(config.clone());
+    let r = decode(&stranger.client(from, &bytes).unwrap());
+    assert_eq!(r.code, Some(438));
+    assert!(matches!(
+        &stranger.events()[..],
+        [Event::AuthFailed {
+            reason: AuthFailure::UnknownNonce,
+            ..
+        }]
+    ));
+    // The same server, accepting the fleet key during a rotation: valid.
+    config.nonce.accepted = vec![key];
+    let mut rotating = H::new(config);
+    let bytes = Req::new(method::ALLOCATE)
+        .transport_udp()
+        .auth(&alice(), &nonce)
+        .bytes();
+    let r = decode(&rotating.client(udp("192.0.2.7:40001"), &bytes).unwrap());
+    assert_eq!(r.class, Class::Success, "{:?}", r.code);
 }

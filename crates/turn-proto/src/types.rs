@@ -193,6 +193,10 @@ pub enum DeleteReason {
     ConnectionClosed,
     /// [`Server::clear`](crate::Server::clear) (shutdown deadline).
     Shutdown,
+    /// While refusing, nothing came from its client for
+    /// [`ServerConfig::drain_idle_timeout`](crate::ServerConfig::drain_idle_timeout): a
+    /// client that vanished without deleting it.
+    Reclaimed,
 }
 
 impl DeleteReason {
@@ -203,6 +207,7 @@ impl DeleteReason {
             DeleteReason::Expired => "expired",
             DeleteReason::ConnectionClosed => "connection_closed",
             DeleteReason::Shutdown => "shutdown",
+            DeleteReason::Reclaimed => "reclaimed",
         }
     }
 }
@@ -220,6 +225,12 @@ pub enum AuthFailure {
     Expired,
     /// The username differs from the allocation's (441).
     WrongCredentials,
+    /// A NONCE this server issued, past `stale-nonce` (438 with a fresh one: the usual
+    /// rotation, not counted in [`Counters::auth_failures`]).
+    StaleNonce,
+    /// A NONCE this server never issued: made with another nonce secret (another server, a
+    /// restart without a shared secret), for another client IP, or forged (438).
+    UnknownNonce,
 }
 
 impl AuthFailure {
@@ -230,13 +241,16 @@ impl AuthFailure {
             AuthFailure::BadIntegrity => "bad_integrity",
             AuthFailure::Expired => "expired",
             AuthFailure::WrongCredentials => "wrong_credentials",
+            AuthFailure::StaleNonce => "stale_nonce",
+            AuthFailure::UnknownNonce => "unknown_nonce",
         }
     }
 }
 
 /// Something the I/O layer may want to know (metrics, session guards, logs). Poll with
-/// [`Server::poll_event`](crate::Server::poll_event) after each call; at most
-/// [`MAX_QUEUED_EVENTS`] are kept (older ones are dropped and counted).
+/// [`Server::poll_event`](crate::Server::poll_event) after each call. Allocations' creations
+/// and deletions are never dropped; of the other events at most [`MAX_QUEUED_EVENTS`] are
+/// kept (newer ones are dropped and counted in [`Counters::events_dropped`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {
     /// A new allocation (take a session guard here).
@@ -295,8 +309,20 @@ pub enum Event {
     },
 }
 
-/// Most events queued before the oldest are dropped.
+/// Most events other than allocations' creations and deletions queued before new ones are
+/// dropped.
 pub const MAX_QUEUED_EVENTS: usize = 4096;
+
+impl Event {
+    /// Whether this is an allocation's creation or deletion (what session guards follow:
+    /// never dropped from the queue).
+    pub fn is_lifecycle(&self) -> bool {
+        matches!(
+            self,
+            Event::AllocationCreated { .. } | Event::AllocationDeleted { .. }
+        )
+    }
+}
 
 /// Drain behaviour for NEW allocations (existing ones always keep working).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -366,6 +392,9 @@ pub struct Counters {
     pub peers_denied: u64,
     /// Events dropped because the queue was full.
     pub events_dropped: u64,
+    /// Allocations ended while refusing because their client had gone quiet
+    /// ([`DeleteReason::Reclaimed`]).
+    pub allocations_reclaimed: u64,
     /// ChannelData, Send and peer datagrams dropped because their allocation was over its
     /// `max-bps`.
     pub bandwidth_dropped: u64,

@@ -110,6 +110,12 @@ pub struct TurnConfig {
     pub max_allocate_lifetime: u32,
     /// Seconds.
     pub stale_nonce: u32,
+    /// `--drain-idle-timeout`: while draining, allocations whose client has been quiet this
+    /// long end; zero = never.
+    pub drain_idle_timeout: Duration,
+    /// `nonce-secret` (`stateless-nonce-secret`, `nonce-secret-file`): the nonce key's
+    /// secret; `None`: derived from the first `static-auth-secret`, else random.
+    pub nonce_secret: Option<Vec<u8>>,
     /// Challenges larger than their request per source IP and second over UDP (coturn
     /// `unauthorized-ratelimit[-rps]`); 0 = no limit.
     pub unauthorized_rps: u32,
@@ -226,6 +232,10 @@ impl std::fmt::Debug for AuthMode {
     }
 }
 
+/// `--drain-idle-timeout` when not given: RFC 7675 consent freshness declares a WebRTC path
+/// dead after 30 s, and a live one sends consent checks every few seconds.
+const DEFAULT_DRAIN_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// The most `relay-threads` accepted.
 pub const MAX_RELAY_THREADS: usize = 1024;
 
@@ -252,6 +262,19 @@ impl TurnConfig {
         s.quotas.per_user = self.user_quota;
         s.quotas.total = self.total_quota;
         s.nonce.lifetime = Duration::from_secs(u64::from(self.stale_nonce));
+        s.drain_idle_timeout =
+            (!self.drain_idle_timeout.is_zero()).then_some(self.drain_idle_timeout);
+        // Fleet nonces: one key for every server given the same secret.
+        let rest = self.auth.rest_secrets();
+        if let Some(secret) = &self.nonce_secret {
+            s.nonce.secret = lastcall_turn_proto::nonce_key(secret);
+        } else if let Some((first, others)) = rest.split_first() {
+            s.nonce.secret = lastcall_turn_proto::nonce_key(first.as_bytes());
+            s.nonce.accepted = others
+                .iter()
+                .map(|o| lastcall_turn_proto::nonce_key(o.as_bytes()))
+                .collect();
+        }
         s.unauthorized_rps = self.unauthorized_rps;
         s.peer_policy.allow_loopback = self.allow_loopback_peers;
         s.peer_policy.allowed = self.allowed_peer_ips.clone();
@@ -495,7 +518,9 @@ fn log_args(
 /// Options whose values must never be printed in a problem.
 fn shown_value(name: &str, value: &str) -> String {
     match name {
-        "static-auth-secret" if !value.is_empty() => "(secret)".to_string(),
+        "static-auth-secret" | "nonce-secret" | "stateless-nonce-secret" if !value.is_empty() => {
+            "(secret)".to_string()
+        }
         // The user's name helps; the password or key after the colon never.
         "user" => match value.split_once(':') {
             Some((user, _)) => format!("{user}:(secret)"),
@@ -565,6 +590,56 @@ impl Checker<'_> {
     fn require(&mut self, name: &str, message: &str) {
         let source = self.raw.last(name).map_or(Source::Flag, |(_, s)| s.clone());
         self.problems.push(Problem::new("", message).at(source));
+    }
+}
+
+/// `nonce-secret` (or coturn's `stateless-nonce-secret`), or the contents of
+/// `nonce-secret-file`; one of them at most.
+fn nonce_secret(c: &mut Checker<'_>) -> Option<Vec<u8>> {
+    let given = c
+        .raw
+        .last("nonce-secret")
+        .or_else(|| c.raw.last("stateless-nonce-secret"));
+    let file = c.raw.last("nonce-secret-file");
+    match (given, file) {
+        (Some(_), Some((path, source))) => {
+            let why =
+                "give nonce-secret (or stateless-nonce-secret) or nonce-secret-file, not both";
+            c.bad(source, "nonce-secret-file", path, why);
+            None
+        }
+        (Some((v, source)), None) => {
+            if v.is_empty() {
+                c.bad(
+                    source,
+                    "nonce-secret",
+                    v,
+                    "empty: give the fleet's shared secret",
+                );
+                return None;
+            }
+            Some(v.as_bytes().to_vec())
+        }
+        (None, Some((path, source))) => match std::fs::read(path) {
+            Ok(bytes) => {
+                let text = bytes.trim_ascii_end().to_vec();
+                if text.is_empty() {
+                    c.bad(source, "nonce-secret-file", path, "the file is empty");
+                    return None;
+                }
+                Some(text)
+            }
+            Err(e) => {
+                c.bad(
+                    source,
+                    "nonce-secret-file",
+                    path,
+                    &format!("cannot read it: {e}"),
+                );
+                None
+            }
+        },
+        (None, None) => None,
     }
 }
 
@@ -640,6 +715,18 @@ fn typed(
     let max_allocate_lifetime = c
         .value("max-allocate-lifetime", "a number of seconds")
         .unwrap_or(3600);
+    let drain_idle_timeout = match c.raw.last("drain-idle-timeout") {
+        Some((v, source)) => match lastcall::duration::parse(v) {
+            Ok(d) => d,
+            Err(e) => {
+                let why = format!("not a duration (30s, 2m, 0 = never): {e}");
+                c.bad(source, "drain-idle-timeout", v, &why);
+                DEFAULT_DRAIN_IDLE_TIMEOUT
+            }
+        },
+        None => DEFAULT_DRAIN_IDLE_TIMEOUT,
+    };
+    let nonce_secret = nonce_secret(&mut c);
     let stale_nonce = match c.raw.last("stale-nonce") {
         Some((v, _)) if v.is_empty() => 600,
         Some(_) => c.value("stale-nonce", "a number of seconds").unwrap_or(600),
@@ -953,6 +1040,8 @@ fn typed(
             total_quota,
             max_allocate_lifetime,
             stale_nonce,
+            drain_idle_timeout,
+            nonce_secret,
             unauthorized_rps,
             pidfile,
             alternate_servers,
@@ -1242,6 +1331,51 @@ mod tests {
         );
         let s = run(&["--drain-min-allocations=3", "--drain-min-sessions=1"]).unwrap();
         assert_eq!(s.term.drain_min_sessions, 1, "lastcall's own option wins");
+    }
+
+    #[test]
+    fn nonce_key_from_nonce_secret_its_file_or_the_first_static_auth_secret() {
+        use lastcall_turn_proto::nonce_key;
+        let key = |args: &[&str]| {
+            let n = run(args).unwrap().turn.core_config().nonce;
+            (n.secret, n.accepted)
+        };
+        // run() gives static-auth-secret s3cret (see `run`): the fleet key is derived from it.
+        let (derived, accepted) = key(&[]);
+        assert_eq!(derived, key(&[]).0, "the same on every server");
+        assert!(accepted.is_empty());
+        assert_eq!(key(&["--nonce-secret=fleet"]).0, nonce_key(b"fleet"));
+        assert_eq!(
+            key(&["--stateless-nonce-secret=fleet"]).0,
+            nonce_key(b"fleet")
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("nonce");
+        std::fs::write(&file, "fleet\n").unwrap();
+        let arg = format!("--nonce-secret-file={}", file.display());
+        assert_eq!(key(&[&arg]).0, nonce_key(b"fleet"));
+        let both = errors(&["--nonce-secret=a", &arg]).join("\n");
+        assert!(both.contains("not both"), "{both}");
+        let missing = errors(&["--nonce-secret-file=/nonexistent/nonce"]).join("\n");
+        assert!(missing.contains("cannot read it"), "{missing}");
+        assert!(!missing.contains("fleet"));
+    }
+
+    #[test]
+    fn drain_idle_timeout_defaults_to_30s_and_0_turns_it_off() {
+        let core = |args: &[&str]| run(args).unwrap().turn.core_config().drain_idle_timeout;
+        assert_eq!(core(&[]), Some(Duration::from_secs(30)));
+        assert_eq!(
+            core(&["--drain-idle-timeout=2m"]),
+            Some(Duration::from_secs(120))
+        );
+        assert_eq!(
+            core(&["--drain-idle-timeout=45"]),
+            Some(Duration::from_secs(45))
+        );
+        assert_eq!(core(&["--drain-idle-timeout=0"]), None);
+        let all = errors(&["--drain-idle-timeout=soon"]).join("\n");
+        assert!(all.contains("drain-idle-timeout=soon"), "{all}");
     }
 
     #[test]

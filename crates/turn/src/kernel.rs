@@ -73,6 +73,13 @@ impl Kernel {
         }
     }
 
+    /// When each client with a kernel route last sent through it.
+    pub(crate) fn client_activity(
+        &self,
+    ) -> Vec<(lastcall_turn_proto::ClientAddr, std::time::Instant)> {
+        self.relay.client_activity()
+    }
+
     /// What the program relayed.
     pub(crate) fn totals(&self) -> Totals {
         self.relay.totals()

@@ -7,7 +7,7 @@
 //!
 //! Layers, each module using only those above it: the configuration (`options`, `sources`,
 //! `config`)
-//! and the leaves (`sockets`, `mmsg`, `mailbox`, `metrics`, `tls`); the relay
+//! and the leaves (`sockets`, `mmsg`, `mailbox`, `metrics`, `ratelog`, `tls`); the relay
 //! sockets (`relay`); routing what the core returns (`route`); the core behind its lock
 //! (`shared`); its drivers (`udp`, `stream`, `timers`, `drain`); the listeners (`listen`);
 //! and `server`, which starts them all.
@@ -21,6 +21,7 @@ mod mailbox;
 pub mod metrics;
 mod mmsg;
 mod options;
+mod ratelog;
 mod relay;
 mod route;
 pub mod server;

@@ -169,7 +169,7 @@ const fn coturn(name: &'static str, help: &'static str, value: u64) -> Exported 
 
 /// Every counter of the core but the traffic ones, as a metric. The destructuring names every
 /// field: a counter added to the core does not compile until it is exported here.
-fn exported(c: &Counters) -> [Exported; 18] {
+fn exported(c: &Counters) -> [Exported; 19] {
     let Counters {
         client_packets_in: _,
         client_bytes_in: _,
@@ -197,6 +197,7 @@ fn exported(c: &Counters) -> [Exported; 18] {
         events_dropped,
         bandwidth_dropped,
         refused_bandwidth,
+        allocations_reclaimed,
     } = *c;
     [
         coturn("stun_binding_request", "STUN Binding requests (coturn's name; only increases).", binding_requests),
@@ -207,7 +208,8 @@ fn exported(c: &Counters) -> [Exported; 18] {
         own("lastcall_turn_relay_port_exhausted", "Allocate requests that found no free relay port (508).", refused_capacity),
         own("lastcall_turn_allocate_refused_quota", "Allocate requests refused by user-quota or total-quota (486).", refused_quota),
         own("lastcall_turn_allocations_created", "Allocations created since start.", allocations_created),
-        own("lastcall_turn_allocations_deleted", "Allocations ended since start (refreshed to 0, expired, connection closed, shutdown).", allocations_deleted),
+        own("lastcall_turn_allocations_deleted", "Allocations ended since start (refreshed to 0, expired, connection closed, shutdown, reclaimed).", allocations_deleted),
+        own("lastcall_turn_allocations_reclaimed", "Allocations ended while draining because their client sent nothing for drain-idle-timeout.", allocations_reclaimed),
         own("lastcall_turn_peers_denied", "CreatePermission and ChannelBind peers refused by the peer policy (403).", peers_denied),
         own("lastcall_turn_malformed", "Client datagrams or frames dropped as neither STUN nor ChannelData, or with a bad FINGERPRINT.", malformed),
         own("lastcall_turn_suppressed_responses", "Responses to unauthenticated requests dropped because they would be larger than the request (no amplification).", suppressed_responses),

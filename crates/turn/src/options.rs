@@ -98,7 +98,8 @@ use Policy::{Accepted, Honoured};
 
 /// Every coturn option of 4.6 to 4.18 (their `--help` and shipped turnserver.conf), plus
 /// `alternate-server` (whose meaning differs: used only while draining) and our
-/// `no-auth-acknowledge-open-relay` and `kernel-relay`. Kept in the order of docs/turn.md's table; a test checks
+/// `no-auth-acknowledge-open-relay`, `drain-idle-timeout`, `nonce-secret`,
+/// `nonce-secret-file` and `kernel-relay`. Kept in the order of docs/turn.md's table; a test checks
 /// both agree, and that every option of `tests/data/coturn-options.txt` is here.
 ///
 /// For an [`Accepted`] option the help is the start-up warning: what `lastcall-turn` does
@@ -179,7 +180,9 @@ pub(crate) const OPTIONS: &[Spec] = &[
     spec("unauthorized-ratelimit", &[], Flag, Honoured, "", "Limit the challenges (401/438) and Binding answers larger than their request sent to one source IP per second over UDP: on by default at 100/s, unlike coturn; given alone, coturn's 10/s; =false turns it off"),
     spec("unauthorized-ratelimit-rps", &[], Value, Honoured, "N", "The per-source rate of unauthorized-ratelimit (0 = no limit) [default: 100]"),
     spec("stateless-nonce", &[], Flag, Honoured, "", "Nonces are always stateless (a timestamp and an HMAC)"),
-    spec("stateless-nonce-secret", &[], Value, Accepted, "SECRET", "nonces are keyed by a per-process secret: after a restart a client gets one 438 and retries"),
+    spec("stateless-nonce-secret", &[], Value, Honoured, "SECRET", "coturn's name of nonce-secret"),
+    spec("nonce-secret", &[], Value, Honoured, "SECRET", "lastcall-turn's own: the key of the nonces (fleet nonces: every server given it accepts the others' nonces, so a client sent on with 300 keeps its nonce) [default: derived from the first static-auth-secret, else random per process]"),
+    spec("nonce-secret-file", &[], Value, Honoured, "PATH", "lastcall-turn's own: nonce-secret read from this file (trailing whitespace removed)"),
     spec("allocation-default-address-family", &['A'], Value, Honoured, "ipv4|ipv6|keep", "Relay address family of an Allocate that names none: ipv4 (RFC 8656), ipv6, or keep (the family the client talks to the server with) [default: ipv4]"),
     spec("keep-address-family", &['K'], Flag, Honoured, "", "Same as allocation-default-address-family=keep"),
     refused("no-udp-relay", &[], Flag, Some("TCP relays (RFC 6062) are not implemented, so without UDP relays nothing would relay: leave it out")),
@@ -189,6 +192,7 @@ pub(crate) const OPTIONS: &[Spec] = &[
     spec("udp-alternate-server", &[], Multi, Honoured, "IP:PORT", "Like alternate-server, for UDP clients (instead of alternate-server)"),
     spec("tcp-alternate-server", &[], Multi, Honoured, "IP:PORT", "Like alternate-server, for TCP clients (instead of alternate-server)"),
     spec("tls-alternate-server", &[], Multi, Honoured, "IP:PORT", "Like alternate-server, for TLS clients (instead of alternate-server)"),
+    spec("drain-idle-timeout", &[], Value, Honoured, "DURATION", "lastcall-turn's own: while draining, end an allocation whose client sent nothing (no data, no request) for this long, as if expired; 0 = never [default: 30s]"),
     // What requests get.
     spec("stun-only", &['S'], Flag, Honoured, "", "STUN only: TURN requests get no answer"),
     spec("no-stun", &[], Flag, Honoured, "", "TURN only: STUN Binding requests get no answer"),
@@ -365,8 +369,14 @@ mod tests {
             .filter(|n| **n != "version" && find(n).is_none())
             .collect();
         assert!(missing.is_empty(), "no policy for {missing:?}");
-        // And nothing here that coturn does not have, but our own two.
-        let ours = ["no-auth-acknowledge-open-relay", "kernel-relay"];
+        // And nothing here that coturn does not have, but our own.
+        let ours = [
+            "no-auth-acknowledge-open-relay",
+            "drain-idle-timeout",
+            "nonce-secret",
+            "nonce-secret-file",
+            "kernel-relay",
+        ];
         let extra: Vec<&str> = OPTIONS
             .iter()
             .map(|s| s.name)

@@ -18,11 +18,16 @@ use parking_lot::Mutex;
 
 use crate::kernel::Kernel;
 use crate::metrics::{CoreCounters, Metrics};
+use crate::ratelog::LogBudget;
 use crate::relay::RelaySockets;
 use crate::route::{LocalSockets, Streams, TxQueue};
 
+/// Authentication refusals logged a second (at debug); the rest are counted in the next line.
+const AUTH_LOG_PER_SECOND: u32 = 10;
+
 /// State shared by every thread and task.
 pub struct Shared {
+    auth_log: LogBudget,
     core: Mutex<Server>,
     guards: Mutex<Guards>,
     pub(crate) relays: RelaySockets,
@@ -75,6 +80,7 @@ impl Shared {
         handle: Handle,
     ) -> Shared {
         Shared {
+            auth_log: LogBudget::new(AUTH_LOG_PER_SECOND, std::time::Duration::from_secs(1)),
             core: Mutex::new(server),
             guards: Mutex::new(Guards::default()),
             relays,
@@ -211,20 +217,31 @@ impl Shared {
                 reason,
                 ..
             } => {
-                // An expired allocation means a silent client: close its connection.
-                if client.transport.is_stream() && reason == DeleteReason::Expired {
+                // An expired or reclaimed allocation means a silent client: close its
+                // connection.
+                let silent = matches!(reason, DeleteReason::Expired | DeleteReason::Reclaimed);
+                if client.transport.is_stream() && silent {
                     self.streams.close(&client);
                 }
-                tracing::debug!(client = %client.client, relay = ?relays,
-                    reason = reason.as_str(), "allocation deleted");
+                if reason == DeleteReason::Reclaimed {
+                    tracing::info!(client = %client.client, transport = %client.transport,
+                        relay = ?relays, "allocation reclaimed: nothing from its client for drain-idle-timeout");
+                } else {
+                    tracing::debug!(client = %client.client, relay = ?relays,
+                        reason = reason.as_str(), "allocation deleted");
+                }
             }
             Event::AuthFailed {
                 client,
                 username,
                 reason,
             } => {
-                tracing::info!(client = %client.client, user = ?username,
-                    reason = reason.as_str(), "authentication failed");
+                // Clients cause these at will: debug, and a few a second.
+                if let Some(unlogged) = self.auth_log.admit(Instant::now()) {
+                    tracing::debug!(client = %client.client, transport = %client.transport,
+                        user = ?username, reason = reason.as_str(), unlogged,
+                        "authentication refused");
+                }
             }
             Event::AllocateRefusedDraining { client, alternate } => {
                 self.handle.record_refused();

@@ -25,6 +25,9 @@ const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 const READ_CHUNK: usize = 16 * 1024;
 /// How long a TCP/TLS connection may stay open without an allocation.
 const STREAM_SETUP: Duration = Duration::from_secs(60);
+/// How long a closing connection's writer may take to send what is queued for it (the
+/// response that ended the drain among it) before it is cut.
+const STREAM_FLUSH: Duration = Duration::from_secs(1);
 
 /// Serves one accepted TCP connection (a tracked task of the lifecycle's accept loop).
 pub(crate) async fn serve_tcp(
@@ -219,9 +222,19 @@ where
             break;
         }
     }
+    // The writer sends what is queued (the exit decision may have come from this very
+    // connection's Refresh with lifetime 0, whose response is queued), then shuts the
+    // connection down (TLS: close_notify): removing the handle drops the queue's last
+    // sender. A client that does not read is cut after STREAM_FLUSH.
     shared.streams.remove(&addr);
     shared.metrics.stream_connections.dec();
-    writer.abort();
+    let mut writer = writer;
+    if tokio::time::timeout(STREAM_FLUSH, &mut writer)
+        .await
+        .is_err()
+    {
+        writer.abort();
+    }
     if !watch.exiting() {
         let now = Instant::now();
         shared.run(|server| server.close_client(now, &addr));

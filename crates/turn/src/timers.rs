@@ -19,7 +19,26 @@ pub(crate) async fn timer_loop(shared: Arc<Shared>) {
             .unwrap_or(TIMER_TICK)
             .min(TIMER_TICK);
         tokio::time::sleep(wait).await;
+        // What the kernel fast path relayed from clients, the core never saw: while a
+        // drain reclaims idle allocations, tell it before it looks (read outside its lock).
+        let heard = match shared.kernel() {
+            Some(k) if shared.run(|server| reclaiming(server)) => k.client_activity(),
+            _ => Vec::new(),
+        };
         let now = Instant::now();
-        shared.run(|server| server.handle_timeout(now));
+        shared.run(|server| {
+            for (client, at) in &heard {
+                server.note_client_activity(client, *at);
+            }
+            server.handle_timeout(now)
+        });
     }
+}
+
+/// Whether the core reclaims idle allocations now (refusing, with `drain-idle-timeout`).
+fn reclaiming(server: &lastcall_turn_proto::Server) -> bool {
+    matches!(
+        server.drain(),
+        lastcall_turn_proto::DrainMode::Refuse { .. }
+    ) && server.config().drain_idle_timeout.is_some()
 }

@@ -11,7 +11,10 @@
 //! - **notes**: `option continue-on-error` with a second send (a connection closed under a
 //!   request), `timeout processing` below 1s, `timeout hello`/`timeout idle` (ignored by
 //!   HAProxy 3.1+, where the backend's `timeout connect`/`timeout server` apply), a request
-//!   message without the body.
+//!   message without the body;
+//! - **bodies**: a frontend sending `req.body` waits for it (`option http-buffer-request`,
+//!   or `http-request wait-for-body` before the send); without, the message goes before
+//!   the body arrives (docs/spoa.md, *Request bodies*).
 //!
 //! Findings carry the file and line they are about and the lines to add.
 
@@ -417,6 +420,41 @@ impl Frontend<'_> {
                 .and_then(|(_, s)| s.find(&["args"]))
                 .is_some_and(|a| a.words.iter().any(|w| w.ends_with("=req.body")))
         });
+        let first_send = sends.first().map(|(l, _)| l.no).unwrap_or(usize::MAX);
+        let buffered = self
+            .section
+            .find(&["option", "http-buffer-request"])
+            .is_some()
+            || (self
+                .defaults_line(
+                    self.section.line,
+                    self.file,
+                    &["option", "http-buffer-request"],
+                )
+                .is_some()
+                && self
+                    .section
+                    .find(&["no", "option", "http-buffer-request"])
+                    .is_none())
+            || self
+                .section
+                .all(&["http-request", "wait-for-body"])
+                .any(|l| l.no < first_send);
+        if sends_body && !buffered {
+            out.push(self.finding(
+                self.file,
+                self.section.line,
+                Level::Fix,
+                format!(
+                    "frontend `{}` does not wait for request bodies: HAProxy sends the request \
+                     message as soon as the headers are in, a body that comes after them (a \
+                     browser's upload, `Expect: 100-continue`) cannot be inspected, and the agent \
+                     answers such requests with the error variable (spoa_bodies_not_waited_total)",
+                    self.section.name
+                ),
+                Some("option http-buffer-request   (in this frontend)".into()),
+            ));
+        }
         if !messages.is_empty() && !sends_body {
             out.push(
                 self.finding(
@@ -567,9 +605,9 @@ impl Frontend<'_> {
                     l.no,
                     Level::Note,
                     "a verdict must come within this, queueing included: under load this turns \
-                     slowness into errors (docs/spoa.md uses 2s)"
+                     slowness into errors (docs/spoa.md uses 5s)"
                         .into(),
-                    Some("timeout processing 2s".into()),
+                    Some("timeout processing 5s".into()),
                 ));
             }
         }
@@ -649,6 +687,45 @@ backend coraza-spoa
     server s2 127.0.0.1:9001 check
 ";
 
+    /// Without `option http-buffer-request` (here, or in the defaults) or a `wait-for-body`
+    /// before the send, a body sent after the headers never reaches the agent.
+    #[test]
+    fn a_frontend_that_does_not_wait_for_bodies_is_named() {
+        let without = GOOD_HAPROXY.replace("    option http-buffer-request\n", "");
+        let f = check(&files(&without, GOOD_SPOE));
+        assert_eq!(
+            shown(&f),
+            ["haproxy.cfg:3 Fix frontend `web` does not wait for request bodies: HAProxy sends the request message as soon as the headers are in, a body that comes after them (a browser's upload, `Expect: 100-continue`) cannot be inspected, and the agent answers such requests with the error variable (spoa_bodies_not_waited_total)"]
+        );
+        assert_eq!(
+            f[0].add.as_deref(),
+            Some("option http-buffer-request   (in this frontend)")
+        );
+        let in_defaults = without.replace(
+            "    mode http\n",
+            "    mode http\n    option http-buffer-request\n",
+        );
+        assert!(check(&files(&in_defaults, GOOD_SPOE)).is_empty());
+        let turned_off = in_defaults.replace(
+            "    bind :80\n",
+            "    bind :80\n    no option http-buffer-request\n",
+        );
+        assert_eq!(check(&files(&turned_off, GOOD_SPOE)).len(), 1);
+        let waits = without.replace(
+            "    filter spoe",
+            "    http-request wait-for-body time 10s\n    filter spoe",
+        );
+        assert!(check(&files(&waits, GOOD_SPOE)).is_empty());
+        let waits_too_late = without.replace(
+            "    http-request deny deny_status 403",
+            "    http-request wait-for-body time 10s\n    http-request deny deny_status 403",
+        );
+        assert_eq!(check(&files(&waits_too_late, GOOD_SPOE)).len(), 1);
+        let no_body = GOOD_SPOE.replace(" body=req.body", "");
+        let f = check(&files(&without, &no_body));
+        assert!(f.iter().all(|f| f.level == Level::Note), "{:#?}", shown(&f));
+    }
+
     #[test]
     fn the_recommended_setup_has_nothing_to_fix() {
         let f = check(&files(GOOD_HAPROXY, GOOD_SPOE));
@@ -672,7 +749,7 @@ backend coraza-spoa
                 "haproxy.cfg:13 Fix backend `coraza-spoa` has 1 agent server(s): while one restarts or drains, requests fail; two or more keep them flowing",
                 "haproxy.cfg:13 Fix backend `coraza-spoa` has no `option spop-check`: HAProxy cannot see that an agent is draining and keeps sending it requests",
                 "coraza.cfg:2 Note no retry: a request queued on an agent connection that closes under it (an agent cut at its deadline) fails instead of being asked again",
-                "coraza.cfg:6 Note a verdict must come within this, queueing included: under load this turns slowness into errors (docs/spoa.md uses 2s)",
+                "coraza.cfg:6 Note a verdict must come within this, queueing included: under load this turns slowness into errors (docs/spoa.md uses 5s)",
             ]
         );
     }

@@ -344,14 +344,17 @@ impl Reader {
                 "max_frame_size" => {
                     if let Some(n) = self.unsigned(key, node) {
                         match u32::try_from(n) {
-                            Ok(n) if (MIN_FRAME_SIZE..=spop::MAX_FRAME_SIZE_LIMIT).contains(&n) => {
+                            Ok(n)
+                                if (MIN_FRAME_SIZE..=crate::config::MAX_FRAME_SIZE_CAP)
+                                    .contains(&n) =>
+                            {
                                 cfg.max_frame_size = n;
                             }
                             _ => self.problem(
                                 node.line,
                                 format!(
                                     "max_frame_size {n}: must be between {MIN_FRAME_SIZE} and {}",
-                                    spop::MAX_FRAME_SIZE_LIMIT
+                                    crate::config::MAX_FRAME_SIZE_CAP
                                 ),
                             ),
                         }

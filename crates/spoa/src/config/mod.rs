@@ -68,6 +68,16 @@ pub enum BodyLimitAction {
     ProcessPartial,
 }
 
+impl BodyLimitAction {
+    /// The name the configuration file uses.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BodyLimitAction::Reject => "reject",
+            BodyLimitAction::ProcessPartial => "process_partial",
+        }
+    }
+}
+
 /// An application's SecLang text as the file wrote it, and where.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Directives {
@@ -240,6 +250,12 @@ impl Evaluation {
 
 /// Default listener when neither the file nor `--bind` says.
 pub const DEFAULT_BIND: &str = "127.0.0.1:9000";
+/// Default `max_frame_size`: 4 MiB, above what HAProxy offers for any `tune.bufsize` up to
+/// 4 MiB (it offers `tune.bufsize - 4`), so that the documented `tune.bufsize 1114112` (a
+/// 1 MiB body whole) is HAProxy's to choose. The agent announces `min(HAProxy's, this)`.
+pub const DEFAULT_MAX_FRAME_SIZE: u32 = 4 * 1024 * 1024;
+/// Largest `max_frame_size` accepted (what `max_buffered_bytes` holds by default).
+pub const MAX_FRAME_SIZE_CAP: u32 = 64 * 1024 * 1024;
 /// Default transaction TTL (coraza-spoa's example value).
 pub const DEFAULT_TTL_MS: u64 = 60_000;
 /// Default bound on transactions waiting for a response.
@@ -262,7 +278,7 @@ impl Config {
             crs: crs::Location::debian(),
             default_application: Some(DEFAULT_APP.into()),
             applications: vec![Application::new(DEFAULT_APP)],
-            max_frame_size: spop::MAX_FRAME_SIZE_LIMIT,
+            max_frame_size: DEFAULT_MAX_FRAME_SIZE,
             workers: 2 * cpus(),
             max_inflight_per_connection: 64,
             evaluation: Evaluation::Pool,
@@ -439,7 +455,7 @@ default_application: b
             [
                 "line 2: workers: invalid type: string \"4\"; expected a non-negative integer",
                 "line 3: duplicate field `bind` (first given on line 1)",
-                "line 4: max_frame_size 100: must be between 256 and 1048576",
+                "line 4: max_frame_size 100: must be between 256 and 67108864",
                 "line 7: applications[0].response_check: invalid type: string \"yes\"; expected a boolean (true or false)",
                 "line 8: applications[0].body_limit_action: unknown variant `drop`; expected `reject` or `process_partial`",
                 "line 9: applications[0].rules: invalid type: string \"SecRuleEngine On\"; expected a sequence of directive lines",
@@ -558,15 +574,15 @@ applications:
     #[test]
     fn limits_and_timeouts() {
         let c = Config::parse(
-            "evaluation_timeout: 250ms\nhello_timeout: 5s\nidle_timeout: 20m\nmax_buffered_bytes: 2097152\napplications:\n  - name: a\n",
+            "evaluation_timeout: 250ms\nhello_timeout: 5s\nidle_timeout: 20m\nmax_buffered_bytes: 8388608\napplications:\n  - name: a\n",
         )
         .unwrap();
         assert_eq!(c.evaluation_timeout, Duration::from_millis(250));
         assert_eq!(c.hello_timeout, Duration::from_secs(5));
         assert_eq!(c.idle_timeout, Duration::from_secs(1200));
-        assert_eq!(c.max_buffered_bytes, 2 << 20);
+        assert_eq!(c.max_buffered_bytes, 8 << 20);
         let d = Config::parse("applications:\n  - name: a\n").unwrap();
-        assert_eq!(d.evaluation_timeout, Duration::from_secs(1));
+        assert_eq!(d.evaluation_timeout, Duration::from_secs(4));
         assert_eq!(d.idle_timeout, Duration::from_secs(600));
         let errs = Config::parse(
             "evaluation_timeout: soon\nidle_timeout: 0\nmax_buffered_bytes: 1000\nhello_timeout: [1]\napplications:\n  - name: a\n",
@@ -578,7 +594,7 @@ applications:
             [
                 "line 1: evaluation_timeout (soon): expected a number at `soon` (write e.g. 30s, 5m, 1h30m, 250ms or 30)",
                 "line 2: idle_timeout 0s: must be between 1s and 1d",
-                "line 3: max_buffered_bytes 1000: must be at least max_frame_size + 4 (1048580)",
+                "line 3: max_buffered_bytes 1000: must be at least max_frame_size + 4 (4194308)",
                 "line 4: hello_timeout: invalid type: sequence; expected a duration such as 1s, 500ms or 2m",
             ],
             "{shown:?}"

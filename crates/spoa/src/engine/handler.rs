@@ -86,6 +86,12 @@ pub trait Handler: Send + Sync + 'static {
     /// I/O thread under a claim on the pool's room).
     fn handle(&self, messages: &[Message]) -> Answer;
 
+    /// [`handle`](Self::handle), told the connection's negotiated `max-frame-size` (HAProxy
+    /// announces `tune.bufsize - 4`: how much of a body its buffer can hold).
+    fn handle_framed(&self, messages: &[Message], _frame_size: u32) -> Answer {
+        self.handle(messages)
+    }
+
     /// The ACK's variables when no message needs any engine work (cheap, non-blocking:
     /// called on the connection task before any hand-off); `None` when
     /// [`handle`](Self::handle) must run.

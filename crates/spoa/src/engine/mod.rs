@@ -70,10 +70,11 @@ pub struct Limits {
     pub max_buffered_bytes: usize,
 }
 
-/// Default `evaluation_timeout`: above the slowest ordinary evaluation measured (0.2 s for a
-/// 16 KB body of JSON, HAProxy's default buffer full) by five times, below the documented
-/// HAProxy `timeout processing` (2 s). Figures in docs/spoa.md, *Limits*.
-pub const EVALUATION_TIMEOUT: Duration = Duration::from_secs(1);
+/// Default `evaluation_timeout`: above the slowest ordinary evaluation measured (0.93 s of CPU
+/// for a benign 1 MiB form body on libmodsecurity 3.0.9, the documented `tune.bufsize` full)
+/// by four times, below the documented HAProxy `timeout processing` (5 s). Figures in
+/// docs/spoa.md, *Limits* and *Request bodies*.
+pub const EVALUATION_TIMEOUT: Duration = Duration::from_secs(4);
 /// Default `hello_timeout`: HAProxy sends its HELLO as soon as it connects.
 pub const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 /// Default `idle_timeout`: longer than HAProxy's own (`timeout idle` 2m in the documented
@@ -86,7 +87,7 @@ pub const MAX_BUFFERED_BYTES: usize = 64 << 20;
 impl Default for Limits {
     fn default() -> Self {
         Limits {
-            max_frame_size: spop::MAX_FRAME_SIZE_LIMIT,
+            max_frame_size: crate::config::DEFAULT_MAX_FRAME_SIZE,
             max_inflight_per_connection: 64,
             partial_frame_timeout: Duration::from_secs(30),
             pipelining: true,

@@ -204,6 +204,17 @@ where
         match event {
             Event::Ready { reply, negotiated } => {
                 tracing::debug!(peer = ?self.peer, max_frame_size = negotiated.max_frame_size, engine = ?negotiated.engine_id, "SPOP connection ready");
+                if negotiated.offered > negotiated.max_frame_size
+                    && !negotiated.healthcheck
+                    && !FRAME_WARNED.swap(true, std::sync::atomic::Ordering::Relaxed)
+                {
+                    tracing::warn!(
+                        offered = negotiated.offered,
+                        max_frame_size = negotiated.max_frame_size,
+                        "HAProxy offers max-frame-size {} (its tune.bufsize - 4), more than this agent's max_frame_size {}: a message larger than that (a request body HAProxy buffered) fails, and HAProxy refuses the request; set max_frame_size: {} or more",
+                        negotiated.offered, negotiated.max_frame_size, negotiated.offered
+                    );
+                }
                 if send_all(&mut self.wr, &reply).await.is_err() {
                     return Flow::Done;
                 }
@@ -265,7 +276,8 @@ where
             .budget
             .owe(ticket, id, std::time::Instant::now());
         let job = Jobs::start(&self.jobs);
-        let work = evaluation(&self.shared, messages, owed, (charge, job));
+        let frame_size = self.conn.max_frame_size();
+        let work = evaluation(&self.shared, messages, frame_size, owed, (charge, job));
         self.hand_over(work);
     }
 
@@ -518,9 +530,14 @@ impl Drop for Job {
 /// One NOTIFY's evaluation, to run on an evaluation thread; skipped if its answer went out
 /// already (at its deadline, while it was queued). Its bytes, and its place among the
 /// connection's evaluations, are held until it ends.
+/// Whether the frame-size mismatch was logged (once per process: every connection of one
+/// HAProxy offers the same).
+static FRAME_WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 fn evaluation(
     shared: &Shared,
     messages: Vec<Message>,
+    frame_size: u32,
     owed: Arc<Owed>,
     held: (Charge, Job),
 ) -> Work {
@@ -533,7 +550,7 @@ fn evaluation(
             if owed.answered() {
                 return;
             }
-            let answer = handler.handle(&messages);
+            let answer = handler.handle_framed(&messages, frame_size);
             metrics.observe(owed.received().elapsed().as_secs_f64());
             owed.send(&answer.vars);
             // Phase 5 and cleanup, now that the ACK is on its way.

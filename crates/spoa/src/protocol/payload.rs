@@ -75,6 +75,8 @@ pub fn parse_messages(mut input: &[u8]) -> Result<Vec<Message>, ProtocolError> {
 pub struct Negotiated {
     /// `min(HAProxy's max-frame-size, ours)`.
     pub max_frame_size: u32,
+    /// HAProxy's max-frame-size (2.6 to 3.2 offer `tune.bufsize - 4`).
+    pub offered: u32,
     /// Whether HAProxy offered pipelining (we always accept it when offered).
     pub pipelining: bool,
     /// A health-check HELLO: answer and close.
@@ -137,6 +139,7 @@ pub fn negotiate_hello(payload: &[u8], our_max: u32) -> Result<Negotiated, Proto
     };
     Ok(Negotiated {
         max_frame_size: theirs.min(our_max),
+        offered: theirs,
         pipelining,
         healthcheck,
         engine_id,

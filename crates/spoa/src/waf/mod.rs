@@ -18,6 +18,7 @@
 //! - [`cache`]: request transactions kept for their response check.
 
 pub mod apps;
+pub mod body;
 mod cache;
 pub mod seclang;
 
@@ -36,6 +37,7 @@ use crate::config::BodyLimitAction;
 use crate::engine::{Answer, Handler, Later, Vars, AGENT_ERROR};
 use crate::metrics::{Metrics, Verdict};
 use crate::protocol::coraza::{self, Request, Response, REQUEST_MESSAGE, RESPONSE_MESSAGE};
+use body::BodyState;
 
 /// Runs the logging phase of finished request transactions, then frees them.
 fn finish(txs: impl IntoIterator<Item = Transaction>) {
@@ -168,6 +170,29 @@ pub struct Waf {
     cache: Mutex<TxCache>,
     metrics: Arc<Metrics>,
     ids: AtomicU64,
+    warn_not_waited: RateLimit,
+}
+
+/// At most one event per minute (the warnings a misconfigured HAProxy would repeat for every
+/// request).
+#[derive(Debug, Default)]
+struct RateLimit(Mutex<Option<Instant>>);
+
+impl RateLimit {
+    /// Whether an event at `now` may be reported (and if so, the minute starts now).
+    fn due(&self, now: Instant) -> bool {
+        let mut last = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match *last {
+            Some(t) if now.duration_since(t) < Duration::from_secs(60) => false,
+            _ => {
+                *last = Some(now);
+                true
+            }
+        }
+    }
 }
 
 impl std::fmt::Debug for Waf {
@@ -189,6 +214,7 @@ impl Waf {
             cache: Mutex::new(TxCache::default()),
             metrics,
             ids: AtomicU64::new(seed | 1),
+            warn_not_waited: RateLimit::default(),
         }
     }
 
@@ -266,14 +292,19 @@ impl Waf {
     /// variables.
     pub fn evaluate_request(&self, req: &Request) -> (Verdict, Vars) {
         let mut done = Vec::new();
-        let result = self.request(req, &mut done);
+        let result = self.request(req, None, &mut done);
         finish(done);
         result
     }
 
     /// Evaluates a request; a transaction whose verdict is final (not kept for a response
     /// check) is pushed to `done`, its logging phase still to run.
-    fn request(&self, req: &Request, done: &mut Vec<Transaction>) -> (Verdict, Vars) {
+    fn request(
+        &self,
+        req: &Request,
+        frame_size: Option<u32>,
+        done: &mut Vec<Transaction>,
+    ) -> (Verdict, Vars) {
         let apps = self.current();
         let Some(app) = apps.find(&req.app) else {
             tracing::warn!(app = %req.app, "unknown application and no default_application");
@@ -297,14 +328,14 @@ impl Waf {
             vars.push(("error", TypedData::Int64(AGENT_ERROR)));
             return (Verdict::Error, vars);
         }
-        if req.body_truncated() {
-            let declared = req.declared_body_size().unwrap_or(0);
-            match app.config.body_limit_action {
+        match body::body_state(req, frame_size) {
+            BodyState::Whole => {}
+            BodyState::OverBuffer { received, declared } => match app.config.body_limit_action {
                 BodyLimitAction::Reject => {
                     self.metrics.truncated("reject");
                     tracing::warn!(
-                        tx = %id, received = req.body.len(), declared,
-                        "request body truncated by HAProxy: denied with 413 (body_limit_action: reject)"
+                        tx = %id, received, declared,
+                        "request body larger than HAProxy's buffer: denied with 413 (body_limit_action: reject; raise tune.bufsize to inspect larger bodies, docs/spoa.md)"
                     );
                     vars.push(("action", TypedData::String("deny".into())));
                     vars.push(("status", TypedData::Int64(413)));
@@ -316,9 +347,23 @@ impl Waf {
                 BodyLimitAction::ProcessPartial => {
                     self.metrics.truncated("process_partial");
                     tracing::info!(
-                        tx = %id, received = req.body.len(), declared,
-                        "request body truncated by HAProxy: inspecting the part received"
+                        tx = %id, received, declared,
+                        "request body larger than HAProxy's buffer: inspecting the part received (body_limit_action: process_partial)"
                     );
+                }
+            },
+            BodyState::NotWaited { received, declared } => {
+                let policy = app.config.body_limit_action;
+                self.metrics.not_waited(policy.as_str());
+                if self.warn_not_waited.due(Instant::now()) {
+                    tracing::warn!(
+                        tx = %id, received, declared, policy = policy.as_str(),
+                        "HAProxy sent coraza-req before the request body arrived, so the body cannot be inspected: add `option http-buffer-request` to the frontend (or `http-request wait-for-body time 10s` before `send-spoe-group`); `lastcall-spoa check-haproxy` shows where. Until then such requests are answered with the error variable (body_limit_action: reject), or inspected on the part received (process_partial). Counted in spoa_bodies_not_waited_total; this warning repeats at most once a minute"
+                    );
+                }
+                if policy == BodyLimitAction::Reject {
+                    vars.push(("error", TypedData::Int64(AGENT_ERROR)));
+                    return (Verdict::Error, vars);
                 }
             }
         }
@@ -560,8 +605,10 @@ fn evaluate_kept_response(metrics: &Metrics, kept: Kept, res: &Response) -> (Ver
     (verdict, vars)
 }
 
-impl Handler for Waf {
-    fn handle(&self, messages: &[Message]) -> Answer {
+impl Waf {
+    /// The answer to a NOTIFY's messages, received on a connection whose frame size is
+    /// `frame_size` (if known).
+    fn answer(&self, messages: &[Message], frame_size: Option<u32>) -> Answer {
         let mut vars = Vars::new();
         let mut done = Vec::new();
         let mut later = Vec::new();
@@ -569,7 +616,7 @@ impl Handler for Waf {
             let started = Instant::now();
             match m.name.as_str() {
                 REQUEST_MESSAGE => {
-                    let (v, more) = self.request(&Request::from_message(m), &mut done);
+                    let (v, more) = self.request(&Request::from_message(m), frame_size, &mut done);
                     self.metrics.request(v);
                     vars.extend(more);
                 }
@@ -607,6 +654,16 @@ impl Handler for Waf {
             })
         };
         Answer { vars, later }
+    }
+}
+
+impl Handler for Waf {
+    fn handle(&self, messages: &[Message]) -> Answer {
+        self.answer(messages, None)
+    }
+
+    fn handle_framed(&self, messages: &[Message], frame_size: u32) -> Answer {
+        self.answer(messages, Some(frame_size))
     }
 
     /// The transaction id of the first `coraza-req` (its `id` argument, else one generated

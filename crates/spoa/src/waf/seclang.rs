@@ -52,6 +52,11 @@ pub struct RuleProblem {
 const NO_FILE: &str = "<<reference missing or not informed>>";
 
 /// The names of Coraza's embedded files that resolve here.
+/// `SecRequestBodyNoFilesLimit` of the built-in application: the documented `tune.bufsize`
+/// (1114112), so that a 1 MiB form, JSON or XML body HAProxy hands over whole is inspected,
+/// not refused with 400 by ModSecurity's usual 128 KiB (docs/spoa.md, *Request bodies*).
+pub const BUILTIN_NO_FILES_LIMIT: usize = 1_114_112;
+
 const CORAZA_NAMES: &str = "@coraza.conf-recommended, @crs-setup.conf.example or \
                             @owasp_crs/<file or glob> (or a path)";
 
@@ -66,6 +71,7 @@ impl RuleText {
                 paranoia_level: a.paranoia_level,
                 detect_only: a.detect_only,
                 response_check: a.response_check,
+                request_body_no_files_limit: BUILTIN_NO_FILES_LIMIT,
                 ..loc.options()
             });
             let origins = vec![Origin::Line(a.line); text.lines().count()];

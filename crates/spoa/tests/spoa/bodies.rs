@@ -1,8 +1,8 @@
-//! Bodies larger than HAProxy's buffer (64 KB and more): HAProxy hands the agent only what
-//! fits in `tune.bufsize` (16 KB by default) without any error. The agent compares what it got
-//! with `body_size` (`req.body_size`, the declared length) and applies `body_limit_action`:
-//! `reject` (default) answers 413, `process_partial` inspects the part it got. Never a
-//! silent fail-open.
+//! Bodies larger than HAProxy's buffer (`tune.bufsize 1114112` in the documented file):
+//! HAProxy hands the agent only what fits, without any error. The agent sees that the body
+//! fills the frame and is shorter than declared, and applies `body_limit_action`: `reject`
+//! (default) answers 413, `process_partial` inspects the part it got. Never a silent
+//! fail-open.
 
 use crate::support::{http, Stack, StackOptions};
 
@@ -35,22 +35,26 @@ fn large_body_is_rejected_by_default_never_passed_unseen() {
         ..StackOptions::default()
     });
     // Fits in HAProxy's buffer: inspected whole, allowed.
-    let small = post(&stack, &form(8 * 1024, "hello", false));
+    let small = post(&stack, &form(100 * 1024, "hello", false));
     assert_eq!(small.status, 200, "{}", small.text());
 
-    // 100 KB benign body: truncated by HAProxy, so the agent cannot vouch for it: 413.
-    let big = post(&stack, &form(100 * 1024, "hello", false));
+    // 2 MiB benign body: cut by HAProxy, so the agent cannot vouch for it: 413.
+    let big = post(&stack, &form(2 * 1024 * 1024, "hello", false));
     assert_eq!(big.status, 413, "{}", big.text());
 
-    // 100 KB with an attack at the end (beyond what HAProxy forwards): still 413, not 200.
-    let hidden = post(&stack, &form(100 * 1024, "<script>alert(1)</script>", true));
+    // 2 MiB with an attack at the end (beyond what HAProxy forwards): still 413, not 200.
+    let hidden = post(
+        &stack,
+        &form(2 * 1024 * 1024, "<script>alert(1)</script>", true),
+    );
     assert_eq!(hidden.status, 413, "{}", hidden.text());
 
     let agent = &stack.agents[0];
     assert!(agent.metric("spoa_truncated_bodies_total{policy=\"reject\"}") >= 2.0);
-    agent
-        .pod
-        .wait_for_log("request body truncated by HAProxy", crate::support::WAIT);
+    agent.pod.wait_for_log(
+        "request body larger than HAProxy's buffer",
+        crate::support::WAIT,
+    );
 }
 
 #[test]
@@ -64,9 +68,10 @@ applications:
     let stack = Stack::start(StackOptions {
         agent_config: Some(config.into()),
         agents: 1,
+        slow_bodies: true,
         ..StackOptions::default()
     });
-    let body = form(100 * 1024, "hello", false);
+    let body = form(2 * 1024 * 1024, "hello", false);
     let big = post(&stack, &body);
     assert_eq!(big.status, 200, "{}", big.text());
     // The origin got the whole body.
@@ -79,12 +84,15 @@ applications:
     // An attack in the part HAProxy forwards is still found.
     let early = post(
         &stack,
-        &form(100 * 1024, "<script>alert(1)</script>", false),
+        &form(2 * 1024 * 1024, "<script>alert(1)</script>", false),
     );
     assert_eq!(early.status, 403, "{}", early.text());
 
     // An attack past the buffer passes: that is what process_partial means (documented).
-    let late = post(&stack, &form(100 * 1024, "<script>alert(1)</script>", true));
+    let late = post(
+        &stack,
+        &form(2 * 1024 * 1024, "<script>alert(1)</script>", true),
+    );
     assert_eq!(late.status, 200, "{}", late.text());
     let agent = &stack.agents[0];
     assert!(agent.metric("spoa_truncated_bodies_total{policy=\"process_partial\"}") >= 3.0);

@@ -1,6 +1,6 @@
 //! Acceptance through a real HAProxy 2.6 and a real origin: benign traffic passes, attacks
 //! are denied with the rule id visible to HAProxy, responses can be blocked, detect-only lets
-//! attacks through and records them. Timeouts: SPOE `timeout processing 2s` (the documented
+//! attacks through and records them. Timeouts: SPOE `timeout processing 5s` (the documented
 //! file), client waits up to 30 s.
 
 use crate::support::{get, post_form, Stack, StackOptions};

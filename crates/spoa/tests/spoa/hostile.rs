@@ -319,7 +319,7 @@ fn unlimited_app() -> String {
         .replace(&score_rules_text(), "");
     let indented: String = directives.lines().map(|l| format!("      {l}\n")).collect();
     format!(
-        "default_application: default\napplications:\n  - name: default\n  - name: unlimited\n    directives: |\n{indented}"
+        "evaluation_timeout: 1s\ndefault_application: default\napplications:\n  - name: default\n  - name: unlimited\n    directives: |\n{indented}"
     )
 }
 

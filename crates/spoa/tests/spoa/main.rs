@@ -11,6 +11,7 @@
 //! - `hostile`: hostile peers: costly evaluations, strangers' memory, idle connections.
 //! - `load`: the load measurement (ignored by default).
 //! - `protocol`: a raw SPOP client: malformed frames, health checks, pipelining.
+//! - `request_bodies`: bodies however HAProxy hands them over: late, chunked, large, HTTP/2.
 //! - `rollout`: rolling restarts without a failed request.
 //! - `signals`: signals and deadlines.
 //!
@@ -32,6 +33,7 @@ mod haproxy;
 mod hostile;
 mod load;
 mod protocol;
+mod request_bodies;
 mod rollout;
 mod signals;
 mod support;

@@ -11,6 +11,7 @@ use super::{
     canonical_origin, Attrs, Authed, Bucket, Buckets, Ctx, Grant, Message, Reply, Server,
     FAMILY_V4, FAMILY_V6,
 };
+use crate::auth::make_nonce;
 use crate::config::DefaultFamily;
 use crate::stun::attr;
 use crate::types::{
@@ -72,7 +73,7 @@ impl Server {
         out: &mut Vec<u8>,
     ) -> Reply {
         if matches!(self.drain, DrainMode::Refuse { .. }) {
-            return self.refuse_draining(from, ctx, out);
+            return self.refuse_draining(now, from, ctx, out);
         }
         match attrs.transport {
             None => return self.error(ctx, 400, out),
@@ -237,7 +238,7 @@ impl Server {
         if matches!(self.drain, DrainMode::Refuse { .. }) {
             self.release_answer(&answer);
             self.unreserve_pending(p);
-            return self.refuse_draining(from, ctx, out);
+            return self.refuse_draining(now, from, ctx, out);
         }
         let (primary, pair) = match answer.primary {
             Ok((addr, _)) if self.in_use(addr) => {
@@ -381,10 +382,11 @@ impl Server {
         self.unreserve_bandwidth(p.grant.bps);
     }
 
-    /// 300 Try Alternate (round-robin over the alternates, the client's family first) or 403.
-    fn refuse_draining(&mut self, from: &ClientAddr, ctx: &Ctx, out: &mut Vec<u8>) -> Reply {
+    /// The alternate for a new client of `from`'s transport (round-robin, the client's family
+    /// first), counted and reported as a refusal; `None` (403) without alternates.
+    fn pick_drain_alternate(&mut self, from: &ClientAddr) -> Option<SocketAddr> {
         let DrainMode::Refuse { alternates } = &self.drain else {
-            return self.error(ctx, 403, out);
+            return None;
         };
         let own = &self.transport_alternates[super::transport_index(from.transport)];
         let alternates = if own.is_empty() { alternates } else { own };
@@ -394,12 +396,66 @@ impl Server {
             client: *from,
             alternate: alt,
         });
-        match alt {
-            Some(a) => self.error_with(ctx, 300, out, |b| {
-                b.address(attr::ALTERNATE_SERVER, a);
-            }),
+        alt
+    }
+
+    /// An authenticated new Allocate while refusing: 300 Try Alternate with ALTERNATE-SERVER,
+    /// REALM and a fresh NONCE (integrity-protected: RFC 8489 §10), or 403. libwebrtc applies
+    /// the 300's REALM and NONCE and sends its next Allocate, authenticated with them, to the
+    /// alternate; that Allocate succeeds there when the alternate shares the nonce key (fleet
+    /// nonces), where any other answer (438, 401) would be fatal to it.
+    fn refuse_draining(
+        &mut self,
+        now: Instant,
+        from: &ClientAddr,
+        ctx: &Ctx,
+        out: &mut Vec<u8>,
+    ) -> Reply {
+        match self.pick_drain_alternate(from) {
+            Some(a) => {
+                let nonce = make_nonce(&self.config.nonce.secret, self.unix(now), from.client.ip());
+                let realm = self.config.realm.clone();
+                self.error_with(ctx, 300, out, |b| {
+                    b.address(attr::ALTERNATE_SERVER, a)
+                        .attr(attr::REALM, realm.as_bytes())
+                        .attr(attr::NONCE, &nonce);
+                })
+            }
             None => self.error(ctx, 403, out),
         }
+    }
+
+    /// The first, unauthenticated Allocate of a new client while refusing, with alternates:
+    /// 300 Try Alternate with ALTERNATE-SERVER only (coturn's answer, and the one every
+    /// client follows: libwebrtc then meets the alternate as a new server, 401 challenge
+    /// first, whatever nonce key the alternate has). Exempt from the size guard like the
+    /// 401 challenge (at most 60 bytes), within the same per-source budget. `None`: not that
+    /// case (no drain, no alternate: the usual 401, then 403 after authentication).
+    pub(super) fn try_alternate_first(
+        &mut self,
+        from: &ClientAddr,
+        ctx: &Ctx,
+        out: &mut Vec<u8>,
+    ) -> Option<Reply> {
+        if !matches!(self.drain, DrainMode::Refuse { .. })
+            || self.by_client.contains_key(from)
+            || self.pending.iter().any(|p| p.client == *from)
+        {
+            return None;
+        }
+        let own = &self.transport_alternates[super::transport_index(from.transport)];
+        let has_alternate = match &self.drain {
+            DrainMode::Refuse { alternates } => !alternates.is_empty() || !own.is_empty(),
+            DrainMode::Off => false,
+        };
+        if !has_alternate {
+            return None;
+        }
+        let a = self.pick_drain_alternate(from)?;
+        self.error_with(ctx, 300, out, |b| {
+            b.address(attr::ALTERNATE_SERVER, a);
+        });
+        Some(Reply::Exempt)
     }
 
     /// 508 Insufficient Capacity: no relay port.
@@ -585,6 +641,7 @@ impl Server {
             perms: Vec::new(),
             channels: Vec::new(),
             scheduled: expires,
+            last_heard: now,
             origin: grant.origin,
             bandwidth,
         };

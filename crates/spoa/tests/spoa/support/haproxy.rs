@@ -39,6 +39,10 @@ pub(crate) struct Variant {
     /// Without the safety net: no second `send-spoe-group` on `txn.coraza.error` (the lines
     /// mentioning `retried`); `option continue-on-error` stays.
     pub no_retry: bool,
+    /// The SPOE file with `timeout processing 30s` instead of 5s: 1 MiB bodies take about
+    /// 1 s of CPU to inspect, several on a machine other builds load (the agent's
+    /// `evaluation_timeout` must be raised with it).
+    pub slow_bodies: bool,
 }
 
 /// A running HAProxy.
@@ -87,7 +91,21 @@ impl Haproxy {
         } else {
             config_path()
         };
-        Self::start_files(dir, &config, &spoe_path(), origin, spoa1, spoa2)
+        let spoe = if variant.slow_bodies {
+            let text = std::fs::read_to_string(spoe_path()).expect("read coraza.cfg");
+            let line = "    timeout         processing      5s\n";
+            assert!(text.contains(line), "coraza.cfg's timeout processing");
+            let path = dir.path().join("coraza.cfg");
+            std::fs::write(
+                &path,
+                text.replace(line, "    timeout         processing      30s\n"),
+            )
+            .expect("write coraza.cfg");
+            path
+        } else {
+            spoe_path()
+        };
+        Self::start_files(dir, &config, &spoe, origin, spoa1, spoa2)
     }
 
     /// Starts HAProxy with the configuration `config` and the SPOE file `spoe`, which read

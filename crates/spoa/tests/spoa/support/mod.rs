@@ -123,6 +123,10 @@ pub(crate) struct StackOptions {
     pub quiet_haproxy: bool,
     /// Run HAProxy without the retry safety net (measurements; see [`haproxy::Variant`]).
     pub no_retry: bool,
+    /// Timeouts for 1 MiB bodies on a loaded machine: SPOE `timeout processing 30s`, and
+    /// the agent's `evaluation_timeout: 25s` (before `agent_config`, else with the built-in
+    /// application).
+    pub slow_bodies: bool,
 }
 
 /// Origin + agent(s) + HAProxy, all on loopback.
@@ -140,8 +144,16 @@ impl Stack {
     pub(crate) fn start(opts: StackOptions) -> Stack {
         let origin = Origin::start();
         let args: Vec<&str> = opts.agent_args.iter().map(String::as_str).collect();
+        let slow = opts.slow_bodies.then(|| {
+            let rest = opts
+                .agent_config
+                .as_deref()
+                .unwrap_or("default_application: default\napplications:\n  - name: default\n");
+            format!("evaluation_timeout: 25s\n{rest}")
+        });
+        let config = slow.as_deref().or(opts.agent_config.as_deref());
         let agents: Vec<Agent> = (0..opts.agents.max(1))
-            .map(|_| Agent::start(opts.agent_config.as_deref(), &args))
+            .map(|_| Agent::start(config, &args))
             .collect();
         let a1 = agents[0].addr;
         let a2 = agents.get(1).map_or(a1, |a| a.addr);
@@ -152,6 +164,7 @@ impl Stack {
             &haproxy::Variant {
                 quiet: opts.quiet_haproxy,
                 no_retry: opts.no_retry,
+                slow_bodies: opts.slow_bodies,
             },
         );
         Stack {

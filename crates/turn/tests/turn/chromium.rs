@@ -1,0 +1,416 @@
+//! Headless Chromium's own WebRTC stack through `lastcall-turn`: two RTCPeerConnections in one
+//! page, `iceTransportPolicy: "relay"`, an ordered reliable data channel between them, over
+//! UDP, TCP and TLS (`turns:`). A SIGTERM mid-call loses nothing (every message sent arrives)
+//! and the server exits within 1 s of `pc.close()`; a call started while a server drains gets
+//! the 300 to its first Allocate and follows it as far as libwebrtc goes on loopback (it
+//! refuses redirects to loopback addresses).
+//!
+//! How Chromium is driven: it loads a page from a small HTTP server of this test, and the
+//! page reports to it (`POST /report`) and takes its orders from it (`GET /cmd`). No
+//! WebDriver or DevTools client is needed for that, so nothing is added from a registry: the
+//! page's JavaScript is the test's client, Chromium (`peers::chromium`, `LASTCALL_CHROMIUM`)
+//! runs it as root with `--no-sandbox`.
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpListener};
+use std::process::{Child, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use lastcall_testkit::turn::TurnClient;
+use lastcall_testkit::{peers, Signal};
+use parking_lot::Mutex;
+
+use crate::common::{Peer, Turn, SECRET, WAIT};
+
+/// The page: two peer connections over the TURN server of its query string, a data channel
+/// sending one numbered message every 20 ms, progress reported every 250 ms, and on the
+/// order `close`, stop sending, wait for the last message to arrive, report, close both.
+const PAGE: &str = r#"<!doctype html><html><body><script>
+const q = new URLSearchParams(location.search);
+const cfg = {iceServers: [{urls: q.get('url'), username: q.get('u'), credential: q.get('p')}],
+             iceTransportPolicy: 'relay'};
+const sleep = ms => new Promise(r => setTimeout(r, ms));
+const report = (ev, extra) => fetch('/report?ev=' + ev + '&' + new URLSearchParams(extra || {}),
+                                    {method: 'POST'}).catch(() => {});
+async function main() {
+  const a = new RTCPeerConnection(cfg), b = new RTCPeerConnection(cfg);
+  a.onicecandidate = e => e.candidate && b.addIceCandidate(e.candidate);
+  b.onicecandidate = e => e.candidate && a.addIceCandidate(e.candidate);
+  const ch = a.createDataChannel('call');
+  let got = 0, sent = 0, inOrder = true;
+  b.ondatachannel = e => { e.channel.onmessage = m => { if (m.data !== 'm' + got) inOrder = false; got++; }; };
+  await a.setLocalDescription(); await b.setRemoteDescription(a.localDescription);
+  await b.setLocalDescription(); await a.setRemoteDescription(b.localDescription);
+  await new Promise((ok, no) => { ch.onopen = ok; setTimeout(() => no('no data channel in 20 s'), 20000); });
+  let kinds = [];
+  (await a.getStats()).forEach(s => { if (s.type === 'local-candidate') kinds.push(s.candidateType + '/' + s.relayProtocol); });
+  await report('open', {kinds: kinds.join(',')});
+  const tick = setInterval(() => { if (ch.readyState === 'open') { ch.send('m' + sent); sent++; } }, 20);
+  const progress = setInterval(() => report('progress', {sent, got}), 250);
+  for (;;) {
+    const cmd = await (await fetch('/cmd')).text();
+    if (cmd === 'close') break;
+    await sleep(50);
+  }
+  clearInterval(tick); clearInterval(progress);
+  for (let i = 0; i < 100 && got < sent; i++) await sleep(50);
+  await report('closing', {sent, got, inOrder});
+  a.close(); b.close();
+  await report('closed', {sent, got});
+}
+main().catch(e => report('error', {e: String(e)}));
+</script></body></html>"#;
+
+/// One report of the page: when it came, its name and its fields.
+#[derive(Clone, Debug)]
+struct Report {
+    at: Instant,
+    ev: String,
+    fields: HashMap<String, String>,
+}
+
+impl Report {
+    fn num(&self, name: &str) -> u64 {
+        self.fields
+            .get(name)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    }
+}
+
+#[derive(Default)]
+struct State {
+    reports: Vec<Report>,
+    cmd: String,
+}
+
+/// The test's HTTP server: the page, the reports, the orders.
+struct Control {
+    addr: SocketAddr,
+    state: Arc<Mutex<State>>,
+}
+
+fn decode(v: &str) -> String {
+    let mut out = Vec::new();
+    let b = v.as_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'+' => out.push(b' '),
+            b'%' if i + 2 < b.len() => {
+                let hex = std::str::from_utf8(&b[i + 1..i + 3]).unwrap_or("00");
+                out.push(u8::from_str_radix(hex, 16).unwrap_or(b'?'));
+                i += 2;
+            }
+            c => out.push(c),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn encode(v: &str) -> String {
+    v.bytes()
+        .map(|c| match c {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' => (c as char).to_string(),
+            _ => format!("%{c:02X}"),
+        })
+        .collect()
+}
+
+impl Control {
+    fn start() -> Control {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let state = Arc::new(Mutex::new(State::default()));
+        let shared = Arc::clone(&state);
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(mut conn) = conn else { continue };
+                let state = Arc::clone(&shared);
+                std::thread::spawn(move || {
+                    let mut reader = BufReader::new(conn.try_clone().expect("clone"));
+                    let mut line = String::new();
+                    if reader.read_line(&mut line).is_err() {
+                        return;
+                    }
+                    loop {
+                        let mut h = String::new();
+                        if reader.read_line(&mut h).is_err() || h.trim().is_empty() {
+                            break;
+                        }
+                    }
+                    let target = line.split_whitespace().nth(1).unwrap_or("/").to_string();
+                    let (path, query) = target.split_once('?').unwrap_or((&target, ""));
+                    let (ctype, body) = match path {
+                        "/page.html" => ("text/html", PAGE.to_string()),
+                        "/cmd" => ("text/plain", state.lock().cmd.clone()),
+                        "/report" => {
+                            let fields: HashMap<String, String> = query
+                                .split('&')
+                                .filter_map(|kv| kv.split_once('='))
+                                .map(|(k, v)| (decode(k), decode(v)))
+                                .collect();
+                            let ev = fields.get("ev").cloned().unwrap_or_default();
+                            state.lock().reports.push(Report {
+                                at: Instant::now(),
+                                ev,
+                                fields,
+                            });
+                            ("text/plain", String::new())
+                        }
+                        _ => ("text/plain", String::new()),
+                    };
+                    let _ = write!(
+                        conn,
+                        "HTTP/1.1 200 OK\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nCache-Control: no-store\r\nConnection: close\r\n\r\n{body}",
+                        body.len()
+                    );
+                });
+            }
+        });
+        Control { addr, state }
+    }
+
+    /// Waits (bounded) for a report `ev` for which `ok` holds; fails on an `error` report.
+    fn wait(&self, ev: &str, limit: Duration, ok: impl Fn(&Report) -> bool) -> Report {
+        let end = Instant::now() + limit;
+        loop {
+            {
+                let s = self.state.lock();
+                if let Some(e) = s.reports.iter().find(|r| r.ev == "error") {
+                    panic!("the page failed: {:?}", e.fields);
+                }
+                if let Some(r) = s.reports.iter().rev().find(|r| r.ev == ev && ok(r)) {
+                    return r.clone();
+                }
+            }
+            assert!(Instant::now() < end, "no {ev} report within {limit:?}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn order(&self, cmd: &str) {
+        self.state.lock().cmd = cmd.to_string();
+    }
+}
+
+/// Headless Chromium on the page, calling through `url` with REST credentials for `user`.
+struct Browser {
+    child: Child,
+    _profile: tempfile::TempDir,
+}
+
+impl Browser {
+    fn open(control: &Control, url: &str, user: &str) -> Browser {
+        let expiry = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs()
+            + 3600;
+        let username = format!("{expiry}:{user}");
+        let password = lastcall_turn_proto::rest_password(SECRET.as_bytes(), &username);
+        let page = format!(
+            "http://{}/page.html?url={}&u={}&p={}",
+            control.addr,
+            encode(url),
+            encode(&username),
+            encode(&password)
+        );
+        let profile = tempfile::tempdir().expect("profile dir");
+        let child = peers::chromium()
+            .args([
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--no-first-run",
+            ])
+            .args([
+                "--ignore-certificate-errors",
+                "--disable-background-networking",
+            ])
+            .arg(format!("--user-data-dir={}", profile.path().display()))
+            .arg(page)
+            .args([
+                "--enable-logging=stderr",
+                "--v=0",
+                "--vmodule=*turn_port*=1",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(profile.path().join("stderr.log")).expect("log file"))
+            .spawn()
+            .expect("start chromium");
+        Browser {
+            child,
+            _profile: profile,
+        }
+    }
+}
+
+impl Browser {
+    /// What Chromium logged so far.
+    fn log(&self) -> String {
+        std::fs::read_to_string(self._profile.path().join("stderr.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A server with its TLS listener (a certificate for 127.0.0.1).
+fn turn_with_tls(dir: &std::path::Path, extra: &[&str]) -> Turn {
+    let (cert, key) = crate::common::self_signed(dir, "chromium", "127.0.0.1");
+    let port = crate::common::free_udp_tcp_port();
+    let tls_port = crate::common::free_udp_tcp_port();
+    let admin = format!("127.0.0.1:{}", lastcall_testkit::free_port());
+    let mut args = crate::common::turn_args(port, &admin);
+    args.extend([
+        format!("--tls-listening-port={tls_port}"),
+        format!("--cert={}", cert.display()),
+        format!("--pkey={}", key.display()),
+    ]);
+    args.extend(extra.iter().map(ToString::to_string));
+    Turn::spawn(args, port, tls_port, admin)
+}
+
+/// One call over `url`'s transport across a SIGTERM: every message arrives, in order, and
+/// the process exits 0 within 1 s of `pc.close()`.
+fn call_across_sigterm(transport: &str) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut turn = turn_with_tls(dir.path(), &["--shutdown-delay=0s", "--drain-timeout=60s"]);
+    let url = match transport {
+        "udp" => format!("turn:127.0.0.1:{}?transport=udp", turn.port),
+        "tcp" => format!("turn:127.0.0.1:{}?transport=tcp", turn.port),
+        _ => format!("turns:127.0.0.1:{}?transport=tcp", turn.tls_port),
+    };
+    let control = Control::start();
+    let _browser = Browser::open(&control, &url, transport);
+    let open = control.wait("open", Duration::from_secs(60), |_| true);
+    let kinds = open.fields.get("kinds").cloned().unwrap_or_default();
+    assert!(
+        kinds.split(',').all(|k| k.starts_with("relay/")),
+        "{transport}: local candidates {kinds}"
+    );
+    let before = control.wait("progress", WAIT, |r| r.num("got") >= 25);
+    turn.pod.signal(Signal::Term);
+    turn.pod.wait_for_log("refusing new allocations", WAIT);
+    // The call goes on through the drain: 50 more messages (about a second).
+    control.wait("progress", WAIT, |r| {
+        r.num("got") >= before.num("sent") + 50
+    });
+    control.order("close");
+    let closing = control.wait("closing", WAIT, |_| true);
+    let (sent, got) = (closing.num("sent"), closing.num("got"));
+    let mut gone = None;
+    let end = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < end {
+        if !turn.pod.is_running() {
+            gone = Some(Instant::now());
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let exit = turn.pod.wait_exit(WAIT);
+    let after_close = gone.map(|g| g.saturating_duration_since(closing.at));
+    println!(
+        "FIGURES chromium {transport}: candidates {kinds}; sent {sent} got {got} (in order: {}); exit {:?} {:?} after pc.close()",
+        closing.fields.get("inOrder").map_or("?", String::as_str),
+        exit.code,
+        after_close
+    );
+    assert_eq!(got, sent, "{transport}: messages lost");
+    assert_eq!(
+        closing.fields.get("inOrder").map(String::as_str),
+        Some("true")
+    );
+    assert_eq!(exit.code, Some(0), "{transport}: {exit:?}");
+    let after_close = after_close.expect("the server never exited");
+    assert!(
+        after_close < Duration::from_secs(1),
+        "{transport}: exit {after_close:?} after pc.close()"
+    );
+}
+
+#[test]
+fn chromium_call_over_udp_crosses_sigterm_and_the_server_leaves_at_pc_close() {
+    call_across_sigterm("udp");
+}
+
+#[test]
+fn chromium_call_over_tcp_crosses_sigterm_and_the_server_leaves_at_pc_close() {
+    call_across_sigterm("tcp");
+}
+
+#[test]
+fn chromium_call_over_tls_crosses_sigterm_and_the_server_leaves_at_pc_close() {
+    call_across_sigterm("tls");
+}
+
+/// A call started while its server drains: Chromium gets the 300 to its very first Allocate
+/// and takes it through every check of libwebrtc's redirect (the ALTERNATE-SERVER parsed, not
+/// tried before, same family) up to the last: libwebrtc refuses any redirect to a loopback
+/// address (Chromium bug 649118), and this suite runs on loopback only. So this test shows
+/// that our 300 is the one libwebrtc follows and stops there; the redirect itself, with
+/// credentials applied the way libwebrtc applies them, is `fleet_nonce::`'s test.
+#[test]
+fn chromium_takes_the_300_of_a_draining_server_up_to_its_loopback_rule() {
+    let b = Turn::start(&[]);
+    let mut a = Turn::start(&[
+        "--shutdown-delay=0s",
+        "--drain-timeout=60s",
+        &format!("--alternate-server=127.0.0.1:{}", b.port),
+    ]);
+    let peer = Peer::start();
+    let mut live = TurnClient::new(
+        SocketAddr::from(([127, 0, 0, 1], a.port)),
+        SECRET,
+        "keeps-a-draining",
+    );
+    live.call(SocketAddr::from(([127, 0, 0, 1], peer.port)), 0x4000)
+        .expect("call");
+    live.stream(Duration::from_secs(1));
+    a.pod.signal(Signal::Term);
+    a.pod
+        .wait_for_log("refusing new allocations (300 Try Alternate)", WAIT);
+    let control = Control::start();
+    let url = format!("turn:127.0.0.1:{}?transport=udp", a.port);
+    let browser = Browser::open(&control, &url, "latecomer");
+    let end = Instant::now() + Duration::from_secs(60);
+    let log = loop {
+        let log = browser.log();
+        if log.contains("Blocking attempted redirect to loopback address") {
+            break log;
+        }
+        assert!(Instant::now() < end, "Chromium never took the 300: {log}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let lines: Vec<&str> = log.lines().filter(|l| l.contains("turn_port")).collect();
+    println!("FIGURES chromium during a drain: {lines:#?}");
+    // The 300 answered its first Allocate (no 401 round trip first), and nothing else did.
+    let first_error = lines
+        .iter()
+        .find(|l| l.contains("Received TURN allocate error response"))
+        .expect("an Allocate error response");
+    assert!(first_error.contains("code=300"), "{first_error}");
+    assert!(
+        !lines
+            .iter()
+            .any(|l| l.contains("code=401") || l.contains("code=438")),
+        "{lines:#?}"
+    );
+    assert!(
+        a.metric("lastcall_turn_allocate_refused_draining_total")
+            .unwrap_or(0.0)
+            >= 1.0
+    );
+    drop(browser);
+    live.refresh(0).expect("delete");
+    assert_eq!(a.pod.wait_exit(WAIT).code, Some(0));
+}
