@@ -12,6 +12,7 @@ import http.client
 import itertools
 import json
 import os
+import random
 import secrets
 import shutil
 import signal
@@ -141,9 +142,11 @@ def free_port(kind: int = socket.SOCK_STREAM) -> int:
 
 
 def free_udp_range(count: int) -> int:
-    """The first of `count` consecutive UDP ports that were free a moment ago."""
-    for _ in range(200):
-        base = free_port(socket.SOCK_DGRAM)
+    """The first of `count` consecutive UDP ports that were free a moment ago: tried below
+    the ephemeral range first (10000-32767, where clients' sockets don't land; a busy
+    machine can hold thousands of ephemeral UDP ports), then anywhere."""
+    for attempt in range(400):
+        base = random.randrange(10000, 32768 - count) if attempt < 200 else free_port(socket.SOCK_DGRAM)
         if base + count >= 65535:
             continue
         socks = []
