@@ -2,8 +2,9 @@
 //! page, `iceTransportPolicy: "relay"`, an ordered reliable data channel between them, over
 //! UDP, TCP and TLS (`turns:`). A SIGTERM mid-call loses nothing (every message sent arrives)
 //! and the server exits within 1 s of `pc.close()`; a call started while a server drains gets
-//! the 300 to its first Allocate and follows it as far as libwebrtc goes on loopback (it
-//! refuses redirects to loopback addresses).
+//! the 300 to its first Allocate and follows it to the alternate server. libwebrtc refuses
+//! to follow a 300 to a loopback address, so that test runs in a private network namespace
+//! of its own (a veth pair nobody else can reach, and its own loopback).
 //!
 //! How Chromium is driven: it loads a page from a small HTTP server of this test, and the
 //! page reports to it (`POST /report`) and takes its orders from it (`GET /cmd`). No
@@ -409,6 +410,125 @@ fn chromium_takes_the_300_of_a_draining_server_up_to_its_loopback_rule() {
         a.metric("lastcall_turn_allocate_refused_draining_total")
             .unwrap_or(0.0)
             >= 1.0
+    );
+    drop(browser);
+    live.refresh(0).expect("delete");
+    assert_eq!(a.pod.wait_exit(WAIT).code, Some(0));
+}
+
+/// A call started while its server drains lands on the alternate and relays, in Chromium.
+/// libwebrtc will not follow a 300 to a loopback address, so this test runs on one thread
+/// moved into a network namespace of its own (`unshare(CLONE_NEWNET)`): its own loopback,
+/// and a veth pair inside it with two private addresses, one per server, reachable from
+/// nothing outside the namespace. Every process it starts (the two servers, Chromium) and
+/// the page's control server live there.
+#[test]
+fn chromium_follows_the_300_of_a_draining_server_to_its_alternate() {
+    let t = std::thread::spawn(|| {
+        if let Err(e) = nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET) {
+            assert!(std::env::var_os("CI").is_none(), "unshare: {e}");
+            eprintln!("SKIP: no new network namespace here (needs root): {e}");
+            return;
+        }
+        for args in [
+            &["link", "set", "lo", "up"][..],
+            // A veth pair (this kernel has no dummy driver), both ends in the namespace.
+            &["link", "add", "lc0", "type", "veth", "peer", "name", "lc1"],
+            &["addr", "add", "10.99.0.1/24", "dev", "lc0"],
+            &["addr", "add", "10.99.0.2/24", "dev", "lc0"],
+            &["link", "set", "lc1", "up"],
+            &["link", "set", "lc0", "up"],
+        ] {
+            let s = std::process::Command::new("ip")
+                .args(args)
+                .status()
+                .expect("run ip");
+            assert!(s.success(), "ip {args:?}: {s}");
+        }
+        follows_the_300_in_this_namespace();
+    });
+    if let Err(panic) = t.join() {
+        std::panic::resume_unwind(panic);
+    }
+}
+
+/// The server's arguments on `ip` (listener and relay), peers allowed on the namespace's
+/// network (the default policy refuses 10.0.0.0/8).
+fn turn_on(ip: &str, extra: &[String]) -> Turn {
+    let port = crate::common::free_udp_tcp_port();
+    let admin = format!("127.0.0.1:{}", lastcall_testkit::free_port());
+    let mut args = crate::common::turn_args(port, &admin);
+    for a in &mut args {
+        if a == "--listening-ip=127.0.0.1" {
+            *a = format!("--listening-ip={ip}");
+        } else if a == "--relay-ip=127.0.0.1" {
+            *a = format!("--relay-ip={ip}");
+        }
+    }
+    args.push("--allowed-peer-ip=10.99.0.0/24".into());
+    args.extend(extra.iter().cloned());
+    Turn::spawn(args, port, 0, admin)
+}
+
+fn follows_the_300_in_this_namespace() {
+    let b = turn_on("10.99.0.2", &[]);
+    let mut a = turn_on(
+        "10.99.0.1",
+        &[
+            "--shutdown-delay=0s".into(),
+            "--drain-timeout=60s".into(),
+            format!("--alternate-server=10.99.0.2:{}", b.port),
+        ],
+    );
+    // A live call keeps A draining while the new one starts.
+    let peer = Peer::start_on("10.99.0.1");
+    let mut live = TurnClient::new(
+        SocketAddr::from(([10, 99, 0, 1], a.port)),
+        SECRET,
+        "keeps-a-draining",
+    );
+    live.call(SocketAddr::from(([10, 99, 0, 1], peer.port)), 0x4000)
+        .expect("call");
+    live.stream(Duration::from_secs(1));
+    a.pod.signal(Signal::Term);
+    a.pod
+        .wait_for_log("refusing new allocations (300 Try Alternate)", WAIT);
+
+    let control = Control::start();
+    let url = format!("turn:10.99.0.1:{}?transport=udp", a.port);
+    let browser = Browser::open(&control, &url, "latecomer");
+    let open = control.wait("open", Duration::from_secs(60), |_| true);
+    let kinds = open.fields.get("kinds").cloned().unwrap_or_default();
+    assert!(
+        kinds.split(',').all(|k| k.starts_with("relay/")),
+        "local candidates {kinds}"
+    );
+    control.wait("progress", WAIT, |r| r.num("got") >= 50);
+    control.order("close");
+    let closing = control.wait("closing", WAIT, |_| true);
+    let (sent, got) = (closing.num("sent"), closing.num("got"));
+    let log = browser.log();
+    let redirects: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("turn_port") && (l.contains("code=300") || l.contains("edirect")))
+        .collect();
+    let on_b = b
+        .metric("lastcall_turn_allocations_created_total")
+        .unwrap_or(0.0);
+    let refused = a
+        .metric("lastcall_turn_allocate_refused_draining_total")
+        .unwrap_or(0.0);
+    println!(
+        "FIGURES chromium during a drain, private namespace: candidates {kinds}; sent {sent} got {got}; \
+         draining server refused {refused} Allocate(s), the alternate created {on_b} allocation(s); {redirects:#?}"
+    );
+    assert_eq!(got, sent, "messages lost on the alternate");
+    assert!(refused >= 1.0, "the draining server refused nothing");
+    // Both of the page's peer connections allocated on the alternate.
+    assert!(on_b >= 2.0, "the alternate created {on_b} allocations");
+    assert!(
+        !log.contains("Blocking attempted redirect"),
+        "Chromium refused the redirect: {redirects:#?}"
     );
     drop(browser);
     live.refresh(0).expect("delete");
