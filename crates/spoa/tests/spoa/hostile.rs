@@ -149,7 +149,10 @@ fn unfinished_frames_stay_within_max_buffered_bytes() {
     let stallers: Vec<_> = (0..24)
         .map(|_| {
             thread::spawn(move || {
-                let mut c = Raw::connect(addr, WAIT);
+                // Read for longer than the agent's partial-frame timeout (30 s), which ends
+                // the stallers not dropped for room: a read timeout of the same length lost
+                // that race on a busy machine and saw no frame.
+                let mut c = Raw::connect(addr, Duration::from_secs(30) + WAIT);
                 c.hello(1 << 20);
                 let len = (1u32 << 20) - 1;
                 let mut part = len.to_be_bytes().to_vec();
