@@ -43,8 +43,13 @@ read -r -a peer_suites <<<"${LASTCALL_PEER_SUITES-trixie sid}"
 peers_pid=
 peers_log=$(mktemp "${TMPDIR:-/tmp}/lastcall-peers-build.XXXXXX")
 if ((${#peer_suites[@]})) && [ "$(id -u)" -eq 0 ]; then
-  peers_start=$SECONDS
-  bash scripts/peers.sh ensure "${peer_suites[@]}" >"$peers_log" 2>&1 &
+  {
+    built_from=$(date +%s)
+    rc=0
+    bash scripts/peers.sh ensure "${peer_suites[@]}" || rc=$?
+    echo "== today's peers: scripts/peers.sh ensure took $(($(date +%s) - built_from)) s (exit $rc)"
+    exit "$rc"
+  } >"$peers_log" 2>&1 &
   peers_pid=$!
 fi
 
@@ -78,7 +83,6 @@ if [ -n "$peers_pid" ]; then
   echo "== today's peers: chroots (started in the background)"
   wait "$peers_pid" || peers_status=$?
   cat "$peers_log"
-  echo "== today's peers: chroots ready $((SECONDS - peers_start)) s after they were started (exit $peers_status)"
   if [ "$peers_status" -eq 0 ]; then
     peers_tests_start=$SECONDS
     bash scripts/test_peers.sh "${peer_suites[@]}" || peers_status=$?
