@@ -426,12 +426,17 @@ fn http2_clients_get_responses_not_resets() {
     let old = ["version 2.", "version 3.0."]
         .iter()
         .any(|v| version.contains(v));
-    let want = if old {
-        ("000 0".into(), "curl exit 92".into())
+    let got = curl("/h2/over/", &over);
+    let answered = ("413 2".to_owned(), ok);
+    if old {
+        // HAProxy 2.6/3.0 reset an upload refused while it is still being sent (RST_STREAM,
+        // curl exit 92); one that curl finished sending first gets the 413: which one
+        // depends on timing. Either way the body never reaches the origin (below).
+        let reset = ("000 0".to_owned(), "curl exit 92".to_owned());
+        assert!(got == reset || got == answered, "{version}: {got:?}");
     } else {
-        ("413 2".into(), ok)
-    };
-    assert_eq!(curl("/h2/over/", &over), want, "{version}");
+        assert_eq!(got, answered, "{version}");
+    }
     assert!(origin.seen("/h2/attack/").is_empty());
     assert!(origin.seen("/h2/over/").is_empty());
 }
