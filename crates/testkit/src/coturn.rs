@@ -97,39 +97,147 @@ pub fn uclient(args: &[&str], limit: Duration) -> Report {
     uclient_to("127.0.0.1", args, limit)
 }
 
-/// A bounded uclient call to a peer with TURN REST credentials (`-W SECRET`):
-/// `turnutils_uclient FLAGS -X -n N -m M -z Z -p PORT -e 127.0.0.1 -r PEER_PORT -u USER`,
-/// with `(n, m, z)` = messages per client, clients, and milliseconds between messages.
-pub fn rest_call(
-    flags: &[&str],
-    (n, m, z): (u32, u32, u32),
-    port: &str,
-    peer_port: &str,
-    user: &str,
-    limit: Duration,
-) -> Report {
-    let (n, m, z) = (n.to_string(), m.to_string(), z.to_string());
-    let mut args = flags.to_vec();
-    args.extend([
-        "-X",
-        "-n",
-        &n,
-        "-m",
-        &m,
-        "-z",
-        &z,
-        "-p",
-        port,
-        "-e",
-        "127.0.0.1",
-        "-r",
-        peer_port,
-        "-u",
-        user,
-        "-W",
-        SECRET,
-    ]);
-    uclient(&args, limit)
+/// A `turnutils_uclient` command line, built once for every test that runs one:
+/// `FLAGS -n N -m M [-z Z] [-l L] -p PORT [-e PEER_IP -r PEER_PORT] [CREDENTIALS] SERVER`.
+///
+/// [`Uclient::call`] is the usual one: a UDP call (`-X`: an IPv4 relay) to the echo peer with
+/// TURN REST credentials. Flags are uclient's own (`-c` no RTCP allocation, `-t` TCP, `-S`
+/// TLS, `-s` Send indications, `-y` client to client, `-g` DONT-FRAGMENT, `-v` verbose).
+#[derive(Clone, Debug)]
+pub struct Uclient {
+    server: String,
+    port: u16,
+    flags: Vec<String>,
+    messages: u64,
+    clients: u64,
+    gap_ms: Option<u64>,
+    length: Option<u64>,
+    peer: Option<(String, u16)>,
+    credentials: Vec<String>,
+}
+
+impl Uclient {
+    /// `turnutils_uclient -X -n 10 -m 1 -p PORT 127.0.0.1`: no peer, no credentials yet.
+    pub fn new(port: u16) -> Uclient {
+        Uclient {
+            server: "127.0.0.1".into(),
+            port,
+            flags: vec!["-X".into()],
+            messages: 10,
+            clients: 1,
+            gap_ms: None,
+            length: None,
+            peer: None,
+            credentials: Vec::new(),
+        }
+    }
+
+    /// A UDP call through the server on `port` to the echo peer on 127.0.0.1:`peer_port`,
+    /// with TURN REST credentials for `user` (`-u USER -W SECRET`).
+    pub fn call(port: u16, peer_port: u16, user: &str) -> Uclient {
+        Uclient::new(port).peer(peer_port).rest(user)
+    }
+
+    /// uclient flags, added to `-X`.
+    pub fn flags(mut self, flags: &[&str]) -> Uclient {
+        self.flags.extend(flags.iter().map(ToString::to_string));
+        self
+    }
+
+    /// An IPv6 relay (`-x` instead of `-X`).
+    pub fn ipv6_relay(mut self) -> Uclient {
+        self.flags.retain(|f| f != "-X");
+        self.flags.insert(0, "-x".into());
+        self
+    }
+
+    /// Messages per client (`-n`).
+    pub fn messages(mut self, n: u64) -> Uclient {
+        self.messages = n;
+        self
+    }
+
+    /// Clients (`-m`).
+    pub fn clients(mut self, m: u64) -> Uclient {
+        self.clients = m;
+        self
+    }
+
+    /// Milliseconds between a client's messages (`-z`; uclient's default without it).
+    pub fn gap_ms(mut self, z: u64) -> Uclient {
+        self.gap_ms = Some(z);
+        self
+    }
+
+    /// Message length in bytes (`-l`; uclient's default without it).
+    pub fn length(mut self, l: u64) -> Uclient {
+        self.length = Some(l);
+        self
+    }
+
+    /// The echo peer on 127.0.0.1:`port` (`-e 127.0.0.1 -r PORT`).
+    pub fn peer(self, port: u16) -> Uclient {
+        self.peer_at("127.0.0.1", port)
+    }
+
+    /// The echo peer on `ip`:`port`.
+    pub fn peer_at(mut self, ip: &str, port: u16) -> Uclient {
+        self.peer = Some((ip.into(), port));
+        self
+    }
+
+    /// TURN REST credentials for `user` with the tests' [`SECRET`] (`-u USER -W SECRET`).
+    pub fn rest(self, user: &str) -> Uclient {
+        self.credentials(&["-u", user, "-W", SECRET])
+    }
+
+    /// Other credentials (`-u USER -w PASSWORD`, a wrong `-W`), replacing any.
+    pub fn credentials(mut self, args: &[&str]) -> Uclient {
+        self.credentials = args.iter().map(ToString::to_string).collect();
+        self
+    }
+
+    /// The server's address (127.0.0.1 unless given: `::1`).
+    pub fn server(mut self, ip: &str) -> Uclient {
+        self.server = ip.into();
+        self
+    }
+
+    /// Every message of every client: what [`Report::assert_all_echoed`] expects.
+    pub fn total(&self) -> u64 {
+        self.messages * self.clients
+    }
+
+    /// The arguments before the server's address.
+    pub fn args(&self) -> Vec<String> {
+        let mut a = self.flags.clone();
+        a.extend(["-n".into(), self.messages.to_string()]);
+        a.extend(["-m".into(), self.clients.to_string()]);
+        if let Some(z) = self.gap_ms {
+            a.extend(["-z".into(), z.to_string()]);
+        }
+        if let Some(l) = self.length {
+            a.extend(["-l".into(), l.to_string()]);
+        }
+        a.extend(["-p".into(), self.port.to_string()]);
+        if let Some((ip, port)) = &self.peer {
+            a.extend(["-e".into(), ip.clone(), "-r".into(), port.to_string()]);
+        }
+        a.extend(self.credentials.iter().cloned());
+        a
+    }
+
+    /// Runs it, killed after `limit`.
+    pub fn run(&self, limit: Duration) -> Report {
+        let args = self.args();
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        uclient_to(&self.server, &args, limit)
+    }
+
+    /// Runs it in a thread, killed after `limit`.
+    pub fn spawn(self, limit: Duration) -> std::thread::JoinHandle<Report> {
+        std::thread::spawn(move || self.run(limit))
+    }
 }
 
 /// Runs `turnutils_uclient ARGS SERVER`, killed after `limit`.
@@ -246,5 +354,24 @@ mod tests {
         assert_eq!((r.send_msgs, r.recv_msgs), (50, 49));
         assert_eq!((r.send_bytes, r.recv_bytes), (5000, 4900));
         assert_eq!(r.lost, Some(1));
+    }
+
+    #[test]
+    fn uclient_command_line() {
+        let call = Uclient::call(3478, 3480, "alice")
+            .flags(&["-c"])
+            .messages(5)
+            .gap_ms(20);
+        assert_eq!(
+            call.args().join(" "),
+            format!("-X -c -n 5 -m 1 -z 20 -p 3478 -e 127.0.0.1 -r 3480 -u alice -W {SECRET}")
+        );
+        let v6 = Uclient::new(1)
+            .flags(&["-t"])
+            .ipv6_relay()
+            .clients(2)
+            .length(120);
+        assert_eq!(v6.args().join(" "), "-x -t -n 10 -m 2 -l 120 -p 1");
+        assert_eq!(v6.total(), 20);
     }
 }

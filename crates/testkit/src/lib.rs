@@ -8,7 +8,9 @@
 //! - [`metrics`]: the Prometheus scraper (`/metrics` text, one series' value).
 //! - [`origin`]: a real HTTP/1.1 origin for the proxies under test.
 //! - [`wait`]: [`wait_until`], waiting for a condition with a bound.
-//! - [`turn`]: a blocking TURN client over UDP with a sequence-numbered ChannelData stream.
+//! - [`turn`]: a blocking TURN client over UDP with a sequence-numbered ChannelData stream,
+//!   and TURN REST API credentials.
+//! - [`tls`]: self-signed certificates for the TLS listeners under test.
 //! - [`coturn`]: coturn's `turnutils_peer` and `turnutils_uclient` as peers.
 //! - [`peers`]: where the peer programs (HAProxy, nginx, coturn's tools) come from.
 //! - [`cargo`]: workspace programs a test runs but cargo does not build for it.
@@ -30,6 +32,7 @@ pub mod net;
 pub mod origin;
 pub mod peers;
 pub mod process;
+pub mod tls;
 pub mod turn;
 pub mod wait;
 

@@ -28,6 +28,43 @@ use lastcall_turn_proto::stun::{
 /// The TURN REST API shared secret (`--static-auth-secret`) of the servers the tests start.
 pub const SECRET: &str = "s3cret-for-tests";
 
+/// The realm of the servers the tests start (`--realm`).
+pub const REALM: &str = "example.org";
+
+/// TURN REST API credentials (coturn's `use-auth-secret`): username `EXPIRY:USER`, password
+/// base64(HMAC-SHA1(secret, username)).
+#[derive(Clone, Debug)]
+pub struct RestCredentials {
+    /// `EXPIRY:USER`.
+    pub username: String,
+    /// The password derived from the secret.
+    pub password: String,
+}
+
+impl RestCredentials {
+    /// Credentials for `user` made with `secret`, valid for an hour.
+    pub fn new(secret: &str, user: &str) -> RestCredentials {
+        let expiry = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs()
+            + 3600;
+        let username = format!("{expiry}:{user}");
+        let password = rest_password(secret.as_bytes(), &username);
+        RestCredentials { username, password }
+    }
+
+    /// Credentials for `user` with the tests' [`SECRET`].
+    pub fn for_user(user: &str) -> RestCredentials {
+        RestCredentials::new(SECRET, user)
+    }
+
+    /// The long-term key (MD5 of `username:realm:password`) in `realm`.
+    pub fn key(&self, realm: &str) -> [u8; 16] {
+        long_term_key(&self.username, realm, &self.password)
+    }
+}
+
 /// First retransmission timeout (doubled per retry).
 const RTO: Duration = Duration::from_millis(250);
 /// Transmissions of one request before giving up (250 ms .. 4 s: about 8 s in all).
@@ -152,13 +189,7 @@ impl TurnClient {
         sock.connect(server).expect("connect client socket");
         sock.set_read_timeout(Some(Duration::from_millis(50)))
             .expect("read timeout");
-        let expiry = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_secs()
-            + 3600;
-        let username = format!("{expiry}:{user}");
-        let password = rest_password(secret.as_bytes(), &username);
+        let RestCredentials { username, password } = RestCredentials::new(secret, user);
         let shared = Arc::new(Shared {
             log: Mutex::default(),
             stop_reader: AtomicBool::new(false),

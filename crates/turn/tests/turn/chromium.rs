@@ -17,13 +17,13 @@ use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener};
 use std::process::{Child, Stdio};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use lastcall_testkit::turn::TurnClient;
 use lastcall_testkit::{peers, Signal};
 use parking_lot::Mutex;
 
-use crate::common::{Peer, Turn, SECRET, WAIT};
+use crate::common::{Peer, RestCredentials, Turn, SECRET, WAIT};
 
 /// The page: two peer connections over the TURN server of its query string, a data channel
 /// sending one numbered message every 20 ms, progress reported every 250 ms, and on the
@@ -206,13 +206,7 @@ struct Browser {
 
 impl Browser {
     fn open(control: &Control, url: &str, user: &str) -> Browser {
-        let expiry = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_secs()
-            + 3600;
-        let username = format!("{expiry}:{user}");
-        let password = lastcall_turn_proto::rest_password(SECRET.as_bytes(), &username);
+        let RestCredentials { username, password } = RestCredentials::for_user(user);
         let page = format!(
             "http://{}/page.html?url={}&u={}&p={}",
             control.addr,

@@ -1,13 +1,13 @@
 //! What the TURN tests share beyond `lastcall-testkit`: a `lastcall-turn` process started
-//! the way docs/turn.md shows, and self-signed certificates for its TLS listener.
+//! the way docs/turn.md shows, and the subject of the certificate its TLS listener serves.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use lastcall_testkit::{self as testkit, metrics, Pod};
 
-pub(crate) use lastcall_testkit::coturn::{rest_call, uclient, uclient_to, Peer, Report};
-pub(crate) use lastcall_testkit::turn::SECRET;
+pub(crate) use lastcall_testkit::coturn::{Peer, Report, Uclient};
+pub(crate) use lastcall_testkit::tls::self_signed;
+pub(crate) use lastcall_testkit::turn::{RestCredentials, REALM, SECRET};
 pub(crate) use lastcall_testkit::{free_udp_tcp_port, WAIT};
 
 /// A running `lastcall-turn`.
@@ -73,32 +73,6 @@ impl Turn {
     pub(crate) fn wait_metric_at_least(&self, series: &str, min: f64) {
         metrics::wait_at_least(self.admin.as_str(), series, min, WAIT);
     }
-}
-
-/// A self-signed certificate and key (PEM) for CN `cn`, made with the openssl CLI.
-pub(crate) fn self_signed(dir: &Path, name: &str, cn: &str) -> (PathBuf, PathBuf) {
-    let cert = dir.join(format!("{name}-cert.pem"));
-    let key = dir.join(format!("{name}-key.pem"));
-    let status = Command::new("openssl")
-        .args([
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-        ])
-        .args(["-nodes", "-days", "2", "-subj", &format!("/CN={cn}")])
-        .arg("-keyout")
-        .arg(&key)
-        .arg("-out")
-        .arg(&cert)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .expect("run openssl");
-    assert!(status.success(), "openssl req failed");
-    (cert, key)
 }
 
 /// The subject of the certificate a TLS server presents (openssl s_client).

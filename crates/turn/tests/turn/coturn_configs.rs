@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use crate::common::{uclient, Peer, Turn, SECRET};
+use crate::common::{Peer, Turn, Uclient, SECRET};
 use lastcall_testkit as harness;
 
 const MSGS: u64 = 10;
@@ -58,19 +58,19 @@ fn start(conf: &Path, dir: &Path) -> Turn {
 /// `turnutils_peer`: every message echoed.
 fn relays_over_udp_tcp_tls(turn: &Turn, auth: &[&str]) {
     let peer = Peer::start();
-    let peer_port = peer.port.to_string();
     for (what, mode, port) in [
         ("UDP", &[][..], turn.port),
         ("TCP", &["-t"][..], turn.port),
         ("TLS", &["-t", "-S"][..], turn.tls_port),
     ] {
-        let port = port.to_string();
-        let n = MSGS.to_string();
-        let mut args = vec!["-c", "-X", "-n", &n, "-m", "1", "-z", "5", "-p", &port];
-        args.extend(["-e", "127.0.0.1", "-r", &peer_port]);
-        args.extend(mode);
-        args.extend(auth);
-        let r = uclient(&args, Duration::from_secs(60));
+        let r = Uclient::new(port)
+            .flags(&["-c"])
+            .flags(mode)
+            .peer(peer.port)
+            .messages(MSGS)
+            .gap_ms(5)
+            .credentials(auth)
+            .run(Duration::from_secs(60));
         println!(
             "uclient over {what}: {} sent, {} echoed",
             r.send_msgs, r.recv_msgs

@@ -10,32 +10,18 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream, UdpSocket};
 use std::process::Command;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use lastcall_testkit::Signal;
-use lastcall_turn_proto::rest_password;
-use lastcall_turn_proto::stun::{
-    attr, decode_address, long_term_key, method, Builder, Class, Message,
-};
+use lastcall_turn_proto::stun::{attr, decode_address, method, Builder, Class, Message};
 
-use crate::common::{Turn, SECRET, WAIT};
-
-const REALM: &str = "example.org";
+use crate::common::{RestCredentials, Turn, REALM, WAIT};
 
 /// TURN REST API credentials valid for an hour: username and long-term key.
 pub(crate) fn rest_creds(user: &str) -> (String, [u8; 16]) {
-    let expiry = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_secs()
-        + 3600;
-    let username = format!("{expiry}:{user}");
-    let key = long_term_key(
-        &username,
-        REALM,
-        &rest_password(SECRET.as_bytes(), &username),
-    );
-    (username, key)
+    let creds = RestCredentials::for_user(user);
+    let key = creds.key(REALM);
+    (creds.username, key)
 }
 
 /// A transaction id unique in this process.
@@ -350,29 +336,7 @@ fn tls_setup(
     std::path::PathBuf,
     Arc<rustls::ClientConfig>,
 ) {
-    let cert = dir.join("cert.pem");
-    let key = dir.join("key.pem");
-    let status = Command::new("openssl")
-        .args([
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-        ])
-        .args(["-nodes", "-days", "2", "-subj", "/CN=127.0.0.1"])
-        .args(["-addext", "subjectAltName=IP:127.0.0.1"])
-        .args(["-addext", "basicConstraints=critical,CA:FALSE"])
-        .arg("-keyout")
-        .arg(&key)
-        .arg("-out")
-        .arg(&cert)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .expect("run openssl");
-    assert!(status.success(), "openssl req failed");
+    let (cert, key) = lastcall_testkit::tls::self_signed_for_ip(dir, "turn", "127.0.0.1");
     let pem = std::fs::read(&cert).expect("read cert");
     let mut roots = rustls::RootCertStore::empty();
     for c in rustls_pemfile::certs(&mut pem.as_slice()) {

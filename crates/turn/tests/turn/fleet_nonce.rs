@@ -16,7 +16,7 @@ use lastcall_testkit::turn::TurnClient;
 use lastcall_testkit::Signal;
 use lastcall_turn_proto::stun::{attr, long_term_key, method, Builder};
 
-use crate::common::{Peer, Turn, SECRET, WAIT};
+use crate::common::{Peer, RestCredentials, Turn, SECRET, WAIT};
 use crate::drain_ends::{answer, request, rest_creds, txid, Answer, Auth};
 
 fn loopback(port: u16) -> SocketAddr {
@@ -51,8 +51,7 @@ fn allocate_like_libwebrtc(
     mut auth: Option<Auth>,
     user: &str,
 ) -> Result<SocketAddr, String> {
-    let (username, _) = rest_creds(user);
-    let password = lastcall_turn_proto::rest_password(SECRET.as_bytes(), &username);
+    let RestCredentials { username, password } = RestCredentials::for_user(user);
     let mut tried = vec![server];
     for n in 0..6u64 {
         let a = ask(

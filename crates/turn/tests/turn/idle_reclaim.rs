@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use lastcall_testkit::turn::TurnClient;
 use lastcall_testkit::Signal;
 
-use crate::common::{uclient, Peer, Turn, SECRET, WAIT};
+use crate::common::{Peer, Turn, Uclient, SECRET, WAIT};
 
 fn loopback(port: u16) -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], port))
@@ -76,33 +76,11 @@ fn vanished_clients_are_reclaimed_30s_after_their_last_packet_and_quiet_live_cal
     live.stream(Duration::from_secs(5));
     live.wait_received(1, WAIT);
     // uclient over UDP: 400 messages 20 ms apart (about 8 s), across the SIGTERM.
-    let port = turn.port.to_string();
-    let peer_port = peer.port.to_string();
-    let args = [
-        "-c",
-        "-X",
-        "-n",
-        "400",
-        "-m",
-        "1",
-        "-z",
-        "20",
-        "-p",
-        &port,
-        "-e",
-        "127.0.0.1",
-        "-r",
-        &peer_port,
-        "-u",
-        "vanish",
-        "-W",
-        SECRET,
-    ]
-    .map(String::from);
-    let run = std::thread::spawn(move || {
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        uclient(&args, Duration::from_secs(120))
-    });
+    let run = Uclient::call(turn.port, peer.port, "vanish")
+        .flags(&["-c"])
+        .messages(400)
+        .gap_ms(20)
+        .spawn(Duration::from_secs(120));
     // Its allocations are made once its data reaches the peer.
     let relayed = "turn_traffic_peer_sentp{realm=\"example.org\"}";
     let before = turn.metric(relayed).unwrap_or(0.0);

@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use crate::common::{uclient, Peer, Turn, SECRET};
+use crate::common::{Peer, Turn, Uclient, SECRET};
 
 const MSGS: u64 = 20;
 const CLIENTS: u64 = 2;
@@ -26,17 +26,17 @@ fn run_mode(
     mode: &[&str],
     auth: &[&str],
 ) -> crate::common::Report {
-    let port = turn.port.to_string();
-    let peer_port = peer.map(|p| p.port.to_string());
-    let n = MSGS.to_string();
-    let m = CLIENTS.to_string();
-    let mut args: Vec<&str> = vec!["-X", "-g", "-n", &n, "-m", &m, "-z", "5", "-p", &port];
-    if let Some(pp) = &peer_port {
-        args.extend(["-e", "127.0.0.1", "-r", pp]);
+    let mut call = Uclient::new(turn.port)
+        .flags(&["-g"])
+        .flags(mode)
+        .messages(MSGS)
+        .clients(CLIENTS)
+        .gap_ms(5)
+        .credentials(auth);
+    if let Some(peer) = peer {
+        call = call.peer(peer.port);
     }
-    args.extend(mode);
-    args.extend(auth);
-    uclient(&args, LIMIT)
+    call.run(LIMIT)
 }
 
 fn rest() -> [&'static str; 4] {
@@ -157,19 +157,21 @@ fn rtp_rtcp_pairs_tcp_send_indications() {
 fn ipv6_clients_and_ipv6_relays() {
     let turn = Turn::start(&["--listening-ip=::1", "--relay-ip=::1"]);
     let peer = Peer::start_on("::1");
-    let (port, peer_port) = (turn.port.to_string(), peer.port.to_string());
-    let n = MSGS.to_string();
-    let v6 = [
-        "-c", "-x", "-e", "::1", "-r", &peer_port, "-n", &n, "-m", "2", "-z", "5",
-    ];
+    let v6 = Uclient::new(turn.port)
+        .ipv6_relay()
+        .flags(&["-c"])
+        .peer_at("::1", peer.port)
+        .messages(MSGS)
+        .clients(2)
+        .gap_ms(5)
+        .rest("alice");
     // A client over IPv6, with an IPv6 relay.
-    let mut args: Vec<&str> = v6.to_vec();
-    args.extend(["-p", &port, "-u", "alice", "-W", SECRET]);
-    crate::common::uclient_to("::1", &args, LIMIT).assert_all_echoed(MSGS * 2);
+    v6.clone()
+        .server("::1")
+        .run(LIMIT)
+        .assert_all_echoed(MSGS * 2);
     // A client over IPv4 asking for an IPv6 relay (REQUESTED-ADDRESS-FAMILY).
-    let mut args: Vec<&str> = v6.to_vec();
-    args.extend(["-t", "-p", &port, "-u", "alice", "-W", SECRET]);
-    crate::common::uclient_to("127.0.0.1", &args, LIMIT).assert_all_echoed(MSGS * 2);
+    v6.flags(&["-t"]).run(LIMIT).assert_all_echoed(MSGS * 2);
 }
 
 #[test]

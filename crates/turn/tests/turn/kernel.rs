@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use lastcall_testkit::turn::TurnClient;
 use lastcall_testkit::Signal;
 
-use crate::common::{uclient, Peer, Turn, SECRET, WAIT};
+use crate::common::{Peer, Turn, Uclient, SECRET, WAIT};
 
 const ON: &str = "kernel fast path on";
 const OFF: &str = "the kernel fast path is off";
@@ -80,32 +80,12 @@ fn without_the_fast_path_uclient_relays_in_user_space() {
         Started::UserSpace(turn) => turn,
     };
     let peer = Peer::start();
-    let port = turn.port.to_string();
-    let pp = peer.port.to_string();
-    let r = uclient(
-        &[
-            "-X",
-            "-g",
-            "-c",
-            "-n",
-            "20",
-            "-m",
-            "2",
-            "-z",
-            "5",
-            "-p",
-            &port,
-            "-e",
-            "127.0.0.1",
-            "-r",
-            &pp,
-            "-u",
-            "alice",
-            "-W",
-            SECRET,
-        ],
-        Duration::from_secs(60),
-    );
+    let r = Uclient::call(turn.port, peer.port, "alice")
+        .flags(&["-g", "-c"])
+        .messages(20)
+        .clients(2)
+        .gap_ms(5)
+        .run(Duration::from_secs(60));
     r.assert_all_echoed(40);
     assert_eq!(
         turn.metric("lastcall_turn_kernel_routes"),
@@ -122,34 +102,13 @@ fn uclient_relays_through_the_kernel() {
         return;
     };
     let peer = Peer::start();
-    let port = turn.port.to_string();
-    let pp = peer.port.to_string();
     let (n, m) = (200u64, 2u64);
-    let (ns, ms) = (n.to_string(), m.to_string());
-    let r = uclient(
-        &[
-            "-X",
-            "-g",
-            "-c",
-            "-n",
-            &ns,
-            "-m",
-            &ms,
-            "-z",
-            "2",
-            "-p",
-            &port,
-            "-e",
-            "127.0.0.1",
-            "-r",
-            &pp,
-            "-u",
-            "alice",
-            "-W",
-            SECRET,
-        ],
-        Duration::from_secs(90),
-    );
+    let r = Uclient::call(turn.port, peer.port, "alice")
+        .flags(&["-g", "-c"])
+        .messages(n)
+        .clients(m)
+        .gap_ms(2)
+        .run(Duration::from_secs(90));
     r.assert_all_echoed(n * m);
     let (to_peer, to_client) = (kernel(&turn, "to_peer"), kernel(&turn, "to_client"));
     assert!(to_peer >= (n * m) as f64, "kernel to_peer {to_peer}");

@@ -5,12 +5,15 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::common::{rest_call, uclient, Peer, Turn, SECRET, WAIT};
+use crate::common::{Peer, Turn, Uclient, SECRET, WAIT};
 use lastcall_testkit::{self as testkit, Signal};
 
 fn bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_lastcall-turn"))
 }
+
+/// Datagrams relayed to peers: a call is up once this moves.
+const PEER_SENT: &str = "turn_traffic_peer_sentp{realm=\"example.org\"}";
 
 #[test]
 fn coturn_conf_starts_unchanged_and_relays() {
@@ -76,28 +79,10 @@ fn coturn_conf_starts_unchanged_and_relays() {
         admin,
     };
     let peer = Peer::start();
-    let p = port.to_string();
-    let r = uclient(
-        &[
-            "-v",
-            "-c",
-            "-X",
-            "-n",
-            "10",
-            "-m",
-            "1",
-            "-z",
-            "5",
-            "-p",
-            &p,
-            "-e",
-            "127.0.0.1",
-        ]
-        .into_iter()
-        .chain(["-r", &peer.port.to_string(), "-u", "u", "-W", SECRET])
-        .collect::<Vec<_>>(),
-        Duration::from_secs(60),
-    );
+    let r = Uclient::call(port, peer.port, "u")
+        .flags(&["-v", "-c"])
+        .gap_ms(5)
+        .run(Duration::from_secs(60));
     r.assert_all_echoed(10);
     // external-ip: the relay address is advertised as the public one.
     assert!(
@@ -227,48 +212,23 @@ fn tls_certificate_reloads_on_sighup_and_a_bad_one_is_kept_out() {
 fn sigterm_keeps_live_allocation_relaying_and_refuses_new_ones() {
     let mut turn = Turn::start(&["--shutdown-delay=1s", "--drain-timeout=120s"]);
     let peer = Peer::start();
-    let port = turn.port.to_string();
-    let peer_port = peer.port.to_string();
     // A call of 300 packets, 20 ms apart (6 s), that outlives the signal.
-    let call = {
-        let (port, peer_port) = (port.clone(), peer_port.clone());
-        std::thread::spawn(move || {
-            rest_call(
-                &["-c"],
-                (300, 1, 20),
-                &port,
-                &peer_port,
-                "caller",
-                Duration::from_secs(90),
-            )
-        })
-    };
-    turn.wait_metric_at_least("turn_total_allocations{type=\"UDP\"}", 1.0);
+    let call = Uclient::call(turn.port, peer.port, "caller")
+        .flags(&["-c"])
+        .messages(300)
+        .gap_ms(20)
+        .spawn(Duration::from_secs(90));
+    // The call relays (uclient's first allocation is a probe: signalled before the call's own
+    // Allocate, the call would get the drain's answer).
+    turn.wait_metric_at_least(PEER_SENT, 1.0);
     turn.pod.signal(Signal::Term);
     turn.pod.wait_for_log("refusing new allocations", WAIT);
 
     let started = Instant::now();
-    let late = uclient(
-        &[
-            "-c",
-            "-X",
-            "-n",
-            "5",
-            "-m",
-            "1",
-            "-p",
-            &port,
-            "-e",
-            "127.0.0.1",
-            "-r",
-            &peer_port,
-            "-u",
-            "late",
-            "-W",
-            SECRET,
-        ],
-        Duration::from_secs(60),
-    );
+    let late = Uclient::call(turn.port, peer.port, "late")
+        .flags(&["-c"])
+        .messages(5)
+        .run(Duration::from_secs(60));
     assert_ne!(
         late.status,
         Some(0),
@@ -311,35 +271,26 @@ fn draining_server_sends_new_clients_to_the_alternate_server() {
         &format!("--alternate-server=127.0.0.1:{}", b.port),
     ]);
     let peer = Peer::start();
-    let (a_port, peer_port) = (a.port.to_string(), peer.port.to_string());
     // A live call keeps A draining (it would exit at once with nothing left).
-    let call = {
-        let (port, peer_port) = (a_port.clone(), peer_port.clone());
-        std::thread::spawn(move || {
-            rest_call(
-                &["-c"],
-                (250, 1, 20),
-                &port,
-                &peer_port,
-                "caller",
-                Duration::from_secs(90),
-            )
-        })
-    };
-    a.wait_metric_at_least("turn_total_allocations{type=\"UDP\"}", 1.0);
+    let call = Uclient::call(a.port, peer.port, "caller")
+        .flags(&["-c"])
+        .messages(250)
+        .gap_ms(20)
+        .spawn(Duration::from_secs(90));
+    // The call relays (uclient's first allocation is a probe: signalled before the call's own
+    // Allocate, the call would get the drain's answer).
+    a.wait_metric_at_least(PEER_SENT, 1.0);
     a.pod.signal(Signal::Term);
     a.pod
         .wait_for_log("refusing new allocations (300 Try Alternate)", WAIT);
 
     // uclient's probe Allocate gets 300 with ALTERNATE-SERVER; its clients then use B.
-    let moved = rest_call(
-        &["-c"],
-        (20, 2, 5),
-        &a_port,
-        &peer_port,
-        "newcomer",
-        Duration::from_secs(60),
-    );
+    let moved = Uclient::call(a.port, peer.port, "newcomer")
+        .flags(&["-c"])
+        .messages(20)
+        .clients(2)
+        .gap_ms(5)
+        .run(Duration::from_secs(60));
     moved.assert_all_echoed(40);
     assert!(
         a.metric("lastcall_turn_allocate_refused_draining_total")
@@ -362,19 +313,15 @@ fn draining_server_sends_new_clients_to_the_alternate_server() {
 fn sigterm_exits_0_as_soon_as_the_last_tcp_call_ends() {
     let mut turn = Turn::start(&["--shutdown-delay=1s", "--drain-timeout=120s"]);
     let peer = Peer::start();
-    let (port, peer_port) = (turn.port.to_string(), peer.port.to_string());
     // Over TCP an allocation ends with its connection, i.e. when uclient exits.
-    let call = std::thread::spawn(move || {
-        rest_call(
-            &["-t", "-c"],
-            (150, 1, 20),
-            &port,
-            &peer_port,
-            "caller",
-            Duration::from_secs(90),
-        )
-    });
-    turn.wait_metric_at_least("turn_total_allocations{type=\"TCP\"}", 1.0);
+    let call = Uclient::call(turn.port, peer.port, "caller")
+        .flags(&["-t", "-c"])
+        .messages(150)
+        .gap_ms(20)
+        .spawn(Duration::from_secs(90));
+    // The call relays (uclient's first allocation is a probe: signalled before the call's own
+    // Allocate, the call would get the drain's answer).
+    turn.wait_metric_at_least(PEER_SENT, 1.0);
     turn.pod.signal(Signal::Term);
     let report = call.join().expect("call thread");
     report.assert_all_echoed(150);
@@ -391,30 +338,12 @@ fn sigterm_exits_0_as_soon_as_the_last_tcp_call_ends() {
 fn drain_deadline_ends_remaining_allocations_with_status_75() {
     let mut turn = Turn::start(&["--shutdown-delay=1s", "--drain-timeout=3s"]);
     let peer = Peer::start();
-    let (port, peer_port) = (turn.port.to_string(), peer.port.to_string());
     // uclient leaves its UDP allocations alive when it exits (lifetime 777 s).
-    uclient(
-        &[
-            "-c",
-            "-X",
-            "-n",
-            "5",
-            "-m",
-            "1",
-            "-p",
-            &port,
-            "-e",
-            "127.0.0.1",
-            "-r",
-            &peer_port,
-            "-u",
-            "caller",
-            "-W",
-            SECRET,
-        ],
-        Duration::from_secs(60),
-    )
-    .assert_all_echoed(5);
+    Uclient::call(turn.port, peer.port, "caller")
+        .flags(&["-c"])
+        .messages(5)
+        .run(Duration::from_secs(60))
+        .assert_all_echoed(5);
     turn.pod.signal(Signal::Term);
     let exit = turn.pod.wait_exit(WAIT);
     assert_eq!(exit.code, Some(lastcall::exit::DEADLINE), "{exit:?}");
@@ -429,42 +358,21 @@ fn drain_deadline_ends_remaining_allocations_with_status_75() {
 fn sigusr1_drains_like_coturn_even_when_sigterm_is_ignored() {
     let mut turn = Turn::start(&["--on-sigterm=ignore", "--shutdown-delay=0s"]);
     let peer = Peer::start();
-    let (port, peer_port) = (turn.port.to_string(), peer.port.to_string());
-    let args = |user: &'static str| {
-        let (port, peer_port) = (port.clone(), peer_port.clone());
-        move || {
-            uclient(
-                &[
-                    "-c",
-                    "-X",
-                    "-n",
-                    "5",
-                    "-m",
-                    "1",
-                    "-p",
-                    &port,
-                    "-e",
-                    "127.0.0.1",
-                    "-r",
-                    &peer_port,
-                    "-u",
-                    user,
-                    "-W",
-                    SECRET,
-                ],
-                Duration::from_secs(60),
-            )
-        }
+    let call = |user: &str| {
+        Uclient::call(turn.port, peer.port, user)
+            .flags(&["-c"])
+            .messages(5)
+            .run(Duration::from_secs(60))
     };
     // uclient leaves its allocation alive: the drain has something to wait for.
-    args("first")().assert_all_echoed(5);
+    call("first").assert_all_echoed(5);
     turn.pod.signal(Signal::Term);
     turn.pod.wait_for_log("SIGTERM", WAIT);
-    args("second")().assert_all_echoed(5);
+    call("second").assert_all_echoed(5);
     turn.pod.signal(Signal::Usr1);
     turn.pod
         .wait_for_log("refusing new allocations (403)", WAIT);
-    let late = args("late")();
+    let late = call("late");
     assert!(
         late.output.contains("error 403"),
         "403 expected:\n{}",

@@ -17,7 +17,7 @@ use std::net::SocketAddr;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::common::{rest_call, uclient, Peer, Report, Turn, SECRET, WAIT};
+use crate::common::{Peer, Report, Turn, Uclient, SECRET, WAIT};
 use lastcall_testkit::turn::{Split, TurnClient, TurnError};
 use lastcall_testkit::{self as testkit, ExitReport, Pod, Signal};
 
@@ -54,38 +54,16 @@ fn tcp_uclient(
     port: u16,
     peer_port: u16,
     user: &'static str,
-    clients: u32,
-    msgs: u32,
-    gap_ms: u32,
+    clients: u64,
+    msgs: u64,
+    gap_ms: u64,
 ) -> JoinHandle<Report> {
-    std::thread::spawn(move || {
-        let (port, peer_port) = (port.to_string(), peer_port.to_string());
-        let (clients, msgs, gap) = (clients.to_string(), msgs.to_string(), gap_ms.to_string());
-        uclient(
-            &[
-                "-t",
-                "-c",
-                "-X",
-                "-n",
-                &msgs,
-                "-m",
-                &clients,
-                "-z",
-                &gap,
-                "-p",
-                &port,
-                "-e",
-                "127.0.0.1",
-                "-r",
-                &peer_port,
-                "-u",
-                user,
-                "-W",
-                SECRET,
-            ],
-            Duration::from_secs(120),
-        )
-    })
+    Uclient::call(port, peer_port, user)
+        .flags(&["-t", "-c"])
+        .messages(msgs)
+        .clients(clients)
+        .gap_ms(gap_ms)
+        .spawn(Duration::from_secs(120))
 }
 
 /// Polls until the process is gone; returns the instant it was first seen gone and the
@@ -261,33 +239,9 @@ fn refusing_without_alternate_fails_new_clients_at_once_with_403() {
             alternate: None
         })
     );
-    let (port, peer_port) = (turn.port.to_string(), peer.port.to_string());
-    let args = |tcp: bool| {
-        let mut a = vec![
-            "-c",
-            "-X",
-            "-n",
-            "5",
-            "-m",
-            "1",
-            "-p",
-            &port,
-            "-e",
-            "127.0.0.1",
-            "-r",
-            &peer_port,
-            "-u",
-            "late",
-            "-W",
-            SECRET,
-        ];
-        if tcp {
-            a.insert(0, "-t");
-        }
-        a
-    };
-    let udp = uclient(&args(false), Duration::from_secs(60));
-    let tcp = uclient(&args(true), Duration::from_secs(60));
+    let late = Uclient::call(turn.port, peer.port, "late").messages(5);
+    let udp = late.clone().flags(&["-c"]).run(Duration::from_secs(60));
+    let tcp = late.flags(&["-t", "-c"]).run(Duration::from_secs(60));
     println!(
         "FIGURES run2 403: our client refused after {} (401 round trip + Allocate); \
          uclient UDP exit {:?} after {}; uclient TCP exit {:?} after {} (process start to exit)",
@@ -383,15 +337,12 @@ fn refusing_redirects_new_clients_round_robin_to_alternates_that_relay() {
     // Our client follows the redirect and relays through the alternate.
     let mut moved = start_calls(alternates[0], peer_addr, 1, "moved");
     // uclient follows it by itself.
-    let (a_port, peer_port) = (a.port.to_string(), peer.port.to_string());
-    let uc = rest_call(
-        &["-c"],
-        (20, 2, 5),
-        &a_port,
-        &peer_port,
-        "newcomer",
-        Duration::from_secs(60),
-    );
+    let uc = Uclient::call(a.port, peer.port, "newcomer")
+        .flags(&["-c"])
+        .messages(20)
+        .clients(2)
+        .gap_ms(5)
+        .run(Duration::from_secs(60));
     println!(
         "FIGURES run2 300: uclient via A -> alternate: sent {} received {} lost {:?} status {:?} in {}",
         uc.send_msgs,
