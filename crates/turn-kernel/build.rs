@@ -18,7 +18,9 @@ fn main() {
     let arch = env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_default();
     let multiarch = format!("/usr/include/{arch}-linux-gnu");
     let status = Command::new(&clang)
-        .args(["-O2", "-g", "-target", "bpf", "-Wall", "-Werror"])
+        .args([
+            "-O2", "-g", "-target", "bpf", "-mcpu=v3", "-Wall", "-Werror",
+        ])
         .arg(format!("-I{multiarch}"))
         .args(["-c", "src/bpf/relay.bpf.c", "-o"])
         .arg(&out)

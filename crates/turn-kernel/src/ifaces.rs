@@ -18,11 +18,11 @@ pub(crate) fn carrying(ips: &[IpAddr]) -> Result<Vec<String>, KernelError> {
     for ip in ips {
         let mut found = false;
         for ifa in &all {
-            let addr = ifa
-                .address
-                .as_ref()
-                .and_then(|a| a.as_sockaddr_in())
-                .map(|a| IpAddr::V4(a.ip()));
+            let addr = ifa.address.as_ref().and_then(|a| {
+                a.as_sockaddr_in()
+                    .map(|a| IpAddr::V4(a.ip()))
+                    .or_else(|| a.as_sockaddr_in6().map(|a| IpAddr::V6(a.ip())))
+            });
             let up = ifa.flags.contains(InterfaceFlags::IFF_UP);
             if addr.is_some() && ((ip.is_unspecified() && up) || addr == Some(*ip)) {
                 names.insert(ifa.interface_name.clone());
@@ -44,6 +44,8 @@ mod tests {
     fn loopback_is_found_by_its_address_and_an_unknown_address_is_an_error() {
         let lo = carrying(&["127.0.0.1".parse().expect("ip")]).expect("interfaces");
         assert_eq!(lo, vec!["lo".to_string()]);
+        let lo6 = carrying(&["::1".parse().expect("ip")]).expect("interfaces");
+        assert_eq!(lo6, vec!["lo".to_string()]);
         let none = carrying(&["192.0.2.77".parse().expect("ip")]);
         assert!(matches!(none, Err(KernelError::NoInterface(_))), "{none:?}");
     }

@@ -1,22 +1,24 @@
-//! lastcall-turn's kernel fast path: an eBPF program on tc ingress (TCX) that relays the
-//! ChannelData of UDP allocations with a channel binding in the kernel, both ways, and the
-//! daemon's side of it: loading and attaching the program, the two maps of routes
-//! (installed, refreshed and removed from the core's [`RouteChange`]s), and the per-route
-//! counters read back for the metrics and idle detection.
+//! lastcall-turn's kernel fast path: an eBPF program on tc ingress (TCX) that relays the data
+//! of UDP allocations in the kernel, both ways, IPv4 and IPv6, and the daemon's side of it:
+//! loading and attaching the program, the maps of routes (installed, refreshed and removed
+//! from the core's [`RouteChange`]s), and the per-route counters read back for the metrics
+//! and idle detection.
 //!
 //! The program (`src/bpf/relay.bpf.c`, compiled by clang at build time with the `bpf`
-//! feature) turns a client's ChannelData on a bound channel into the datagram from the relay
-//! address to the peer, and a peer's datagram to the relay address into ChannelData to the
-//! client, as long as the route's expiry (the earliest of the allocation's, the channel's
-//! and the permission's) has not passed. Everything else (STUN, unknown or expired channels,
-//! peers without a route, IP options, fragments, padded ChannelData) goes on to the stack and
-//! the daemon unchanged. Without the feature [`KernelRelay::start`] returns
+//! feature) turns a client's ChannelData on a bound channel (padded or not) or its Send
+//! indication to a permitted peer into the datagram from the relay address to the peer, and
+//! a peer's datagram to the relay address into ChannelData (a channel bound to it) or a Data
+//! indication (a permission for its IP) to the client, as long as the route's expiry (the
+//! earliest of the allocation's, the channel's and the permission's) has not passed; two
+//! clients of this server calling each other go from one to the other in one pass. Everything
+//! else (STUN requests, unknown or expired routes, IP options, fragments, GSO packets) goes on
+//! to the stack and the daemon unchanged. Without the feature [`KernelRelay::start`] returns
 //! [`KernelError::NotBuilt`] and the daemon relays in user space.
 
 use std::net::{IpAddr, SocketAddr};
 use std::time::Instant;
 
-use lastcall_turn_proto::{ChannelRoute, ClientAddr, RouteChange};
+use lastcall_turn_proto::{ClientAddr, RouteChange};
 
 #[cfg(feature = "bpf")]
 mod bpf;
@@ -28,9 +30,9 @@ pub enum KernelError {
     /// The binary was built without the `kernel-relay` feature.
     #[error("this build has no kernel fast path (built without the `kernel-relay` feature)")]
     NotBuilt,
-    /// Only IPv4 addresses are relayed in the kernel.
-    #[error("no IPv4 listening or relay address to relay in the kernel")]
-    NoIpv4,
+    /// No address was given.
+    #[error("no listening or relay address to relay in the kernel")]
+    NoAddress,
     /// No network interface carries the address.
     #[error("no network interface carries {0}")]
     NoInterface(IpAddr),
@@ -53,18 +55,34 @@ pub enum KernelError {
 /// What the fast path relayed: live routes plus the ones removed since the start.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Totals {
-    /// Client ChannelData relayed to peers.
+    /// Client ChannelData and Send indications relayed to peers.
     pub to_peer_packets: u64,
     /// Their application data bytes.
     pub to_peer_bytes: u64,
-    /// Peer datagrams relayed to clients as ChannelData.
+    /// The clients' UDP payload bytes of those (data and framing).
+    pub to_peer_wire_bytes: u64,
+    /// Peer datagrams relayed to clients as ChannelData or Data indications.
     pub to_client_packets: u64,
     /// Their bytes (the peers' payloads).
     pub to_client_bytes: u64,
+    /// The UDP payload bytes the clients got (data and framing).
+    pub to_client_wire_bytes: u64,
     /// Datagrams of a route past its expiry, handed to the daemon.
     pub expired: u64,
-    /// Datagrams of a live route the program left to the daemon (padding, GSO, routing).
+    /// Datagrams of a live route the program left to the daemon (too big, not routable
+    /// directly, a helper refused).
     pub unhandled: u64,
+    /// GSO packets of a live route left to the daemon: a same-host sender's UDP_SEGMENT
+    /// batch (several datagrams in one packet, which no helper can split).
+    pub gso: u64,
+    /// Padded ChannelData relayed (its padding dropped).
+    pub padded: u64,
+    /// Send indications relayed (their data sent to the peer).
+    pub send_indications: u64,
+    /// Data indications written (to clients without a channel to the peer).
+    pub data_indications: u64,
+    /// Datagrams relayed from one client of this server to another in one pass.
+    pub hairpin: u64,
 }
 
 /// One route's counters.
@@ -88,14 +106,12 @@ pub struct KernelRelay {
 
 impl KernelRelay {
     /// Loads the program and attaches it to tc ingress of every interface carrying one of
-    /// `ips` (an unspecified address: every interface that is up). IPv6 addresses are
-    /// skipped: only IPv4 is relayed in the kernel.
+    /// `ips` (an unspecified address: every interface that is up).
     pub fn start(ips: &[IpAddr]) -> Result<KernelRelay, KernelError> {
-        let v4: Vec<IpAddr> = ips.iter().copied().filter(IpAddr::is_ipv4).collect();
-        if v4.is_empty() {
-            return Err(KernelError::NoIpv4);
+        if ips.is_empty() {
+            return Err(KernelError::NoAddress);
         }
-        let interfaces = ifaces::carrying(&v4)?;
+        let interfaces = ifaces::carrying(ips)?;
         Self::attach(interfaces)
     }
 
@@ -143,6 +159,18 @@ impl KernelRelay {
         }
     }
 
+    /// The counters of `client`'s permission route for `peer` (Send indications to the peer,
+    /// Data indications from it), if installed.
+    pub fn permission_stats(&self, client: &ClientAddr, peer: IpAddr) -> Option<RouteStats> {
+        #[cfg(feature = "bpf")]
+        return self.inner.permission_stats(client, peer);
+        #[cfg(not(feature = "bpf"))]
+        {
+            let _ = (client, peer);
+            None
+        }
+    }
+
     /// When each client with a route last sent ChannelData through the kernel (datagrams the
     /// core never sees: feed them to its idle detection), one entry per route that relayed.
     pub fn client_activity(&self) -> Vec<(ClientAddr, Instant)> {
@@ -152,7 +180,7 @@ impl KernelRelay {
         Vec::new()
     }
 
-    /// Routes installed.
+    /// Routes installed (channels and permissions).
     pub fn routes(&self) -> usize {
         #[cfg(feature = "bpf")]
         return self.inner.routes();
@@ -169,26 +197,22 @@ impl std::fmt::Debug for KernelRelay {
     }
 }
 
-/// The IPv4 address and port of `a` (the fast path relays IPv4 only; a wildcard address
-/// cannot be written into a datagram: such a route stays the daemon's).
+/// An address as the program keys it: 16 bytes (IPv6, or IPv4-mapped), and the port in
+/// network order. `None` for a wildcard address, which cannot be written into a datagram:
+/// such a route stays the daemon's.
 #[cfg_attr(not(feature = "bpf"), allow(dead_code))]
-fn v4(a: SocketAddr) -> Option<([u8; 4], u16)> {
-    match a {
-        SocketAddr::V4(a) if !a.ip().is_unspecified() => Some((a.ip().octets(), a.port())),
-        _ => None,
+fn wire(a: SocketAddr) -> Option<([u8; 16], [u8; 2])> {
+    if a.ip().is_unspecified() {
+        return None;
     }
+    Some((ip16(a.ip()), a.port().to_be_bytes()))
 }
 
-/// A route's two keys' addresses, all IPv4: (client, listener, relay, peer).
+/// 16 bytes of `ip` (IPv4: IPv4-mapped).
 #[cfg_attr(not(feature = "bpf"), allow(dead_code))]
-type Addrs = [([u8; 4], u16); 4];
-
-#[cfg_attr(not(feature = "bpf"), allow(dead_code))]
-fn addrs(client: &ClientAddr, relay: SocketAddr, peer: SocketAddr) -> Option<Addrs> {
-    Some([v4(client.client)?, v4(client.local)?, v4(relay)?, v4(peer)?])
-}
-
-#[cfg_attr(not(feature = "bpf"), allow(dead_code))]
-fn route_addrs(r: &ChannelRoute) -> Option<Addrs> {
-    addrs(&r.client, r.relay, r.peer)
+fn ip16(ip: IpAddr) -> [u8; 16] {
+    match ip {
+        IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
+        IpAddr::V6(v6) => v6.octets(),
+    }
 }

@@ -125,7 +125,7 @@ pub use config::{
     parse_coturn_user, AuthConfig, Bandwidth, ConfigError, DefaultFamily, ExternalIp, Lifetimes,
     NonceConfig, Quotas, RelayConfig, ServerConfig, Service, UserKey,
 };
-pub use fastpath::{ChannelRoute, RouteChange};
+pub use fastpath::{ChannelRoute, PermissionRoute, RouteChange};
 pub use frame::{stream_frame_len, FrameError, CHANNEL_MAX, CHANNEL_MIN};
 pub use policy::{embedded_ipv4s, DenyReason, IpRange, IpRangeError, PeerPolicy};
 pub use server::Server;

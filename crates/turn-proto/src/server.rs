@@ -339,7 +339,12 @@ impl Server {
         let Some(a) = self.allocs.get_mut(idx).and_then(Option::take) else {
             return;
         };
-        Server::unpublish_routes(&mut self.routes, &a, &a.channels);
+        Server::unpublish_routes(
+            &mut self.routes,
+            &a,
+            &a.channels,
+            a.perms.iter().map(|p| p.0),
+        );
         self.free.push(idx);
         self.live = self.live.saturating_sub(1);
         let by_transport = &mut self.live_by_transport[transport_index(a.client.transport)];

@@ -33,7 +33,7 @@ impl Kernel {
         match KernelRelay::start(ips) {
             Ok(relay) => {
                 tracing::info!(interfaces = ?relay.interfaces(),
-                    "kernel fast path on: ChannelData of channel-bound UDP allocations is relayed in the kernel");
+                    "kernel fast path on: the data of UDP allocations (ChannelData, Send and Data indications) is relayed in the kernel");
                 Some(Kernel {
                     relay,
                     pending: Mutex::new(Vec::new()),
@@ -94,17 +94,18 @@ impl std::fmt::Debug for Kernel {
     }
 }
 
-/// Adds what the kernel relayed to the core's traffic counters: a ChannelData datagram from
-/// a client is 4 bytes of header and its data, sent to the peer as the data alone.
+/// Adds what the kernel relayed to the core's traffic counters: a client's datagram (its
+/// ChannelData or Send indication, framing included) is sent to the peer as the data alone,
+/// and the other way round.
 pub(crate) fn add_traffic(c: &mut Counters, t: &Totals) {
     c.client_packets_in += t.to_peer_packets;
-    c.client_bytes_in += t.to_peer_bytes + 4 * t.to_peer_packets;
+    c.client_bytes_in += t.to_peer_wire_bytes;
     c.peer_packets_out += t.to_peer_packets;
     c.peer_bytes_out += t.to_peer_bytes;
     c.peer_packets_in += t.to_client_packets;
     c.peer_bytes_in += t.to_client_bytes;
     c.client_packets_out += t.to_client_packets;
-    c.client_bytes_out += t.to_client_bytes + 4 * t.to_client_packets;
+    c.client_bytes_out += t.to_client_wire_bytes;
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -115,6 +116,11 @@ struct Direction {
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct Reason {
     reason: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct Kind {
+    kind: &'static str,
 }
 
 /// The fast path's own metrics, read at each scrape.
@@ -128,7 +134,7 @@ impl Collector for KernelMetrics {
         for (name, help, to_peer, to_client) in [
             (
                 "lastcall_turn_kernel_relayed_packets",
-                "Datagrams relayed by the kernel fast path (to_peer: client ChannelData; to_client: peer datagrams).",
+                "Datagrams relayed by the kernel fast path (to_peer: client ChannelData and Send indications; to_client: peer datagrams).",
                 t.to_peer_packets,
                 t.to_client_packets,
             ),
@@ -146,16 +152,34 @@ impl Collector for KernelMetrics {
         }
         let mut e = encoder.encode_descriptor(
             "lastcall_turn_kernel_handed_on",
-            "Datagrams of a kernel route the fast path left to the daemon (expired: past the route's expiry; unhandled: padding, GSO, no direct route).",
+            "Datagrams of a kernel route the fast path left to the daemon (expired: past the route's expiry; gso: a same-host sender's GSO batch, several datagrams in one packet; unhandled: too big, no direct route).",
             None,
             MetricType::Counter,
         )?;
-        for (reason, v) in [("expired", t.expired), ("unhandled", t.unhandled)] {
+        for (reason, v) in [
+            ("expired", t.expired),
+            ("gso", t.gso),
+            ("unhandled", t.unhandled),
+        ] {
             ConstCounter::new(v).encode(e.encode_family(&Reason { reason })?)?;
+        }
+        let mut e = encoder.encode_descriptor(
+            "lastcall_turn_kernel_framed",
+            "Datagrams the kernel fast path relayed with other framing than plain ChannelData (send_indication: a client's Send indication; data_indication: written for a client without a channel; padded: ChannelData whose padding was dropped; hairpin: from one client of this server to another in one pass).",
+            None,
+            MetricType::Counter,
+        )?;
+        for (reason, v) in [
+            ("send_indication", t.send_indications),
+            ("data_indication", t.data_indications),
+            ("padded", t.padded),
+            ("hairpin", t.hairpin),
+        ] {
+            ConstCounter::new(v).encode(e.encode_family(&Kind { kind: reason })?)?;
         }
         let e = encoder.encode_descriptor(
             "lastcall_turn_kernel_routes",
-            "Channel routes installed in the kernel fast path.",
+            "Routes installed in the kernel fast path (channel bindings and permissions).",
             None,
             MetricType::Gauge,
         )?;

@@ -50,14 +50,18 @@ impl Server {
             let Some(Some(a)) = self.allocs.get_mut(idx) else {
                 continue;
             };
-            a.perms.retain(|(_, exp)| *exp > now);
             Server::unpublish_routes(
                 &mut self.routes,
                 a,
                 a.channels
                     .iter()
                     .filter(|c| c.expires + CHANNEL_QUARANTINE <= now),
+                a.perms
+                    .iter()
+                    .filter(|(_, exp)| *exp <= now)
+                    .map(|(ip, _)| *ip),
             );
+            a.perms.retain(|(_, exp)| *exp > now);
             a.channels.retain(|c| c.expires + CHANNEL_QUARANTINE > now);
             let next = reclaim::with_idle_deadline(next_deadline(a, now), a, idle);
             a.scheduled = next;
