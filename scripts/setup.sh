@@ -12,9 +12,10 @@ PACKAGES=(
   # The container tests (scripts/test_containers.sh): they start their own dockerd and
   # containerds (own roots and sockets), never the system's services.
   docker.io containerd runc containernetworking-plugins debootstrap binutils
-  # The browser test of lastcall-turn (crates/turn/tests/turn/chromium.rs): headless
-  # Chromium's own WebRTC stack, driven by the page it loads (no driver needed).
-  chromium
+  # The browser tests of lastcall-turn (crates/turn/tests/turn/{chromium,firefox}.rs):
+  # headless Chromium's and Firefox's own WebRTC stacks, driven by the page they load (no
+  # driver needed).
+  chromium firefox-esr
   # lastcall-turn's kernel fast path (feature kernel-relay): clang builds the eBPF object
   # (-target bpf) against libbpf's headers; nothing of it is needed at run time.
   clang libbpf-dev

@@ -12,14 +12,15 @@ cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR=never
 (($#)) || set -- trixie sid
 bash scripts/peers.sh ensure "$@"
-cargo build --workspace --bins --locked
+# lastcall-turn with its kernel fast path: the uclient test of `kernel::` runs with 4.18's.
+cargo build --workspace --bins --locked --features lastcall-turn/kernel-relay
 
 # The modules of the spoa tests that talk to HAProxy and nginx, and of the TURN tests that
 # drive coturn's uclient (each crate has one test binary, a module per subject).
 SPOA_TESTS='haproxy|drain|rollout|coraza_spoa|differential|bodies|request_bodies'
 TURN_TESTS='interop|coturn_configs|termination'
 spoa_filter="test(/^($SPOA_TESTS)::/) | test(=cli::engine_version_is_the_loaded_library)"
-turn_filter="test(/^($TURN_TESTS)::/)"
+turn_filter="test(/^($TURN_TESTS)::/) | test(=kernel::uclient_relays_through_the_kernel)"
 
 run=$PWD/scripts/peer-run
 log=$(mktemp "${TMPDIR:-/tmp}/lastcall-peers.XXXXXX")
@@ -52,8 +53,8 @@ for suite in "$@"; do
     LASTCALL_UCLIENT="$run $suite /usr/bin/turnutils_uclient" \
       LASTCALL_TURNSERVER="$run $suite /usr/bin/turnserver" \
       LASTCALL_PEER="$run $suite /usr/bin/turnutils_peer" \
-      nextest -p lastcall-turn -E "$turn_filter" || rc=$?
-    summary+=("$suite: coturn $theirs's turnutils_uclient and turnutils_peer around lastcall-turn, its turnserver for comparison: turn modules $TURN_TESTS: $ran: exit $rc")
+      nextest -p lastcall-turn --features lastcall-turn/kernel-relay -E "$turn_filter" || rc=$?
+    summary+=("$suite: coturn $theirs's turnutils_uclient and turnutils_peer around lastcall-turn, its turnserver for comparison: turn modules $TURN_TESTS and the kernel fast path's uclient test: $ran: exit $rc")
     ((rc == 0)) || status=1
   else
     summary+=("$suite: coturn $theirs is this machine's release: the main suite covers it")

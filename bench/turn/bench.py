@@ -91,6 +91,7 @@ def pin(cpu):
 class Server:
     def __init__(self, name, bin_dir, logdir):
         self.name = name
+        self.admin = None
         base, flags = VARIANTS.get(name, (name, []))
         self.port = free_port()
         common = ["--listening-ip=127.0.0.1", "--relay-ip=127.0.0.1", "--no-tls", "--no-dtls",
@@ -107,8 +108,9 @@ class Server:
                 "--log-file=stdout", "--simple-log"] + flags
         else:
             binary = BINARIES.get(base, os.path.join(bin_dir, "lastcall-turn"))
+            self.admin = f"127.0.0.1:{free_port()}"
             cmd = [binary, "-n", "--no-cli"] + common + [
-                f"--admin-addr=127.0.0.1:{free_port()}", "--log-level=warn"] + flags
+                f"--admin-addr={self.admin}", "--log-level=warn"] + flags
         self.cmd = pin(0) + cmd
         self.log = open(os.path.join(logdir, f"{name}-{self.port}.log"), "w")
         self.proc = subprocess.Popen(self.cmd, stdout=self.log, stderr=subprocess.STDOUT,
@@ -134,14 +136,89 @@ class Server:
         self.stop()
 
 
-def turnload(bin_dir, server, args, timeout):
-    cmd = pin(1) + [os.path.join(bin_dir, "lastcall-turnload"), "--server", f"127.0.0.1:{server.port}",
-                    "--secret", SECRET, "--clk-tck", str(os.sysconf("SC_CLK_TCK")),
-                    "--cpu-pid", str(server.pid)] + args
+def turnload(bin_dir, server, args, timeout, cpu=None):
+    """Runs lastcall-turnload pinned to CPU 1 (through `server` when given, measuring its CPU
+    as `server`, and the processes of `cpu`, {name: pid}); its JSON lines."""
+    cmd = pin(1) + [os.path.join(bin_dir, "lastcall-turnload"), "--secret", SECRET,
+                    "--clk-tck", str(os.sysconf("SC_CLK_TCK"))]
+    if server is not None:
+        cmd += ["--server", f"127.0.0.1:{server.port}", "--cpu-pid", str(server.pid)]
+    for name, pid in (cpu or {}).items():
+        cmd += ["--cpu", f"{name}={pid}"]
+    cmd += args
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     if p.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} exited {p.returncode}: {p.stderr[-2000:]}")
     return [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
+
+
+class Echo:
+    """Our echo peer (`lastcall-turnload echo`), a process of its own on CPU 0 beside the
+    server, so that its CPU is measured apart."""
+
+    def __init__(self, bin_dir):
+        self.proc = subprocess.Popen(pin(0) + [os.path.join(bin_dir, "lastcall-turnload"), "echo",
+                                               "--bind", "127.0.0.1:0"],
+                                     stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+        line = self.proc.stdout.readline().split()
+        if len(line) != 2 or line[0] != "echo":
+            self.stop()
+            raise RuntimeError(f"the echo said {line!r}")
+        self.addr = line[1]
+        self.pid = self.proc.pid
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(timeout=30)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+class Reflector:
+    """The kernel echo: `lastcall-turnload reflect` keeps a tc program attached to lo that
+    sends datagrams to its port straight back (root, the `kernel` feature)."""
+
+    def __init__(self, bin_dir):
+        self.port = free_port()
+        self.proc = subprocess.Popen([os.path.join(bin_dir, "lastcall-turnload"), "reflect", "--port",
+                                      str(self.port)], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                                     stderr=subprocess.PIPE, text=True)
+        line = self.proc.stdout.readline().split()
+        if line != ["reflect", str(self.port)]:
+            err = self.proc.stderr.read() if self.proc.poll() is not None else ""
+            self.stop()
+            raise RuntimeError(f"the reflector said {line!r} {err[-500:]}")
+        self.addr = f"127.0.0.1:{self.port}"
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(timeout=30)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+def scrape(admin):
+    """The Prometheus text of lastcall-turn's admin listener."""
+    import urllib.request
+    with urllib.request.urlopen(f"http://{admin}/metrics", timeout=10) as r:
+        return r.read().decode()
+
+
+def metric(text, series):
+    for line in text.splitlines():
+        if line.startswith(series + " "):
+            return float(line.split()[-1])
+    return None
 
 
 def loadavg():
@@ -152,19 +229,22 @@ def loadavg():
 def one_round(name, cfg, bin_dir, logdir):
     """Every measurement for one server, each on a freshly started server."""
     r = {"server": name, "load_before": loadavg()}
-    with Server(name, bin_dir, logdir) as s:
-        rates = [cfg["fixed_rate"]]
-        out = turnload(bin_dir, s, ["relay", "--clients", str(cfg["clients"]), "--size", str(cfg["size"]),
-                                    "--duration", str(cfg["duration"]), "--rates", ",".join(map(str, rates))],
-                       timeout=120)
-        fixed = [o for o in out if o["kind"] == "relay"][0]
-        r["fixed"] = fixed
-        r["baseline"] = [o for o in out if o["kind"] == "baseline"][0]
-    with Server(name, bin_dir, logdir) as s:
-        out = turnload(bin_dir, s, ["relay", "--no-baseline", "--clients", str(cfg["clients"]),
+    with Echo(bin_dir) as echo:
+        r["baseline"] = [o for o in turnload(bin_dir, None, [
+            "direct", "--peer", echo.addr, "--clients", str(cfg["clients"]), "--size", str(cfg["size"]),
+            "--duration", str(cfg["duration"]), "--rates", str(cfg["fixed_rate"])],
+            timeout=120, cpu={"echo": echo.pid}) if o["kind"] == "direct"][0]
+    with Server(name, bin_dir, logdir) as s, Echo(bin_dir) as echo:
+        out = turnload(bin_dir, s, ["relay", "--peer", echo.addr, "--clients", str(cfg["clients"]),
+                                    "--size", str(cfg["size"]), "--duration", str(cfg["duration"]),
+                                    "--rates", str(cfg["fixed_rate"])], timeout=120, cpu={"echo": echo.pid})
+        r["fixed"] = [o for o in out if o["kind"] == "relay"][0]
+    with Server(name, bin_dir, logdir) as s, Echo(bin_dir) as echo:
+        out = turnload(bin_dir, s, ["relay", "--peer", echo.addr, "--clients", str(cfg["clients"]),
                                     "--size", str(cfg["size"]), "--duration", str(cfg["ladder_duration"]),
                                     "--rates", ",".join(map(str, cfg["ladder"])),
-                                    "--search-steps", str(cfg["search_steps"])], timeout=600)
+                                    "--search-steps", str(cfg["search_steps"])], timeout=600,
+                       cpu={"echo": echo.pid})
         r["ladder"] = [o for o in out if o["kind"] in ("relay", "search")]
         r["max_rate"] = [o for o in out if o["kind"] == "summary"][0]
     r["allocs"] = {}
@@ -187,16 +267,19 @@ def figures(r, cfg):
     # wake-up and looks cheaper: its CPU figure only counts when it kept up (median round
     # trip under STARVED_US at the fixed rate, nothing lost).
     kept_up = f["p50_us"] is not None and f["p50_us"] < cfg.get("starved_us", STARVED_US) and f["lost"] == 0
+    base = r["baseline"]
+    added = lambda q: None if f[q] is None or base[q] is None else f[q] - base[q]
     out = {
-        "cpu_s_per_M_relayed": f["cpu_s_per_m_relayed"] if kept_up else None,
+        # µs of the server's CPU per datagram it forwarded = CPU s per million.
+        "cpu_s_per_M_relayed": f["server_us_per_datagram"] if kept_up else None,
         "fixed_rate_loss_pct": f["loss_pct"],
         "max_rate_lt_0.1pct_loss": r["max_rate"]["max_rate_under_threshold"],
         "allocs_per_s": a[big]["allocs_per_s"],
-        "added_p50_us": f["added_p50_us"],
-        "added_p99_us": f["added_p99_us"],
+        "added_p50_us": added("p50_us"),
+        "added_p99_us": added("p99_us"),
         "rtt_p50_us": f["p50_us"],
         "rtt_p99_us": f["p99_us"],
-        "direct_echo_p99_us": r["baseline"]["p99_us"],
+        "direct_echo_p99_us": base["p99_us"],
     }
     for n in cfg["allocs"]:
         out[f"rss_bytes_per_alloc_at_{n}"] = a[str(n)]["rss_per_alloc_bytes"]
@@ -261,9 +344,9 @@ def cpu_by_rate(rounds, cfg):
     for rate in cfg["ladder"]:
         row = {}
         for name in SERVERS:
-            xs = [p["cpu_s_per_m_relayed"] for r in kept_rounds(rounds) if r["server"] == name
+            xs = [p["server_us_per_datagram"] for r in kept_rounds(rounds) if r["server"] == name
                   for p in r["ladder"] if int(p["rate"]) == rate and p["loss_pct"] < 0.1
-                  and p.get("cpu_s_per_m_relayed") is not None
+                  and p.get("server_us_per_datagram") is not None
                   and (p["p50_us"] or 0) < cfg.get("starved_us", STARVED_US)]
             row[name] = (statistics.median(xs), len(xs)) if xs else (None, 0)
         out[rate] = row
@@ -317,14 +400,14 @@ def plot(rounds, table, cfg, path):
         colors[n] = ["tab:gray", "tab:green", "tab:purple"][i % 3]
     fig, ax = plt.subplots(2, 3, figsize=(15, 8))
     for name in SERVERS:
-        pts = [(p["offered"], p["loss_pct"], p["added_p50_us"], p["p99_us"]) for r in kept if r["server"] == name
+        pts = [(p["offered"], p["loss_pct"], p["p50_us"], p["p99_us"]) for r in kept if r["server"] == name
                for p in r["ladder"]]
         pts.sort()
         if pts:
             ax[0][0].plot([p[0] for p in pts], [max(p[1], 1e-4) for p in pts], "o", color=colors[name],
                           label=name, alpha=0.7)
-        cpts = sorted((p["offered"], p["cpu_s_per_m_relayed"]) for r in kept if r["server"] == name
-                      for p in r["ladder"] if p.get("cpu_s_per_m_relayed") is not None and p["loss_pct"] < 0.1)
+        cpts = sorted((p["offered"], p["server_us_per_datagram"]) for r in kept if r["server"] == name
+                      for p in r["ladder"] if p.get("server_us_per_datagram") is not None and p["loss_pct"] < 0.1)
         if cpts:
             ax[0][1].plot([p[0] for p in cpts], [p[1] for p in cpts], "o", color=colors[name], label=name, alpha=0.7)
     ax[0][0].axhline(0.1, color="gray", ls="--", lw=1)
@@ -359,109 +442,248 @@ def plot(rounds, table, cfg, path):
     return True
 
 
-# --whole-path: the CPU of the whole path (server + clients + echo peer, each process's exact
-# utime+stime) per relayed datagram beside the server's own, for every design, alternated.
-WHOLE_SERVERS = ["coturn-4.18", "coturn", "lastcall-turn", "lastcall-turn+kernel"]
-WHOLE = dict(rounds=4, rates=[10000, 100000], duration=4.0, clients=4, size=160)
-WHOLE_SMOKE = dict(rounds=1, rates=[500], duration=1.0, clients=2, size=160)
+# --rate: the highest rate each design relays with < 0.1 % loss, and the CPU of the whole path
+# (server + generator + echo peer + the kernel's softirq threads: exact per-process CPU) per
+# datagram at 10k/50k/100k/s and at that maximum, beside the machine's own references: the
+# generator straight to a user-space echo, and to a kernel echo (a tc reflector).
+RATE_SERVERS = ["direct-echo", "kernel-echo", "coturn-4.18", "lastcall-turn-1w", "lastcall-turn-2w",
+                "lastcall-turn+kernel"]
+REFERENCES = ("direct-echo", "kernel-echo")
+RATE = dict(rounds=3, fixed=[10000, 50000, 100000], ladder=[150000, 200000, 250000, 300000, 350000, 400000],
+            search_steps=3, duration=1.5, clients=32, size=160)
+RATE_SMOKE = dict(rounds=1, fixed=[2000], ladder=[], search_steps=0, duration=1.0, clients=8, size=160)
+# Servers relayed by which variants (what --variant does for the default mode).
+RATE_VARIANTS = {"lastcall-turn-1w": ("lastcall-turn", ["--relay-threads=1"]),
+                 "lastcall-turn-2w": ("lastcall-turn", ["--relay-threads=2"]),
+                 "lastcall-turn+kernel": ("lastcall-turn", ["--kernel-relay"])}
+KERNEL_SERIES = 'lastcall_turn_kernel_relayed_packets_total{direction="to_peer"}'
 
 
-def whole_round(name, cfg, bin_dir, logdir):
+def load_args(cfg, rates, duration=None):
+    return ["--clients", str(cfg["clients"]), "--size", str(cfg["size"]),
+            "--duration", str(duration or cfg["duration"]), "--rates", ",".join(str(int(x)) for x in rates)]
+
+
+def rate_round(name, cfg, bin_dir, logdir, rates=None, search=True):
+    """One design at every rate: the phases, the summary, and (the fast path) how much the
+    kernel relayed."""
+    rates = rates or cfg["fixed"] + cfg["ladder"]
+    search_args = ["--search-steps", str(cfg["search_steps"])] if search else []
     r = {"server": name, "load_before": loadavg()}
-    with Server(name, bin_dir, logdir) as s:
-        out = turnload(bin_dir, s, ["relay", "--clients", str(cfg["clients"]), "--size", str(cfg["size"]),
-                                    "--duration", str(cfg["duration"]),
-                                    "--rates", ",".join(map(str, cfg["rates"]))], timeout=300)
-        with open(s.log.name) as f:
-            log = f.read()
-    if name.endswith("+kernel") and "fast path is off" in log:
-        raise RuntimeError(f"{name}: the kernel fast path did not run: {log[-2000:]}")
-    r["baseline"] = [o for o in out if o["kind"] == "baseline"][0]
-    r["phases"] = {str(int(o["rate"])): o for o in out if o["kind"] == "relay"}
+    if name == "direct-echo":
+        with Echo(bin_dir) as echo:
+            out = turnload(bin_dir, None, ["direct", "--peer", echo.addr] + load_args(cfg, rates) + search_args,
+                           timeout=900, cpu={"echo": echo.pid})
+    elif name == "kernel-echo":
+        with Reflector(bin_dir) as refl:
+            out = turnload(bin_dir, None, ["direct", "--peer", refl.addr] + load_args(cfg, rates) + search_args,
+                           timeout=900)
+    else:
+        with Server(name, bin_dir, logdir) as s, Echo(bin_dir) as echo:
+            out = turnload(bin_dir, s, ["relay", "--peer", echo.addr] + load_args(cfg, rates) + search_args,
+                           timeout=900, cpu={"echo": echo.pid})
+            if s.admin:
+                text = scrape(s.admin)
+                r["kernel_to_peer"] = metric(text, KERNEL_SERIES)
+                r["peer_sentp"] = metric(text, 'turn_traffic_peer_sentp{realm="example.org"}')
+            with open(s.log.name) as f:
+                log = f.read()
+        if name.endswith("+kernel") and "fast path is off" in log:
+            raise RuntimeError(f"{name}: the kernel fast path did not run: {log[-2000:]}")
+    r["phases"] = [o for o in out if o["kind"] in ("relay", "direct", "search")]
+    r["summary"] = [o for o in out if o["kind"] == "summary"][0]
     r["load_after"] = loadavg()
     return r
 
 
-def whole_table(rounds, cfg):
-    """{rate: {figure: {server: median}}} over the kept rounds, and the ratio to coturn 4.18."""
-    kept = kept_rounds(rounds)
-    servers = [n for n in WHOLE_SERVERS if any(r["server"] == n for r in rounds)]
+def phase_at(r, rate):
+    for p in r["phases"]:
+        if int(p["rate"]) == int(rate):
+            return p
+    return None
+
+
+def best_phase(r):
+    """The phase at the highest rate relayed under the threshold."""
+    m = r["summary"]["max_rate_under_threshold"]
+    return phase_at(r, m) if m is not None else None
+
+
+def rate_table(rounds, cfg, servers):
+    """Medians over the rounds: {server: {figure: value}}."""
+    def med(xs):
+        xs = [x for x in xs if x is not None]
+        return statistics.median(xs) if xs else None
+    base = {int(p["rate"]): p for r in rounds if r["server"] == "direct-echo" for p in r["phases"]}
     table = {}
-    for rate in cfg["rates"]:
-        rows = {}
-        for fig, key in [("whole_us_per_relayed", "whole_cpu_us_per_relayed"),
-                         ("server_us_per_relayed", "cpu_s_per_m_relayed"),
-                         ("loss_pct", "loss_pct"), ("rtt_p50_us", "p50_us"), ("rtt_p99_us", "p99_us"),
-                         ("added_p50_us", "added_p50_us"), ("added_p99_us", "added_p99_us")]:
-            row = {}
-            for n in servers:
-                vals = [r["phases"][str(rate)].get(key) for r in kept if r["server"] == n]
-                row[n] = median(vals)
-                row[n + "_all"] = vals
-            rows[fig] = row
-        table[rate] = rows
-    return servers, table
+    for n in servers:
+        rs = [r for r in rounds if r["server"] == n]
+        row = {"max_rate": med([r["summary"]["max_rate_under_threshold"] for r in rs]),
+               "max_rates": [r["summary"]["max_rate_under_threshold"] for r in rs]}
+        for rate in cfg["fixed"]:
+            ps = [phase_at(r, rate) for r in rs]
+            ps = [p for p in ps if p]
+            row[f"whole_{rate}"] = med([p["whole_us_per_datagram"] for p in ps])
+            row[f"server_{rate}"] = med([p.get("server_us_per_datagram") for p in ps])
+            row[f"loss_{rate}"] = med([p["loss_pct"] for p in ps])
+            b = base.get(rate)
+            row[f"p50_{rate}"] = med([p["p50_us"] for p in ps])
+            row[f"p99_{rate}"] = med([p["p99_us"] for p in ps])
+            if b and n not in REFERENCES:
+                row[f"added_p50_{rate}"] = med([p["p50_us"] - b["p50_us"] for p in ps if p["p50_us"] is not None])
+                row[f"added_p99_{rate}"] = med([p["p99_us"] - b["p99_us"] for p in ps if p["p99_us"] is not None])
+        bests = [best_phase(r) for r in rs]
+        row["whole_max"] = med([p["whole_us_per_datagram"] for p in bests if p])
+        row["server_max"] = med([p.get("server_us_per_datagram") for p in bests if p])
+        row["kernel_share"] = med([r["kernel_to_peer"] / r["peer_sentp"] for r in rs
+                                   if r.get("kernel_to_peer") is not None and r.get("peer_sentp")])
+        table[n] = row
+    return table
 
 
-def whole_lines(servers, table, md=False):
+def rate_lines(table, cfg, md=False):
+    cols = ["max_rate"] + [f"whole_{x}" for x in cfg["fixed"]] + ["whole_max"] + \
+           [f"server_{x}" for x in cfg["fixed"]] + [f"loss_{x}" for x in cfg["fixed"]] + \
+           [f"added_p50_{x}" for x in cfg["fixed"]] + [f"added_p99_{x}" for x in cfg["fixed"]]
+    head = ["figure"] + list(table)
     lines = []
-    head = ["rate", "figure"] + servers + [f"{n} / coturn-4.18" for n in servers[1:]]
     if md:
-        lines += ["| " + " | ".join(head) + " |", "| ---: | --- |" + " ---: |" * (len(head) - 2)]
+        lines += ["| " + " | ".join(head) + " |", "| --- |" + " ---: |" * len(table)]
     else:
-        lines.append(" ".join(f"{h:>22}" for h in head))
-    for rate, rows in table.items():
-        for fig, row in rows.items():
-            base = row.get("coturn-4.18")
-            ratios = [(f"{row[n] / base:.2f}" if row[n] is not None and base else "-")
-                      if fig.endswith("per_relayed") else "" for n in servers[1:]]
-            cells = [f"{rate:,}/s", fig] + [fmt(row[n]) for n in servers] + ratios
-            lines.append("| " + " | ".join(cells) + " |" if md else " ".join(f"{c:>22}" for c in cells))
+        lines.append(" ".join(f"{h:>20}" for h in head))
+    for c in cols:
+        cells = [c] + [fmt(table[n].get(c)) for n in table]
+        lines.append("| " + " | ".join(cells) + " |" if md else " ".join(f"{x:>20}" for x in cells))
     return lines
 
 
-def whole_main(args):
-    cfg = dict(WHOLE if args.mode == "full" else WHOLE_SMOKE)
+def rate_ratios(table, cfg):
+    """The goals: the fast path's loss-free maximum against coturn 4.18's, and the whole
+    path's CPU at the highest rate both sustain."""
+    k, c = table.get("lastcall-turn+kernel"), table.get("coturn-4.18")
+    if not k or not c:
+        return {}
+    out = {}
+    if k["max_rate"] and c["max_rate"]:
+        out["max_rate_ratio"] = k["max_rate"] / c["max_rate"]
+    for x in cfg["fixed"]:
+        if k.get(f"whole_{x}") and c.get(f"whole_{x}"):
+            out[f"whole_ratio_{x}"] = k[f"whole_{x}"] / c[f"whole_{x}"]
+    return out
+
+
+def compare_at(rounds_out, rate, cfg, bin_dir, logdir, n=2):
+    """The fast path and coturn 4.18 alternated at `rate` (the highest both sustain)."""
+    pairs = []
+    for i in range(n):
+        order = ["coturn-4.18", "lastcall-turn+kernel"] if i % 2 == 0 else ["lastcall-turn+kernel", "coturn-4.18"]
+        for name in order:
+            r = rate_round(name, cfg, bin_dir, logdir, rates=[rate], search=False)
+            r["round"] = i + 1
+            rounds_out.append(r)
+            p = r["phases"][0]
+            print(f"compare {i + 1} {name:21} {rate:.0f}/s whole {fmt(p['whole_us_per_datagram'])} us "
+                  f"loss {p['loss_pct']:.3f}%", flush=True)
+            pairs.append((name, p))
+    return pairs
+
+
+def rate_plot(rounds, servers, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("bench: matplotlib missing, no plot", file=sys.stderr)
+        return False
+    colors = dict(zip(servers, ["tab:gray", "black", "tab:orange", "tab:cyan", "tab:blue", "tab:green"]))
+    fig, ax = plt.subplots(1, 2, figsize=(14, 5.5))
+    for n in servers:
+        pts = sorted((p["offered"], p["whole_us_per_datagram"], p["loss_pct"]) for r in rounds if r["server"] == n
+                     for p in r["phases"] if p.get("whole_us_per_datagram") is not None)
+        ok = [(x, y) for x, y, l in pts if l < 0.1]
+        bad = [(x, y) for x, y, l in pts if l >= 0.1]
+        st = "--" if n in REFERENCES else "-"
+        if ok:
+            ax[0].plot([x for x, _ in ok], [y for _, y in ok], st, marker="o", color=colors.get(n), label=n, alpha=0.8)
+        if bad:
+            ax[0].plot([x for x, _ in bad], [y for _, y in bad], "x", color=colors.get(n), alpha=0.6)
+        ax[1].plot([x for x, _, _ in pts], [max(l, 1e-4) for _, _, l in pts], st, marker="o", color=colors.get(n),
+                   label=n, alpha=0.8)
+    ax[0].set(xlabel="offered rate (datagrams/s, client → peer)",
+              ylabel="whole-path CPU µs per datagram (server+generator+echo+softirq)",
+              title="CPU per datagram (o: < 0.1 % loss, x: more)", ylim=(0, None))
+    ax[1].axhline(0.1, color="gray", ls=":", lw=1)
+    ax[1].set(xlabel="offered rate (datagrams/s, client → peer)", ylabel="loss % (log; 0 shown as 1e-4)",
+              yscale="log", title="loss against offered rate")
+    for a in ax:
+        a.legend(fontsize=8)
+    fig.suptitle("TURN relays at rate on loopback (2 vCPU: server and echo on CPU 0, generator on CPU 1)")
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fig.savefig(path, dpi=80)
+    return True
+
+
+def rate_main(args):
+    cfg = dict(RATE if args.mode == "full" else RATE_SMOKE)
     if args.rounds:
         cfg["rounds"] = args.rounds
-    servers = list(WHOLE_SERVERS)
-    if args.skip:
-        servers = [n for n in servers if n not in args.skip]
-    VARIANTS["lastcall-turn+kernel"] = ("lastcall-turn", ["--kernel-relay"])
+    servers = [n for n in RATE_SERVERS + args.also if n not in args.skip]
+    VARIANTS.update(RATE_VARIANTS)
     m = machine()
     print(f"machine: nproc {m['nproc']}, {m['cpu_model']}, kernel {m['kernel']}, coturn {m['coturn']}")
-    print(f"pinning: {' '.join(pin(0)) + ' server; ' + ' '.join(pin(1)) + ' load generator'}")
-    print(f"config: {json.dumps(cfg)}; servers {servers}")
+    print(f"pinning: {' '.join(pin(0))} server and echo; {' '.join(pin(1))} load generator")
+    print(f"config: {json.dumps(cfg)}; designs {servers}")
     rounds = []
     t0 = time.time()
     with tempfile.TemporaryDirectory(prefix="turn-bench-") as logdir:
         for i in range(cfg["rounds"]):
             order = servers if i % 2 == 0 else servers[::-1]
             for name in order:
-                r = whole_round(name, cfg, args.bin_dir, logdir)
+                r = rate_round(name, cfg, args.bin_dir, logdir)
                 r["round"] = i + 1
                 rounds.append(r)
-                print(f"round {i + 1} {name:21} load {r['load_before']:.1f}->{r['load_after']:.1f} " + " ".join(
-                    f"{rate}/s: whole {fmt(p.get('whole_cpu_us_per_relayed'))} us server "
-                    f"{fmt(p.get('cpu_s_per_m_relayed'))} us loss {p['loss_pct']:.3f}% p50 {p['p50_us']} us;"
-                    for rate, p in r["phases"].items()), flush=True)
-    servers, table = whole_table(rounds, cfg)
-    kept = "first round discarded" if cfg["rounds"] > 1 else "one round"
-    print(f"\nmedians ({kept}; us of CPU per relayed datagram, relayed = client->peer + peer->client "
-          f"forwarded; whole = server + load generator (clients and echo peer); {time.time() - t0:.0f} s):")
-    print("\n".join(whole_lines(servers, table)))
-    loads = [x for r in rounds for x in (r["load_before"], r["load_after"])]
+                print(f"round {i + 1} {name:21} load {r['load_before']:.1f}->{r['load_after']:.1f} max "
+                      f"{fmt(r['summary']['max_rate_under_threshold'])}/s " + " ".join(
+                          f"{int(p['rate'])}: {fmt(p['whole_us_per_datagram'])}us {p['loss_pct']:.2f}%"
+                          for p in r["phases"]), flush=True)
+        table = rate_table(rounds, cfg, servers)
+        compare = []
+        c, k = table.get("coturn-4.18", {}), table.get("lastcall-turn+kernel", {})
+        if args.mode == "full" and c.get("max_rate") and k.get("max_rate"):
+            both = min(c["max_rate"], k["max_rate"])
+            rounds_cmp = []
+            compare = compare_at(rounds_cmp, both, cfg, args.bin_dir, logdir)
+            cmp = {n: statistics.median([p["whole_us_per_datagram"] for m_, p in compare if m_ == n])
+                   for n in ("coturn-4.18", "lastcall-turn+kernel")}
+        else:
+            rounds_cmp, cmp, both = [], {}, None
+    print(f"\nmedians of {cfg['rounds']} round(s) ({time.time() - t0:.0f} s); µs of CPU per datagram "
+          "(each echoed datagram crossed the path twice); max = highest rate with < 0.1 % loss:")
+    print("\n".join(rate_lines(table, cfg)))
+    ratios = rate_ratios(table, cfg)
+    if cmp:
+        ratios["both_sustain_rate"] = both
+        ratios["whole_ratio_at_both"] = cmp["lastcall-turn+kernel"] / cmp["coturn-4.18"]
+        ratios["whole_at_both"] = cmp
+    for k_, v in ratios.items():
+        print(f"  {k_}: {v if isinstance(v, dict) else fmt(v)}")
+    loads = [x for r in rounds + rounds_cmp for x in (r["load_before"], r["load_after"])]
     print(f"load average during the run: {min(loads):.1f} to {max(loads):.1f}")
-    result = {"machine": m, "config": cfg, "rounds": rounds,
-              "table": {str(k): v for k, v in table.items()}}
+    result = {"machine": m, "config": cfg, "rounds": rounds, "compare": rounds_cmp, "table": table,
+              "ratios": ratios, "load": [min(loads), max(loads)]}
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
     if args.markdown:
         with open(args.markdown, "w") as f:
-            f.write("\n".join(whole_lines(servers, table, md=True)) + "\n\n"
-                    f"Medians ({kept} of {cfg['rounds']}); load average during the run "
-                    f"{min(loads):.1f} to {max(loads):.1f}.\n")
+            f.write("\n".join(rate_lines(table, cfg, md=True)) + "\n\n" +
+                    f"Medians of {cfg['rounds']} rounds; load average during the run {min(loads):.1f} to "
+                    f"{max(loads):.1f}; ratios: {json.dumps(ratios)}\n")
+    plot_path = args.plot or ("docs/img/turn-rate.png" if args.mode == "full" else None)
+    if plot_path and rate_plot(rounds, servers, plot_path):
+        print(f"plot: {plot_path}")
 
 
 def machine():
@@ -491,16 +713,20 @@ def main():
                     help="also measure another lastcall-turn binary (e.g. an earlier build), in the same rounds")
     ap.add_argument("--variant", action="append", default=[], metavar="'NAME=BASE FLAG...'",
                     help="also measure coturn or lastcall-turn (BASE) run with these extra flags, in the same rounds")
-    ap.add_argument("--whole-path", action="store_true",
-                    help="only the whole path's CPU per relayed datagram (server + clients + peer) beside the "
-                         "server's, for coturn 4.18 (sid chroot), coturn 4.6.1, lastcall-turn and its kernel "
-                         "fast path, at 10,000 and 100,000 datagrams/s")
-    ap.add_argument("--skip", action="append", default=[], help="with --whole-path: leave this server out")
+    ap.add_argument("--rate", action="store_true",
+                    help="the designs at rate: the highest rate each relays with < 0.1 %% loss and the whole "
+                         "path's CPU per datagram (server + generator + echo + softirq) at 10k/50k/100k/s and at "
+                         "that maximum, for coturn 4.18 (sid chroot), lastcall-turn with 1 and 2 UDP threads "
+                         "and with its kernel fast path, beside the machine's references (a user-space echo "
+                         "and a tc reflector)")
+    ap.add_argument("--skip", action="append", default=[], help="with --rate: leave this design out")
+    ap.add_argument("--also", action="append", default=[],
+                    help="with --rate: add this design (coturn: Debian 12's 4.6.1)")
     args = ap.parse_args()
     global REALTIME
     REALTIME = args.realtime
-    if args.whole_path:
-        return whole_main(args)
+    if args.rate:
+        return rate_main(args)
     for v in args.variant:
         name, _, spec = v.partition("=")
         base, *flags = spec.split()

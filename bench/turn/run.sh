@@ -34,8 +34,10 @@ command -v turnserver >/dev/null || { echo "run.sh: coturn's turnserver is not i
 ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
 # With the kernel fast path built in (clang, libbpf-dev: scripts/setup.sh); it runs only with
 # --kernel-relay (the lastcall-turn+kernel server of --whole-path).
-echo "run.sh: cargo build $FLAG -p lastcall-turn -p lastcall-turnload --features lastcall-turn/kernel-relay" >&2
-cargo build $FLAG -q -p lastcall-turn -p lastcall-turnload --features lastcall-turn/kernel-relay
+# The kernel echo (turnload's `reflect`) comes with the same toolchain.
+FEATURES=lastcall-turn/kernel-relay,lastcall-turnload/kernel
+echo "run.sh: cargo build $FLAG -p lastcall-turn -p lastcall-turnload --features $FEATURES" >&2
+cargo build $FLAG -q -p lastcall-turn -p lastcall-turnload --features $FEATURES
 PY=python3
 if ! python3 -c 'import matplotlib' 2>/dev/null; then
   VENV="${XDG_CACHE_HOME:-$HOME/.cache}/lastcall/bench-venv"

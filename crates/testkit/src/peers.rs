@@ -12,6 +12,8 @@
 //! | coturn's `turnutils_peer` | `/usr/bin/turnutils_peer` | `LASTCALL_PEER` |
 //! | coturn's `turnserver` | `/usr/bin/turnserver` | `LASTCALL_TURNSERVER` |
 //! | Chromium (headless WebRTC) | `/usr/bin/chromium` | `LASTCALL_CHROMIUM` |
+//! | Firefox (headless WebRTC) | `/usr/bin/firefox-esr` | `LASTCALL_FIREFOX` |
+//! | Python with aioice (a TURN client) | `python3` | `LASTCALL_PYTHON` |
 //! | our own daemon under test | the binary itself | `LASTCALL_SPOA_RUNNER`, a prefix (e.g. `scripts/peer-run trixie`: the agent on Debian 13's libmodsecurity) |
 
 use std::process::Command;
@@ -43,6 +45,28 @@ pub fn nginx() -> Command {
 /// Chromium (`LASTCALL_CHROMIUM`), for the browser tests.
 pub fn chromium() -> Command {
     command("LASTCALL_CHROMIUM", "/usr/bin/chromium")
+}
+
+/// Firefox ESR (`LASTCALL_FIREFOX`), for the browser tests.
+pub fn firefox() -> Command {
+    command("LASTCALL_FIREFOX", "/usr/bin/firefox-esr")
+}
+
+/// A Python interpreter (`LASTCALL_PYTHON`) for the tests that drive a Python TURN client:
+/// `python3`, or the virtualenv `scripts/test_python.sh` installs `scripts/requirements.txt`
+/// into when the system's Python is externally managed.
+pub fn python() -> Command {
+    if std::env::var_os("LASTCALL_PYTHON").is_some() {
+        return command("LASTCALL_PYTHON", "python3");
+    }
+    let cache = std::env::var_os("XDG_CACHE_HOME")
+        .map(std::path::PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".cache")));
+    let venv = cache.map(|c| c.join("lastcall/chart-venv/bin/python"));
+    match venv {
+        Some(v) if v.exists() => Command::new(v),
+        _ => Command::new("python3"),
+    }
 }
 
 /// A command running coturn's `tool` (`turnutils_uclient`, `turnutils_peer`,

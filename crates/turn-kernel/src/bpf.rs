@@ -718,14 +718,20 @@ mod tests {
         cd
     }
 
-    /// A Send indication to `peer` carrying `data`, with FINGERPRINT as Firefox sends it.
+    /// A Send indication to `peer` carrying `data`, with FINGERPRINT: XOR-PEER-ADDRESS first
+    /// as Firefox sends it, or (odd `n`) DATA first as coturn's uclient does.
     fn send_indication(peer: SocketAddr, data: &[u8], n: u64) -> Vec<u8> {
         let mut out = Vec::new();
         let mut txid = [7u8; 12];
         txid[4..].copy_from_slice(&n.to_be_bytes());
         let mut b = Builder::new(&mut out, method::SEND, Class::Indication, txid);
-        b.xor_address(attr::XOR_PEER_ADDRESS, peer)
-            .attr(attr::DATA, data);
+        if n % 2 == 0 {
+            b.xor_address(attr::XOR_PEER_ADDRESS, peer)
+                .attr(attr::DATA, data);
+        } else {
+            b.attr(attr::DATA, data)
+                .xor_address(attr::XOR_PEER_ADDRESS, peer);
+        }
         b.fingerprint();
         out
     }

@@ -23,6 +23,11 @@ use lastcall_turn_proto::{ClientAddr, RouteChange};
 #[cfg(feature = "bpf")]
 mod bpf;
 mod ifaces;
+#[cfg(feature = "bpf")]
+mod reflect;
+
+#[cfg(feature = "bpf")]
+pub use reflect::Reflector;
 
 /// Why the fast path is not running.
 #[derive(Debug, thiserror::Error)]

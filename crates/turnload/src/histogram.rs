@@ -37,15 +37,6 @@ impl Histogram {
         self.count
     }
 
-    /// Adds `other` into this one.
-    pub(crate) fn merge(&mut self, other: &Histogram) {
-        for (a, b) in self.buckets.iter_mut().zip(&other.buckets) {
-            *a += b;
-        }
-        self.count += other.count;
-        self.max = self.max.max(other.max);
-    }
-
     /// The `q` quantile (0..=1) in µs; `None` when empty.
     pub(crate) fn quantile(&self, q: f64) -> Option<u64> {
         if self.count == 0 {
@@ -60,13 +51,6 @@ impl Histogram {
             }
         }
         Some(self.max)
-    }
-
-    /// Clears every bucket.
-    pub(crate) fn reset(&mut self) {
-        self.buckets.iter_mut().for_each(|b| *b = 0);
-        self.count = 0;
-        self.max = 0;
     }
 }
 
@@ -86,10 +70,6 @@ mod tests {
         assert_eq!(h.quantile(1.0), Some(100));
         h.record(10_000_000);
         assert_eq!(h.quantile(1.0), Some(10_000_000));
-        let mut g = Histogram::default();
-        g.merge(&h);
-        assert_eq!(g.count(), 101);
-        g.reset();
-        assert_eq!(g.count(), 0);
+        assert_eq!(h.count(), 101);
     }
 }

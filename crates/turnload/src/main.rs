@@ -2,14 +2,19 @@
 //!
 //! It speaks TURN itself (long-term authentication with TURN REST API credentials: username
 //! `expiry:user`, password base64(HMAC-SHA1(secret, username)); Allocate, CreatePermission,
-//! ChannelBind, Refresh) and owns its UDP echo peer, so every relayed datagram carries a
-//! microsecond send timestamp that comes back to the sender.
+//! ChannelBind, Refresh), and every datagram carries its send time, which comes back to the
+//! sender through an echo peer.
 //!
-//! - `relay`: a few allocations relay ChannelData to the echo peer and back at fixed offered
-//!   rates (a ladder, then a bisection for the highest rate under the loss threshold); each
-//!   phase reports sent/received/lost, round-trip p50/p99, the latency the relay *adds*
-//!   over a direct-echo baseline at the same rate, and, with `--cpu-pid`, the server's CPU
-//!   seconds per million relayed datagrams (utime+stime from `/proc/PID/stat`).
+//! - `relay`: many allocations relay ChannelData to the echo peer and back at fixed offered
+//!   rates from one thread (`sendmmsg`/`recvmmsg` over many sockets, paced; the kernel's
+//!   receive timestamps time the round trips): a ladder, then a bisection for the highest rate
+//!   under the loss threshold; each phase reports sent/received/lost, round-trip p50/p99 and
+//!   the CPU time of every process on the path (`--cpu NAME=PID`, the generator, the echo,
+//!   the kernel's softirq threads).
+//! - `direct`: the same straight to the echo: the machine's own reference (with `reflect`,
+//!   the kernel's).
+//! - `echo`: the echo peer, a process of its own so that its CPU is its own.
+//! - `reflect`: the kernel echo (a tc program; the `kernel` feature).
 //! - `hold`: opens N allocations from N client 5-tuples (each with its own 401 round trip),
 //!   reports allocations per second and, with `--rss-pid`, the server's resident memory per
 //!   allocation (`VmRSS` delta / N), then holds them (refreshing) and deletes them.
@@ -19,6 +24,8 @@
 #![forbid(unsafe_code)]
 
 mod client;
+mod echo;
+mod engine;
 mod histogram;
 mod hold;
 mod procfs;
@@ -42,38 +49,70 @@ struct Cli {
     /// Clock ticks per second of /proc/PID/stat (`getconf CLK_TCK`).
     #[arg(long, default_value_t = 100)]
     clk_tck: u64,
-    /// Measure this process's CPU time (utime+stime) over each phase.
+    /// The server's PID: its CPU time is reported (as `server`).
     #[arg(long)]
     cpu_pid: Option<u32>,
+    /// Another process whose CPU time each phase reports, as NAME=PID (repeatable).
+    #[arg(long, value_parser = parse_named_pid)]
+    cpu: Vec<(String, u32)>,
     #[command(subcommand)]
     cmd: Cmd,
 }
 
+fn parse_named_pid(s: &str) -> Result<(String, u32), String> {
+    let (name, pid) = s.split_once('=').ok_or("NAME=PID")?;
+    Ok((
+        name.to_string(),
+        pid.parse().map_err(|e| format!("{pid}: {e}"))?,
+    ))
+}
+
+/// The load's shape, common to `relay` and `direct`.
+#[derive(clap::Args, Debug)]
+struct Load {
+    /// The echo peer's address (default: an echo process of our own).
+    #[arg(long)]
+    peer: Option<SocketAddr>,
+    /// Sockets the load is spread over (allocations through the server).
+    #[arg(long, default_value_t = 32)]
+    clients: usize,
+    /// Payload bytes per datagram (at least 24, the timestamp).
+    #[arg(long, default_value_t = 160)]
+    size: usize,
+    /// Seconds per rate.
+    #[arg(long, default_value_t = 3.0)]
+    duration: f64,
+    /// Offered rates in datagrams per second (client -> peer), comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1000")]
+    rates: Vec<f64>,
+    /// Bisection steps between the best passing and the lowest failing rate.
+    #[arg(long, default_value_t = 0)]
+    search_steps: u32,
+    /// A phase passes under this loss (percent) if the rate was offered.
+    #[arg(long, default_value_t = 0.1)]
+    loss_threshold: f64,
+}
+
 #[derive(Subcommand, Debug)]
 enum Cmd {
-    /// ChannelData through the relay to our echo peer and back at fixed offered rates.
-    Relay {
-        /// Allocations (client sockets) the load is spread over.
-        #[arg(long, default_value_t = 4)]
-        clients: usize,
-        /// Payload bytes per datagram (at least 24, the timestamp).
-        #[arg(long, default_value_t = 160)]
-        size: usize,
-        /// Seconds per rate.
-        #[arg(long, default_value_t = 5.0)]
-        duration: f64,
-        /// Offered rates in datagrams per second (client -> peer), comma-separated.
-        #[arg(long, value_delimiter = ',', default_value = "1000")]
-        rates: Vec<f64>,
-        /// Bisection steps between the best passing and the lowest failing rate.
-        #[arg(long, default_value_t = 0)]
-        search_steps: u32,
-        /// A phase passes under this loss (percent) if the rate was offered.
-        #[arg(long, default_value_t = 0.1)]
-        loss_threshold: f64,
-        /// Skip the direct-echo baseline (then no added latency is reported).
+    /// ChannelData through the relay to the echo peer and back at fixed offered rates.
+    Relay(Load),
+    /// The same straight to the echo peer (no server): the machine's own reference.
+    Direct(Load),
+    /// The echo peer: every datagram back to its sender.
+    Echo {
+        /// Address to bind (port 0: any; printed as `echo ADDR`).
+        #[arg(long, default_value = "127.0.0.1:0")]
+        bind: SocketAddr,
+    },
+    /// The kernel echo: a tc program reflecting UDP datagrams to PORT (the `kernel` feature).
+    Reflect {
+        /// The UDP port reflected.
         #[arg(long)]
-        no_baseline: bool,
+        port: u16,
+        /// The interface it is attached to.
+        #[arg(long, default_value = "lo")]
+        iface: String,
     },
     /// Open N allocations, report allocations/s and RSS per allocation, hold, delete.
     Hold {
@@ -105,36 +144,47 @@ fn secs(s: f64) -> Duration {
     Duration::try_from_secs_f64(s.max(0.0)).unwrap_or(Duration::from_secs(1))
 }
 
+fn relay_opts(
+    cli: &Cli,
+    load: &Load,
+    server: Option<SocketAddr>,
+) -> Result<relay::RelayOpts, String> {
+    if load.clients == 0 || load.rates.iter().any(|r| !(r.is_finite() && *r > 0.0)) {
+        return Err("--clients must be > 0 and --rates positive".into());
+    }
+    let mut cpu = cli.cpu.clone();
+    if let Some(pid) = cli.cpu_pid {
+        cpu.insert(0, ("server".into(), pid));
+    }
+    Ok(relay::RelayOpts {
+        server,
+        secret: cli.secret.clone(),
+        peer: load.peer,
+        clients: load.clients,
+        size: load.size.max(engine::STAMP_LEN),
+        duration: secs(load.duration),
+        rates: load.rates.clone(),
+        search_steps: load.search_steps,
+        loss_threshold_pct: load.loss_threshold,
+        cpu,
+    })
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let r = match cli.cmd {
-        Cmd::Relay {
-            clients,
-            size,
-            duration,
-            rates,
-            search_steps,
-            loss_threshold,
-            no_baseline,
-        } => {
-            if clients == 0 || rates.iter().any(|r| !(r.is_finite() && *r > 0.0)) {
-                eprintln!("lastcall-turnload: --clients must be > 0 and --rates positive");
-                return ExitCode::from(64);
+    let r = match &cli.cmd {
+        Cmd::Relay(load) | Cmd::Direct(load) => {
+            let server = matches!(cli.cmd, Cmd::Relay(_)).then_some(cli.server);
+            match relay_opts(&cli, load, server) {
+                Ok(o) => relay::run(&o),
+                Err(e) => {
+                    eprintln!("lastcall-turnload: {e}");
+                    return ExitCode::from(64);
+                }
             }
-            relay::run(&relay::RelayOpts {
-                server: cli.server,
-                secret: cli.secret,
-                clients,
-                size: size.max(relay::STAMP_LEN),
-                duration: secs(duration),
-                rates,
-                search_steps,
-                loss_threshold_pct: loss_threshold,
-                baseline: !no_baseline,
-                cpu_pid: cli.cpu_pid,
-                clk_tck: cli.clk_tck,
-            })
         }
+        Cmd::Echo { bind } => echo::run(*bind),
+        Cmd::Reflect { port, iface } => echo::reflect(iface, *port),
         Cmd::Hold {
             count,
             concurrency,
@@ -145,14 +195,14 @@ fn main() -> ExitCode {
             rss_pid,
         } => hold::run(&hold::HoldOpts {
             server: cli.server,
-            secret: cli.secret,
-            count,
-            concurrency,
-            lifetime,
-            hold: secs(hold),
+            secret: cli.secret.clone(),
+            count: *count,
+            concurrency: *concurrency,
+            lifetime: *lifetime,
+            hold: secs(*hold),
             refresh: secs(refresh.max(1.0)),
             release: !no_release,
-            rss_pid,
+            rss_pid: *rss_pid,
             cpu_pid: cli.cpu_pid,
             clk_tck: cli.clk_tck,
         }),

@@ -1,7 +1,41 @@
-//! A process's CPU time and resident memory, read from `/proc/PID/stat` and
-//! `/proc/PID/status` (the server measured by the load).
+//! A process's CPU time and resident memory, read from `/proc/PID/stat`,
+//! `/proc/PID/task/*/schedstat` and `/proc/PID/status` (the processes measured by the load).
 
 use std::fs;
+
+/// Nanoseconds a process's threads ran (the first field of each thread's `schedstat`: exact,
+/// where utime+stime have clock-tick resolution). Threads that ended are not counted: the
+/// processes measured keep theirs.
+pub(crate) fn cpu_ns(pid: u32) -> Option<u64> {
+    let tasks = fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    let mut sum = 0u64;
+    for t in tasks.flatten() {
+        let Ok(s) = fs::read_to_string(t.path().join("schedstat")) else {
+            continue;
+        };
+        sum += s
+            .split_whitespace()
+            .next()
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0);
+    }
+    Some(sum)
+}
+
+/// The kernel's softirq threads (`ksoftirqd/N`): what the stack defers to them runs on
+/// nobody's account but theirs.
+pub(crate) fn softirq_threads() -> Vec<u32> {
+    let Ok(dir) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            fs::read_to_string(format!("/proc/{pid}/comm"))
+                .is_ok_and(|c| c.starts_with("ksoftirqd/"))
+        })
+        .collect()
+}
 
 /// utime + stime of a process in clock ticks (all its threads), from `/proc/PID/stat`.
 pub(crate) fn cpu_ticks(pid: u32) -> Option<u64> {
@@ -41,6 +75,8 @@ mod tests {
         assert_eq!(parse_vmrss(status), Some(5120));
         let me = std::process::id();
         assert!(cpu_ticks(me).is_some());
+        assert!(cpu_ns(me).unwrap() > 0);
+        assert!(!softirq_threads().is_empty());
         assert!(rss_kib(me).unwrap() > 0);
     }
 }

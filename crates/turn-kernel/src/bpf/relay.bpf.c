@@ -61,9 +61,10 @@
 // Largest UDP datagram (header included) handled; larger ones go to the daemon.
 #define MAX_DGRAM 4096
 // Bytes of STUN before the data of a Send indication handled (header, XOR-PEER-ADDRESS, the
-// DATA attribute's header, DONT-FRAGMENT...), and after it (padding, FINGERPRINT...).
+// DATA attribute's header, DONT-FRAGMENT...), and after it (padding, FINGERPRINT, and the
+// XOR-PEER-ADDRESS where it comes after DATA, as coturn's uclient puts it).
 #define MAX_PREFIX 96
-#define MAX_SUFFIX 28
+#define MAX_SUFFIX 60
 #define MAX_ATTRS 6
 
 #define ATTR_XOR_PEER 0x0012

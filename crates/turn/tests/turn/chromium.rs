@@ -28,7 +28,7 @@ use crate::common::{Peer, RestCredentials, Turn, SECRET, WAIT};
 /// The page: two peer connections over the TURN server of its query string, a data channel
 /// sending one numbered message every 20 ms, progress reported every 250 ms, and on the
 /// order `close`, stop sending, wait for the last message to arrive, report, close both.
-const PAGE: &str = r#"<!doctype html><html><body><script>
+pub(crate) const PAGE: &str = r#"<!doctype html><html><body><script>
 const q = new URLSearchParams(location.search);
 const cfg = {iceServers: [{urls: q.get('url'), username: q.get('u'), credential: q.get('p')}],
              iceTransportPolicy: 'relay'};
@@ -66,14 +66,14 @@ main().catch(e => report('error', {e: String(e)}));
 
 /// One report of the page: when it came, its name and its fields.
 #[derive(Clone, Debug)]
-struct Report {
-    at: Instant,
-    ev: String,
-    fields: HashMap<String, String>,
+pub(crate) struct Report {
+    pub at: Instant,
+    pub ev: String,
+    pub fields: HashMap<String, String>,
 }
 
 impl Report {
-    fn num(&self, name: &str) -> u64 {
+    pub(crate) fn num(&self, name: &str) -> u64 {
         self.fields
             .get(name)
             .and_then(|v| v.parse().ok())
@@ -88,8 +88,8 @@ struct State {
 }
 
 /// The test's HTTP server: the page, the reports, the orders.
-struct Control {
-    addr: SocketAddr,
+pub(crate) struct Control {
+    pub addr: SocketAddr,
     state: Arc<Mutex<State>>,
 }
 
@@ -112,7 +112,7 @@ fn decode(v: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-fn encode(v: &str) -> String {
+pub(crate) fn encode(v: &str) -> String {
     v.bytes()
         .map(|c| match c {
             b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' => (c as char).to_string(),
@@ -122,7 +122,7 @@ fn encode(v: &str) -> String {
 }
 
 impl Control {
-    fn start() -> Control {
+    pub(crate) fn start() -> Control {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
         let addr = listener.local_addr().expect("addr");
         let state = Arc::new(Mutex::new(State::default()));
@@ -176,7 +176,7 @@ impl Control {
     }
 
     /// Waits (bounded) for a report `ev` for which `ok` holds; fails on an `error` report.
-    fn wait(&self, ev: &str, limit: Duration, ok: impl Fn(&Report) -> bool) -> Report {
+    pub(crate) fn wait(&self, ev: &str, limit: Duration, ok: impl Fn(&Report) -> bool) -> Report {
         let end = Instant::now() + limit;
         loop {
             {
@@ -193,7 +193,7 @@ impl Control {
         }
     }
 
-    fn order(&self, cmd: &str) {
+    pub(crate) fn order(&self, cmd: &str) {
         self.state.lock().cmd = cmd.to_string();
     }
 }
@@ -276,10 +276,18 @@ fn turn_with_tls(dir: &std::path::Path, extra: &[&str]) -> Turn {
 }
 
 /// One call over `url`'s transport across a SIGTERM: every message arrives, in order, and
-/// the process exits 0 within 1 s of `pc.close()`.
+/// the process exits 0 within 1 s of `pc.close()`. Over UDP the server runs its kernel fast
+/// path (`--kernel-relay`), and where that runs at least 99 % of the call's datagrams each way
+/// go through the kernel: libwebrtc's Send indications until its channel is bound, then its
+/// ChannelData (never padded over UDP), from one page's client to the other's in one pass.
 fn call_across_sigterm(transport: &str) {
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut turn = turn_with_tls(dir.path(), &["--shutdown-delay=0s", "--drain-timeout=60s"]);
+    let mut args = vec!["--shutdown-delay=0s", "--drain-timeout=60s"];
+    if transport == "udp" {
+        args.push("--kernel-relay");
+    }
+    let mut turn = turn_with_tls(dir.path(), &args);
+    let kernel = turn.pod.has_log("kernel fast path on");
     let url = match transport {
         "udp" => format!("turn:127.0.0.1:{}?transport=udp", turn.port),
         "tcp" => format!("turn:127.0.0.1:{}?transport=tcp", turn.port),
@@ -294,12 +302,36 @@ fn call_across_sigterm(transport: &str) {
         "{transport}: local candidates {kinds}"
     );
     let before = control.wait("progress", WAIT, |r| r.num("got") >= 25);
+    // The channels are bound by now (libwebrtc binds one once data flows to its peer).
+    let bound = crate::kernel::Share::of(&turn);
     turn.pod.signal(Signal::Term);
     turn.pod.wait_for_log("refusing new allocations", WAIT);
     // The call goes on through the drain: 50 more messages (about a second).
-    control.wait("progress", WAIT, |r| {
+    let later = control.wait("progress", WAIT, |r| {
         r.num("got") >= before.num("sent") + 50
     });
+    if kernel {
+        // Read while the call is up: once it ends the server leaves.
+        let framed = |k: &str| {
+            turn.metric(&format!(
+                "lastcall_turn_kernel_framed_total{{kind=\"{k}\"}}"
+            ))
+            .unwrap_or(0.0)
+        };
+        println!(
+            "FIGURES chromium udp in the kernel: padded {} send_indication {} data_indication {} hairpin {}",
+            framed("padded"),
+            framed("send_indication"),
+            framed("data_indication"),
+            framed("hairpin")
+        );
+        let messages = later.num("got") - before.num("sent");
+        bound.until(&crate::kernel::Share::of(&turn)).assert_kernel(
+            0.99,
+            messages as f64,
+            "chromium udp",
+        );
+    }
     control.order("close");
     let closing = control.wait("closing", WAIT, |_| true);
     let (sent, got) = (closing.num("sent"), closing.num("got"));

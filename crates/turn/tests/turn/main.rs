@@ -1,15 +1,18 @@
 //! The integration tests of `lastcall-turn`, one test binary: the real process on loopback
 //! with coturn's own clients and peers, and our TURN client (`lastcall_testkit::turn`).
 //!
+//! - `aioice`: aioice's TURN client (Python) through the kernel fast path.
 //! - `auth_log`: authentication refusals in the log, with their reason, rate-limited.
 //! - `bandwidth`: max-bps and bps-capacity.
 //! - `chromium`: headless Chromium's WebRTC over UDP, TCP and TLS across a drain.
 //! - `coturn_configs`: coturn users' turnserver.conf files, unchanged.
 //! - `drain_ends`: every allocation's end ends the drain; the last response is sent first.
+//! - `firefox`: headless Firefox's WebRTC (Send and Data indications) through the fast path.
 //! - `fleet_nonce`: nonces shared by servers with one secret; the 300 as libwebrtc follows it.
 //! - `hostile`: unauthenticated floods: bounded answers, the per-source rate limit.
 //! - `idle_reclaim`: a drain ends the allocations of clients that vanished (`--drain-idle-timeout`).
 //! - `interop`: coturn's `turnutils_uclient` over UDP, TCP and TLS against `turnutils_peer`.
+//! - `kernel`: the kernel fast path (`--kernel-relay`) with uclient's flag sets, IPv4 and IPv6.
 //! - `process`: turnserver.conf, flags, `--help`, TLS reload, the drain's answers.
 //! - `termination`: calls across SIGTERM, the deadline, alternates, coturn's own behaviour.
 //! - `workers`: the UDP I/O threads.
@@ -19,12 +22,14 @@
     reason = "test code: a panic is the failure report"
 )]
 
+mod aioice;
 mod auth_log;
 mod bandwidth;
 mod chromium;
 mod common;
 mod coturn_configs;
 mod drain_ends;
+mod firefox;
 mod fleet_nonce;
 mod hostile;
 mod idle_reclaim;
