@@ -23,6 +23,8 @@ MIN_PORT, MAX_PORT = 10000, 31999  # relay ports: below the ephemeral range (327
 SERVERS = ["coturn", "lastcall-turn"]
 # --realtime: run server and generator SCHED_FIFO instead of nice -15.
 REALTIME = False
+# The echo reads every this many µs instead of blocking (0: blocks; --echo-poll-us).
+ECHO_POLL_US = 0
 # Extra lastcall-turn builds to compare (name -> binary), from --extra NAME=PATH.
 BINARIES = {}
 # Variants: a server run with extra flags (name -> (coturn or lastcall-turn, flags)), from
@@ -158,7 +160,7 @@ class Echo:
 
     def __init__(self, bin_dir):
         self.proc = subprocess.Popen(pin(0) + [os.path.join(bin_dir, "lastcall-turnload"), "echo",
-                                               "--bind", "127.0.0.1:0"],
+                                               "--bind", "127.0.0.1:0", "--poll-us", str(ECHO_POLL_US)],
                                      stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
         line = self.proc.stdout.readline().split()
         if len(line) != 2 or line[0] != "echo":
@@ -544,7 +546,8 @@ def rate_table(rounds, cfg, servers):
 def rate_lines(table, cfg, md=False):
     cols = ["max_rate"] + [f"whole_{x}" for x in cfg["fixed"]] + ["whole_max"] + \
            [f"server_{x}" for x in cfg["fixed"]] + [f"loss_{x}" for x in cfg["fixed"]] + \
-           [f"added_p50_{x}" for x in cfg["fixed"]] + [f"added_p99_{x}" for x in cfg["fixed"]]
+           [f"added_p50_{x}" for x in cfg["fixed"]] + [f"added_p99_{x}" for x in cfg["fixed"]] + \
+           ["server_max", "kernel_share"]
     head = ["figure"] + list(table)
     lines = []
     if md:
@@ -634,6 +637,7 @@ def rate_main(args):
     m = machine()
     print(f"machine: nproc {m['nproc']}, {m['cpu_model']}, kernel {m['kernel']}, coturn {m['coturn']}")
     print(f"pinning: {' '.join(pin(0))} server and echo; {' '.join(pin(1))} load generator")
+    cfg["echo_poll_us"] = ECHO_POLL_US
     print(f"config: {json.dumps(cfg)}; designs {servers}")
     rounds = []
     t0 = time.time()
@@ -720,11 +724,14 @@ def main():
                          "and with its kernel fast path, beside the machine's references (a user-space echo "
                          "and a tc reflector)")
     ap.add_argument("--skip", action="append", default=[], help="with --rate: leave this design out")
+    ap.add_argument("--echo-poll-us", type=int,
+                    help="the echo reads every N µs instead of blocking while idle (default 0: it blocks)")
     ap.add_argument("--also", action="append", default=[],
                     help="with --rate: add this design (coturn: Debian 12's 4.6.1)")
     args = ap.parse_args()
-    global REALTIME
+    global REALTIME, ECHO_POLL_US
     REALTIME = args.realtime
+    ECHO_POLL_US = args.echo_poll_us or 0
     if args.rate:
         return rate_main(args)
     for v in args.variant:

@@ -16,7 +16,8 @@
 #   live allocations (VmRSS delta / N), added latency p50/p99 over a direct echo.
 # With two or more CPUs the server runs on CPU 0 and the load generator on CPU 1 (taskset).
 # Results: docs/benchmarks.md ("lastcall-turn"); raw data of the published runs: bench/turn/results/.
-# The plot goes to docs/img/turn-bench.png (matplotlib from a cached virtualenv).
+# The plots go to docs/img/ (turn-bench.png; --rate: turn-rate.png), drawn by matplotlib:
+# Debian's python3-matplotlib, else a cached virtualenv.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT"
@@ -39,7 +40,10 @@ FEATURES=lastcall-turn/kernel-relay,lastcall-turnload/kernel
 echo "run.sh: cargo build $FLAG -p lastcall-turn -p lastcall-turnload --features $FEATURES" >&2
 cargo build $FLAG -q -p lastcall-turn -p lastcall-turnload --features $FEATURES
 PY=python3
-if ! python3 -c 'import matplotlib' 2>/dev/null; then
+# Debian's python3-matplotlib first (apt-get install python3-matplotlib), then a cached venv.
+if ! python3 -c 'import matplotlib' 2>/dev/null && /usr/bin/python3 -c 'import matplotlib' 2>/dev/null; then
+  PY=/usr/bin/python3
+elif ! python3 -c 'import matplotlib' 2>/dev/null; then
   VENV="${XDG_CACHE_HOME:-$HOME/.cache}/lastcall/bench-venv"
   if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c 'import matplotlib' 2>/dev/null; then
     echo "run.sh: installing matplotlib into $VENV" >&2

@@ -104,6 +104,9 @@ enum Cmd {
         /// Address to bind (port 0: any; printed as `echo ADDR`).
         #[arg(long, default_value = "127.0.0.1:0")]
         bind: SocketAddr,
+        /// Read what arrived every this many µs instead of blocking while idle (0: block).
+        #[arg(long, default_value_t = 0)]
+        poll_us: u64,
     },
     /// The kernel echo: a tc program reflecting UDP datagrams to PORT (the `kernel` feature).
     Reflect {
@@ -183,7 +186,10 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Cmd::Echo { bind } => echo::run(*bind),
+        Cmd::Echo { bind, poll_us } => echo::run(
+            *bind,
+            (*poll_us > 0).then(|| Duration::from_micros(*poll_us)),
+        ),
         Cmd::Reflect { port, iface } => echo::reflect(iface, *port),
         Cmd::Hold {
             count,
