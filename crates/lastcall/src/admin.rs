@@ -531,6 +531,11 @@ mod tests {
             assert!(body.contains("lastcall_drain_phase 0"), "{body}");
             assert!(body.contains("lastcall_sessions_refused_total 0"), "{body}");
             assert!(body.contains("lastcall_drain_duration_seconds"), "{body}");
+            assert!(
+                body.contains("lastcall_drain_deadline_timestamp_seconds 0"),
+                "{body}"
+            );
+            assert!(body.contains("lastcall_drain_timeout_seconds 30"), "{body}");
             assert_eq!(body.matches("# EOF").count(), 1, "{body}");
             assert!(body.ends_with("# EOF\n"));
         }

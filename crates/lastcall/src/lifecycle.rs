@@ -159,6 +159,9 @@ impl Lifecycle {
         let (events_tx, events) = mpsc::unbounded_channel();
         let metrics = Metrics::default();
         metrics.drain_phase.set(initial.metric_value());
+        metrics
+            .drain_timeout
+            .set(config.drain_timeout.as_secs_f64());
         let shared = Arc::new(Shared {
             config,
             state: watch::Sender::new(State {
@@ -196,8 +199,9 @@ impl Lifecycle {
     }
 
     /// Registers `lastcall_drain_phase`, `lastcall_sessions`, `lastcall_peers`,
-    /// `lastcall_sessions_refused_total`, `lastcall_reloads_total` and
-    /// `lastcall_drain_duration_seconds` in the daemon's registry. (If it is never called,
+    /// `lastcall_sessions_refused_total`, `lastcall_reloads_total`,
+    /// `lastcall_drain_duration_seconds`, `lastcall_drain_timeout_seconds` and
+    /// `lastcall_drain_deadline_timestamp_seconds` in the daemon's registry. (If it is never called,
     /// the admin listener's `/metrics` adds them by itself.)
     pub fn register_metrics(&self, registry: &mut Registry) {
         self.handle().register_metrics(registry);
@@ -299,6 +303,11 @@ impl Lifecycle {
                         deadline_at: started_at + deadline.saturating_duration_since(started),
                         deadline,
                     };
+                    let deadline_unix = info
+                        .deadline_at
+                        .duration_since(SystemTime::UNIX_EPOCH)
+                        .map_or(0.0, |d| d.as_secs_f64());
+                    shared.metrics.drain_deadline.set(deadline_unix);
                     shared.state.send_modify(|s| s.drain = Some(info));
                     tracing::warn!(trigger = %trigger, policy = %shared.config.on_sigterm, "{action}");
                 }

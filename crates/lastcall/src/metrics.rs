@@ -21,6 +21,11 @@ pub(crate) struct Metrics {
     pub reloads: Counter,
     /// `lastcall_drain_duration_seconds`, set at exit.
     pub drain_duration: Gauge<f64, AtomicU64>,
+    /// `lastcall_drain_timeout_seconds`: `--drain-timeout`, the length of a drain's deadline.
+    pub drain_timeout: Gauge<f64, AtomicU64>,
+    /// `lastcall_drain_deadline_timestamp_seconds`: when the drain must be over (Unix time),
+    /// set when it starts; 0 before.
+    pub drain_deadline: Gauge<f64, AtomicU64>,
 }
 
 impl Metrics {
@@ -47,6 +52,17 @@ impl Metrics {
             "Time from the drain trigger to the exit, set at exit",
             Unit::Seconds,
             self.drain_duration.clone(),
+        );
+        registry.register_with_unit(
+            "lastcall_drain_timeout",
+            "The drain's deadline, counted from its trigger (--drain-timeout)",
+            Unit::Seconds,
+            self.drain_timeout.clone(),
+        );
+        registry.register(
+            "lastcall_drain_deadline_timestamp_seconds",
+            "When the drain must be over (Unix time), set when it starts; 0 before",
+            self.drain_deadline.clone(),
         );
     }
 }
