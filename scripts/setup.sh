@@ -15,6 +15,12 @@ PACKAGES=(
   # The browser test of lastcall-turn (crates/turn/tests/turn/chromium.rs): headless
   # Chromium's own WebRTC stack, driven by the page it loads (no driver needed).
   chromium
+  # The dashboards' and alert rules' checks (tests/charts/test_observability.py, the
+  # demo's and the TURN tests' recorded series): promtool, from Debian's Prometheus.
+  prometheus
+  # The plots of bench/ and of the demo's timeline (lastcall-demo --timeline), drawn by
+  # Debian's /usr/bin/python3 with Debian's matplotlib.
+  python3-matplotlib
   # lastcall-turn's kernel fast path (feature kernel-relay): clang builds the eBPF object
   # (-target bpf) against libbpf's headers; nothing of it is needed at run time.
   clang libbpf-dev
