@@ -90,6 +90,9 @@ read -r -a HAPROXY <<<"${LASTCALL_HAPROXY:-haproxy}"
 read -r -a NGINX <<<"${LASTCALL_NGINX:-nginx}"
 read -r -a RUNNER <<<"${LASTCALL_SPOA_RUNNER:-}"
 for t in wrk haproxy nginx curl taskset python3; do command -v "$t" >/dev/null || die "$t not found"; done
+# The plots: Debian's Python with Debian's matplotlib (python3-matplotlib, scripts/setup.sh).
+PLOT_PY=${PLOT_PY:-/usr/bin/python3}
+PLOT_TITLE=${PLOT_TITLE:-"HAProxy + lastcall-spoa, nginx + ModSecurity (same engine, same CRS); 2 cores shared with the load generator"}
 MODSEC_MODULE=/usr/lib/nginx/modules/ngx_http_modsecurity_module.so
 [ -f "$MODSEC_MODULE" ] || die "$MODSEC_MODULE missing (apt-get install libnginx-mod-http-modsecurity)"
 [ -f /etc/modsecurity/crs/crs-setup.conf ] || die "Debian's modsecurity-crs is not installed"
@@ -484,15 +487,12 @@ case "$MODE" in
     else
       PLOT=${PLOT:-$ROOT/docs/img/bench-spoa.png}
       python3 "$BENCH/report.py" "$OUT/results.jsonl" | tee "$OUT/table.md"
-      VENV=${XDG_CACHE_HOME:-$HOME/.cache}/lastcall/bench-venv
-      if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c 'import matplotlib' 2>/dev/null; then
-        python3 -m venv "$VENV" && "$VENV/bin/pip" install -q --disable-pip-version-check matplotlib==3.11.2 ||
-          log "matplotlib not installed: no plot"
-      fi
-      if "$VENV/bin/python" -c 'import matplotlib' 2>/dev/null; then
+      if "$PLOT_PY" -c 'import matplotlib' 2>/dev/null; then
         mkdir -p "$(dirname "$PLOT")"
-        "$VENV/bin/python" "$BENCH/report.py" --plot "$PLOT" "$OUT/results.jsonl" >/dev/null
+        "$PLOT_PY" "$BENCH/report.py" --plot "$PLOT" --title "$PLOT_TITLE" "$OUT/results.jsonl" >/dev/null
         log "plot: $PLOT"
+      else
+        log "no matplotlib for $PLOT_PY (Debian's python3-matplotlib: bash scripts/setup.sh): no plot"
       fi
     fi
     ;;
@@ -541,9 +541,8 @@ case "$MODE" in
       cp "$WORK/agent.log" "$OUT/agent.log"
     fi
     PLOT=${PLOT:-$ROOT/docs/img/bench-spoa-soak.png}
-    VENV=${XDG_CACHE_HOME:-$HOME/.cache}/lastcall/bench-venv
-    if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c 'import matplotlib' 2>/dev/null; then
-      "$VENV/bin/python" "$BENCH/report.py" --soak "$OUT/rss.csv" --plot "$PLOT" \
+    if "$PLOT_PY" -c 'import matplotlib' 2>/dev/null; then
+      "$PLOT_PY" "$BENCH/report.py" --soak "$OUT/rss.csv" --plot "$PLOT" \
         --label "$([ "$SOAK_SETUP" = b ] && echo lastcall-spoa || echo 'nginx + ModSecurity (2 workers)')" "$OUT/wrk.out"
     else
       python3 "$BENCH/report.py" --soak "$OUT/rss.csv" "$OUT/wrk.out"
