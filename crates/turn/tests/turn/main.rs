@@ -5,6 +5,7 @@
 //! - `bandwidth`: max-bps and bps-capacity.
 //! - `chromium`: headless Chromium's WebRTC over UDP, TCP and TLS across a drain.
 //! - `coturn_configs`: coturn users' turnserver.conf files, unchanged.
+//! - `dashboards`: the chart's dashboard and alert rules on a real drain's recorded metrics.
 //! - `drain_ends`: every allocation's end ends the drain; the last response is sent first.
 //! - `fleet_nonce`: nonces shared by servers with one secret; the 300 as libwebrtc follows it.
 //! - `hostile`: unauthenticated floods: bounded answers, the per-source rate limit.
@@ -24,6 +25,7 @@ mod bandwidth;
 mod chromium;
 mod common;
 mod coturn_configs;
+mod dashboards;
 mod drain_ends;
 mod fleet_nonce;
 mod hostile;
