@@ -14,6 +14,8 @@ import os
 import re
 import shlex
 import subprocess
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -182,16 +184,36 @@ def metadata() -> dict:
     return json.loads(out.stdout)
 
 
+@lru_cache(maxsize=1)
+def build() -> tuple[str, str]:
+    """The workspace's test binaries, built with FEATURES (fresh after `cargo nextest run`), as
+    nextest's reuse-build files: every listing after this one runs the binaries, no cargo."""
+    tmp = Path(tempfile.mkdtemp(prefix="docs-truth-"))
+    bins, meta = tmp / "binaries.json", tmp / "cargo-metadata.json"
+    out = subprocess.run(
+        ["cargo", "nextest", "list", "--workspace", "--locked", "--features", FEATURES,
+         "--list-type", "binaries-only", "--message-format", "json"],
+        cwd=REPO, capture_output=True, text=True, timeout=3600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    bins.write_text(out.stdout)
+    out = subprocess.run(["cargo", "metadata", "--format-version", "1", "--locked"],
+                         cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    meta.write_text(out.stdout)
+    return str(bins), str(meta)
+
+
 @lru_cache(maxsize=None)
 def listed(filtersets: tuple[str, ...], names: tuple[str, ...], ignored: str) -> int:
     """How many tests `cargo nextest list` selects, over the whole workspace built with
     FEATURES (so that nothing is built again for a doc's `-p`)."""
-    args = ["cargo", "nextest", "list", "--workspace", "--locked", "--features", FEATURES,
+    bins, meta = build()
+    args = ["cargo", "nextest", "list", "--binaries-metadata", bins, "--cargo-metadata", meta,
             "--message-format", "json", "--run-ignored", ignored]
     for f in filtersets:
         args += ["-E", f]
     args += ["--", *names] if names else []
-    out = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=1800)
+    out = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=600)
     if out.returncode != 0:
         raise AssertionError(out.stderr.strip().splitlines()[-1] if out.stderr.strip() else "cargo nextest list failed")
     data = json.loads(out.stdout)
@@ -246,7 +268,9 @@ def check_command(m: Mention) -> list[str]:
 def test_documented_test_commands_select_tests() -> None:
     found = commands()
     assert len(found) > 20, f"only {len(found)} commands found: the extraction is broken"
-    problems = [p for m in found for p in check_command(m)]
+    build()
+    with ThreadPoolExecutor(max_workers=4) as pool:  # each listing mostly waits on processes
+        problems = [p for ps in pool.map(check_command, found) for p in ps]
     assert not problems, "test commands in the docs that select nothing:\n" + "\n".join(problems)
 
 
