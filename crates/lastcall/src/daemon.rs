@@ -130,7 +130,7 @@ impl std::fmt::Debug for Daemon {
 
 impl Daemon {
     /// Starts the lifecycle in [`Phase::Starting`] with the real signals (SIGTERM, SIGINT,
-    /// SIGQUIT, SIGUSR1, SIGHUP), handled from now on: a drain trigger while starting skips
+    /// SIGQUIT, SIGUSR1, SIGHUP, SIGUSR2), handled from now on: a drain trigger while starting skips
     /// the shutdown delay, and with nothing live the exit is decided at once (watch
     /// [`Handle::exiting`] during long start-up work, then call [`serve`](Self::serve)).
     ///

@@ -309,7 +309,7 @@ impl Lifecycle {
                     shared.state.send_modify(|s| s.phase = *to);
                     tracing::info!(phase = %to, "{action}");
                 }
-                Action::Reload => {
+                Action::Reload { .. } => {
                     tracing::info!("{action}");
                     shared.metrics.reloads.inc();
                     shared.reloads.send_modify(|n| *n += 1);
@@ -380,6 +380,7 @@ pub(crate) fn signal_stream() -> TriggerStream {
         (SignalKind::quit(), Trigger::Sigquit),
         (SignalKind::user_defined1(), Trigger::Sigusr1),
         (SignalKind::hangup(), Trigger::Sighup),
+        (SignalKind::user_defined2(), Trigger::Sigusr2),
     ];
     let mut streams: Vec<TriggerStream> = Vec::new();
     for (kind, trigger) in kinds {
@@ -494,7 +495,7 @@ impl Handle {
         }
     }
 
-    /// A receiver of the reload counter, bumped on each SIGHUP.
+    /// A receiver of the reload counter, bumped on each SIGHUP and SIGUSR2.
     pub fn reloads(&self) -> watch::Receiver<u64> {
         self.shared.reloads.subscribe()
     }
@@ -626,7 +627,7 @@ pub struct DrainStatus {
     pub drain_timeout_seconds: f64,
     /// Refused pieces of new work so far.
     pub sessions_refused_total: u64,
-    /// SIGHUP reloads so far.
+    /// SIGHUP and SIGUSR2 reloads so far.
     pub reloads: u64,
     /// How it ended, once decided.
     pub outcome: Option<Outcome>,

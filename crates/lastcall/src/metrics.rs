@@ -41,7 +41,11 @@ impl Metrics {
             "New work refused while draining",
             self.refused.clone(),
         );
-        registry.register("lastcall_reloads", "Reloads (SIGHUP)", self.reloads.clone());
+        registry.register(
+            "lastcall_reloads",
+            "Reloads (SIGHUP, SIGUSR2)",
+            self.reloads.clone(),
+        );
         registry.register_with_unit(
             "lastcall_drain_duration",
             "Time from the drain trigger to the exit, set at exit",

@@ -84,7 +84,7 @@ async fn run(settings: Settings) -> i32 {
         }
     }
     if let Some(certs) = certs {
-        tokio::spawn(reload_on_sighup(handle.clone(), certs, metrics.clone()));
+        tokio::spawn(reload_certificates(handle.clone(), certs, metrics.clone()));
     }
     let listening = (
         running.udp.clone(),
@@ -115,8 +115,8 @@ async fn run(settings: Settings) -> i32 {
     served.exit_code()
 }
 
-/// Reloads the certificate on SIGHUP; a failed reload keeps the old one.
-async fn reload_on_sighup(handle: lastcall::Handle, certs: Arc<Certs>, metrics: Metrics) {
+/// Reloads the certificate on SIGUSR2 (coturn's) and SIGHUP; a failed reload keeps the old one.
+async fn reload_certificates(handle: lastcall::Handle, certs: Arc<Certs>, metrics: Metrics) {
     let mut reloads = handle.reloads();
     while reloads.changed().await.is_ok() {
         match certs.reload() {

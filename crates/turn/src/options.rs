@@ -214,8 +214,8 @@ pub(crate) const OPTIONS: &[Spec] = &[
     refused("stun-backward-compatibility", &[], Flag, Some("RFC 3489 STUN is not implemented")),
     refused("rfc3489-compatibility", &[], Flag, Some("RFC 3489 STUN is not implemented")),
     // TLS.
-    spec("cert", &[], Value, Honoured, "PEM", "TLS certificate chain (PEM); reloaded on SIGHUP"),
-    spec("pkey", &[], Value, Honoured, "PEM", "TLS private key (PEM); reloaded on SIGHUP"),
+    spec("cert", &[], Value, Honoured, "PEM", "TLS certificate chain (PEM); reloaded on SIGUSR2 (coturn's) and SIGHUP"),
+    spec("pkey", &[], Value, Honoured, "PEM", "TLS private key (PEM); reloaded on SIGUSR2 (coturn's) and SIGHUP"),
     spec("no-tlsv1_2", &[], Flag, Honoured, "", "TLS 1.3 only"),
     spec("no-tlsv1", &[], Flag, Honoured, "", "TLS 1.0 is never offered"),
     spec("no-tlsv1_1", &[], Flag, Honoured, "", "TLS 1.1 is never offered"),

@@ -11,6 +11,7 @@
 //! - `idle_reclaim`: a drain ends the allocations of clients that vanished (`--drain-idle-timeout`).
 //! - `interop`: coturn's `turnutils_uclient` over UDP, TCP and TLS against `turnutils_peer`.
 //! - `process`: turnserver.conf, flags, `--help`, TLS reload, the drain's answers.
+//! - `signals`: every signal coturn handles, sent during a live call.
 //! - `termination`: calls across SIGTERM, the deadline, alternates, coturn's own behaviour.
 //! - `workers`: the UDP I/O threads.
 #![allow(
@@ -31,5 +32,6 @@ mod idle_reclaim;
 mod interop;
 mod kernel;
 mod process;
+mod signals;
 mod termination;
 mod workers;
