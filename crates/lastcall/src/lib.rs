@@ -30,6 +30,7 @@ pub mod lifecycle;
 pub mod logging;
 pub mod machine;
 mod metrics;
+mod notify;
 pub mod problem;
 pub mod watch;
 

@@ -151,6 +151,8 @@ pub struct Lifecycle {
     shared: Arc<Shared>,
     events: mpsc::UnboundedReceiver<Event>,
     initial: Phase,
+    /// Tell systemd (`NOTIFY_SOCKET`) what happens: the real daemon's lifecycle only.
+    pub(crate) notify_service_manager: bool,
 }
 
 impl Lifecycle {
@@ -179,6 +181,7 @@ impl Lifecycle {
             shared,
             events,
             initial,
+            notify_service_manager: false,
         }
     }
 
@@ -281,6 +284,12 @@ impl Lifecycle {
         let shared = &self.shared;
         let mut exit = None;
         for action in actions {
+            if self.notify_service_manager {
+                let c = *shared.counts.borrow();
+                if let Some(notice) = crate::notify::notices(&action, c.sessions, c.peers) {
+                    crate::notify::send(&notice);
+                }
+            }
             match &action {
                 Action::DrainStarted { trigger, .. } => {
                     let now = Instant::now();

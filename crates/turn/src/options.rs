@@ -263,7 +263,7 @@ pub(crate) const OPTIONS: &[Spec] = &[
     spec("web-admin-listen-on-workers", &[], Flag, Accepted, "", "there is no web admin: the admin listener (--admin-addr) serves /metrics, /drain, /readyz"),
     refused("acme-redirect", &[], Value, Some("HTTP is not answered on the TURN ports: serve /.well-known/acme-challenge/ elsewhere (cert-manager, a web server)")),
     spec("drain-min-allocations", &[], Value, Honoured, "N", "Exit a drain when at most N allocations are left (= --drain-min-sessions) [default: 0]"),
-    spec("pidfile", &[], Value, Honoured, "PATH", "Write the process id to this file"),
+    spec("pidfile", &[], Value, Honoured, "PATH", "Write the process id to this file; empty (`--pidfile=`, as Debian's coturn.service gives it) = no pidfile [default: none]"),
     refused("daemon", &['o'], Flag, Some("run it in the foreground under a supervisor")),
     refused("proc-user", &[], Value, Some("start it as that user (systemd User=, Kubernetes runAsUser)")),
     refused("proc-group", &[], Value, Some("start it as that group (systemd Group=, Kubernetes runAsGroup)")),

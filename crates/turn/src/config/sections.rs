@@ -579,7 +579,12 @@ struct Process {
 }
 
 fn process(c: &mut Checker<'_>) -> Process {
-    let pidfile = c.raw.last("pidfile").map(|(v, _)| PathBuf::from(v));
+    // coturn's `--pidfile=` (Debian's coturn.service gives it): no pidfile.
+    let pidfile = c
+        .raw
+        .last("pidfile")
+        .filter(|(v, _)| !v.is_empty())
+        .map(|(v, _)| PathBuf::from(v));
     let log_min_level = match c.raw.last("log-min-level") {
         None => None,
         Some((v, source)) => match v.to_ascii_lowercase().as_str() {

@@ -525,3 +525,19 @@ fn accepted_options_warn_once_and_a_refused_flag_turned_off_is_no_error() {
         "{w:?}"
     );
 }
+
+#[test]
+fn an_empty_pidfile_means_none_as_in_coturn() {
+    assert_eq!(run(&[]).unwrap().turn.pidfile, None);
+    assert_eq!(run(&["--pidfile="]).unwrap().turn.pidfile, None);
+    let f = file("pidfile=\"/run/turnserver.pid\"\n");
+    let path = f.path().to_str().unwrap().to_string();
+    let s = run(&["-c", &path]).unwrap();
+    assert_eq!(s.turn.pidfile, Some(PathBuf::from("/run/turnserver.pid")));
+    // Debian's coturn.service: `-c /etc/turnserver.conf --pidfile=` overrides the file's.
+    assert_eq!(
+        run(&["-c", &path, "--pidfile="]).unwrap().turn.pidfile,
+        None
+    );
+    assert!(run(&["--pidfile="]).unwrap().warnings.is_empty());
+}

@@ -12,6 +12,7 @@
 //! - `interop`: coturn's `turnutils_uclient` over UDP, TCP and TLS against `turnutils_peer`.
 //! - `process`: turnserver.conf, flags, `--help`, TLS reload, the drain's answers.
 //! - `signals`: every signal coturn handles, sent during a live call.
+//! - `systemd`: Debian's coturn.service (Type=notify, `--pidfile=`) with a real notify socket.
 //! - `termination`: calls across SIGTERM, the deadline, alternates, coturn's own behaviour.
 //! - `workers`: the UDP I/O threads.
 #![allow(
@@ -33,5 +34,6 @@ mod interop;
 mod kernel;
 mod process;
 mod signals;
+mod systemd;
 mod termination;
 mod workers;
