@@ -3,6 +3,7 @@
 //!
 //! - `auth_log`: authentication refusals in the log, with their reason, rate-limited.
 //! - `bandwidth`: max-bps and bps-capacity.
+//! - `churn`: coturn's uclient run after run (UDP, TCP): no 508; RESERVATION-TOKEN 0.
 //! - `chromium`: headless Chromium's WebRTC over UDP, TCP and TLS across a drain.
 //! - `coturn_configs`: coturn users' turnserver.conf files, unchanged.
 //! - `drain_ends`: every allocation's end ends the drain; the last response is sent first.
@@ -24,6 +25,7 @@
 mod auth_log;
 mod bandwidth;
 mod chromium;
+mod churn;
 mod common;
 mod coturn_configs;
 mod drain_ends;
