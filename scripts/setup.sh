@@ -15,6 +15,9 @@ PACKAGES=(
   # The browser test of lastcall-turn (crates/turn/tests/turn/chromium.rs): headless
   # Chromium's own WebRTC stack, driven by the page it loads (no driver needed).
   chromium
+  # promtool (Debian's Prometheus): lastcall-turn's /metrics read as Prometheus reads it
+  # (crates/turn/tests/turn/operations.rs).
+  prometheus
   # lastcall-turn's kernel fast path (feature kernel-relay): clang builds the eBPF object
   # (-target bpf) against libbpf's headers; nothing of it is needed at run time.
   clang libbpf-dev

@@ -26,6 +26,7 @@ pub mod config;
 pub mod daemon;
 pub mod duration;
 pub mod exit;
+mod exposition;
 pub mod lifecycle;
 pub mod logging;
 pub mod machine;

@@ -44,6 +44,8 @@ use sections::{typed, Typed};
 pub enum Parsed {
     /// Run with this configuration.
     Run(Box<Settings>),
+    /// `--validate`: the configuration is valid; report it and exit 0, binding nothing.
+    Validated(Box<Settings>),
     /// Print this (help, version) to stdout and exit 0.
     Print(String),
 }
@@ -62,6 +64,10 @@ pub struct Settings {
     pub log: lastcall::LogArgs,
     /// Options accepted with a caveat, to log once logging is up.
     pub warnings: Vec<Problem>,
+    /// coturn's `prometheus-address`/`prometheus-port` when `--admin-addr` names another
+    /// address: the admin endpoints are served there too, so coturn's scrape configs and
+    /// health checks keep working.
+    pub prometheus_addr: Option<SocketAddr>,
 }
 
 /// The termination defaults of a TURN server, whose sessions are calls (see docs/turn.md):
@@ -104,6 +110,12 @@ pub fn command() -> Command {
                 .short('n')
                 .action(ArgAction::SetTrue)
                 .help("No configuration file (accepted for coturn compatibility; the default)"),
+        )
+        .arg(
+            Arg::new("validate")
+                .long("validate")
+                .action(ArgAction::SetTrue)
+                .help("Check the configuration (-c FILE and the flags, certificates and files included) as start-up does, bind nothing, and exit: 0 if valid, 64 with every problem"),
         );
     cmd = cmd.next_help_heading("coturn options (the same names work in the -c file)");
     for s in options::accepted() {
@@ -192,14 +204,28 @@ where
     });
     let term = termination(&matches, &typed, &mut problems);
     let log = log_args(&matches, typed.log_level, &mut problems);
+    let prometheus_addr = term
+        .as_ref()
+        .and_then(|t| prometheus_addr(&matches, &typed, t.admin_addr));
+    if let Some(term) = &term {
+        ports_apart(&typed.turn, term.admin_addr, prometheus_addr, &mut problems);
+    }
+    let validate = matches.get_flag("validate");
     match (term, log) {
-        (Some(term), Some(log)) if problems.is_empty() => Ok(Parsed::Run(Box::new(Settings {
-            turn: typed.turn,
-            certs,
-            term,
-            log,
-            warnings,
-        }))),
+        (Some(term), Some(log)) if problems.is_empty() => {
+            let settings = Box::new(Settings {
+                turn: typed.turn,
+                certs,
+                term,
+                log,
+                warnings,
+                prometheus_addr,
+            });
+            Ok(match validate {
+                true => Parsed::Validated(settings),
+                false => Parsed::Run(settings),
+            })
+        }
         _ => Err(problems),
     }
 }
@@ -249,6 +275,70 @@ fn termination(
         Err(p) => {
             problems.extend(p);
             None
+        }
+    }
+}
+
+/// coturn's Prometheus address, when given and `--admin-addr` (explicit) names another.
+fn prometheus_addr(
+    matches: &ArgMatches,
+    typed: &Typed,
+    admin: Option<SocketAddr>,
+) -> Option<SocketAddr> {
+    let admin_explicit = matches!(
+        matches.value_source("admin_addr"),
+        Some(clap::parser::ValueSource::CommandLine | clap::parser::ValueSource::EnvVariable)
+    );
+    if !admin_explicit || (typed.prometheus_ip.is_none() && typed.prometheus_port.is_none()) {
+        return None;
+    }
+    let default = SocketAddr::from(([0, 0, 0, 0], 9641));
+    let addr = SocketAddr::new(
+        typed.prometheus_ip.unwrap_or(default.ip()),
+        typed.prometheus_port.unwrap_or(default.port()),
+    );
+    (Some(addr) != admin).then_some(addr)
+}
+
+/// The TCP ports start-up binds must not collide (a collision is exit 71 at start-up, found
+/// here before any port is bound): the admin listener, coturn's Prometheus port, the TCP and
+/// TLS client listeners.
+fn ports_apart(
+    turn: &TurnConfig,
+    admin: Option<SocketAddr>,
+    prometheus: Option<SocketAddr>,
+    problems: &mut Problems,
+) {
+    let mut tcp: Vec<(&str, u16)> = Vec::new();
+    if turn.tcp {
+        tcp.push(("listening-port", turn.listening_port));
+    }
+    if turn.tls.is_some() {
+        tcp.push(("tls-listening-port", turn.tls_listening_port));
+    }
+    for (what, addr) in [("--admin-addr", admin), ("prometheus-port", prometheus)] {
+        let Some(addr) = addr else { continue };
+        for (name, port) in &tcp {
+            let overlaps = addr.ip().is_unspecified()
+                || turn.listening_ips.is_empty()
+                || turn
+                    .listening_ips
+                    .iter()
+                    .any(|ip| ip.is_unspecified() || *ip == addr.ip());
+            if addr.port() == *port && overlaps {
+                problems.push(Problem::new(
+                    what,
+                    format!("{addr} is the {name} ({port}) too: give them different ports"),
+                ));
+            }
+        }
+    }
+    if let (Some(a), Some(p)) = (admin, prometheus) {
+        if a.port() == p.port() && (a.ip().is_unspecified() || p.ip().is_unspecified()) {
+            problems.push(Problem::new(
+                "prometheus-port",
+                format!("{p} overlaps --admin-addr {a}: give the same address, or another port"),
+            ));
         }
     }
 }

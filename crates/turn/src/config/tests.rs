@@ -19,6 +19,7 @@ fn run(extra: &[&str]) -> Result<Settings, Problems> {
     let args: Vec<&str> = BASE.iter().chain(extra).copied().collect();
     match parse(args)? {
         Parsed::Run(s) => Ok(*s),
+        Parsed::Validated(_) => panic!("unexpected --validate"),
         Parsed::Print(p) => panic!("unexpected print: {p}"),
     }
 }
@@ -540,4 +541,61 @@ fn an_empty_pidfile_means_none_as_in_coturn() {
         None
     );
     assert!(run(&["--pidfile="]).unwrap().warnings.is_empty());
+}
+
+#[test]
+fn validate_checks_the_same_and_says_so() {
+    let Ok(Parsed::Validated(s)) = parse(BASE.iter().copied().chain(["--validate"])) else {
+        panic!("--validate of a valid configuration")
+    };
+    assert_eq!(s.turn.realm, "example.org");
+    // The same problems as a start, every one of them.
+    let errs = match parse(["lastcall-turn", "-n", "--validate", "--min-port=0"]) {
+        Err(e) => e
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("\n"),
+        Ok(_) => panic!("must fail"),
+    };
+    for needle in [
+        "min-port must be at least 1",
+        "no credentials",
+        "realm is required",
+    ] {
+        assert!(errs.contains(needle), "{needle}: {errs}");
+    }
+}
+
+#[test]
+fn ports_that_would_collide_at_start_up_are_problems() {
+    let all = errors(&["--listening-port=9700", "--admin-addr=0.0.0.0:9700"]).join("\n");
+    assert!(
+        all.contains("--admin-addr: 0.0.0.0:9700 is the listening-port (9700) too"),
+        "{all}"
+    );
+    // UDP only: the admin listener is TCP, no collision.
+    assert!(run(&[
+        "--listening-port=9700",
+        "--admin-addr=0.0.0.0:9700",
+        "--no-tcp"
+    ])
+    .is_ok());
+    // coturn's Prometheus port beside --admin-addr: served too, unless it is the same.
+    let s = run(&["--admin-addr=127.0.0.1:9800", "--prometheus-port=9641"]).unwrap();
+    assert_eq!(
+        s.prometheus_addr,
+        Some(SocketAddr::from(([0, 0, 0, 0], 9641)))
+    );
+    let s = run(&["--admin-addr=0.0.0.0:9641", "--prometheus-port=9641"]).unwrap();
+    assert_eq!(s.prometheus_addr, None);
+    let s = run(&["--prometheus-port=9700"]).unwrap();
+    assert_eq!(
+        s.prometheus_addr, None,
+        "the admin listener is there already"
+    );
+    assert_eq!(
+        s.term.admin_addr,
+        Some(SocketAddr::from(([0, 0, 0, 0], 9700)))
+    );
 }
