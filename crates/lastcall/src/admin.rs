@@ -606,6 +606,24 @@ mod tests {
             assert!(body.contains("lastcall_drain_phase 0"), "{body}");
             assert!(body.contains("lastcall_sessions_refused_total 0"), "{body}");
             assert!(body.contains("lastcall_drain_duration_seconds"), "{body}");
+            // The process's own, under client_golang's names (coraza-spoa serves them), once.
+            for name in [
+                "process_cpu_seconds_total ",
+                "process_resident_memory_bytes ",
+                "process_virtual_memory_bytes ",
+                "process_open_fds ",
+                "process_max_fds ",
+                "process_threads ",
+                "process_start_time_seconds ",
+            ] {
+                let line = body
+                    .lines()
+                    .find(|l| l.starts_with(name))
+                    .unwrap_or_else(|| panic!("no {name}in {body}"));
+                let value: f64 = line[name.len()..].trim().parse().unwrap();
+                assert!(value > 0.0 || name.starts_with("process_cpu"), "{line}");
+                assert_eq!(body.matches(&format!("\n{name}")).count(), 1, "{body}");
+            }
             assert_eq!(body.matches("# EOF").count(), 1, "{body}");
             assert!(body.ends_with("# EOF\n"));
         }
