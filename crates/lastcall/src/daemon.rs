@@ -16,7 +16,7 @@
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
 //! daemon.accept(listener, AcceptUntil::Refusing, |(stream, peer), mut watch| async move {
 //!     let _session = watch.handle().session(PeerId::from(peer));
-//!     // serve `stream`; return once `watch.exiting()` (after `watch.changed()`)
+//!     // serve `stream`; return once `watch.is_exiting()` (after `watch.changed()`)
 //! #   let _ = (stream, watch.changed().await);
 //! });
 //! daemon.ready(); // ports bound: readiness 200
@@ -314,8 +314,8 @@ async fn accept_loop<A, F, Fut>(
 {
     let mut watch = handle.watch();
     let stop = |w: &Watch| match until {
-        AcceptUntil::Refusing => w.refusing(),
-        AcceptUntil::Exiting => w.exiting(),
+        AcceptUntil::Refusing => w.is_refusing(),
+        AcceptUntil::Exiting => w.is_exiting(),
     };
     let name = listener.describe();
     while !stop(&watch) {
@@ -335,7 +335,7 @@ async fn accept_loop<A, F, Fut>(
         }
     }
     drop(listener);
-    if watch.exiting() {
+    if watch.is_exiting() {
         tracing::info!("listener closed ({name})");
     } else {
         tracing::info!("listener closed ({name}): new connections are refused");

@@ -1,6 +1,6 @@
 //! The lifecycle driver: a thin tokio task around [`Machine`] that listens to signals (or a
 //! stream of [`Trigger`]s), the readiness latch, session counts and the clock, publishes the
-//! phase to every [`Handle`] and [`Watch`], logs, keeps the metrics, and returns the
+//! phase to every [`Handle`] and [`Watch`](crate::Watch), logs, keeps the metrics, and returns the
 //! [`Outcome`] when it is time to exit.
 
 use std::collections::HashMap;
@@ -20,7 +20,6 @@ use tokio::time::Instant;
 use crate::config::{OnSigterm, TerminationConfig};
 use crate::machine::{Action, Input, Machine, Outcome, Phase, Trigger, EXIT_GRACE};
 use crate::metrics::Metrics;
-use crate::watch::Watch;
 
 /// Who a session belongs to, for the distinct-peer count: usually the client's IP address.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -431,7 +430,7 @@ impl Handle {
     }
 
     /// Whether new work should be accepted: false in [`Phase::Refusing`] and once exiting.
-    pub fn accepting(&self) -> bool {
+    pub fn is_accepting(&self) -> bool {
         let state = self.shared.state.borrow();
         state.phase != Phase::Refusing && !state.exiting
     }
@@ -443,7 +442,7 @@ impl Handle {
     }
 
     /// Whether a drain (or linger) has started, or the exit is decided.
-    pub fn draining(&self) -> bool {
+    pub fn is_draining(&self) -> bool {
         let state = self.shared.state.borrow();
         !matches!(state.phase, Phase::Serving | Phase::Starting) || state.exiting
     }
@@ -456,10 +455,9 @@ impl Handle {
         let _ = self.shared.events.send(Event::Ready);
     }
 
-    /// A watch on the phase for one connection task: [`Watch::changed`] wakes it when the
-    /// phase changes or the exit is decided.
-    pub fn watch(&self) -> Watch {
-        Watch::new(self.clone(), self.shared.state.subscribe())
+    /// A receiver of the published state ([`Handle::watch`] is made from it).
+    pub(crate) fn subscribe(&self) -> watch::Receiver<State> {
+        self.shared.state.subscribe()
     }
 
     /// Whether the lifecycle has decided to exit.
