@@ -65,6 +65,11 @@ fn the_prometheus_port_answers_get_root_and_serves_coturns_families_as_coturn_ty
         "# TYPE turn_total_allocations gauge",
         "# TYPE lastcall_turn_auth_failures_total counter",
         "# TYPE lastcall_sessions gauge",
+        // The process's own (lastcall's, client_golang's names), on coturn's port too.
+        "# TYPE process_cpu_seconds_total counter",
+        "# TYPE process_resident_memory_bytes gauge",
+        "# TYPE process_open_fds gauge",
+        "# TYPE process_start_time_seconds gauge",
     ] {
         assert!(text.contains(family), "{family}\n{text}");
     }
