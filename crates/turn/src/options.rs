@@ -99,7 +99,7 @@ use Policy::{Accepted, Honoured};
 /// Every coturn option of 4.6 to 4.18 (their `--help` and shipped turnserver.conf), plus
 /// `alternate-server` (whose meaning differs: used only while draining) and our
 /// `no-auth-acknowledge-open-relay`, `drain-idle-timeout`, `nonce-secret`,
-/// `nonce-secret-file` and `kernel-relay`. Kept in the order of docs/turn.md's table; a test checks
+/// `nonce-secret-file`, `kernel-relay` and `external-ip-file`. Kept in the order of docs/turn.md's table; a test checks
 /// both agree, and that every option of `tests/data/coturn-options.txt` is here.
 ///
 /// For an [`Accepted`] option the help is the start-up warning: what `lastcall-turn` does
@@ -112,6 +112,7 @@ pub(crate) const OPTIONS: &[Spec] = &[
     spec("listening-ip", &['L'], Multi, Honoured, "IP", "Listening address (repeatable); 0.0.0.0 or :: mean every host address of that family [default: every host address]"),
     spec("relay-ip", &['E'], Multi, Honoured, "IP", "Relay address (repeatable; round-robin per address family) [default: the listening address the client used]"),
     spec("external-ip", &['X'], Multi, Honoured, "PUBLIC[/PRIVATE]", "Public address advertised for a relay address behind NAT (repeatable)"),
+    spec("external-ip-file", &[], Multi, Honoured, "PATH", "lastcall-turn's own: external-ip values read from this file at start (space- or line-separated; empty: none); the chart writes one per node (its map, or the node's ExternalIP from the Kubernetes API)"),
     spec("relay-threads", &['m'], Value, Honoured, "N", "UDP I/O threads, each with its own listening socket per address (SO_REUSEPORT) and the relay sockets of its clients; 0 = one per CPU this process may run on [default: 0]"),
     spec("kernel-relay", &[], Flag, Honoured, "", "lastcall-turn's own: relay the ChannelData of channel-bound UDP IPv4 allocations in the kernel (eBPF on tc ingress; needs root or CAP_BPF + CAP_NET_ADMIN and a build with the kernel-relay feature); if the kernel refuses, one log line and user space"),
     spec("min-port", &[], Value, Honoured, "PORT", "Lowest relay port [default: 49152]"),
@@ -376,6 +377,7 @@ mod tests {
             "nonce-secret",
             "nonce-secret-file",
             "kernel-relay",
+            "external-ip-file",
         ];
         let extra: Vec<&str> = OPTIONS
             .iter()

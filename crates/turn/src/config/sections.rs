@@ -176,10 +176,13 @@ struct Relay {
 
 fn relay(c: &mut Checker<'_>) -> Relay {
     let ips = c.each("relay-ip", parse_ip);
-    let external_ips = c.each("external-ip", |v| {
+    let mut external_ips = c.each("external-ip", |v| {
         v.parse::<ExternalIp>()
             .map_err(|_| "expected PUBLIC-IP[/PRIVATE-IP] of one family".to_string())
     });
+    for ips in c.each("external-ip-file", external_ip_file) {
+        external_ips.extend(ips);
+    }
     let min_port = c.value("min-port", "a port number").unwrap_or(49152u16);
     let max_port = c.value("max-port", "a port number").unwrap_or(65535u16);
     let kernel = c.flag("kernel-relay");
@@ -227,6 +230,22 @@ fn relay(c: &mut Checker<'_>) -> Relay {
         threads,
         kernel,
     }
+}
+
+/// `external-ip-file`: the external-ip values in the file (space- or line-separated, `#`
+/// comments), as the chart writes it for the pod's node.
+fn external_ip_file(path: &str) -> Result<Vec<ExternalIp>, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        format!("cannot read it: {e} (the chart's turn.externalIPs has no entry for this node?)")
+    })?;
+    text.lines()
+        .map(|l| l.split('#').next().unwrap_or(""))
+        .flat_map(str::split_whitespace)
+        .map(|v| {
+            v.parse::<ExternalIp>()
+                .map_err(|_| format!("{v:?} in it: expected PUBLIC-IP[/PRIVATE-IP] of one family"))
+        })
+        .collect()
 }
 
 /// How clients authenticate, in which realm.

@@ -599,3 +599,35 @@ fn ports_that_would_collide_at_start_up_are_problems() {
         Some(SocketAddr::from(([0, 0, 0, 0], 9700)))
     );
 }
+
+#[test]
+fn external_ip_file_adds_what_it_holds_and_a_missing_one_is_a_problem() {
+    let f = file("# node-a, from the chart's map\n203.0.113.7/10.0.0.7 2001:db8::7\n");
+    let arg = format!("--external-ip-file={}", f.path().display());
+    let s = run(&[&arg, "--external-ip=198.51.100.1"]).unwrap();
+    let public: Vec<IpAddr> = s.turn.external_ips.iter().map(|e| e.public).collect();
+    assert_eq!(
+        public,
+        [
+            IpAddr::from([198, 51, 100, 1]),
+            IpAddr::from([203, 0, 113, 7]),
+            "2001:db8::7".parse().unwrap()
+        ]
+    );
+    assert_eq!(
+        s.turn.external_ips[1].private,
+        Some(IpAddr::from([10, 0, 0, 7]))
+    );
+    let empty = file("");
+    let arg = format!("--external-ip-file={}", empty.path().display());
+    assert!(run(&[&arg]).unwrap().turn.external_ips.is_empty());
+    let all = errors(&["--external-ip-file=/nonexistent/node-b"]).join("\n");
+    assert!(
+        all.contains("external-ip-file=/nonexistent/node-b: cannot read it"),
+        "{all}"
+    );
+    let bad = file("203.0.113.7/2001:db8::1\n");
+    let arg = format!("--external-ip-file={}", bad.path().display());
+    let all = errors(&[&arg]).join("\n");
+    assert!(all.contains("of one family"), "{all}");
+}
