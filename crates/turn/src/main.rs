@@ -11,7 +11,11 @@ use lastcall_turn::server;
 use lastcall_turn::tls::Certs;
 
 fn main() {
-    let settings = match config::parse(std::env::args()) {
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("node-external-ip") {
+        node_external_ip(args.get(2..).unwrap_or_default());
+    }
+    let settings = match config::parse(args) {
         Ok(Parsed::Run(s)) => *s,
         Ok(Parsed::Validated(s)) => validated(&s),
         Ok(Parsed::Print(text)) => {
@@ -33,6 +37,40 @@ fn main() {
     };
     let code = runtime.block_on(run(settings, raised));
     std::process::exit(code);
+}
+
+/// `lastcall-turn node-external-ip ...`: the chart's init container (see
+/// [`lastcall_turn::nodeip`]); exits 0 with the file written, 64 on bad arguments, 1 else.
+fn node_external_ip(args: &[String]) -> ! {
+    use lastcall_turn::nodeip::{Lookup, LookupError};
+    let lookup = match Lookup::from_args(args) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("lastcall-turn node-external-ip: {e}");
+            std::process::exit(lastcall::exit::CONFIG);
+        }
+    };
+    match lookup.run() {
+        Ok(ips) => {
+            let ips: Vec<String> = ips.iter().map(ToString::to_string).collect();
+            println!(
+                "lastcall-turn node-external-ip: node {}: {} {} written to {}",
+                lookup.node,
+                lookup.address_type,
+                ips.join(" "),
+                lookup.out.display()
+            );
+            std::process::exit(0);
+        }
+        Err(e @ LookupError::Usage(_)) => {
+            eprintln!("lastcall-turn node-external-ip: {e}");
+            std::process::exit(lastcall::exit::CONFIG);
+        }
+        Err(e) => {
+            eprintln!("lastcall-turn node-external-ip: {e}");
+            std::process::exit(1);
+        }
+    }
 }
 
 /// `--validate`: everything start-up checks passed (the configuration, the files it names,

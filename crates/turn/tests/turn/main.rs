@@ -11,6 +11,7 @@
 //! - `hostile`: unauthenticated floods: bounded answers, the per-source rate limit.
 //! - `idle_reclaim`: a drain ends the allocations of clients that vanished (`--drain-idle-timeout`).
 //! - `interop`: coturn's `turnutils_uclient` over UDP, TCP and TLS against `turnutils_peer`.
+//! - `node_ip`: the chart's node ExternalIP lookup against recorded Kubernetes API answers.
 //! - `operations`: `GET /`, coturn's metric types (promtool), the Prometheus port, `--validate`.
 //! - `process`: turnserver.conf, flags, `--help`, TLS reload, the drain's answers.
 //! - `signals`: every signal coturn handles, sent during a live call.
@@ -35,6 +36,7 @@ mod hostile;
 mod idle_reclaim;
 mod interop;
 mod kernel;
+mod node_ip;
 mod operations;
 mod process;
 mod signals;
