@@ -387,6 +387,53 @@ mod tests {
         assert!(extra.is_empty(), "not coturn options: {extra:?}");
     }
 
+    /// docs/coming-from-coturn.md's table of coturn's options, as this table makes it (never
+    /// a hand copy): `LASTCALL_UPDATE_DOCS=1 cargo test -p lastcall-turn --lib options` writes
+    /// it when the table changed.
+    #[test]
+    fn coming_from_coturn_lists_every_option_from_this_table() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/coming-from-coturn.md");
+        let doc = std::fs::read_to_string(path).expect("docs/coming-from-coturn.md");
+        let (begin, end) = ("<!-- coturn-options: begin", "<!-- coturn-options: end -->");
+        let start = doc.find(begin).expect("begin marker");
+        let start = start + doc[start..].find('\n').expect("marker line") + 1;
+        let stop = doc.find(end).expect("end marker");
+        let want = coturn_options_table();
+        if doc[start..stop] != want && std::env::var_os("LASTCALL_UPDATE_DOCS").is_some() {
+            let updated = format!("{}{want}{}", &doc[..start], &doc[stop..]);
+            std::fs::write(path, updated).expect("write the doc");
+            return;
+        }
+        assert!(
+            doc[start..stop] == want,
+            "docs/coming-from-coturn.md's option table is not the code's: run LASTCALL_UPDATE_DOCS=1 cargo test -p lastcall-turn --lib options"
+        );
+    }
+
+    /// Every coturn option (ours left out), what it does here.
+    fn coturn_options_table() -> String {
+        let ours = [
+            "no-auth-acknowledge-open-relay",
+            "drain-idle-timeout",
+            "nonce-secret",
+            "nonce-secret-file",
+            "kernel-relay",
+            "external-ip-file",
+        ];
+        let mut out = String::from("| coturn option | in lastcall-turn |\n|---|---|\n");
+        for s in OPTIONS.iter().filter(|s| !ours.contains(&s.name)) {
+            let what = match s.policy {
+                Policy::Honoured => format!("works: {}", s.help),
+                Policy::Accepted => format!("accepted with a start-up warning: {}", s.help),
+                Policy::Refused { hint } => {
+                    format!("refused (exit 64): {}", hint.unwrap_or_default())
+                }
+            };
+            out.push_str(&format!("| `{}` | {} |\n", s.name, what.replace('|', "\\|")));
+        }
+        out
+    }
+
     /// A refused option says what to do; an accepted one what we do instead.
     #[test]
     fn refused_options_say_what_to_do_and_accepted_what_we_do_instead() {
