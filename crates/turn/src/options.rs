@@ -392,7 +392,10 @@ mod tests {
     /// it when the table changed.
     #[test]
     fn coming_from_coturn_lists_every_option_from_this_table() {
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/coming-from-coturn.md");
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../docs/coming-from-coturn.md"
+        );
         let doc = std::fs::read_to_string(path).expect("docs/coming-from-coturn.md");
         let (begin, end) = ("<!-- coturn-options: begin", "<!-- coturn-options: end -->");
         let start = doc.find(begin).expect("begin marker");
@@ -429,7 +432,11 @@ mod tests {
                     format!("refused (exit 64): {}", hint.unwrap_or_default())
                 }
             };
-            out.push_str(&format!("| `{}` | {} |\n", s.name, what.replace('|', "\\|")));
+            out.push_str(&format!(
+                "| `{}` | {} |\n",
+                s.name,
+                what.replace('|', "\\|")
+            ));
         }
         out
     }
