@@ -266,7 +266,7 @@ impl Shared {
                     let allocations = self.handle.sessions();
                     tracing::warn!(client = %client.client, transport = %client.transport,
                         code, limit = limit.kind(), allocations,
-                        relay_ports = %format!("{in_use} of {min}-{max} in use"), unlogged,
+                        relay_ports = format!("{in_use} of {min}-{max} in use").as_str(), unlogged,
                         "allocate refused ({code}): {limit}");
                 }
             }
