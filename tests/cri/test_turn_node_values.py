@@ -108,6 +108,11 @@ def test_turn_pod_on_443_with_one_capability_and_its_nodes_external_ip(cluster: 
     call.assert_all_echoed()
     run = old.runs["turn"]
     assert run.exit_code == 0, f"exit {run.exit_code} ({run.reason})\n{old.describe()}"
+    assert run.exited_at is not None and call.ended_at is not None
+    # uclient leaves its probe allocation behind: the drain reclaims it 30 s after its last
+    # packet (--drain-idle-timeout; 3 s reclaimed the call itself on a loaded machine, whose
+    # uclient had not sent its first datagram yet).
+    assert run.exited_at - call.ended_at < 30 + 5, "the left-over probe allocation held the drain"
     assert not [p.errors for p in ds.history if p.errors]
     measured("cri turn pod with per-node external IPs and TLS on 443: " + "; ".join(report)
              + f"; a call across the drain: all echoed, exit 0 {run.exited_at - old.deleted_at:.1f} s after deletion")
