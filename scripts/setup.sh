@@ -15,8 +15,9 @@ PACKAGES=(
   # The browser test of lastcall-turn (crates/turn/tests/turn/chromium.rs): headless
   # Chromium's own WebRTC stack, driven by the page it loads (no driver needed).
   chromium
-  # The dashboards' and alert rules' checks (tests/charts/test_observability.py, the
-  # demo's and the TURN tests' recorded series): promtool, from Debian's Prometheus.
+  # promtool, from Debian's Prometheus: the dashboards' and alert rules' checks
+  # (tests/charts/test_observability.py, the demo's and the TURN tests' recorded series) and
+  # lastcall-turn's /metrics read as Prometheus reads it (crates/turn/tests/turn/operations.rs).
   prometheus
   # The plots of bench/ and of the demo's timeline (lastcall-demo --timeline), drawn by
   # Debian's /usr/bin/python3 with Debian's matplotlib.

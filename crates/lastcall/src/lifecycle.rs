@@ -1,6 +1,6 @@
 //! The lifecycle driver: a thin tokio task around [`Machine`] that listens to signals (or a
 //! stream of [`Trigger`]s), the readiness latch, session counts and the clock, publishes the
-//! phase to every [`Handle`] and [`Watch`], logs, keeps the metrics, and returns the
+//! phase to every [`Handle`] and [`Watch`](crate::Watch), logs, keeps the metrics, and returns the
 //! [`Outcome`] when it is time to exit.
 
 use std::collections::HashMap;
@@ -20,7 +20,6 @@ use tokio::time::Instant;
 use crate::config::{OnSigterm, TerminationConfig};
 use crate::machine::{Action, Input, Machine, Outcome, Phase, Trigger, EXIT_GRACE};
 use crate::metrics::Metrics;
-use crate::watch::Watch;
 
 /// Who a session belongs to, for the distinct-peer count: usually the client's IP address.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -151,6 +150,8 @@ pub struct Lifecycle {
     shared: Arc<Shared>,
     events: mpsc::UnboundedReceiver<Event>,
     initial: Phase,
+    /// Tell systemd (`NOTIFY_SOCKET`) what happens: the real daemon's lifecycle only.
+    pub(crate) notify_service_manager: bool,
 }
 
 impl Lifecycle {
@@ -182,6 +183,7 @@ impl Lifecycle {
             shared,
             events,
             initial,
+            notify_service_manager: false,
         }
     }
 
@@ -285,6 +287,12 @@ impl Lifecycle {
         let shared = &self.shared;
         let mut exit = None;
         for action in actions {
+            if self.notify_service_manager {
+                let c = *shared.counts.borrow();
+                if let Some(notice) = crate::notify::notices(&action, c.sessions, c.peers) {
+                    crate::notify::send(&notice);
+                }
+            }
             match &action {
                 Action::DrainStarted { trigger, .. } => {
                     let now = Instant::now();
@@ -318,7 +326,7 @@ impl Lifecycle {
                     shared.state.send_modify(|s| s.phase = *to);
                     tracing::info!(phase = %to, "{action}");
                 }
-                Action::Reload => {
+                Action::Reload { .. } => {
                     tracing::info!("{action}");
                     shared.metrics.reloads.inc();
                     shared.reloads.send_modify(|n| *n += 1);
@@ -389,6 +397,7 @@ pub(crate) fn signal_stream() -> TriggerStream {
         (SignalKind::quit(), Trigger::Sigquit),
         (SignalKind::user_defined1(), Trigger::Sigusr1),
         (SignalKind::hangup(), Trigger::Sighup),
+        (SignalKind::user_defined2(), Trigger::Sigusr2),
     ];
     let mut streams: Vec<TriggerStream> = Vec::new();
     for (kind, trigger) in kinds {
@@ -430,7 +439,7 @@ impl Handle {
     }
 
     /// Whether new work should be accepted: false in [`Phase::Refusing`] and once exiting.
-    pub fn accepting(&self) -> bool {
+    pub fn is_accepting(&self) -> bool {
         let state = self.shared.state.borrow();
         state.phase != Phase::Refusing && !state.exiting
     }
@@ -442,7 +451,7 @@ impl Handle {
     }
 
     /// Whether a drain (or linger) has started, or the exit is decided.
-    pub fn draining(&self) -> bool {
+    pub fn is_draining(&self) -> bool {
         let state = self.shared.state.borrow();
         !matches!(state.phase, Phase::Serving | Phase::Starting) || state.exiting
     }
@@ -455,10 +464,9 @@ impl Handle {
         let _ = self.shared.events.send(Event::Ready);
     }
 
-    /// A watch on the phase for one connection task: [`Watch::changed`] wakes it when the
-    /// phase changes or the exit is decided.
-    pub fn watch(&self) -> Watch {
-        Watch::new(self.clone(), self.shared.state.subscribe())
+    /// A receiver of the published state ([`Handle::watch`] is made from it).
+    pub(crate) fn subscribe(&self) -> watch::Receiver<State> {
+        self.shared.state.subscribe()
     }
 
     /// Whether the lifecycle has decided to exit.
@@ -503,7 +511,7 @@ impl Handle {
         }
     }
 
-    /// A receiver of the reload counter, bumped on each SIGHUP.
+    /// A receiver of the reload counter, bumped on each SIGHUP and SIGUSR2.
     pub fn reloads(&self) -> watch::Receiver<u64> {
         self.shared.reloads.subscribe()
     }
@@ -635,7 +643,7 @@ pub struct DrainStatus {
     pub drain_timeout_seconds: f64,
     /// Refused pieces of new work so far.
     pub sessions_refused_total: u64,
-    /// SIGHUP reloads so far.
+    /// SIGHUP and SIGUSR2 reloads so far.
     pub reloads: u64,
     /// How it ended, once decided.
     pub outcome: Option<Outcome>,

@@ -295,6 +295,23 @@ impl TurnClient {
         Ok(relayed)
     }
 
+    /// Allocate a UDP relay with a RESERVATION-TOKEN (RFC 8656 §7.2: the socket an earlier
+    /// EVEN-PORT R=1 reserved).
+    pub fn allocate_with_token(
+        &mut self,
+        lifetime: u32,
+        token: [u8; 8],
+    ) -> Result<SocketAddr, TurnError> {
+        let r = self.request(method::ALLOCATE, &|b| {
+            b.u32(attr::REQUESTED_TRANSPORT, 17 << 24)
+                .u32(attr::LIFETIME, lifetime)
+                .attr(attr::RESERVATION_TOKEN, &token);
+        })?;
+        let relayed = r.relayed.ok_or(TurnError::Malformed)?;
+        self.relayed = Some(relayed);
+        Ok(relayed)
+    }
+
     /// Refresh; lifetime 0 deletes the allocation.
     pub fn refresh(&mut self, lifetime: u32) -> Result<(), TurnError> {
         self.request(method::REFRESH, &|b| {

@@ -130,8 +130,9 @@ pub use frame::{stream_frame_len, FrameError, CHANNEL_MAX, CHANNEL_MIN};
 pub use policy::{embedded_ipv4s, DenyReason, IpRange, IpRangeError, PeerPolicy};
 pub use server::Server;
 pub use types::{
-    AuthFailure, ClientAddr, Counters, DeleteReason, DrainMode, Event, Output, RelayAddrs,
-    RelayBound, RelayError, RelayPorts, RelayRequest, Transmit, Transport, MAX_QUEUED_EVENTS,
+    AuthFailure, CapacityLimit, ClientAddr, Counters, DeleteReason, DrainMode, Event, Output,
+    RelayAddrs, RelayBound, RelayError, RelayPorts, RelayRequest, Transmit, Transport,
+    MAX_QUEUED_EVENTS,
 };
 
 #[cfg(test)]

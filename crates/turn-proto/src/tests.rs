@@ -6,6 +6,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use crate::stun::{attr, decode_address, long_term_key, method, Builder, Class, Message};
 use crate::*;
 
+mod capacity;
 mod relay_binding;
 
 pub(crate) const REALM: &str = "example.org";

@@ -99,7 +99,7 @@ use Policy::{Accepted, Honoured};
 /// Every coturn option of 4.6 to 4.18 (their `--help` and shipped turnserver.conf), plus
 /// `alternate-server` (whose meaning differs: used only while draining) and our
 /// `no-auth-acknowledge-open-relay`, `drain-idle-timeout`, `nonce-secret`,
-/// `nonce-secret-file` and `kernel-relay`. Kept in the order of docs/turn.md's table; a test checks
+/// `nonce-secret-file`, `kernel-relay` and `external-ip-file`. Kept in the order of docs/turn.md's table; a test checks
 /// both agree, and that every option of `tests/data/coturn-options.txt` is here.
 ///
 /// For an [`Accepted`] option the help is the start-up warning: what `lastcall-turn` does
@@ -112,6 +112,7 @@ pub(crate) const OPTIONS: &[Spec] = &[
     spec("listening-ip", &['L'], Multi, Honoured, "IP", "Listening address (repeatable); 0.0.0.0 or :: mean every host address of that family [default: every host address]"),
     spec("relay-ip", &['E'], Multi, Honoured, "IP", "Relay address (repeatable; round-robin per address family) [default: the listening address the client used]"),
     spec("external-ip", &['X'], Multi, Honoured, "PUBLIC[/PRIVATE]", "Public address advertised for a relay address behind NAT (repeatable)"),
+    spec("external-ip-file", &[], Multi, Honoured, "PATH", "lastcall-turn's own: external-ip values read from this file at start (space- or line-separated; empty: none); the chart writes one per node (its map, or the node's ExternalIP from the Kubernetes API)"),
     spec("relay-threads", &['m'], Value, Honoured, "N", "UDP I/O threads, each with its own listening socket per address (SO_REUSEPORT) and the relay sockets of its clients; 0 = one per CPU this process may run on [default: 0]"),
     spec("kernel-relay", &[], Flag, Honoured, "", "lastcall-turn's own: relay the ChannelData of channel-bound UDP IPv4 allocations in the kernel (eBPF on tc ingress; needs root or CAP_BPF + CAP_NET_ADMIN and a build with the kernel-relay feature); if the kernel refuses, one log line and user space"),
     spec("min-port", &[], Value, Honoured, "PORT", "Lowest relay port [default: 49152]"),
@@ -214,8 +215,8 @@ pub(crate) const OPTIONS: &[Spec] = &[
     refused("stun-backward-compatibility", &[], Flag, Some("RFC 3489 STUN is not implemented")),
     refused("rfc3489-compatibility", &[], Flag, Some("RFC 3489 STUN is not implemented")),
     // TLS.
-    spec("cert", &[], Value, Honoured, "PEM", "TLS certificate chain (PEM); reloaded on SIGHUP"),
-    spec("pkey", &[], Value, Honoured, "PEM", "TLS private key (PEM); reloaded on SIGHUP"),
+    spec("cert", &[], Value, Honoured, "PEM", "TLS certificate chain (PEM); reloaded on SIGUSR2 (coturn's) and SIGHUP"),
+    spec("pkey", &[], Value, Honoured, "PEM", "TLS private key (PEM); reloaded on SIGUSR2 (coturn's) and SIGHUP"),
     spec("no-tlsv1_2", &[], Flag, Honoured, "", "TLS 1.3 only"),
     spec("no-tlsv1", &[], Flag, Honoured, "", "TLS 1.0 is never offered"),
     spec("no-tlsv1_1", &[], Flag, Honoured, "", "TLS 1.1 is never offered"),
@@ -263,7 +264,7 @@ pub(crate) const OPTIONS: &[Spec] = &[
     spec("web-admin-listen-on-workers", &[], Flag, Accepted, "", "there is no web admin: the admin listener (--admin-addr) serves /metrics, /drain, /readyz"),
     refused("acme-redirect", &[], Value, Some("HTTP is not answered on the TURN ports: serve /.well-known/acme-challenge/ elsewhere (cert-manager, a web server)")),
     spec("drain-min-allocations", &[], Value, Honoured, "N", "Exit a drain when at most N allocations are left (= --drain-min-sessions) [default: 0]"),
-    spec("pidfile", &[], Value, Honoured, "PATH", "Write the process id to this file"),
+    spec("pidfile", &[], Value, Honoured, "PATH", "Write the process id to this file; empty (`--pidfile=`, as Debian's coturn.service gives it) = no pidfile [default: none]"),
     refused("daemon", &['o'], Flag, Some("run it in the foreground under a supervisor")),
     refused("proc-user", &[], Value, Some("start it as that user (systemd User=, Kubernetes runAsUser)")),
     refused("proc-group", &[], Value, Some("start it as that group (systemd Group=, Kubernetes runAsGroup)")),
@@ -376,6 +377,7 @@ mod tests {
             "nonce-secret",
             "nonce-secret-file",
             "kernel-relay",
+            "external-ip-file",
         ];
         let extra: Vec<&str> = OPTIONS
             .iter()
@@ -383,6 +385,60 @@ mod tests {
             .filter(|n| !names.contains(n) && !ours.contains(n))
             .collect();
         assert!(extra.is_empty(), "not coturn options: {extra:?}");
+    }
+
+    /// docs/coming-from-coturn.md's table of coturn's options, as this table makes it (never
+    /// a hand copy): `LASTCALL_UPDATE_DOCS=1 cargo test -p lastcall-turn --lib options` writes
+    /// it when the table changed.
+    #[test]
+    fn coming_from_coturn_lists_every_option_from_this_table() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../docs/coming-from-coturn.md"
+        );
+        let doc = std::fs::read_to_string(path).expect("docs/coming-from-coturn.md");
+        let (begin, end) = ("<!-- coturn-options: begin", "<!-- coturn-options: end -->");
+        let start = doc.find(begin).expect("begin marker");
+        let start = start + doc[start..].find('\n').expect("marker line") + 1;
+        let stop = doc.find(end).expect("end marker");
+        let want = coturn_options_table();
+        if doc[start..stop] != want && std::env::var_os("LASTCALL_UPDATE_DOCS").is_some() {
+            let updated = format!("{}{want}{}", &doc[..start], &doc[stop..]);
+            std::fs::write(path, updated).expect("write the doc");
+            return;
+        }
+        assert!(
+            doc[start..stop] == want,
+            "docs/coming-from-coturn.md's option table is not the code's: run LASTCALL_UPDATE_DOCS=1 cargo test -p lastcall-turn --lib options"
+        );
+    }
+
+    /// Every coturn option (ours left out), what it does here.
+    fn coturn_options_table() -> String {
+        let ours = [
+            "no-auth-acknowledge-open-relay",
+            "drain-idle-timeout",
+            "nonce-secret",
+            "nonce-secret-file",
+            "kernel-relay",
+            "external-ip-file",
+        ];
+        let mut out = String::from("| coturn option | in lastcall-turn |\n|---|---|\n");
+        for s in OPTIONS.iter().filter(|s| !ours.contains(&s.name)) {
+            let what = match s.policy {
+                Policy::Honoured => format!("works: {}", s.help),
+                Policy::Accepted => format!("accepted with a start-up warning: {}", s.help),
+                Policy::Refused { hint } => {
+                    format!("refused (exit 64): {}", hint.unwrap_or_default())
+                }
+            };
+            out.push_str(&format!(
+                "| `{}` | {} |\n",
+                s.name,
+                what.replace('|', "\\|")
+            ));
+        }
+        out
     }
 
     /// A refused option says what to do; an accepted one what we do instead.

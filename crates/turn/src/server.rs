@@ -62,18 +62,21 @@ pub struct Running {
 
 impl Running {
     /// Registers the core's counters (read under its lock at each scrape) in `registry`;
-    /// `realm` labels coturn's traffic counters.
-    pub fn register_metrics(
-        &self,
-        registry: &mut prometheus_client::registry::Registry,
-        realm: &str,
-    ) {
+    /// coturn's counter families are [`Running::coturn_metrics`]'.
+    pub fn register_metrics(&self, registry: &mut prometheus_client::registry::Registry) {
         let core: Arc<dyn crate::metrics::CoreCounters> = self.shared.clone();
-        crate::metrics::CoreMetrics::register(registry, core, realm);
+        crate::metrics::CoreMetrics::register(registry, core);
         if let Some(kernel) = self.shared.kernel() {
             let kernel = Arc::clone(kernel);
             registry.register_collector(Box::new(crate::kernel::KernelMetrics(kernel)));
         }
+    }
+
+    /// coturn's counter families of the core, written at each scrape in Prometheus text
+    /// 0.0.4 (see [`crate::metrics`]); `realm` labels the traffic counters.
+    pub fn coturn_metrics(&self, realm: &str) -> lastcall::admin::ExtraFamilies {
+        let core: Arc<dyn crate::metrics::CoreCounters> = self.shared.clone();
+        crate::metrics::coturn_counters(core, realm)
     }
 
     /// Ends every allocation (logging how many were left) and stops the UDP I/O threads,

@@ -25,9 +25,14 @@ use crate::route::{LocalSockets, Streams, TxQueue};
 /// Authentication refusals logged a second (at debug); the rest are counted in the next line.
 const AUTH_LOG_PER_SECOND: u32 = 10;
 
+/// Capacity refusals (486, 508) logged a second (at warn); the rest are counted likewise.
+const CAPACITY_LOG_PER_SECOND: u32 = 10;
+
 /// State shared by every thread and task.
 pub struct Shared {
     auth_log: LogBudget,
+    /// Capacity refusals: clients can cause them at will too (quotas, tokens).
+    capacity_log: LogBudget,
     core: Mutex<Server>,
     guards: Mutex<Guards>,
     pub(crate) relays: RelaySockets,
@@ -81,6 +86,10 @@ impl Shared {
     ) -> Shared {
         Shared {
             auth_log: LogBudget::new(AUTH_LOG_PER_SECOND, std::time::Duration::from_secs(1)),
+            capacity_log: LogBudget::new(
+                CAPACITY_LOG_PER_SECOND,
+                std::time::Duration::from_secs(1),
+            ),
             core: Mutex::new(server),
             guards: Mutex::new(Guards::default()),
             relays,
@@ -247,8 +256,19 @@ impl Shared {
                 self.handle.record_refused();
                 tracing::debug!(client = %client.client, ?alternate, "allocate refused: draining");
             }
-            Event::AllocateRefused { client, code } => {
-                tracing::info!(client = %client.client, code, "allocate refused");
+            Event::AllocateRefused {
+                client,
+                code,
+                limit,
+            } => {
+                if let Some(unlogged) = self.capacity_log.admit(Instant::now()) {
+                    let (min, max, in_use) = self.relays.ports();
+                    let allocations = self.handle.sessions();
+                    tracing::warn!(client = %client.client, transport = %client.transport,
+                        code, limit = limit.kind(), allocations,
+                        relay_ports = format!("{in_use} of {min}-{max} in use").as_str(), unlogged,
+                        "allocate refused ({code}): {limit}");
+                }
             }
             Event::PeerDenied {
                 client,

@@ -3,6 +3,7 @@
 //!
 //! - `auth_log`: authentication refusals in the log, with their reason, rate-limited.
 //! - `bandwidth`: max-bps and bps-capacity.
+//! - `churn`: coturn's uclient run after run (UDP, TCP): no 508; RESERVATION-TOKEN 0.
 //! - `chromium`: headless Chromium's WebRTC over UDP, TCP and TLS across a drain.
 //! - `coturn_configs`: coturn users' turnserver.conf files, unchanged.
 //! - `dashboards`: the chart's dashboard and alert rules on a real drain's recorded metrics.
@@ -11,7 +12,11 @@
 //! - `hostile`: unauthenticated floods: bounded answers, the per-source rate limit.
 //! - `idle_reclaim`: a drain ends the allocations of clients that vanished (`--drain-idle-timeout`).
 //! - `interop`: coturn's `turnutils_uclient` over UDP, TCP and TLS against `turnutils_peer`.
+//! - `node_ip`: the chart's node ExternalIP lookup against recorded Kubernetes API answers.
+//! - `operations`: `GET /`, coturn's metric types (promtool), the Prometheus port, `--validate`.
 //! - `process`: turnserver.conf, flags, `--help`, TLS reload, the drain's answers.
+//! - `signals`: every signal coturn handles, sent during a live call.
+//! - `systemd`: Debian's coturn.service (Type=notify, `--pidfile=`) with a real notify socket.
 //! - `termination`: calls across SIGTERM, the deadline, alternates, coturn's own behaviour.
 //! - `workers`: the UDP I/O threads.
 #![allow(
@@ -23,6 +28,7 @@
 mod auth_log;
 mod bandwidth;
 mod chromium;
+mod churn;
 mod common;
 mod coturn_configs;
 mod dashboards;
@@ -32,6 +38,10 @@ mod hostile;
 mod idle_reclaim;
 mod interop;
 mod kernel;
+mod node_ip;
+mod operations;
 mod process;
+mod signals;
+mod systemd;
 mod termination;
 mod workers;
