@@ -184,10 +184,6 @@ impl Store {
         }
     }
 
-    pub(crate) fn limits(&self) -> &CacheLimits {
-        &self.limits
-    }
-
     /// The answer kept for `query`, and its age, unless it is older than the TTL.
     pub(crate) fn get(&self, query: &Query, now: Instant) -> Option<(&Answer, Duration)> {
         let e = self.entries.get(query)?;
@@ -200,11 +196,6 @@ impl Store {
         age >= self.limits.recheck
     }
 
-    /// Whether a lookup for `query` is in flight.
-    pub(crate) fn in_flight(&self, query: &Query) -> bool {
-        self.in_flight.contains_key(query)
-    }
-
     /// Makes the request `data` (from `client`, transaction `txid`) wait for `query`,
     /// starting a lookup in `realm` unless one is in flight.
     pub(crate) fn wait(
@@ -215,7 +206,10 @@ impl Store {
         now: Instant,
     ) -> Wait {
         if let Some(f) = self.in_flight.get(&query) {
-            if f.waiting.iter().any(|w| w.client == client && w.txid == txid) {
+            if f.waiting
+                .iter()
+                .any(|w| w.client == client && w.txid == txid)
+            {
                 return Wait::Duplicate;
             }
         }
@@ -335,17 +329,20 @@ impl Store {
         }
     }
 
-    /// Lookups not answered within the timeout count as [`Answer::Unavailable`].
-    pub(crate) fn expire(&mut self, now: Instant) {
+    /// Lookups not answered within the timeout count as [`Answer::Unavailable`]; returns
+    /// how many.
+    pub(crate) fn expire(&mut self, now: Instant) -> usize {
         let late: Vec<Query> = self
             .in_flight
             .iter()
             .filter(|(_, f)| now.saturating_duration_since(f.since) >= self.limits.lookup_timeout)
             .map(|(q, _)| q.clone())
             .collect();
+        let n = late.len();
         for q in late {
             self.finish(q, Answer::Unavailable, now);
         }
+        n
     }
 
     /// When the oldest lookup in flight times out.
@@ -458,7 +455,10 @@ mod tests {
             .collect();
         assert_eq!(replays, vec![b"one".to_vec(), b"two".to_vec()]);
         assert_eq!(s.waiting(), 0);
-        assert_eq!(s.get(&user("a"), now).map(|(a, _)| a), Some(&Answer::Key([5; 16])));
+        assert_eq!(
+            s.get(&user("a"), now).map(|(a, _)| a),
+            Some(&Answer::Key([5; 16]))
+        );
     }
 
     /// The bounds, as a table: what the next request gets.
@@ -503,7 +503,8 @@ mod tests {
         s.expire(now + Duration::from_secs(3));
         assert!(s.poll_replay().is_some());
         assert_eq!(
-            s.get(&user("a"), now + Duration::from_secs(3)).map(|(a, _)| a),
+            s.get(&user("a"), now + Duration::from_secs(3))
+                .map(|(a, _)| a),
             Some(&Answer::Unavailable)
         );
         assert_eq!(s.deadline(), None);
@@ -516,7 +517,11 @@ mod tests {
         let t0 = Instant::now();
         let mut s = Store::new(limits());
         for (i, q) in ["a", "b", "c", "d"].iter().enumerate() {
-            s.keep(user(q), Answer::NoUser, t0 + Duration::from_millis(i as u64));
+            s.keep(
+                user(q),
+                Answer::NoUser,
+                t0 + Duration::from_millis(i as u64),
+            );
         }
         assert_eq!(s.len(), 3);
         assert!(s.get(&user("a"), t0).is_none(), "the oldest went");
@@ -545,7 +550,9 @@ mod tests {
         assert_eq!(s.waiting(), 1);
         let l = s.poll_lookup().expect("lookup");
         s.answer(l.id, Answer::NoUser, now);
-        let r: Vec<ClientAddr> = std::iter::from_fn(|| s.poll_replay()).map(|r| r.client).collect();
+        let r: Vec<ClientAddr> = std::iter::from_fn(|| s.poll_replay())
+            .map(|r| r.client)
+            .collect();
         assert_eq!(r, vec![client(2)]);
     }
 }

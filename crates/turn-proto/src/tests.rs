@@ -18,6 +18,7 @@ mod data;
 mod drain;
 mod refresh;
 mod relay_binding;
+mod userdb;
 
 pub(crate) const REALM: &str = "example.org";
 pub(crate) const SECRET: &[u8] = b"s3cret";

@@ -138,6 +138,7 @@ impl Server {
         let grant = Grant {
             origin: attrs.origin.map(canonical_origin),
             bps,
+            key: authed.as_ref().map(|a| (a.key, a.expiry)),
         };
         if let Some(token) = attrs.reservation_token {
             let Some(relay) = self.take_reservation(now, &token) else {
@@ -644,6 +645,7 @@ impl Server {
             last_heard: now,
             origin: grant.origin,
             bandwidth,
+            key: grant.key,
         };
         let idx = match self.free.pop() {
             Some(i) => {
