@@ -13,6 +13,7 @@ use super::check::{parse_alternate, parse_ip, parse_range, Checker};
 use super::types::{AuthMode, TlsFiles, TransportAlternates, TurnConfig, MAX_RELAY_THREADS};
 use super::{DefaultFamily, ExternalIp, IpRange, Service, UserKey};
 use crate::options::{self, parse_bool, Kind};
+use crate::userdb::{Source as UserDbSource, UserDbConfig};
 use crate::sources::RawOptions;
 
 /// `--drain-idle-timeout` when not given: RFC 7675 consent freshness declares a WebRTC path
@@ -109,6 +110,7 @@ pub(super) fn typed(
             reason_phrases: answers.reason_phrases,
             fingerprint: answers.fingerprint,
             software_attribute: answers.software_attribute,
+            userdb: credentials.userdb,
         },
         drain_min_allocations: drain.min_allocations,
         log_level: process.log_level,
@@ -234,6 +236,7 @@ struct Credentials {
     realm: String,
     auth: AuthMode,
     rest_separator: char,
+    userdb: Option<UserDbConfig>,
 }
 
 fn credentials(c: &mut Checker<'_>) -> Credentials {
@@ -250,6 +253,7 @@ fn credentials(c: &mut Checker<'_>) -> Credentials {
         lastcall_turn_proto::parse_coturn_user(v).map_err(|e| e.to_string())
     });
     let rest_separator = rest_separator(c);
+    let userdb = userdb(c);
     let no_auth = c.flag("no-auth");
     let open_relay_acknowledged = c.flag("no-auth-acknowledge-open-relay");
     if no_auth && !open_relay_acknowledged {
@@ -258,22 +262,22 @@ fn credentials(c: &mut Checker<'_>) -> Credentials {
             "no-auth makes an open relay (anyone may relay through this server to any peer the peer policy allows): give no-auth-acknowledge-open-relay too if that is meant, or use use-auth-secret / user",
         );
     }
-    if no_auth && (use_auth_secret || !users.is_empty()) {
+    if no_auth && (use_auth_secret || !users.is_empty() || userdb.is_some()) {
         c.require(
             "no-auth",
-            "no-auth and credentials (use-auth-secret, user) together: give one or the other",
+            "no-auth and credentials (use-auth-secret, user, a user database) together: give one or the other",
         );
     }
-    if !no_auth && !use_auth_secret && users.is_empty() {
+    if !no_auth && !use_auth_secret && users.is_empty() && userdb.is_none() {
         c.require(
             "use-auth-secret",
-            "no credentials: give use-auth-secret with static-auth-secret, or user=NAME:PASSWORD (or, for an open relay, no-auth with no-auth-acknowledge-open-relay)",
+            "no credentials: give use-auth-secret with static-auth-secret, user=NAME:PASSWORD or a user database (userdb, psql-userdb, redis-userdb) (or, for an open relay, no-auth with no-auth-acknowledge-open-relay)",
         );
     }
-    if use_auth_secret && static_auth_secrets.is_empty() {
+    if use_auth_secret && static_auth_secrets.is_empty() && userdb.is_none() {
         c.require(
             "use-auth-secret",
-            "use-auth-secret needs at least one static-auth-secret",
+            "use-auth-secret needs at least one static-auth-secret, or a user database whose turn_secret holds them",
         );
     }
     if !static_auth_secrets.is_empty() && !use_auth_secret {
@@ -303,7 +307,71 @@ fn credentials(c: &mut Checker<'_>) -> Credentials {
         realm,
         auth,
         rest_separator,
+        userdb,
     }
+}
+
+/// The user database: one of `userdb` (`db`), `psql-userdb` (`sql-userdb`), `redis-userdb`,
+/// checked now (a connection string that parses; an SQLite file that is coturn's).
+fn userdb(c: &mut Checker<'_>) -> Option<UserDbConfig> {
+    let dynamic_ip_list = !c.flag("no-dynamic-ip-list");
+    let dynamic_realms = !c.flag("no-dynamic-realms");
+    let mut found: Vec<(&'static str, String, Source)> = Vec::new();
+    for name in ["userdb", "db", "psql-userdb", "sql-userdb", "redis-userdb"] {
+        if let Some((v, source)) = c.raw.last(name) {
+            found.push((name, v.clone(), source.clone()));
+        }
+    }
+    if found.len() > 1 {
+        let names: Vec<&str> = found.iter().map(|(n, _, _)| *n).collect();
+        c.require(
+            found[1].0,
+            &format!(
+                "{} name more than one user database: give one",
+                names.join(", ")
+            ),
+        );
+        return None;
+    }
+    let (name, value, source) = found.pop()?;
+    let parsed = match name {
+        "userdb" | "db" => check_sqlite(&value).map(UserDbSource::Sqlite),
+        "psql-userdb" | "sql-userdb" => {
+            crate::userdb::postgres::Spec::parse(&value).map(UserDbSource::Postgres)
+        }
+        _ => crate::userdb::redis::Spec::parse(&value).map(UserDbSource::Redis),
+    };
+    match parsed {
+        Ok(source) => Some(UserDbConfig {
+            source,
+            dynamic_ip_list,
+            dynamic_realms,
+        }),
+        Err(why) => {
+            c.bad(&source, name, &value, &why);
+            None
+        }
+    }
+}
+
+/// An SQLite `userdb` must be there and be coturn's (what could be checked of it without
+/// waiting for a writer's lock).
+fn check_sqlite(path: &str) -> Result<PathBuf, String> {
+    let p = PathBuf::from(path.trim());
+    match std::fs::metadata(&p) {
+        Ok(m) if m.is_file() => {}
+        Ok(_) => return Err(format!("{}: not a file", p.display())),
+        Err(e) => {
+            return Err(format!(
+                "{}: {e} (coturn would create an empty one; make it with turnadmin, e.g. \
+                 turnadmin -a -b {} -u NAME -r REALM -p PASSWORD)",
+                p.display(),
+                p.display()
+            ))
+        }
+    }
+    crate::userdb::sqlite::check_schema(&p)?;
+    Ok(p)
 }
 
 /// coturn's `rest-api-separator`: one character, `:` by default.

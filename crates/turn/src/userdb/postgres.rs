@@ -7,7 +7,7 @@
 //! the `PG*` environment variables and `~/.pgpass`, and a default user (give `user=`).
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use tokio::sync::Mutex;
 use tokio_postgres::{Client, NoTls, Statement};
