@@ -99,7 +99,7 @@ use Policy::{Accepted, Honoured};
 /// Every coturn option of 4.6 to 4.18 (their `--help` and shipped turnserver.conf), plus
 /// `alternate-server` (whose meaning differs: used only while draining) and our
 /// `no-auth-acknowledge-open-relay`, `drain-idle-timeout`, `nonce-secret`,
-/// `nonce-secret-file` and `kernel-relay`. Kept in the order of docs/turn.md's table; a test checks
+/// `nonce-secret-file`, `kernel-relay` and `userdb-cache-ttl`. Kept in the order of docs/turn.md's table; a test checks
 /// both agree, and that every option of `tests/data/coturn-options.txt` is here.
 ///
 /// For an [`Accepted`] option the help is the start-up warning: what `lastcall-turn` does
@@ -160,6 +160,7 @@ pub(crate) const OPTIONS: &[Spec] = &[
     refused("mysql-userdb", &['M'], Value, Some("MySQL is not supported: use userdb (SQLite), psql-userdb (PostgreSQL) or redis-userdb (Redis) with coturn's schema, static-auth-secret (TURN REST API) or user")),
     refused("mongo-userdb", &['J'], Value, Some("MongoDB is not supported: use userdb (SQLite), psql-userdb (PostgreSQL) or redis-userdb (Redis) with coturn's schema, static-auth-secret (TURN REST API) or user")),
     spec("redis-userdb", &['N'], Value, Honoured, "CONNINFO", "coturn's Redis user database: coturn's connection string (ip=... port=... dbname=... password=...) and key layout; no TLS"),
+    spec("userdb-cache-ttl", &[], Value, Honoured, "DURATION", "lastcall-turn's own: how long a key or the REST secrets read from the user database are used without asking it again, 1s to 1h (a user removed or a secret rotated out works this long for new allocations; a user or secret added, a password changed, is seen within 1 s) [default: 10s]"),
     spec("redis-statsdb", &['O'], Value, Accepted, "URL", "no statistics go to Redis; they are at /metrics on the admin listener (--admin-addr)"),
     refused("oauth", &[], Flag, Some("third-party authorization (oAuth) is not implemented")),
     // Peers and allocations.
@@ -376,6 +377,7 @@ mod tests {
             "nonce-secret",
             "nonce-secret-file",
             "kernel-relay",
+            "userdb-cache-ttl",
         ];
         let extra: Vec<&str> = OPTIONS
             .iter()

@@ -11,9 +11,9 @@ use lastcall::{Problem, Problems, Source};
 
 use super::check::{parse_alternate, parse_ip, parse_range, Checker};
 use super::types::{AuthMode, TlsFiles, TransportAlternates, TurnConfig, MAX_RELAY_THREADS};
+use super::userdb::UserDbConfig;
 use super::{DefaultFamily, ExternalIp, IpRange, Service, UserKey};
 use crate::options::{self, parse_bool, Kind};
-use crate::userdb::{Source as UserDbSource, UserDbConfig};
 use crate::sources::RawOptions;
 
 /// `--drain-idle-timeout` when not given: RFC 7675 consent freshness declares a WebRTC path
@@ -253,7 +253,7 @@ fn credentials(c: &mut Checker<'_>) -> Credentials {
         lastcall_turn_proto::parse_coturn_user(v).map_err(|e| e.to_string())
     });
     let rest_separator = rest_separator(c);
-    let userdb = userdb(c);
+    let userdb = super::userdb::read(c);
     let no_auth = c.flag("no-auth");
     let open_relay_acknowledged = c.flag("no-auth-acknowledge-open-relay");
     if no_auth && !open_relay_acknowledged {
@@ -309,69 +309,6 @@ fn credentials(c: &mut Checker<'_>) -> Credentials {
         rest_separator,
         userdb,
     }
-}
-
-/// The user database: one of `userdb` (`db`), `psql-userdb` (`sql-userdb`), `redis-userdb`,
-/// checked now (a connection string that parses; an SQLite file that is coturn's).
-fn userdb(c: &mut Checker<'_>) -> Option<UserDbConfig> {
-    let dynamic_ip_list = !c.flag("no-dynamic-ip-list");
-    let dynamic_realms = !c.flag("no-dynamic-realms");
-    let mut found: Vec<(&'static str, String, Source)> = Vec::new();
-    for name in ["userdb", "db", "psql-userdb", "sql-userdb", "redis-userdb"] {
-        if let Some((v, source)) = c.raw.last(name) {
-            found.push((name, v.clone(), source.clone()));
-        }
-    }
-    if found.len() > 1 {
-        let names: Vec<&str> = found.iter().map(|(n, _, _)| *n).collect();
-        c.require(
-            found[1].0,
-            &format!(
-                "{} name more than one user database: give one",
-                names.join(", ")
-            ),
-        );
-        return None;
-    }
-    let (name, value, source) = found.pop()?;
-    let parsed = match name {
-        "userdb" | "db" => check_sqlite(&value).map(UserDbSource::Sqlite),
-        "psql-userdb" | "sql-userdb" => {
-            crate::userdb::postgres::Spec::parse(&value).map(UserDbSource::Postgres)
-        }
-        _ => crate::userdb::redis::Spec::parse(&value).map(UserDbSource::Redis),
-    };
-    match parsed {
-        Ok(source) => Some(UserDbConfig {
-            source,
-            dynamic_ip_list,
-            dynamic_realms,
-        }),
-        Err(why) => {
-            c.bad(&source, name, &value, &why);
-            None
-        }
-    }
-}
-
-/// An SQLite `userdb` must be there and be coturn's (what could be checked of it without
-/// waiting for a writer's lock).
-fn check_sqlite(path: &str) -> Result<PathBuf, String> {
-    let p = PathBuf::from(path.trim());
-    match std::fs::metadata(&p) {
-        Ok(m) if m.is_file() => {}
-        Ok(_) => return Err(format!("{}: not a file", p.display())),
-        Err(e) => {
-            return Err(format!(
-                "{}: {e} (coturn would create an empty one; make it with turnadmin, e.g. \
-                 turnadmin -a -b {} -u NAME -r REALM -p PASSWORD)",
-                p.display(),
-                p.display()
-            ))
-        }
-    }
-    crate::userdb::sqlite::check_schema(&p)?;
-    Ok(p)
 }
 
 /// coturn's `rest-api-separator`: one character, `:` by default.

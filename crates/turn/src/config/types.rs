@@ -97,7 +97,7 @@ pub struct TurnConfig {
     /// coturn's `software-attribute` (off: `no-software-attribute`).
     pub software_attribute: bool,
     /// coturn's user database (`userdb`, `psql-userdb`, `redis-userdb`), if any.
-    pub userdb: Option<crate::userdb::UserDbConfig>,
+    pub userdb: Option<super::userdb::UserDbConfig>,
 }
 
 /// Alternates by client transport (empty: `alternate-server`'s).
@@ -228,13 +228,13 @@ impl TurnConfig {
         s.auth.database = self
             .userdb
             .as_ref()
-            .map(|_| lastcall_turn_proto::UserDatabase {
+            .map(|db| lastcall_turn_proto::UserDatabase {
                 keys: if self.auth.uses_rest_api() {
                     lastcall_turn_proto::DatabaseKeys::RestSecrets
                 } else {
                     lastcall_turn_proto::DatabaseKeys::Users
                 },
-                cache: lastcall_turn_proto::CacheLimits::default(),
+                cache: db.cache_limits(),
             });
         s.lifetimes.channel = Duration::from_secs(u64::from(self.channel_lifetime));
         s.lifetimes.permission = Duration::from_secs(u64::from(self.permission_lifetime));

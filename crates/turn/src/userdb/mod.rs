@@ -21,7 +21,6 @@
 //! (there is no web admin). A database that fails keeps what was read last (coturn empties
 //! its peer lists then).
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -29,6 +28,7 @@ use lastcall_turn_proto::{Answer, Bandwidth, IpRange, Lookup, Query, Quotas};
 use parking_lot::Mutex;
 use tokio::sync::mpsc;
 
+use crate::config::userdb::{Source, UserDbConfig};
 use crate::shared::Shared;
 
 pub(crate) mod postgres;
@@ -45,49 +45,6 @@ pub(crate) const REREAD: Duration = Duration::from_secs(5);
 pub(crate) const RECONNECT_AFTER: Duration = Duration::from_secs(1);
 /// "Unavailable" log lines: one per window, with the count of the failures in between.
 const UNAVAILABLE_LOG_WINDOW: Duration = Duration::from_secs(10);
-
-/// Which database, as the configuration named it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Source {
-    /// `userdb=PATH`: an SQLite file (read only).
-    Sqlite(PathBuf),
-    /// `psql-userdb=CONNINFO`: a libpq connection string (`host=... dbname=... user=...
-    /// password=...` or a `postgresql://` URI).
-    Postgres(postgres::Spec),
-    /// `redis-userdb=CONNINFO`: coturn's `ip=... port=... dbname=... password=...`.
-    Redis(redis::Spec),
-}
-
-impl Source {
-    /// The option that named it.
-    pub fn option(&self) -> &'static str {
-        match self {
-            Source::Sqlite(_) => "userdb",
-            Source::Postgres(_) => "psql-userdb",
-            Source::Redis(_) => "redis-userdb",
-        }
-    }
-
-    /// What the logs call it (no password).
-    pub fn describe(&self) -> String {
-        match self {
-            Source::Sqlite(p) => format!("SQLite {}", p.display()),
-            Source::Postgres(s) => format!("PostgreSQL {}", s.describe()),
-            Source::Redis(s) => format!("Redis {}", s.describe()),
-        }
-    }
-}
-
-/// The user database options of the configuration.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct UserDbConfig {
-    /// Where it is.
-    pub source: Source,
-    /// Read `allowed_peer_ip` / `denied_peer_ip` (off with coturn's `no-dynamic-ip-list`).
-    pub dynamic_ip_list: bool,
-    /// Read `turn_realm_option` (off with coturn's `no-dynamic-realms`).
-    pub dynamic_realms: bool,
-}
 
 /// A backend's failure, for the log.
 #[derive(Debug, Clone, thiserror::Error)]

@@ -13,75 +13,7 @@ use tokio::sync::Mutex;
 use tokio_postgres::{Client, NoTls, Statement};
 
 use super::{DbError, RealmRows, Reread, QUERY_TIMEOUT, RECONNECT_AFTER};
-
-/// A checked connection string.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Spec {
-    conninfo: String,
-}
-
-impl Spec {
-    /// Checks `conninfo` (what start-up reports): it must parse, name a user and not ask for
-    /// TLS.
-    pub fn parse(conninfo: &str) -> Result<Spec, String> {
-        let config: tokio_postgres::Config = conninfo
-            .parse()
-            .map_err(|e| format!("not a libpq connection string: {e}"))?;
-        if config.get_user().is_none() {
-            return Err(
-                "no user= (libpq would take the login name; lastcall-turn needs it written)".into(),
-            );
-        }
-        if config.get_ssl_mode() == tokio_postgres::config::SslMode::Require {
-            return Err(
-                "TLS to PostgreSQL is not implemented: use sslmode=disable or \
-                 prefer (a trusted network, or a local TLS proxy)"
-                    .into(),
-            );
-        }
-        if config.get_hosts().is_empty() {
-            return Err("no host= (libpq would use its Unix socket; give host=/var/run/postgresql or an address)".into());
-        }
-        Ok(Spec {
-            conninfo: conninfo.to_string(),
-        })
-    }
-
-    /// Hosts and database, without the password.
-    pub fn describe(&self) -> String {
-        let Ok(c) = self.conninfo.parse::<tokio_postgres::Config>() else {
-            return "(unparsable)".into();
-        };
-        let hosts: Vec<String> = c
-            .get_hosts()
-            .iter()
-            .map(|h| match h {
-                tokio_postgres::config::Host::Tcp(h) => h.clone(),
-                tokio_postgres::config::Host::Unix(p) => p.display().to_string(),
-            })
-            .collect();
-        format!(
-            "{} database {} user {}",
-            hosts.join(","),
-            c.get_dbname().unwrap_or("(the user's)"),
-            c.get_user().unwrap_or("")
-        )
-    }
-
-    fn config(&self) -> Result<tokio_postgres::Config, DbError> {
-        let mut c: tokio_postgres::Config = self.conninfo.parse().map_err(DbError::new)?;
-        // A connection attempt is a query's wait: bounded like one.
-        let bound = c
-            .get_connect_timeout()
-            .copied()
-            .map_or(QUERY_TIMEOUT, |t| t.min(QUERY_TIMEOUT));
-        c.connect_timeout(bound);
-        if c.get_application_name().is_none() {
-            c.application_name("lastcall-turn");
-        }
-        Ok(c)
-    }
-}
+use crate::config::userdb::PgSpec as Spec;
 
 /// One open connection and its statements.
 struct Conn {
@@ -139,7 +71,10 @@ impl Postgres {
     }
 
     async fn connect(&self) -> Result<Conn, DbError> {
-        let config = self.spec.config()?;
+        let config = self
+            .spec
+            .connect_config(QUERY_TIMEOUT)
+            .map_err(DbError::new)?;
         let (client, connection) = tokio::time::timeout(QUERY_TIMEOUT, config.connect(NoTls))
             .await
             .map_err(|_| DbError("connect: no answer".into()))?
@@ -261,50 +196,4 @@ async fn realm_rows(client: &Client, realm: &str, what: Reread) -> Result<RealmR
         }
     }
     Ok(rows)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn connection_strings_as_libpq_users_write_them() {
-        let ok = [
-            "host=127.0.0.1 dbname=coturn user=turn password=turn connect_timeout=30",
-            "postgresql://turn:secret@db.example:5432/coturn",
-            "host=/var/run/postgresql dbname=coturn user=turn",
-            "host=db sslmode=prefer user=turn",
-        ];
-        for c in ok {
-            assert!(Spec::parse(c).is_ok(), "{c}: {:?}", Spec::parse(c));
-        }
-        let refused = [
-            ("host=db dbname=coturn", "no user="),
-            ("host=db user=t sslmode=require", "TLS to PostgreSQL"),
-            ("user=t dbname=coturn", "no host="),
-            (
-                "host=db user=t sslmode=verify-full",
-                "not a libpq connection string",
-            ),
-            ("nonsense", "not a libpq connection string"),
-        ];
-        for (c, why) in refused {
-            let e = Spec::parse(c).expect_err(c);
-            assert!(e.contains(why), "{c}: {e}");
-        }
-        let d = Spec::parse("host=127.0.0.1 dbname=coturn user=turn password=hunter2")
-            .expect("parse")
-            .describe();
-        assert!(!d.contains("hunter2"), "{d}");
-        assert!(d.contains("127.0.0.1") && d.contains("coturn"), "{d}");
-    }
-
-    #[test]
-    fn a_connection_attempt_waits_no_longer_than_a_query() {
-        let c = Spec::parse("host=db user=t connect_timeout=30")
-            .expect("parse")
-            .config()
-            .expect("config");
-        assert_eq!(c.get_connect_timeout(), Some(&Duration::from_secs(2)));
-    }
 }

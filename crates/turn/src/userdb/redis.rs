@@ -9,113 +9,17 @@
 //! (coturn 4.7's `tls=1` and its `tls-*` keys are refused at start-up).
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use redis::aio::MultiplexedConnection;
-use redis::{AsyncCommands, AsyncConnectionConfig, ConnectionAddr, RedisConnectionInfo};
+use redis::{AsyncCommands, AsyncConnectionConfig};
 use tokio::sync::Mutex;
 
 use super::{DbError, RealmRows, Reread, QUERY_TIMEOUT, RECONNECT_AFTER};
+use crate::config::userdb::RedisSpec as Spec;
 
 /// Most `turn/origin/*` keys looked at by the reread (only to warn of other realms).
 const ORIGIN_SCAN_LIMIT: usize = 10_000;
-
-/// coturn's Redis connection string, checked.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Spec {
-    host: String,
-    port: u16,
-    db: i64,
-    user: Option<String>,
-    password: Option<String>,
-    connect_timeout: Option<Duration>,
-}
-
-impl std::fmt::Debug for Spec {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.describe())
-    }
-}
-
-impl Spec {
-    /// Parses coturn's `key=value` list (space separated; coturn's synonyms: `host`, `ip`,
-    /// `addr`, `ipaddr`, `hostaddr`; `dbname`, `db`, `database`; `user`, `uname`, `name`,
-    /// `username`; `password`, `pwd`, `passwd`, `secret`; `port`, `p`; `connect_timeout`,
-    /// `timeout`). Defaults: 127.0.0.1, 6379, database 0.
-    pub fn parse(conninfo: &str) -> Result<Spec, String> {
-        let mut spec = Spec {
-            host: "127.0.0.1".into(),
-            port: 6379,
-            db: 0,
-            user: None,
-            password: None,
-            connect_timeout: None,
-        };
-        for token in conninfo.split(' ').filter(|t| !t.is_empty()) {
-            let Some((key, value)) = token.split_once('=') else {
-                return Err(format!("{token:?} is not key=value"));
-            };
-            let number = |what: &str| {
-                value
-                    .parse::<u64>()
-                    .map_err(|_| format!("{key}={value}: {what} must be a number"))
-            };
-            match key {
-                "host" | "ip" | "addr" | "ipaddr" | "hostaddr" => spec.host = value.into(),
-                "dbname" | "db" | "database" => {
-                    spec.db = i64::try_from(number("the database")?).map_err(|e| e.to_string())?
-                }
-                "user" | "uname" | "name" | "username" => spec.user = Some(value.into()),
-                "password" | "pwd" | "passwd" | "secret" => spec.password = Some(value.into()),
-                "port" | "p" => {
-                    spec.port = u16::try_from(number("the port")?)
-                        .map_err(|_| format!("{key}={value}: not a port"))?
-                }
-                "connect_timeout" | "timeout" => {
-                    let s = number("the timeout")?;
-                    spec.connect_timeout = (s > 0).then(|| Duration::from_secs(s));
-                }
-                "tls" | "ssl" | "tls-ca" | "ca" | "cacert" | "tls-capath" | "capath"
-                | "tls-cert" | "cert" | "tls-key" | "clientkey" | "tls-sni" | "sni"
-                | "servername" | "tls-verify" | "verify" => {
-                    if matches!(key, "tls" | "ssl") && matches!(value, "0" | "false" | "off" | "no")
-                    {
-                        continue;
-                    }
-                    return Err(format!(
-                        "{key}: TLS to Redis is not implemented (use a trusted network or a \
-                         local TLS proxy, and leave the tls keys out)"
-                    ));
-                }
-                other => return Err(format!("unknown key {other:?} (coturn's keys: host, port, dbname, user, password, connect_timeout)")),
-            }
-        }
-        if spec.host.is_empty() {
-            return Err("host= is empty".into());
-        }
-        Ok(spec)
-    }
-
-    /// Host, port and database, without the password.
-    pub fn describe(&self) -> String {
-        format!("{}:{} database {}", self.host, self.port, self.db)
-    }
-
-    fn connection_info(&self) -> Result<redis::ConnectionInfo, DbError> {
-        use redis::IntoConnectionInfo;
-        let mut redis = RedisConnectionInfo::default().set_db(self.db);
-        if let Some(u) = &self.user {
-            redis = redis.set_username(u);
-        }
-        if let Some(p) = &self.password {
-            redis = redis.set_password(p);
-        }
-        let info = ConnectionAddr::Tcp(self.host.clone(), self.port)
-            .into_connection_info()
-            .map_err(DbError::new)?;
-        Ok(info.set_redis_settings(redis))
-    }
-}
 
 #[derive(Default)]
 struct State {
@@ -148,7 +52,7 @@ impl Redis {
         }
         let connect = self
             .spec
-            .connect_timeout
+            .connect_timeout()
             .map_or(QUERY_TIMEOUT, |t| t.min(QUERY_TIMEOUT));
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(connect))
@@ -156,6 +60,7 @@ impl Redis {
         let r = match self
             .spec
             .connection_info()
+            .map_err(DbError::new)
             .and_then(|info| redis::Client::open(info).map_err(DbError::new))
         {
             Ok(client) => client
@@ -276,40 +181,4 @@ async fn other_origins(
         }
     }
     Ok(out)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn coturns_connection_strings() {
-        let s = Spec::parse("ip=127.0.0.1 dbname=2 password=turn port=6380 connect_timeout=30")
-            .expect("coturn's example");
-        assert_eq!(
-            (s.host.as_str(), s.port, s.db, s.password.as_deref()),
-            ("127.0.0.1", 6380, 2, Some("turn"))
-        );
-        assert_eq!(s.connect_timeout, Some(Duration::from_secs(30)));
-        assert!(!s.describe().contains("turn "), "{}", s.describe());
-        let d = Spec::parse("").expect("defaults");
-        assert_eq!((d.host.as_str(), d.port, d.db), ("127.0.0.1", 6379, 0));
-        let syn = Spec::parse("host=redis db=3 username=u pwd=p p=1").expect("synonyms");
-        assert_eq!(
-            (syn.host.as_str(), syn.db, syn.user.as_deref(), syn.port),
-            ("redis", 3, Some("u"), 1)
-        );
-        assert!(Spec::parse("tls=0").is_ok());
-        for (bad, why) in [
-            ("tls=1", "TLS to Redis is not implemented"),
-            ("cacert=/x", "TLS to Redis is not implemented"),
-            ("port=70000", "not a port"),
-            ("dbname=x", "must be a number"),
-            ("color=blue", "unknown key"),
-            ("justaword", "is not key=value"),
-        ] {
-            let e = Spec::parse(bad).expect_err(bad);
-            assert!(e.contains(why), "{bad}: {e}");
-        }
-    }
 }

@@ -121,44 +121,6 @@ fn serve(path: &Path, jobs: &std_mpsc::Receiver<Job>) {
     }
 }
 
-/// The tables coturn's schema has and this reads.
-const TABLES: [&str; 6] = [
-    "turnusers_lt",
-    "turn_secret",
-    "allowed_peer_ip",
-    "denied_peer_ip",
-    "turn_origin_to_realm",
-    "turn_realm_option",
-];
-
-/// At start-up: `path` is an SQLite database with coturn's tables. A database locked by a
-/// writer passes (it is read later).
-pub(crate) fn check_schema(path: &Path) -> Result<(), String> {
-    let c = open(path).map_err(|e| e.0)?;
-    let mut missing = Vec::new();
-    for table in TABLES {
-        let sql = format!("select 1 from {table} limit 0");
-        match c.prepare(&sql) {
-            Ok(_) => {}
-            Err(e) if e.sqlite_error_code() == Some(rusqlite::ErrorCode::DatabaseBusy) => {}
-            Err(e) if e.sqlite_error_code() == Some(rusqlite::ErrorCode::DatabaseLocked) => {}
-            Err(e) if e.to_string().contains("no such table") => missing.push(table),
-            Err(e) => return Err(format!("{}: {e}", path.display())),
-        }
-    }
-    if missing.is_empty() {
-        return Ok(());
-    }
-    Err(format!(
-        "{}: not coturn's user database (no table {}): make it with turnadmin (turnadmin -a \
-         -b {} -u NAME -r REALM -p PASSWORD) or sqlite3 {} < /usr/share/coturn/schema.sql",
-        path.display(),
-        missing.join(", "),
-        path.display(),
-        path.display()
-    ))
-}
-
 fn open(path: &Path) -> Result<Connection, DbError> {
     let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
     let c = Connection::open_with_flags(path, flags)
