@@ -337,7 +337,19 @@ impl Worker {
 
     /// Applies the commands other threads (or this one) posted.
     fn apply_commands(&mut self) {
-        self.mailbox.take(&mut self.cmds);
+        // Replayed requests post commands to this very mailbox (their relay sockets), which
+        // wakes nobody: take again until nothing is left.
+        loop {
+            self.mailbox.take(&mut self.cmds);
+            if self.cmds.is_empty() {
+                return;
+            }
+            self.apply_taken();
+        }
+    }
+
+    /// Applies the commands taken into `self.cmds`.
+    fn apply_taken(&mut self) {
         let mut cmds = std::mem::take(&mut self.cmds);
         let mut replays = Vec::new();
         for cmd in cmds.drain(..) {

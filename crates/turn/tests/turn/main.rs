@@ -12,6 +12,8 @@
 //! - `interop`: coturn's `turnutils_uclient` over UDP, TCP and TLS against `turnutils_peer`.
 //! - `process`: turnserver.conf, flags, `--help`, TLS reload, the drain's answers.
 //! - `termination`: calls across SIGTERM, the deadline, alternates, coturn's own behaviour.
+//! - `userdb`: coturn's user databases (SQLite, PostgreSQL, Redis) changing and failing under
+//!   live calls; `userdb_servers` starts the databases.
 //! - `workers`: the UDP I/O threads.
 #![allow(
     clippy::unwrap_used,
@@ -32,4 +34,6 @@ mod interop;
 mod kernel;
 mod process;
 mod termination;
+mod userdb;
+mod userdb_servers;
 mod workers;
