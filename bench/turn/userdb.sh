@@ -8,7 +8,9 @@
 #
 # Each measurement is a fresh lastcall-turn (release build) on free loopback ports and
 # `lastcall-turnload hold --count COUNT --concurrency 16`: COUNT client sockets, each doing
-# what a real client does (Allocate, 401, authenticated Allocate), 16 in flight. Three kinds
+# what a real client does (Allocate, 401, authenticated Allocate), 16 in flight; every client
+# is on 127.0.0.1, so the per-source limit on challenges is off (--unauthorized-ratelimit-rps=0:
+# at its default, 100/s, one address gets 100 allocations a second). Three kinds
 # of credentials:
 #   one user      every allocation is user0 (after the first, answered from what the server
 #                 kept of the database: the cache)
@@ -107,7 +109,8 @@ measure() {
   port=$(free_port); admin=$(free_port)
   "$turn" -n --listening-ip=127.0.0.1 --relay-ip=127.0.0.1 --listening-port="$port" \
     --min-port=10000 --max-port=31999 --realm=$realm --allow-loopback-peers --no-tls \
-    --admin-addr=127.0.0.1:"$admin" --log-level=warn "$@" >"$work/turn.log" 2>&1 &
+    --admin-addr=127.0.0.1:"$admin" --log-level=warn --unauthorized-ratelimit-rps=0 \
+    "$@" >"$work/turn.log" 2>&1 &
   local pid=$!
   wait_port "$port"
   local lt=()
@@ -118,7 +121,8 @@ measure() {
   esac
   local out
   out=$("$load" --server 127.0.0.1:"$port" --secret "$secret" hold --count "$count" \
-    --concurrency 16 --hold 0.2 "${lt[@]}" 2>"$work/load.err" | head -n 1)
+    --concurrency 16 --hold 0.2 "${lt[@]}" 2>"$work/load.err")
+  out=${out%%$'\n'*}
   kill -QUIT "$pid" 2>/dev/null || true
   wait "$pid" 2>/dev/null || true
   local rate failed

@@ -436,8 +436,9 @@ mod tests {
     /// coturn's realm options over the configuration's, as a table.
     #[test]
     fn realm_options_override_the_configuration_and_bad_values_are_ignored() {
+        type Rows = Vec<(String, String)>;
         let opt = |o: &str, v: &str| (o.to_string(), v.to_string());
-        let cases: Vec<(Vec<(String, String)>, (u32, u32, u64))> = vec![
+        let cases: Vec<(Rows, (u32, u32, u64))> = vec![
             (vec![], (5, 100, 0)),
             (vec![opt("user-quota", "2")], (2, 100, 0)),
             (
