@@ -18,6 +18,8 @@
 //! - `signals`: every signal coturn handles, sent during a live call.
 //! - `systemd`: Debian's coturn.service (Type=notify, `--pidfile=`) with a real notify socket.
 //! - `termination`: calls across SIGTERM, the deadline, alternates, coturn's own behaviour.
+//! - `userdb`: coturn's user databases (SQLite, PostgreSQL, Redis) changing and failing under
+//!   live calls; `userdb_servers` starts the databases.
 //! - `workers`: the UDP I/O threads.
 #![allow(
     clippy::unwrap_used,
@@ -44,4 +46,6 @@ mod process;
 mod signals;
 mod systemd;
 mod termination;
+mod userdb;
+mod userdb_servers;
 mod workers;
