@@ -447,7 +447,10 @@ impl Handle {
     /// Whether `/readyz` answers 200: Serving, and not exiting.
     pub fn is_ready(&self) -> bool {
         let state = self.shared.state.borrow();
-        state.phase == Phase::Serving && !state.exiting
+        // A drain's trigger is published (and logged) an action before its first phase
+        // change: readiness falls with the trigger, so whoever reads the trigger's log line
+        // finds /readyz already at 503.
+        state.phase == Phase::Serving && !state.exiting && state.drain.is_none()
     }
 
     /// Whether a drain (or linger) has started, or the exit is decided.
