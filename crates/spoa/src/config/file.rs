@@ -51,6 +51,7 @@ const APPLICATION: &[&str] = &[
     "detect_only",
     "body_limit_action",
     "paranoia_level",
+    "engine_limits",
 ];
 
 const LOG_LEVELS: &str = "trace, debug, info, warn, error, fatal, panic or disabled";
@@ -494,6 +495,7 @@ impl Reader {
                     app.response_check = self.boolean(&at, node).unwrap_or(false);
                 }
                 "detect_only" => app.detect_only = self.boolean(&at, node).unwrap_or(false),
+                "engine_limits" => app.engine_limits = self.boolean(&at, node).unwrap_or(true),
                 "transaction_ttl_ms" => ttl_ms = self.unsigned(&at, node),
                 "transaction_ttl" => ttl_s = self.unsigned(&at, node),
                 "transaction_active_limit" => {

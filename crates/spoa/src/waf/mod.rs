@@ -11,16 +11,14 @@
 //! Each matched rule is one log line (the application's log, else the process log): its id,
 //! message, matched data and severity, with the transaction id.
 //!
-//! - [`apps`]: the applications' compiled rules, swapped all at once by a reload
-//!   ([`Waf::swap`]; evaluations already running keep the rules they started with);
-//! - [`seclang`]: an application's rule text (Coraza's `@` names resolved) and its errors
-//!   placed on the file's lines;
+//! - the applications' compiled rules ([`Apps`], from [`crate::config::apps`]) are swapped
+//!   all at once by a reload ([`Waf::swap`]; evaluations already running keep the rules they
+//!   started with);
+//! - [`body`]: whether HAProxy handed over the whole request body;
 //! - [`cache`]: request transactions kept for their response check.
 
-pub mod apps;
 pub mod body;
 mod cache;
-pub mod seclang;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -30,7 +28,7 @@ use lastcall_modsec::{Intervention, MatchReport, ModSecurity, RuleMatch, Transac
 use spop::frame::Message;
 use spop::TypedData;
 
-pub use apps::{directives_for, App, Apps};
+pub use crate::config::apps::{directives_for, App, Apps};
 use cache::{Kept, TxCache};
 
 use crate::config::BodyLimitAction;

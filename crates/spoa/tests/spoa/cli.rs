@@ -288,6 +288,16 @@ fn coraza_spoa_flags_as_go_takes_them() {
     assert_eq!(code, 64, "{err}");
     assert!(err.contains("--bind"), "{err}");
 
+    // A flag Go does not know is refused in Go's words (clap alone read `-confg` as
+    // `-c onfg`).
+    let (code, _, err) = run_in(dir.path(), &["-confg", "config.yaml"]);
+    assert_eq!(code, 64, "{err}");
+    assert!(
+        err.contains("flag provided but not defined: -confg"),
+        "{err}"
+    );
+    assert!(!err.contains("onfg:"), "{err}");
+
     let (code, out, _) = run_in(dir.path(), &["-version"]);
     assert_eq!(code, 0);
     assert!(out.contains(env!("CARGO_PKG_VERSION")), "{out}");
@@ -511,6 +521,11 @@ fn autoreload_follows_a_configmap_update() {
     assert_eq!(
         crate::support::metric_value(&metrics(), "spoa_reloads_total{result=\"error\"}"),
         1.0
+    );
+    // The lifecycle counts the same reloads (an autoreload is a SIGHUP to it).
+    assert_eq!(
+        crate::support::metric_value(&metrics(), "lastcall_reloads_total"),
+        2.0
     );
     drop(haproxy);
     let mut agent = agent;

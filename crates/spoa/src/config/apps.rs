@@ -11,7 +11,7 @@ use lastcall_modsec::RuleSet;
 use tracing_subscriber::fmt::writer::BoxMakeWriter;
 
 use super::seclang::RuleText;
-use crate::config::{Application, Config, LogFile, LogSettings};
+use super::{Application, Config, LogFile, LogSettings};
 
 /// One compiled application.
 pub struct App {
@@ -134,7 +134,7 @@ impl Apps {
         Some(Ok(apps))
     }
 
-    pub(super) fn find(&self, name: &str) -> Option<Arc<App>> {
+    pub(crate) fn find(&self, name: &str) -> Option<Arc<App>> {
         self.by_name.get(name).or(self.default.as_ref()).cloned()
     }
 
