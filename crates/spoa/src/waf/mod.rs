@@ -350,6 +350,20 @@ impl Waf {
                     );
                 }
             },
+            BodyState::Conflicting { received, declared } => {
+                tracing::warn!(
+                    tx = %id, received, declared,
+                    "chunked request body counted as {declared} bytes by HAProxy where {received} arrived: the request had both Content-Length and Transfer-Encoding: chunked (HAProxy 2.6 drops the Content-Length but counts it; the shape of request smuggling, which nginx refuses with 400), or HAProxy did not wait for the end of a chunk"
+                );
+                if app.config.body_limit_action == BodyLimitAction::Reject {
+                    vars.push(("action", TypedData::String("deny".into())));
+                    vars.push(("status", TypedData::Int64(400)));
+                    vars.push(("data", TypedData::String(String::new())));
+                    vars.push(("ruleid", TypedData::Int64(0)));
+                    match_vars(&MatchReport::default(), req.export_rule_ids, &mut vars);
+                    return (Verdict::Deny, vars);
+                }
+            }
             BodyState::NotWaited { received, declared } => {
                 let policy = app.config.body_limit_action;
                 self.metrics.not_waited(policy.as_str());

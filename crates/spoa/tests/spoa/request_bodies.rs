@@ -440,3 +440,48 @@ fn http2_clients_get_responses_not_resets() {
     assert!(origin.seen("/h2/attack/").is_empty());
     assert!(origin.seen("/h2/over/").is_empty());
 }
+
+/// A request with both `Content-Length` and `Transfer-Encoding: chunked` (CRS test 920181-1,
+/// the shape of request smuggling) through the documented files. HAProxy 2.6 drops the
+/// `Content-Length` but counts it in `body_size`: the agent refuses it as a bad request (400,
+/// as nginx answers it) with a log line that says why, never a 500 with the hint to add
+/// `option http-buffer-request` (which the file has). HAProxy 3.0 and later forward it
+/// chunked without the `Content-Length` (RFC 9112 6.3): an ordinary chunked body, inspected.
+#[test]
+fn content_length_with_chunked_is_a_bad_request() {
+    let stack = Stack::start(StackOptions {
+        agents: 1,
+        ..StackOptions::default()
+    });
+    let mut s = TcpStream::connect_timeout(&stack.http(), Duration::from_secs(5)).expect("connect");
+    s.set_read_timeout(Some(WAIT)).expect("timeout");
+    s.write_all(
+        b"POST /smuggle HTTP/1.1\r\nHost: localhost\r\nAccept: */*\r\nContent-Length: 7\r\n\
+          Content-Type: application/x-www-form-urlencoded\r\nTransfer-Encoding: chunked\r\n\
+          User-Agent: lastcall-test\r\nConnection: close\r\n\r\n7\r\nfoo=bar\r\n3\r\n&a=\r\n0\r\n\r\n",
+    )
+    .expect("send");
+    let mut raw = Vec::new();
+    let _ = s.read_to_end(&mut raw);
+    let text = String::from_utf8_lossy(&raw);
+    let version = crate::support::haproxy::version();
+    eprintln!("{version}: {}", text.lines().next().unwrap_or(""));
+    let agent = &stack.agents[0];
+    if version.contains("version 2.") {
+        assert!(text.starts_with("HTTP/1.1 400"), "{text}");
+        assert!(stack.origin.seen("/smuggle").is_empty());
+        agent.pod.wait_for_log(
+            "the request had both Content-Length and Transfer-Encoding: chunked",
+            WAIT,
+        );
+    } else {
+        assert!(text.starts_with("HTTP/1.1 200"), "{version}: {text}");
+        let seen = stack.origin.seen("/smuggle");
+        assert_eq!(seen.iter().map(|s| s.body).collect::<Vec<_>>(), [Some(10)]);
+    }
+    assert!(!agent
+        .pod
+        .logs()
+        .iter()
+        .any(|l| l.contains("add `option http-buffer-request`")));
+}
