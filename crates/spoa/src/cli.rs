@@ -50,10 +50,10 @@ pub struct Cli {
     pub bind: Option<String>,
 
     /// The OWASP CRS to use: a CRS release unpacked here (crs-setup.conf or
-    /// crs-setup.conf.example beside rules/); overrides the file's `crs_dir`
-    /// [default: Debian's modsecurity-crs]
+    /// crs-setup.conf.example beside rules/); overrides the file's `crs_dir`; empty: not
+    /// given [default: Debian's modsecurity-crs]
     #[arg(long, env = "LASTCALL_SPOA_CRS_DIR", value_name = "DIR", global = true)]
-    pub crs_dir: Option<PathBuf>,
+    pub crs_dir: Option<String>,
 
     /// coraza-spoa's name for --admin-addr (/metrics, /livez, /readyz, /drain); `:PORT`
     /// listens on every address

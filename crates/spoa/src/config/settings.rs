@@ -145,9 +145,10 @@ where
     }
     let source = FileSource {
         path: cli.config.clone(),
-        crs_dir: cli.crs_dir.clone().map(|dir| {
+        // Empty (the image's LASTCALL_SPOA_CRS_DIR without a CRS archive): not given.
+        crs_dir: cli.crs_dir.clone().filter(|d| !d.is_empty()).map(|dir| {
             let at = Source::from_matches(&matches, "crs_dir", Some("LASTCALL_SPOA_CRS_DIR"));
-            (dir, at)
+            (PathBuf::from(dir), at)
         }),
     };
     let cfg = match source.load() {
