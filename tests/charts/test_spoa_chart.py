@@ -597,6 +597,29 @@ def test_default_rules_are_the_binarys_built_in_application(tmp_path: Path) -> N
         assert line in builtin
 
 
+def test_log_formats_are_the_binarys(tmp_path: Path) -> None:
+    """agent.logFormat's enum is exactly the log_format values the built agent accepts (its
+    error message lists them: one source, in the code), and each renders a file it runs."""
+    import json as _json
+    schema = _json.loads((CHARTS / CHART / "values.schema.json").read_text())
+    enum = schema["properties"]["agent"]["properties"]["logFormat"]["enum"]
+    binary = built_binary("lastcall-spoa")
+    if binary is None:
+        pytest.skip("lastcall-spoa is not built (cargo build -p lastcall-spoa)")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("log_format: xml\n")
+    out = subprocess.run([binary, "-validate", "--config", str(bad)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 64, out
+    listed = out.stderr.split("expected ", 1)[1].split("\n", 1)[0]
+    accepted = [w.strip(" ,") for w in listed.replace(" or ", ", ").split(",") if w.strip(" ,")]
+    assert sorted(accepted) == sorted(enum), (listed, enum)
+    for f in enum:
+        path = tmp_path / f"{f}.yaml"
+        path.write_text(render(CHART, {"agent": {"logFormat": f}}).one("ConfigMap", "-agent")["data"]["config.yaml"])
+        ok = subprocess.run([binary, "-validate", "--config", str(path)], capture_output=True, text=True, timeout=60)
+        assert ok.returncode == 0, (f, ok.stderr)
+
+
 SHARED_REJECTS = {
     "sa-typo": {"serviceAccount": {"automount": False}},
     "hpa-typo": {"autoscaling": {"enable": True}},

@@ -14,7 +14,8 @@
 //! in one pass ([`config::parse`]) and compiles the applications, [`cli`] declares the
 //! options and reads Go-style flags, [`autoreload`] reloads on SIGHUP and when the file
 //! changes, [`haproxy_check`] reads a user's HAProxy files (`lastcall-spoa check-haproxy`),
-//! [`metrics`] holds the Prometheus metrics, [`invariants`] holds what the decoders must hold
+//! [`log`] writes the logs (matched rules in coraza-spoa's JSON shape), [`metrics`] holds
+//! the Prometheus metrics, [`invariants`] holds what the decoders must hold
 //! on any input (for `fuzz/`); the binary (`main.rs`) only wires them to the `lastcall`
 //! lifecycle.
 #![forbid(unsafe_code)]
@@ -25,6 +26,7 @@ pub mod config;
 pub mod engine;
 pub mod haproxy_check;
 pub mod invariants;
+pub mod log;
 pub mod metrics;
 pub mod protocol;
 pub mod waf;

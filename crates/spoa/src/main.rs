@@ -76,12 +76,13 @@ async fn start(settings: Settings) -> ! {
         config: cfg,
         term,
         log,
+        log_rules,
         log_writer,
         warnings,
         source,
         autoreload: watched,
     } = settings;
-    lastcall::logging::init_to(&log, log_writer);
+    lastcall_spoa::log::init(&log, log_rules, log_writer);
     for w in &warnings {
         tracing::warn!("{w}");
     }

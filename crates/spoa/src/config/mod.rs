@@ -109,8 +109,8 @@ impl LogFile {
 pub struct LogSettings {
     /// `debug`, `info`, `warn`, `error` or `off` (coraza-spoa's other names mapped).
     pub level: Option<String>,
-    /// JSON (`json`) rather than text (`console`/`text`).
-    pub json: Option<bool>,
+    /// `console`/`text`, `json` (matched rules in coraza-spoa's shape) or `json-flat`.
+    pub format: Option<crate::log::FileFormat>,
     /// Where, and the line that said so.
     pub file: Option<(LogFile, usize)>,
 }
@@ -118,7 +118,7 @@ pub struct LogSettings {
 impl LogSettings {
     /// Whether any of the three was given.
     pub fn is_set(&self) -> bool {
-        self.level.is_some() || self.json.is_some() || self.file.is_some()
+        self.level.is_some() || self.format.is_some() || self.file.is_some()
     }
 }
 
@@ -413,7 +413,7 @@ applications:
         assert_eq!(c.bind, Bind::Tcp("0.0.0.0:9000".into()));
         assert_eq!(c.applications.len(), 1);
         assert_eq!(c.applications[0].transaction_ttl_ms, 60_000);
-        assert_eq!(c.log.json, Some(false));
+        assert_eq!(c.log.format, Some(crate::log::FileFormat::Text));
         assert_eq!(c.log.file, Some((LogFile::Stdout, 4)));
         let app = &c.applications[0];
         assert_eq!(app.log.file, Some((LogFile::Stdout, 14)));
@@ -566,15 +566,18 @@ applications:
         assert_eq!(
             shown,
             [
-                "line 1: log_format `fancy`: expected console, text or json",
+                "line 1: log_format `fancy`: expected console, text, json or json-flat",
                 "line 5: applications[0].log_level (loud): expected trace, debug, info, warn, error, fatal, panic or disabled",
-                "line 6: applications[0].log_format (xml): expected console, text or json",
+                "line 6: applications[0].log_format (xml): expected console, text, json or json-flat",
             ]
         );
         let ok = Config::parse("applications:\n  - name: a\n    log_file: /var/log/a.log\n    log_format: json\n    log_level: disabled\n").unwrap();
         let log = &ok.applications[0].log;
         assert_eq!(log.file, Some((LogFile::Path("/var/log/a.log".into()), 3)));
-        assert_eq!((log.json, log.level.as_deref()), (Some(true), Some("off")));
+        assert_eq!(
+            (log.format, log.level.as_deref()),
+            (Some(crate::log::FileFormat::Json), Some("off"))
+        );
     }
 
     #[test]

@@ -11,7 +11,7 @@ use std::path::PathBuf;
 
 use clap::parser::ValueSource;
 use clap::{ArgMatches, CommandFactory};
-use lastcall::{LogArgs, LogFormat, Problem, Problems, Source, TerminationConfig};
+use lastcall::{LogArgs, Problem, Problems, Source, TerminationConfig};
 use tracing_subscriber::fmt::writer::BoxMakeWriter;
 
 use super::apps::Apps;
@@ -47,6 +47,9 @@ pub struct Settings {
     /// The process log: the file's `log_level`/`log_format` unless the command line or the
     /// environment says otherwise.
     pub log: LogArgs,
+    /// How the process log writes matched rules (in JSON: coraza-spoa's shape unless the
+    /// file's `log_format` is `json-flat`).
+    pub log_rules: crate::log::RuleLines,
     /// Where the process log goes (the file's `log_file`; stderr by default).
     pub log_writer: BoxMakeWriter,
     /// Accepted with a caveat, to log once logging is up.
@@ -170,7 +173,8 @@ where
                 None
             }
         });
-    let (Some(term), Some(cfg), Some((log, log_writer))) = (term, cfg.clone(), log) else {
+    let (Some(term), Some(cfg), Some((log, log_rules, log_writer))) = (term, cfg.clone(), log)
+    else {
         // Report the rules' errors too, all at once (nothing is bound yet).
         if let Some(Err(errs)) = cfg.as_ref().map(Apps::compile) {
             problems.extend(errs);
@@ -212,6 +216,7 @@ where
         config: cfg,
         term,
         log,
+        log_rules,
         log_writer,
         warnings,
         source,
@@ -314,22 +319,21 @@ fn process_log(
     cli: &LogArgs,
     matches: &ArgMatches,
     cfg: &Config,
-) -> Result<(LogArgs, BoxMakeWriter), Problem> {
+) -> Result<(LogArgs, crate::log::RuleLines, BoxMakeWriter), Problem> {
     let mut log = cli.clone();
     if let Some(level) = &cfg.log.level {
         if !given(matches, "log_level") {
             log.log_level = level.clone();
         }
     }
-    if let Some(json) = cfg.log.json {
+    let mut flat = false;
+    if let Some(format) = cfg.log.format {
         if !given(matches, "log_format") {
-            log.log_format = if json {
-                LogFormat::Json
-            } else {
-                LogFormat::Text
-            };
+            log.log_format = format.split().0;
+            flat = format == crate::log::FileFormat::JsonFlat;
         }
     }
+    let rules = crate::log::RuleLines::of(log.log_format, flat);
     let writer = match &cfg.log.file {
         None | Some((LogFile::Stderr, _)) => BoxMakeWriter::new(std::io::stderr),
         Some((LogFile::Stdout, _)) => BoxMakeWriter::new(std::io::stdout),
@@ -345,7 +349,7 @@ fn process_log(
             }
         },
     };
-    Ok((log, writer))
+    Ok((log, rules, writer))
 }
 
 #[cfg(test)]
@@ -412,5 +416,41 @@ mod tests {
         }
         assert!(matches!(parse(["x", "--nope"]), Ok(Parsed::Usage(_))));
         assert!(matches!(parse(["x", "--help"]), Ok(Parsed::Print { .. })));
+    }
+
+    /// How the process log writes matched rules: coraza-spoa's shape in JSON (the file's
+    /// `json`, or `--log-format json`), fields with `json-flat` or in text; the command
+    /// line wins over the file.
+    #[test]
+    fn the_process_logs_rule_lines() {
+        use crate::log::RuleLines;
+        use lastcall::LogFormat;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.yaml");
+        let file = format!("--config={}", path.display());
+        let lines = |yaml: &str, extra: &[&str]| {
+            std::fs::write(&path, yaml).unwrap();
+            let mut args = vec!["x", file.as_str()];
+            args.extend_from_slice(extra);
+            match parse(args) {
+                Ok(Parsed::Run(s)) => (s.log.log_format, s.log_rules),
+                other => panic!("{other:?}"),
+            }
+        };
+        let app = "applications:\n  - name: a\n";
+        let json = format!("log_format: json\n{app}");
+        let flat = format!("log_format: json-flat\n{app}");
+        let console = format!("log_format: console\n{app}");
+        assert_eq!(lines(&json, &[]), (LogFormat::Json, RuleLines::Coraza));
+        assert_eq!(lines(&flat, &[]), (LogFormat::Json, RuleLines::Fields));
+        assert_eq!(lines(&console, &[]), (LogFormat::Text, RuleLines::Fields));
+        assert_eq!(
+            lines(&console, &["--log-format", "json"]),
+            (LogFormat::Json, RuleLines::Coraza)
+        );
+        assert_eq!(
+            lines(&flat, &["--log-format", "text"]),
+            (LogFormat::Text, RuleLines::Fields)
+        );
     }
 }

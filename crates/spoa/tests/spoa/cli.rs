@@ -399,7 +399,7 @@ applications:
     assert_eq!(code, 64, "{out}{err}");
     for want in [
         "c.yaml:2: log_level `loud`: expected trace, debug, info, warn, error",
-        "c.yaml:6: applications[0].log_format (xml): expected console, text or json",
+        "c.yaml:6: applications[0].log_format (xml): expected console, text, json or json-flat",
         "c.yaml:7: applications[0].log_level (chatty): expected trace, debug, info",
         "c.yaml:8: applications[0].response_check: invalid type: string \"yes please\"; expected a boolean",
     ] {
