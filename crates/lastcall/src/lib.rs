@@ -31,6 +31,7 @@ pub mod logging;
 pub mod machine;
 mod metrics;
 pub mod problem;
+mod process;
 pub mod watch;
 
 pub use config::{

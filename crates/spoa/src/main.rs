@@ -87,7 +87,6 @@ async fn start(settings: Settings) -> ! {
         tracing::warn!("{w}");
     }
     let daemon = Daemon::start(term);
-    // Registered now, so that process_start_time_seconds is the start's.
     let metrics = Arc::new(Metrics::default());
     let mut registry = Registry::default();
     metrics.register(&mut registry);
