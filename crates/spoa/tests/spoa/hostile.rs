@@ -314,7 +314,8 @@ fn idle_connections_are_closed_at_their_timeouts() {
 }
 
 /// CRS as the built-in application writes it, without the engine's limits: the directives
-/// of an application that does not have them (the agent adds the score rules to every
+/// of an application that does not have them (`engine_limits: false`: the agent would add
+/// them before an application's own directives; it adds the score rules to every
 /// application itself).
 fn unlimited_app() -> String {
     let directives = debian_default_directives(&CrsOptions::default())
@@ -322,7 +323,7 @@ fn unlimited_app() -> String {
         .replace(&score_rules_text(), "");
     let indented: String = directives.lines().map(|l| format!("      {l}\n")).collect();
     format!(
-        "evaluation_timeout: 1s\ndefault_application: default\napplications:\n  - name: default\n  - name: unlimited\n    directives: |\n{indented}"
+        "evaluation_timeout: 1s\ndefault_application: default\napplications:\n  - name: default\n  - name: unlimited\n    engine_limits: false\n    directives: |\n{indented}"
     )
 }
 
