@@ -106,16 +106,7 @@ fn engines_and_rules_can_be_created_from_many_threads() {
 }
 
 fn rss_kib() -> u64 {
-    let statm = std::fs::read_to_string("/proc/self/statm").expect("statm");
-    let pages: u64 = statm
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .expect("resident pages");
-    // SAFETY: sysconf has no preconditions.
-    #[allow(unsafe_code, reason = "sysconf(_SC_PAGESIZE) through libc")]
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    pages * u64::try_from(page).unwrap_or(4096) / 1024
+    lastcall_testkit::procfs::rss_self() / 1024
 }
 
 /// 20,000 transactions (a third of them denied, with intervention strings, response
