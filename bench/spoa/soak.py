@@ -12,14 +12,18 @@ SOAK_DELAY_MS per connection. Every SOAK_RELOAD_SECONDS the configuration file c
 comment), so `-autoreload` compiles every rule again and swaps them.
 
 Every 10 s: the agent's RSS, descriptors and threads, the load average. At the end the
-script fits a line (least squares) to the RSS after the first SOAK_SKIP_SECONDS and checks
-its slope against SOAK_BOUND_MB_PER_H; the exit status says whether it held (0), or not (1),
+script takes the median RSS of each SOAK_WINDOW_SECONDS after the first SOAK_SKIP_SECONDS,
+fits a line (least squares) to those medians and checks its slope against
+SOAK_BOUND_MB_PER_H; the exit status says whether it held (0), or not (1),
 or whether the run itself went wrong (2: 5xx answers, socket errors, the agent gone).
 
 Usage: python3 bench/spoa/soak.py            (3,900 s: 10 minutes of warm-up, then an hour)
+       python3 bench/spoa/soak.py --report OUT (the summary of a finished run again)
 Environment: SOAK_SECONDS (3900), SOAK_SKIP_SECONDS (600), SOAK_BOUND_MB_PER_H (1.0),
 SOAK_CONNECTIONS (16), SOAK_DELAY_MS (40), SOAK_RELOAD_SECONDS (300; 0: no reloads),
-SOAK_SAMPLE_SECONDS (10), OUT (default target/bench-spoa/soak-<UTC time>),
+SOAK_SAMPLE_SECONDS (10), SOAK_HEAP_SECONDS (0: off; N: every N s, glibc's bytes in use
+in the agent, asked through gdb with malloc_stats(): for an agent built with
+SPOA_ALLOCATOR=glibc, i.e. --no-default-features), OUT (default target/bench-spoa/soak-<UTC time>),
 LASTCALL_SPOA_BIN (default target/release/lastcall-spoa), SOAK_WRAP (a command the agent
 runs under, e.g. "heaptrack -o OUT/agent": the agent is then that command's child),
 and the peers as the tests take them: LASTCALL_HAPROXY, LASTCALL_SPOA_RUNNER (e.g.
@@ -51,6 +55,8 @@ CONNS = int(ENV.get("SOAK_CONNECTIONS", "16"))
 DELAY_MS = int(ENV.get("SOAK_DELAY_MS", "40"))
 RELOAD = int(ENV.get("SOAK_RELOAD_SECONDS", "300"))
 SAMPLE = int(ENV.get("SOAK_SAMPLE_SECONDS", "10"))
+HEAP_EVERY = int(ENV.get("SOAK_HEAP_SECONDS", "0"))
+WINDOW = int(ENV.get("SOAK_WINDOW_SECONDS", "300"))
 AGENT = ENV.get("LASTCALL_SPOA_BIN", os.path.join(ROOT, "target/release/lastcall-spoa"))
 HAPROXY = shlex.split(ENV.get("LASTCALL_HAPROXY", "haproxy"))
 RUNNER = shlex.split(ENV.get("LASTCALL_SPOA_RUNNER", ""))
@@ -106,6 +112,19 @@ applications:
     response_check: true
     transaction_ttl_ms: 60000
 """
+
+
+def medians(points, window):
+    """(start of window, median) for each full `window` seconds of (t, value) points."""
+    out = []
+    start = points[0][0] if points else 0
+    while True:
+        win = sorted(v for t, v in points if start <= t < start + window)
+        if not win or start + window > points[-1][0] + 1:
+            break
+        out.append((start + window / 2, win[len(win) // 2]))
+        start += window
+    return out
 
 
 def fit(points):
@@ -199,13 +218,22 @@ http {{
             # The agent logs every matched rule (about 3 lines a request here): keep the
             # rest, count those.
             def copy():
+                total = False
                 for line in p.stdout:
                     if b"rule matched" in line or b"request denied" in line:
                         self.matched_lines += 1
-                    else:
-                        out.write(line.decode(errors="replace"))
-                        out.flush()
+                        continue
+                    out.write(line.decode(errors="replace"))
+                    out.flush()
+                    # malloc_stats() (SOAK_HEAP_SECONDS): the last "in use bytes" after
+                    # "Total (incl. mmap):" is every arena's, mmapped chunks included.
+                    if line.startswith(b"Total (incl. mmap):"):
+                        total = True
+                    elif total and line.startswith(b"in use bytes"):
+                        self.heap_in_use = int(line.split(b"=")[1])
+                        total = False
             self.matched_lines = 0
+            self.heap_in_use = None
             threading.Thread(target=copy, daemon=True).start()
         self.procs.append(p)
         return p
@@ -230,6 +258,23 @@ http {{
             time.sleep(0.1)
         raise SystemExit("soak: the agent process did not appear")
 
+    def heap_stats(self):
+        """glibc's bytes in use in the agent (all arenas and mmapped chunks), asked with
+        gdb: malloc_stats() prints them on the agent's standard error. None if unknown (a
+        mimalloc build answers with glibc's own, unused, arenas: do not ask it)."""
+        self.heap_in_use = None
+        # Only libc's symbols (not the agent's debug information): the process stays
+        # stopped while gdb reads them.
+        subprocess.run(["gdb", "-batch", "-nx", "-ex", "set auto-solib-add off",
+                        "-ex", f"set sysroot /proc/{self.agent_pid}/root",
+                        "-ex", f"attach {self.agent_pid}", "-ex", "sharedlibrary libc.so",
+                        "-ex", "call (void)malloc_stats()", "-ex", "detach", "/bin/true"],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=120)
+        end = time.time() + 10
+        while self.heap_in_use is None and time.time() < end:
+            time.sleep(0.05)
+        return self.heap_in_use
+
     def reload(self, generation):
         tmp = self.config + ".new"
         with open(tmp, "w") as f:
@@ -244,8 +289,18 @@ http {{
             return ""
 
     def stop(self):
-        # HAProxy first, so that the agent's drain has nobody to wait for.
-        for p in [self.haproxy] + [q for q in self.procs if q is not self.haproxy]:
+        # HAProxy first, so that the agent's drain has nobody to wait for; then the agent
+        # itself (under SOAK_WRAP the wrapper waits for it: heaptrack writes its data when
+        # the agent exits).
+        if getattr(self, "haproxy", None) and self.haproxy.poll() is None:
+            self.haproxy.send_signal(signal.SIGTERM)
+            self.haproxy.wait(timeout=60)
+        if getattr(self, "agent_pid", None):
+            try:
+                os.kill(self.agent_pid, signal.SIGTERM)
+            except OSError:
+                pass
+        for p in self.procs:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
                 try:
@@ -283,11 +338,15 @@ def main():
         generation = 0
         k = 0
         with open(os.path.join(OUT, "samples.csv"), "w") as csv:
-            csv.write("t_s,rss_kib,fds,threads,load1\n")
+            csv.write("t_s,rss_kib,fds,threads,load1,heap_in_use_kib\n")
             while True:
                 t = time.time() - t0
                 pid = stack.agent_pid
-                row = (round(t), rss_kib(pid), fds(pid), threads(pid), load1())
+                heap = ""
+                if HEAP_EVERY and k % max(1, HEAP_EVERY // SAMPLE) == 0:
+                    h = stack.heap_stats()
+                    heap = "" if h is None else h // 1024
+                row = (round(t), rss_kib(pid), fds(pid), threads(pid), load1(), heap)
                 samples.append(row)
                 csv.write(",".join(map(str, row)) + "\n")
                 csv.flush()
@@ -327,13 +386,22 @@ def report(info, samples):
         agent_log = f.read()
     reloads = agent_log.count("reloading (-autoreload)")
     late = [(t, kib) for t, kib, *_ in samples if t >= SKIP]
+    heap = [(t, h) for t, _, _, _, _, h in samples if h != ""]
+    # The slope checked is that of the medians of WINDOW-second windows after SKIP: RSS
+    # read at one instant swings by 10-20 MB with what is in flight (a 100 KB form holds
+    # ~700 KB while it is evaluated) and when the allocator hands pages back, which a
+    # least-squares line through single samples takes for a trend over minutes.
+    windows = medians(late, WINDOW)
     problems = []
-    if len(late) < 3:
-        problems.append(f"only {len(late)} samples after {SKIP} s")
-        slope_kib_s, late = 0.0, late or samples
+    if len(windows) < 3:
+        problems.append(f"only {len(windows)} windows of {WINDOW} s after {SKIP} s")
+        slope_kib_s = 0.0
     else:
-        slope_kib_s, _ = fit(late)
+        slope_kib_s, _ = fit(windows)
+    raw_kib_s = fit(late)[0] if len(late) >= 3 else 0.0
+    late = late or samples
     mb_per_h = slope_kib_s * 3600 * 1024 / 1e6
+    raw_mb_per_h = raw_kib_s * 3600 * 1024 / 1e6
     duration = result.get("duration_us", 1) / 1e6
     rate = result.get("requests", 0) / duration if duration else 0
     per_request = slope_kib_s * 1024 / rate if rate else 0.0
@@ -357,7 +425,10 @@ def report(info, samples):
         "fds_min_max": [min(s[2] for s in samples), max(s[2] for s in samples)],
         "threads_min_max": [min(s[3] for s in samples), max(s[3] for s in samples)],
         "load1_min_median_max": [min(s[4] for s in samples), sorted(s[4] for s in samples)[len(samples) // 2], max(s[4] for s in samples)],
+        "window_seconds": WINDOW, "window_medians_kib": [[round(t), k] for t, k in windows],
         "slope_mb_per_h": round(mb_per_h, 3), "slope_bytes_per_request": round(per_request, 2),
+        "raw_least_squares_mb_per_h": round(raw_mb_per_h, 3),
+        "heap_in_use_kib": heap,
         "held": (mb_per_h <= BOUND) and not problems, "problems": problems,
     })
     with open(os.path.join(OUT, "summary.json"), "w") as f:
@@ -370,8 +441,19 @@ def report(info, samples):
           f"descriptors {summary['fds_min_max']}, threads {summary['threads_min_max']}, "
           f"load1 min/median/max {summary['load1_min_median_max']}")
     verdict = "held" if mb_per_h <= BOUND else "EXCEEDED"
-    print(f"soak: slope after {SKIP} s: {mb_per_h:+.3f} MB/h ({per_request:+.2f} bytes per request), "
-          f"bound {BOUND} MB/h: {verdict}")
+    print(f"soak: medians of {WINDOW} s windows after {SKIP} s: "
+          + ", ".join(f"{k / 1024:.1f}" for _, k in windows) + " MiB")
+    print(f"soak: slope of those medians: {mb_per_h:+.3f} MB/h ({per_request:+.2f} bytes per request), "
+          f"bound {BOUND} MB/h: {verdict} (least squares through every sample after {SKIP} s: {raw_mb_per_h:+.3f} MB/h)")
+    if heap:
+        late_heap = [x for x in heap if x[0] >= SKIP]
+        hs = fit(late_heap)[0] * 3600 * 1024 / 1e6 if len(late_heap) >= 3 else float("nan")
+        print(f"soak: glibc heap in use (malloc_stats): {heap[0][1]} KiB at {heap[0][0]} s, "
+              f"{heap[-1][1]} KiB at {heap[-1][0]} s, min {min(h for _, h in heap)}, max {max(h for _, h in heap)} KiB; "
+              f"slope after {SKIP} s {hs:+.3f} MB/h")
+        summary["heap_slope_mb_per_h"] = hs
+        with open(os.path.join(OUT, "summary.json"), "w") as f:
+            json.dump(summary, f, indent=1)
     for p in problems:
         print(f"soak: PROBLEM {p}")
     print(f"soak: results in {OUT}")
@@ -380,5 +462,24 @@ def report(info, samples):
     return 0 if mb_per_h <= BOUND else 1
 
 
+def report_again(out):
+    """`soak.py --report OUT`: the summary of a finished run again, from its files."""
+    global OUT
+    OUT = out
+    with open(os.path.join(out, "summary.json")) as f:
+        info = json.load(f)
+    samples = []
+    with open(os.path.join(out, "samples.csv")) as f:
+        next(f)
+        for line in f:
+            v = line.strip().split(",")
+            v += [""] * (6 - len(v))
+            samples.append((int(v[0]), int(v[1]), int(v[2]), int(v[3]), float(v[4]),
+                            int(v[5]) if v[5] else ""))
+    return report(info, samples)
+
+
 if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--report":
+        sys.exit(report_again(sys.argv[2]))
     sys.exit(main())
