@@ -19,6 +19,7 @@ or whether the run itself went wrong (2: 5xx answers, socket errors, the agent g
 
 Usage: python3 bench/spoa/soak.py            (3,900 s: 10 minutes of warm-up, then an hour)
        python3 bench/spoa/soak.py --report OUT (the summary of a finished run again)
+       python3 bench/spoa/soak.py --reloads N  (an idle agent's RSS after each of N SIGHUPs)
 Environment: SOAK_SECONDS (3900), SOAK_SKIP_SECONDS (600), SOAK_BOUND_MB_PER_H (1.0),
 SOAK_CONNECTIONS (16), SOAK_DELAY_MS (40), SOAK_RELOAD_SECONDS (300; 0: no reloads),
 SOAK_SAMPLE_SECONDS (10), SOAK_HEAP_SECONDS (0: off; N: every N s, glibc's bytes in use
@@ -292,7 +293,7 @@ http {{
         # HAProxy first, so that the agent's drain has nobody to wait for; then the agent
         # itself (under SOAK_WRAP the wrapper waits for it: heaptrack writes its data when
         # the agent exits).
-        if getattr(self, "haproxy", None) and self.haproxy.poll() is None:
+        if getattr(self, "haproxy", None) is not None and self.haproxy.poll() is None:
             self.haproxy.send_signal(signal.SIGTERM)
             self.haproxy.wait(timeout=60)
         if getattr(self, "agent_pid", None):
@@ -462,6 +463,41 @@ def report(info, samples):
     return 0 if mb_per_h <= BOUND else 1
 
 
+def reloads_idle(n):
+    """`soak.py --reloads N`: an idle agent (no HAProxy, no traffic) reloaded N times with
+    SIGHUP, its RSS after each reload (what a reload leaves behind, without the noise of
+    traffic)."""
+    work = tempfile.mkdtemp(prefix="soak-reloads.")
+    stack = Stack(work)
+    with open(stack.config, "w") as f:
+        f.write(agent_config(f"127.0.0.1:{stack.agent_port}", 0))
+    stack.agent_wrapper = stack.spawn(
+        "agent", WRAP + RUNNER + [AGENT, "-c", stack.config, "--admin-addr", f"127.0.0.1:{stack.admin_port}"],
+        filtered=True)
+    stack.haproxy = None
+    try:
+        stack.agent_pid = stack.find_agent()
+        wait_status(f"http://127.0.0.1:{stack.admin_port}/readyz", within=120)
+        log_path = os.path.join(work, "agent.log")
+        readings = [rss_kib(stack.agent_pid)]
+        for i in range(1, n + 1):
+            os.kill(stack.agent_pid, signal.SIGHUP)
+            end = time.time() + 120
+            while time.time() < end:
+                with open(log_path, errors="replace") as f:
+                    if f.read().count("rules reloaded") >= i:
+                        break
+                time.sleep(0.05)
+            time.sleep(0.5)
+            readings.append(rss_kib(stack.agent_pid))
+        version = subprocess.run(RUNNER + [AGENT, "--version"], capture_output=True, text=True).stdout.strip()
+        print(f"reloads: {version} ({' '.join(RUNNER) or 'host libraries'}; {AGENT}): RSS in MiB at start "
+              f"and after each of {n} SIGHUP reloads: " + " ".join(f"{k / 1024:.1f}" for k in readings))
+    finally:
+        stack.stop()
+    return 0
+
+
 def report_again(out):
     """`soak.py --report OUT`: the summary of a finished run again, from its files."""
     global OUT
@@ -482,4 +518,6 @@ def report_again(out):
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--report":
         sys.exit(report_again(sys.argv[2]))
+    if len(sys.argv) == 3 and sys.argv[1] == "--reloads":
+        sys.exit(reloads_idle(int(sys.argv[2])))
     sys.exit(main())
