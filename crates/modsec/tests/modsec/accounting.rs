@@ -221,6 +221,27 @@ fn counter_sees_allocations() {
     assert!(after + 1024 * 1024 <= during, "freed: {during} -> {after}");
 }
 
+/// The method sees a leak: transactions never dropped (`mem::forget`, as a missing
+/// `msc_transaction_cleanup` would be) grow the count by what each holds.
+#[test]
+fn forgotten_transactions_are_seen() {
+    let _alone = ALONE
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let (ms, rules) = default_engine();
+    let req = get("/catalog?page=2");
+    let g = measure("transactions never freed", 10, 50, |_| {
+        let mut tx = Transaction::new(&ms, &rules, Some("forgotten")).expect("transaction");
+        let denied = run(&mut tx, "192.0.2.10", &req).is_some();
+        std::mem::forget(tx);
+        denied
+    });
+    assert!(
+        g.per_tx[1] > 20.0 * BOUND,
+        "a forgotten transaction must show: {g:?}"
+    );
+}
+
 /// Benign requests: GETs and a small form, every one passed.
 #[test]
 fn benign_requests_leave_nothing() {
