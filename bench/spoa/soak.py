@@ -121,7 +121,8 @@ def medians(points, window):
     start = points[0][0] if points else 0
     while True:
         win = sorted(v for t, v in points if start <= t < start + window)
-        if not win or start + window > points[-1][0] + 1:
+        # Full windows only (the last sample may fall a sampling interval short of the end).
+        if not win or start + window > points[-1][0] + SAMPLE:
             break
         out.append((start + window / 2, win[len(win) // 2]))
         start += window
