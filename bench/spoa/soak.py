@@ -34,6 +34,7 @@ and the peers as the tests take them: LASTCALL_HAPROXY, LASTCALL_SPOA_RUNNER (e.
 import json
 import os
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -374,7 +375,8 @@ def main():
         for name in ("agent", "haproxy"):
             src = os.path.join(work, f"{name}.log")
             if os.path.exists(src):
-                subprocess.run(["cp", src, os.path.join(OUT, f"{name}.log")])
+                shutil.copy(src, os.path.join(OUT, f"{name}.log"))
+        shutil.rmtree(work, ignore_errors=True)
     return report(info, samples)
 
 
@@ -496,6 +498,7 @@ def reloads_idle(n):
               f"and after each of {n} SIGHUP reloads: " + " ".join(f"{k / 1024:.1f}" for k in readings))
     finally:
         stack.stop()
+        shutil.rmtree(work, ignore_errors=True)
     return 0
 
 
