@@ -1,6 +1,7 @@
 //! `lastcall-spoa`: an HAProxy SPOE agent running ModSecurity with the OWASP Core Rule Set,
 //! a drop-in for coraza-spoa that drains gracefully on SIGTERM (see `docs/spoa.md`).
-#![forbid(unsafe_code)]
+// Denied, not forbidden: one call into the allocator below (`give_back_to_mimalloc`).
+#![deny(unsafe_code)]
 
 use std::path::PathBuf;
 
@@ -31,6 +32,20 @@ const NAME: &str = "lastcall-spoa";
 #[cfg(feature = "mimalloc")]
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// Run after each rule set is freed (a reload's old rules), on the thread that freed them:
+/// mimalloc keeps freed pages for reuse and purges them only when its own calls get round
+/// to it, so without this an agent kept about a rule set's worth (~15 MB) more after its
+/// reloads (docs/benchmarks.md, *Soak*). `mi_collect(true)` frees that thread's pages and
+/// purges every arena's free pages now.
+#[cfg(feature = "mimalloc")]
+#[allow(unsafe_code, reason = "mimalloc's C API: one call, no arguments to check")]
+fn give_back_to_mimalloc() {
+    // SAFETY: mi_collect takes a flag and works only on mimalloc's own state (the calling
+    // thread's heap and the shared arenas, under mimalloc's own locks); it may run on any
+    // thread at any time.
+    unsafe { libmimalloc_sys::mi_collect(true) }
+}
 
 /// HAProxy SPOE agent running ModSecurity + OWASP CRS (drop-in for coraza-spoa).
 ///
@@ -114,6 +129,8 @@ fn defaults() -> Defaults {
 }
 
 fn main() {
+    #[cfg(feature = "mimalloc")]
+    lastcall_modsec::after_rules_freed(give_back_to_mimalloc);
     let args = cli::go_style(std::env::args_os(), &cli::long_options(&Cli::command()));
     let (cli, matches): (Cli, ArgMatches) =
         lastcall::config::parse_cli_matches_from(args, &defaults(), |cmd| {
