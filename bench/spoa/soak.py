@@ -20,6 +20,7 @@ or whether the run itself went wrong (2: 5xx answers, socket errors, the agent g
 Usage: python3 bench/spoa/soak.py            (3,900 s: 10 minutes of warm-up, then an hour)
        python3 bench/spoa/soak.py --report OUT (the summary of a finished run again)
        python3 bench/spoa/soak.py --reloads N  (an idle agent's RSS after each of N SIGHUPs)
+       python3 bench/spoa/soak.py --cpu N      (the agent's CPU per request under the mix, N s)
 Environment: SOAK_SECONDS (3900), SOAK_SKIP_SECONDS (600), SOAK_BOUND_MB_PER_H (1.0),
 SOAK_CONNECTIONS (16), SOAK_DELAY_MS (40), SOAK_RELOAD_SECONDS (300; 0: no reloads),
 SOAK_SAMPLE_SECONDS (10), SOAK_HEAP_SECONDS (0: off; N: every N s, glibc's bytes in use
@@ -502,6 +503,56 @@ def reloads_idle(n):
     return 0
 
 
+def cpu_ticks(pid):
+    """utime + stime of `pid` in clock ticks (0 once the process is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])
+    except OSError:
+        return 0
+
+
+def cpu_cost(seconds):
+    """`soak.py --cpu N`: the agent's CPU time per request under the soak's mix (no reloads),
+    for N seconds after 5 s of warm-up, with its RSS at the end: to weigh an allocator
+    setting (e.g. MIMALLOC_ALLOW_THP=0 in the environment, which the agent inherits) against
+    what it costs on the request path. Run it under `quiet`, alternating the settings."""
+    work = tempfile.mkdtemp(prefix="soak-cpu.")
+    stack = Stack(work)
+    try:
+        stack.start()
+        env = dict(os.environ, SOAK_DELAY_MS=str(DELAY_MS))
+        hz = os.sysconf("SC_CLK_TCK")
+        url = f"http://127.0.0.1:{stack.front_port}/"
+
+        def wrk(secs):
+            out = subprocess.run(
+                ["taskset", "-c", "1", "wrk", "-t1", f"-c{CONNS}", f"-d{secs}s", "--timeout", "10s",
+                 "-s", os.path.join(HERE, "soak.lua"), url],
+                capture_output=True, text=True, env=env).stdout
+            for line in out.splitlines():
+                if line.startswith("RESULT "):
+                    return json.loads(line[len("RESULT "):])
+            raise SystemExit(f"soak: no RESULT from wrk: {out}")
+
+        wrk(5)
+        l0, c0 = load1(), cpu_ticks(stack.agent_pid)
+        r = wrk(seconds)
+        c1, l1 = cpu_ticks(stack.agent_pid), load1()
+        n = r["requests"]
+        fives = sum(v for k, v in r["status"].items() if k.startswith("5"))
+        settings = " ".join(f"{k}={v}" for k, v in sorted(ENV.items()) if k.startswith("MIMALLOC_")) or "defaults"
+        print(f"cpu: {AGENT} ({' '.join(RUNNER) or 'host libraries'}; allocator settings {settings}): "
+              f"{n} requests in {seconds} s ({n / seconds:.0f}/s, {CONNS} connections, {DELAY_MS} ms pace), "
+              f"statuses {r['status']}; agent CPU {(c1 - c0) * 1000 / hz / max(n, 1):.3f} ms per request; "
+              f"RSS {rss_kib(stack.agent_pid) / 1024:.1f} MiB; load1 {l0} -> {l1}")
+        return 2 if fives or n == 0 else 0
+    finally:
+        stack.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def report_again(out):
     """`soak.py --report OUT`: the summary of a finished run again, from its files."""
     global OUT
@@ -522,6 +573,8 @@ def report_again(out):
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--report":
         sys.exit(report_again(sys.argv[2]))
+    if len(sys.argv) == 3 and sys.argv[1] == "--cpu":
+        sys.exit(cpu_cost(int(sys.argv[2])))
     if len(sys.argv) == 3 and sys.argv[1] == "--reloads":
         sys.exit(reloads_idle(int(sys.argv[2])))
     sys.exit(main())
