@@ -486,11 +486,25 @@ def test_service_account(case: Any) -> None:
         assert spec["serviceAccountName"] == (sa["name"] or "default")
 
 
+def _laid_over(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in top.items():
+        out[k] = _laid_over(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def test_the_memory_defaults_reach_the_agent_and_an_old_agent_resources_keeps_them() -> None:
+    default = _agent(render(CHART, {}))["resources"]
+    assert default == {"requests": {"memory": "128Mi"}, "limits": {"memory": "256Mi"}}
+    old = _agent(render(CHART, {"agent": {"resources": {"requests": {"cpu": "1"}}}}))["resources"]
+    assert old == {"requests": {"cpu": "1", "memory": "128Mi"}, "limits": {"memory": "256Mi"}}
+
+
 def test_resources_env_volumes_and_init_containers(case: Any) -> None:
     _, values, rendered = case
     agent = _agent(rendered)
-    want = values["resources"] or values["agent"]["resources"]
-    assert agent.get("resources", {}) == want, "the top-level resources win over agent.resources"
+    want = _laid_over(values["resources"] or {}, values["agent"]["resources"] or {})
+    assert agent.get("resources", {}) == want, "agent.resources (deprecated) is laid over resources"
     env = values["agent"]["env"] + values["extraEnv"]
     assert agent.get("env", []) == env
     spec = rendered.pod_spec()

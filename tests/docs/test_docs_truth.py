@@ -26,9 +26,6 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 FEATURES = os.environ.get("LASTCALL_DOCS_FEATURES", "lastcall-turn/kernel-relay")
 
-# Pages other branches are writing (linked from the README already); checked once they exist.
-PENDING = {"docs/coming-from-coraza-spoa.md", "docs/coming-from-coturn.md"}
-
 # Paths of other repositories that read like ours.
 FOREIGN = {"charts/coturn"}  # wire-server's chart (docs/kubernetes.md)
 
@@ -304,7 +301,6 @@ def path_mentions() -> Iterator[tuple[Mention, Path]]:
 
 def test_documented_paths_exist() -> None:
     problems = []
-    pending = []
     for m, base in path_mentions():
         target = (base / m.text).resolve()
         if target.exists():
@@ -313,12 +309,7 @@ def test_documented_paths_exist() -> None:
         ignored = subprocess.run(["git", "check-ignore", "-q", "--no-index", repo_rel], cwd=REPO)
         if repo_rel.startswith("target/") or ignored.returncode == 0:
             continue  # made by a build or a run (target/, docker/prebuilt/)
-        if repo_rel in PENDING:
-            pending.append(f"{m.where()}: {m.text}")
-            continue
         problems.append(f"{m.where()}: `{m.text}` does not exist")
-    if pending:
-        print("pages other branches are adding, not checked yet:\n" + "\n".join(pending))
     assert not problems, "paths in the docs that do not exist:\n" + "\n".join(problems)
 
 

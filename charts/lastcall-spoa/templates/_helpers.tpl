@@ -239,7 +239,7 @@ ports:
     containerPort: {{ int .Values.admin.port }}
     protocol: TCP
 {{- include "lastcall-spoa.agentProbes" . | trim | nindent 0 }}
-{{- with (default .Values.agent.resources .Values.resources) }}
+{{- with (mustMergeOverwrite (deepCopy (.Values.resources | default dict)) (.Values.agent.resources | default dict)) }}
 resources:
 {{- toYaml . | nindent 2 }}
 {{- end }}

@@ -12,6 +12,8 @@
 //! - [`wait`]: [`wait_until`], waiting for a condition with a bound.
 //! - [`turn`]: a blocking TURN client over UDP with a sequence-numbered ChannelData stream.
 //! - [`coturn`]: coturn's `turnutils_peer` and `turnutils_uclient` as peers.
+//! - [`procfs`]: a process's resident memory (and its peak while something runs) and open
+//!   descriptors, from `/proc`.
 //! - [`peers`]: where the peer programs (HAProxy, nginx, coturn's tools) come from.
 //! - [`cargo`]: workspace programs a test runs but cargo does not build for it.
 //!
@@ -33,6 +35,7 @@ pub mod net;
 pub mod origin;
 pub mod peers;
 pub mod process;
+pub mod procfs;
 pub mod turn;
 pub mod wait;
 
