@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[2]
 FEATURES = os.environ.get("LASTCALL_DOCS_FEATURES", "lastcall-turn/kernel-relay")
 
 # Paths of other repositories that read like ours.
-FOREIGN = {"charts/coturn"}  # wire-server's chart (docs/kubernetes.md)
+FOREIGN = {"charts/coturn", "charts/coraza-spoa"}  # wire-server's and corazawaf's charts
 
 # Where a repository path starts; anything else in backticks is not taken for one.
 ROOTS = ("crates/", "charts/", "docs/", "scripts/", "tests/", "bench/", "docker/", "fuzz/", ".ci/", ".config/")
