@@ -16,8 +16,8 @@
 #   live allocations (VmRSS delta / N), added latency p50/p99 over a direct echo.
 # With two or more CPUs the server runs on CPU 0 and the load generator on CPU 1 (taskset).
 # Results: docs/benchmarks.md ("lastcall-turn"); raw data of the published runs: bench/turn/results/.
-# The plots go to docs/img/ (turn-bench.png; --rate: turn-rate.png), drawn by matplotlib:
-# Debian's python3-matplotlib, else a cached virtualenv.
+# The plots go to docs/img/ (turn-bench.png; --rate: turn-rate.png; `--replot JSON --plot PNG`
+# redraws a committed run's), drawn with Debian's python3-matplotlib.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT"
@@ -34,22 +34,15 @@ command -v turnserver >/dev/null || { echo "run.sh: coturn's turnserver is not i
 # 10,000 allocations: a socket each in the generator and one or two in the server.
 ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
 # With the kernel fast path built in (clang, libbpf-dev: scripts/setup.sh); it runs only with
-# --kernel-relay (the lastcall-turn+kernel server of --whole-path).
+# --kernel-relay (the lastcall-turn+kernel design of --rate).
 # The kernel echo (turnload's `reflect`) comes with the same toolchain.
 FEATURES=lastcall-turn/kernel-relay,lastcall-turnload/kernel
 echo "run.sh: cargo build $FLAG -p lastcall-turn -p lastcall-turnload --features $FEATURES" >&2
 cargo build $FLAG -q -p lastcall-turn -p lastcall-turnload --features $FEATURES
-PY=python3
-# Debian's python3-matplotlib first (apt-get install python3-matplotlib), then a cached venv.
-if ! python3 -c 'import matplotlib' 2>/dev/null && /usr/bin/python3 -c 'import matplotlib' 2>/dev/null; then
-  PY=/usr/bin/python3
-elif ! python3 -c 'import matplotlib' 2>/dev/null; then
-  VENV="${XDG_CACHE_HOME:-$HOME/.cache}/lastcall/bench-venv"
-  if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c 'import matplotlib' 2>/dev/null; then
-    echo "run.sh: installing matplotlib into $VENV" >&2
-    { python3 -m venv "$VENV" && "$VENV/bin/pip" install -q --disable-pip-version-check matplotlib==3.10.9; } >&2 ||
-      echo "run.sh: no matplotlib; the plot is skipped" >&2
-  fi
-  [ -x "$VENV/bin/python" ] && PY="$VENV/bin/python"
-fi
+# Debian's Python runs the benchmark and draws its plots with Debian's matplotlib
+# (python3-matplotlib, scripts/setup.sh); without it the plot is skipped.
+PY=/usr/bin/python3
+[ -x "$PY" ] || PY=python3
+"$PY" -c 'import matplotlib' 2>/dev/null ||
+  echo "run.sh: no matplotlib for $PY (Debian's python3-matplotlib: bash scripts/setup.sh); the plot is skipped" >&2
 exec "$PY" bench/turn/bench.py --mode "$MODE" --bin-dir "target/$PROFILE" "$@"

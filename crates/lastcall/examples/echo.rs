@@ -149,7 +149,7 @@ async fn main() {
 async fn echo(mut stream: TcpStream, peer: SocketAddr, mut watch: Watch) {
     let _session = watch.handle().session(PeerId::from(peer));
     let mut buf = vec![0u8; 16 * 1024];
-    while !watch.exiting() {
+    while !watch.is_exiting() {
         let n = tokio::select! {
             read = stream.read(&mut buf) => match read {
                 Ok(0) | Err(_) => return,

@@ -12,7 +12,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{ArgMatches, CommandFactory};
+use clap::ArgMatches;
 
 use crate::duration;
 use crate::exit;
@@ -496,21 +496,17 @@ impl TerminationArgs {
 /// Parses the command line of a daemon whose CLI flattens [`TerminationArgs`], with the
 /// daemon's defaults shown in `--help`. `--help`/`--version` exit 0; usage errors print
 /// clap's message and exit 64 (not clap's usual 2), like the other configuration errors.
+///
+/// The three entry points, for three kinds of caller: this one for a daemon with no option
+/// of its own to check; [`parse_cli_matches_from`] for one whose problems say where a value
+/// came from ([`Source::from_matches`](crate::Source::from_matches)); [`try_parse_cli_matches`]
+/// for one that reports clap's error with its own problems.
 pub fn parse_cli<C: clap::Parser>(defaults: &Defaults) -> C {
-    parse_cli_with(std::env::args_os(), defaults, |cmd| cmd)
+    parse_cli_matches_from(std::env::args_os(), defaults, |cmd| cmd).0
 }
 
-/// [`parse_cli`] from an explicit argument list (the first item is the program name).
-pub fn parse_cli_from<C, I, T>(args: I, defaults: &Defaults) -> C
-where
-    C: clap::Parser,
-    I: IntoIterator<Item = T>,
-    T: Into<std::ffi::OsString> + Clone,
-{
-    parse_cli_with(args, defaults, |cmd| cmd)
-}
-
-/// [`parse_cli_from`] with a last change to the command, e.g. an extra alias:
+/// [`parse_cli`] from an explicit argument list (the first item is the program name), with a
+/// last change to the command (e.g. an extra alias), also returning clap's matches:
 ///
 /// ```
 /// # use clap::Parser;
@@ -525,64 +521,13 @@ where
 ///     drain_min_sessions: 0,
 ///     admin_addr: None,
 /// };
-/// let cli: Cli = lastcall::config::parse_cli_with(
+/// let (cli, _matches): (Cli, _) = lastcall::config::parse_cli_matches_from(
 ///     ["turn", "--drain-min-allocations", "3"],
 ///     &defaults,
 ///     |cmd| cmd.mut_arg("drain_min_sessions", |a| a.visible_alias("drain-min-allocations")),
 /// );
 /// assert_eq!(cli.term.validate(&defaults).unwrap().drain_min_sessions, 3);
 /// ```
-pub fn parse_cli_with<C, I, T>(
-    args: I,
-    defaults: &Defaults,
-    customize: impl FnOnce(clap::Command) -> clap::Command,
-) -> C
-where
-    C: clap::Parser,
-    I: IntoIterator<Item = T>,
-    T: Into<std::ffi::OsString> + Clone,
-{
-    match try_parse_cli_with(args, defaults, customize) {
-        Ok(cli) => cli,
-        Err(err) => exit_on_clap_error(err),
-    }
-}
-
-/// [`parse_cli_from`] returning clap's error instead of exiting.
-pub fn try_parse_cli_from<C, I, T>(args: I, defaults: &Defaults) -> Result<C, clap::Error>
-where
-    C: clap::Parser,
-    I: IntoIterator<Item = T>,
-    T: Into<std::ffi::OsString> + Clone,
-{
-    try_parse_cli_with(args, defaults, |cmd| cmd)
-}
-
-/// [`parse_cli_with`] returning clap's error instead of exiting.
-pub fn try_parse_cli_with<C, I, T>(
-    args: I,
-    defaults: &Defaults,
-    customize: impl FnOnce(clap::Command) -> clap::Command,
-) -> Result<C, clap::Error>
-where
-    C: clap::Parser,
-    I: IntoIterator<Item = T>,
-    T: Into<std::ffi::OsString> + Clone,
-{
-    try_parse_cli_matches(args, defaults, customize).map(|(cli, _)| cli)
-}
-
-/// [`parse_cli`], also returning clap's matches, so that problems with the daemon's own
-/// options can say where a value came from ([`Source::from_matches`]).
-pub fn parse_cli_matches<C: clap::Parser>(defaults: &Defaults) -> (C, ArgMatches) {
-    match try_parse_cli_matches(std::env::args_os(), defaults, |cmd| cmd) {
-        Ok(parsed) => parsed,
-        Err(err) => exit_on_clap_error(err),
-    }
-}
-
-/// [`parse_cli_matches`] from an explicit argument list (the first item is the program
-/// name), with a last change to the command (see [`parse_cli_with`]).
 pub fn parse_cli_matches_from<C, I, T>(
     args: I,
     defaults: &Defaults,
@@ -599,7 +544,7 @@ where
     }
 }
 
-/// [`try_parse_cli_with`], also returning clap's matches.
+/// [`parse_cli_matches_from`] returning clap's error instead of printing it and exiting.
 pub fn try_parse_cli_matches<C, I, T>(
     args: I,
     defaults: &Defaults,
@@ -625,16 +570,10 @@ fn exit_on_clap_error(err: clap::Error) -> ! {
     std::process::exit(code);
 }
 
-/// Help text of a daemon CLI with the daemon's defaults, as `--help` prints it.
-pub fn render_help<C: CommandFactory>(defaults: &Defaults) -> String {
-    let mut cmd = TerminationArgs::augment_help(C::command(), defaults);
-    cmd.render_long_help().to_string()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::{FromArgMatches, Parser};
+    use clap::{CommandFactory, FromArgMatches, Parser};
 
     #[derive(Debug, Parser)]
     struct Cli {
@@ -670,7 +609,7 @@ mod tests {
     fn parse(args: &[&str]) -> Result<TerminationConfig, Lines> {
         let mut argv = vec!["daemon"];
         argv.extend_from_slice(args);
-        let cli: Cli = try_parse_cli_from(argv, &defaults()).unwrap();
+        let (cli, _): (Cli, _) = try_parse_cli_matches(argv, &defaults(), |c| c).unwrap();
         cli.term.validate(&defaults()).map_err(|p| Lines {
             problems: lines(&p),
         })
@@ -784,7 +723,7 @@ mod tests {
             "nope",
         ];
         argv.extend(["--shutdown-delay", "1s", "--drain-timeout", "1s"]);
-        let cli: Cli = try_parse_cli_from(argv, &defaults()).unwrap();
+        let (cli, _): (Cli, _) = try_parse_cli_matches(argv, &defaults(), |c| c).unwrap();
         let problems = cli.term.validate(&defaults()).unwrap_err();
         let keys: Vec<_> = problems
             .iter()
@@ -870,7 +809,9 @@ mod tests {
 
     #[test]
     fn help_shows_defaults_and_env() {
-        let help = render_help::<Cli>(&defaults());
+        let help = TerminationArgs::augment_help(Cli::command(), &defaults())
+            .render_long_help()
+            .to_string();
         for (flag, env, default) in [
             ("--on-sigterm", "LASTCALL_ON_SIGTERM", "[default: drain]"),
             (

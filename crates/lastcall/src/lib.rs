@@ -26,16 +26,18 @@ pub mod config;
 pub mod daemon;
 pub mod duration;
 pub mod exit;
+mod exposition;
 pub mod lifecycle;
 pub mod logging;
 pub mod machine;
 mod metrics;
+mod notify;
 pub mod problem;
+mod process;
 pub mod watch;
 
 pub use config::{
-    parse_cli, parse_cli_from, parse_cli_matches, parse_cli_with, render_help, try_parse_cli_from,
-    try_parse_cli_matches, try_parse_cli_with, Defaults, OnSigterm, TerminationArgs,
+    parse_cli, parse_cli_matches_from, try_parse_cli_matches, Defaults, OnSigterm, TerminationArgs,
     TerminationConfig,
 };
 pub use daemon::{Accept, AcceptUntil, Daemon, Served, Spawner};

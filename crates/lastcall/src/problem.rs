@@ -54,7 +54,7 @@ impl Source {
     }
 
     /// Where argument `id` of `matches` came from (see
-    /// [`parse_cli_matches`](crate::config::parse_cli_matches)); `env` is its environment
+    /// [`parse_cli_matches_from`](crate::config::parse_cli_matches_from)); `env` is its environment
     /// variable. An id clap does not know is [`Source::Default`].
     pub fn from_matches(matches: &clap::ArgMatches, id: &str, env: Option<&str>) -> Source {
         if !matches.try_contains_id(id).unwrap_or(false) {

@@ -1,7 +1,11 @@
 //! [`Watch`]: what one connection task holds to follow the lifecycle without reading the
 //! phase in a dozen places. It wakes the task when something it must act on changes (the
 //! phase, or the exit decision) and answers the two questions a task asks then: is new work
-//! refused ([`Watch::refusing`]), and must I close now ([`Watch::exiting`]).
+//! refused ([`Watch::is_refusing`]), and must I close now ([`Watch::is_exiting`]).
+//!
+//! One naming across [`Handle`], [`Watch`] and [`Seen`]: a state is read with `is_*` (a
+//! bool, now); a future is named for the event it waits for ([`Handle::refusing`],
+//! [`Handle::exiting`], [`Watch::changed`]), as tokio's `is_closed()` and `closed()`.
 //!
 //! ```no_run
 //! # async fn conn(mut watch: lastcall::Watch, mut read: impl FnMut() -> std::future::Ready<Option<u8>>) {
@@ -12,10 +16,10 @@
 //!             None => break,
 //!         },
 //!         _ = watch.changed() => {
-//!             if watch.exiting() {
+//!             if watch.is_exiting() {
 //!                 break; // the deadline (or a forced exit): say goodbye, close
 //!             }
-//!             if watch.refusing() {
+//!             if watch.is_refusing() {
 //!                 // refuse new work on this connection from now on
 //!             }
 //!         }
@@ -46,9 +50,30 @@ impl Seen {
         }
     }
 
+    /// Serving, the exit not decided: `/readyz` answers 200 and nothing is being drained.
+    pub const SERVING: Seen = Seen {
+        phase: Phase::Serving,
+        exiting: false,
+    };
+
+    /// Serving, and the exit not decided.
+    pub fn is_serving(self) -> bool {
+        self.phase == Phase::Serving && !self.exiting
+    }
+
     /// New work is refused: Refusing, or the exit is decided.
-    pub fn refusing(self) -> bool {
+    pub fn is_refusing(self) -> bool {
         self.phase == Phase::Refusing || self.exiting
+    }
+
+    /// A drain (or linger) has started, or the exit is decided: `/readyz` answers 503.
+    pub fn is_draining(self) -> bool {
+        !matches!(self.phase, Phase::Serving | Phase::Starting) || self.exiting
+    }
+
+    /// The exit is decided: close what is left, now.
+    pub fn is_exiting(self) -> bool {
+        self.exiting
     }
 }
 
@@ -64,12 +89,21 @@ pub struct Watch {
     last: Seen,
 }
 
-impl Watch {
-    pub(crate) fn new(handle: Handle, rx: watch::Receiver<State>) -> Watch {
+impl Handle {
+    /// A watch on the phase for one connection task: [`Watch::changed`] wakes it when the
+    /// phase changes or the exit is decided.
+    pub fn watch(&self) -> Watch {
+        let rx = self.subscribe();
         let last = Seen::of(&rx.borrow());
-        Watch { handle, rx, last }
+        Watch {
+            handle: self.clone(),
+            rx,
+            last,
+        }
     }
+}
 
+impl Watch {
     /// The lifecycle's handle (sessions, refused-work counter, config).
     pub fn handle(&self) -> &Handle {
         &self.handle
@@ -80,20 +114,15 @@ impl Watch {
         Seen::of(&self.rx.borrow())
     }
 
-    /// The current phase.
-    pub fn phase(&self) -> Phase {
-        self.now().phase
-    }
-
     /// Whether new work is refused now: [`Phase::Refusing`], or the exit is decided.
     /// (Never while Starting, Serving, Announcing or Lingering.)
-    pub fn refusing(&self) -> bool {
-        self.now().refusing()
+    pub fn is_refusing(&self) -> bool {
+        self.now().is_refusing()
     }
 
     /// Whether the exit is decided: close what is left, now.
-    pub fn exiting(&self) -> bool {
-        self.now().exiting
+    pub fn is_exiting(&self) -> bool {
+        self.now().is_exiting()
     }
 
     /// Resolves with the new state when the phase or the exit decision changes. Cancel-safe

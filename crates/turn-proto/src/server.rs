@@ -41,6 +41,7 @@ mod permissions;
 mod reclaim;
 mod routes;
 mod timers;
+mod userdb;
 
 use allocate::{Pending, Reservation};
 use data::{Bucket, Buckets};
@@ -92,6 +93,11 @@ pub struct Server {
     unauthorized: SourceBudget,
     /// Changes to the fast path's routes, when that output is on ([`crate::fastpath`]).
     routes: Option<VecDeque<crate::fastpath::RouteChange>>,
+    /// What the user database answered, and the requests waiting for it
+    /// ([`crate::credentials`]).
+    store: crate::credentials::Store,
+    /// A [`replay`](Server::replay) runs: a request never waits for a lookup twice.
+    replaying: bool,
 }
 
 struct Allocation {
@@ -112,14 +118,20 @@ struct Allocation {
     origin: Option<String>,
     /// `max-bps`: the allocation's buckets, and what it reserved of `bps-capacity`.
     bandwidth: Option<Buckets>,
+    /// The key its Allocate was authenticated with, and the REST credential's expiry: its
+    /// later requests are checked with it first (coturn's session key), so they never wait
+    /// for a user database.
+    key: Option<([u8; 16], Option<Instant>)>,
 }
 
-/// What an allocation is given besides its relays: its ORIGIN and its bandwidth.
+/// What an allocation is given besides its relays: its ORIGIN, its bandwidth and its key.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Grant {
     origin: Option<String>,
     /// Bytes per second in each direction (0: no limit), reserved of `bps-capacity`.
     bps: u64,
+    /// The Allocate's long-term key and REST expiry.
+    key: Option<([u8; 16], Option<Instant>)>,
 }
 
 #[derive(Clone, Copy)]
@@ -133,6 +145,7 @@ impl Server {
     /// Create a server. `now` and `wall` anchor the clock: REST credential expiry and nonce
     /// timestamps use `wall + (later_now - now)`.
     pub fn new(config: ServerConfig, now: Instant, wall: SystemTime) -> Server {
+        let config_for_store = config.auth.database;
         let mut server = Server {
             config,
             counters: Counters::default(),
@@ -161,6 +174,8 @@ impl Server {
             bps_reserved: 0,
             unauthorized: SourceBudget::new(now),
             routes: None,
+            store: crate::credentials::Store::new(config_cache_limits(&config_for_store)),
+            replaying: false,
         };
         server.sync_wall_clock(now, wall);
         server
@@ -319,6 +334,7 @@ impl Server {
             self.delete(idx, DeleteReason::ConnectionClosed);
         }
         self.forget_allocates(|p| p.client == *client);
+        self.store.forget_client(client);
     }
 
     /// Delete every allocation (shutdown deadline) and forget every waiting Allocate; their
@@ -333,6 +349,7 @@ impl Server {
         self.releases
             .extend(self.reservations.drain(..).map(|r| r.relay));
         self.forget_allocates(|_| true);
+        self.store.clear_waiting();
     }
 
     fn delete(&mut self, idx: usize, reason: DeleteReason) {
@@ -418,6 +435,13 @@ pub(crate) fn canonical_origin(origin: &[u8]) -> String {
         Some(p) => format!("{scheme}://{host}:{p}"),
         None => format!("{scheme}://{host}"),
     }
+}
+
+/// The cache bounds of a user database (defaults when there is none: nothing is kept then).
+fn config_cache_limits(
+    db: &Option<crate::config::UserDatabase>,
+) -> crate::credentials::CacheLimits {
+    db.map(|d| d.cache).unwrap_or_default()
 }
 
 /// The index of `t` in `live_by_transport`.

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use crate::stun::{attr, decode_address, long_term_key, method, Builder, Class, Message};
 use crate::*;
 
+mod capacity;
 mod allocate;
 mod amplification;
 mod auth;
@@ -18,6 +19,7 @@ mod data;
 mod drain;
 mod refresh;
 mod relay_binding;
+mod userdb;
 
 pub(crate) const REALM: &str = "example.org";
 pub(crate) const SECRET: &[u8] = b"s3cret";

@@ -66,7 +66,7 @@ pub(crate) async fn serve_tls(
         tokio::select! {
             done = &mut handshake => break done,
             _ = watch.changed() => {
-                if watch.exiting() {
+                if watch.is_exiting() {
                     return;
                 }
             }
@@ -185,7 +185,7 @@ where
             },
             () = close.notified() => break,
             _ = watch.changed() => {
-                if watch.exiting() {
+                if watch.is_exiting() {
                     break;
                 }
                 continue;
@@ -235,7 +235,7 @@ where
     {
         writer.abort();
     }
-    if !watch.exiting() {
+    if !watch.is_exiting() {
         let now = Instant::now();
         shared.run(|server| server.close_client(now, &addr));
     }

@@ -43,8 +43,8 @@ async fn readiness_stays_down_while_starting_and_rises_at_ready() {
     settle().await;
     assert_eq!(h.phase(), Phase::Starting);
     assert!(!h.is_ready(), "readiness 503 while starting");
-    assert!(h.accepting(), "nothing is refused while starting");
-    assert!(!h.draining());
+    assert!(h.is_accepting(), "nothing is refused while starting");
+    assert!(!h.is_draining());
     assert_eq!(h.status().phase, Phase::Starting);
     tokio::time::sleep(s(600)).await;
     assert_eq!(h.phase(), Phase::Starting, "starting has no time limit");
@@ -59,7 +59,7 @@ async fn readiness_stays_down_while_starting_and_rises_at_ready() {
         }
     );
     assert!(h.is_ready());
-    assert!(!watch.refusing() && !watch.exiting());
+    assert!(!watch.is_refusing() && !watch.is_exiting());
 }
 
 #[tokio::test(start_paused = true)]
@@ -107,19 +107,19 @@ async fn a_watch_wakes_once_per_change() {
     tx.unbounded_send(Trigger::Sigterm).unwrap();
     let seen = watch.changed().await;
     assert_eq!((seen.phase, seen.exiting), (Phase::Announcing, false));
-    assert!(!watch.refusing(), "announcing still accepts");
+    assert!(!watch.is_refusing(), "announcing still accepts");
     let seen = watch.changed().await;
     assert_eq!(
         (seen.phase, seen.exiting, t0.elapsed()),
         (Phase::Refusing, false, s(5))
     );
-    assert!(watch.refusing() && !watch.exiting());
+    assert!(watch.is_refusing() && !watch.is_exiting());
     let seen = watch.changed().await;
     assert_eq!(
         (seen.phase, seen.exiting, t0.elapsed()),
         (Phase::Refusing, true, s(30))
     );
-    assert!(watch.exiting());
+    assert!(watch.is_exiting());
     // Nothing changes after the exit decision.
     assert!(
         tokio::time::timeout(s(60), watch.changed()).await.is_err(),
@@ -164,7 +164,7 @@ async fn tasks_that_end_at_the_decision_cost_no_time() {
         let mut watch = h.watch();
         daemon.spawn(async move {
             let _session = session;
-            while !watch.exiting() {
+            while !watch.is_exiting() {
                 watch.changed().await;
             }
         });
@@ -281,7 +281,7 @@ async fn accept_loops_close_their_listeners_when_told() {
                  mut watch: lastcall::Watch| async move {
         let _session = watch.handle().session(PeerId::from(peer));
         let mut buf = [0u8; 64];
-        while !watch.exiting() {
+        while !watch.is_exiting() {
             tokio::select! {
                 read = stream.read(&mut buf) => match read {
                     Ok(0) | Err(_) => return,

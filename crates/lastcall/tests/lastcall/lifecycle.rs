@@ -87,12 +87,12 @@ async fn drain_phases_readiness_and_exit_when_the_last_session_ends() {
     assert_eq!((h.sessions(), h.peers()), (2, 1));
     settle().await;
     assert_eq!(h.phase(), Phase::Serving);
-    assert!(h.accepting() && !h.draining());
+    assert!(h.is_accepting() && !h.is_draining());
 
     rig.send(Trigger::Sigterm).await;
     assert_eq!(h.phase(), Phase::Announcing);
-    assert!(h.accepting(), "announcing still accepts new work");
-    assert!(h.draining(), "readiness falls at the trigger");
+    assert!(h.is_accepting(), "announcing still accepts new work");
+    assert!(h.is_draining(), "readiness falls at the trigger");
     let status = h.status();
     assert_eq!(status.trigger, Some(Trigger::Sigterm));
     assert_eq!(status.seconds_to_deadline, Some(30.0));
@@ -100,7 +100,7 @@ async fn drain_phases_readiness_and_exit_when_the_last_session_ends() {
     h.refusing().await;
     assert_eq!(rig.elapsed(), s(5));
     assert_eq!(h.phase(), Phase::Refusing);
-    assert!(!h.accepting());
+    assert!(!h.is_accepting());
 
     tokio::time::sleep(s(3)).await;
     drop(a);
@@ -228,7 +228,7 @@ async fn deadline_with_sessions_left_is_counted_from_the_trigger() {
     assert_eq!((o.sessions_cut(), o.peers_left), (2, 2));
     assert_eq!(o.exit_code(), lastcall::exit::DEADLINE);
     assert_eq!(h.outcome(), Some(o));
-    assert!(h.is_exiting() && !h.accepting());
+    assert!(h.is_exiting() && !h.is_accepting());
 }
 
 #[tokio::test(start_paused = true)]
@@ -333,7 +333,7 @@ async fn ignore_policy_survives_sigterm_and_drains_on_sigusr1() {
     tokio::time::sleep(s(60)).await;
     rig.assert_running();
     assert_eq!(rig.handle.phase(), Phase::Serving);
-    assert!(!rig.handle.draining());
+    assert!(!rig.handle.is_draining());
 
     let t = Instant::now();
     rig.send(Trigger::Sigusr1).await;
@@ -370,7 +370,7 @@ async fn linger_never_refuses_and_leaves_when_the_last_session_ends() {
     let a = h.session(peer(1));
     rig.send(Trigger::Sigterm).await;
     assert_eq!(h.phase(), Phase::Lingering);
-    assert!(h.draining() && h.accepting());
+    assert!(h.is_draining() && h.is_accepting());
     let refusing = tokio::spawn(h.refusing());
     // Idle during the delay: stays for the delay.
     drop(a);
@@ -422,7 +422,7 @@ async fn exit_policy_leaves_at_once() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn sighup_bumps_reloads_in_every_phase() {
+async fn sighup_and_sigusr2_bump_reloads_in_every_phase() {
     let rig = Rig::start(OnSigterm::Drain, 5, 30, 0);
     let g = rig.handle.session(peer(1));
     let mut reloads = rig.handle.reloads();
@@ -443,7 +443,13 @@ async fn sighup_bumps_reloads_in_every_phase() {
         (*reloads.borrow_and_update(), rig.handle.phase()),
         (3, Phase::Refusing)
     );
-    assert_eq!(rig.handle.status().reloads, 3);
+    // SIGUSR2 (coturn's certificate reload) is the same reload.
+    rig.send(Trigger::Sigusr2).await;
+    assert_eq!(
+        (*reloads.borrow_and_update(), rig.handle.phase()),
+        (4, Phase::Refusing)
+    );
+    assert_eq!(rig.handle.status().reloads, 4);
     drop(g);
     rig.outcome().await;
 }

@@ -5,8 +5,9 @@
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
+use super::userdb::Resolved;
 use super::{canonical_origin, Server};
-use crate::auth::{check_nonce_with, keys_for, make_nonce, Keys, NonceCheck};
+use crate::auth::{check_nonce_with, make_nonce, NonceCheck};
 use crate::config::Service;
 use crate::hash::Seeded;
 use crate::stun::{attr, decode_address, method, reason_phrase, Attr, Builder, Class, Message};
@@ -226,6 +227,18 @@ impl Server {
     ) -> Option<Output<'a>> {
         self.counters.client_packets_in += 1;
         self.counters.client_bytes_in += data.len() as u64;
+        self.client_message(now, from, data, out)
+    }
+
+    /// [`handle_client`](Self::handle_client) once the datagram is counted (and
+    /// [`replay`](Self::replay)).
+    pub(super) fn client_message<'a>(
+        &mut self,
+        now: Instant,
+        from: ClientAddr,
+        data: &'a [u8],
+        out: &'a mut Vec<u8>,
+    ) -> Option<Output<'a>> {
         let first = *data.first()?;
         if first >> 6 == 1 {
             return self
@@ -497,17 +510,35 @@ impl Server {
                 msg.check_integrity_sha1(mi.0.offset, mi.0.value, key)
             }
         };
-        let (key, expiry) = match keys_for(&self.config.auth, &self.config.realm, username) {
-            Keys::Unknown => {
+        // The allocation's own key first: its requests never wait for a user database.
+        if let Some((key, expiry)) = self.allocation_key(from, username) {
+            if check(&key) {
+                if expiry.is_some_and(|e| e <= now) {
+                    self.auth_failed(from, Some(username.to_string()), AuthFailure::Expired);
+                    return Err(self.challenge(now, from, ctx, 401, out));
+                }
+                return Ok(Some(Authed {
+                    username: username.to_string(),
+                    key,
+                    sha256: mi.1,
+                    expiry,
+                }));
+            }
+        }
+        let (key, expiry) = match self.resolve_key(now, from, msg, username, &check) {
+            Resolved::Key(key, expiry) => (key, expiry),
+            Resolved::Waiting => return Err(Reply::Silent),
+            Resolved::Unavailable(reason) => {
+                return Err(self.unavailable(from, username, reason, ctx, out));
+            }
+            Resolved::Unknown => {
                 self.auth_failed(from, Some(username.to_string()), AuthFailure::UnknownUser);
                 return Err(self.challenge(now, from, ctx, 401, out));
             }
-            Keys::Static(k) => (check(&k).then_some(k), None),
-            Keys::Rest { keys, expiry } => (keys.into_iter().find(|k| check(k)), Some(expiry)),
-        };
-        let Some(key) = key else {
-            self.auth_failed(from, Some(username.to_string()), AuthFailure::BadIntegrity);
-            return Err(self.challenge(now, from, ctx, 401, out));
+            Resolved::Bad => {
+                self.auth_failed(from, Some(username.to_string()), AuthFailure::BadIntegrity);
+                return Err(self.challenge(now, from, ctx, 401, out));
+            }
         };
         if let Some(exp) = expiry {
             if exp <= unix {
@@ -523,7 +554,12 @@ impl Server {
         }))
     }
 
-    fn auth_failed(&mut self, client: &ClientAddr, username: Option<String>, reason: AuthFailure) {
+    pub(super) fn auth_failed(
+        &mut self,
+        client: &ClientAddr,
+        username: Option<String>,
+        reason: AuthFailure,
+    ) {
         self.counters.auth_failures += 1;
         self.push_event(Event::AuthFailed {
             client: *client,

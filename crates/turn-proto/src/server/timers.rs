@@ -12,16 +12,18 @@ impl Server {
     /// calling early is harmless).
     pub fn poll_timeout(&self) -> Option<Instant> {
         let alloc = self.timers.peek().map(|Reverse((t, _, _))| *t);
-        [alloc, self.allocate_deadline()]
+        [alloc, self.allocate_deadline(), self.lookup_deadline()]
             .into_iter()
             .flatten()
             .min()
     }
 
-    /// Expire allocations (releasing their relays), permissions, channels, reservations and
-    /// Allocates that waited too long for their relay sockets, all due at `now`.
+    /// Expire allocations (releasing their relays), permissions, channels, reservations,
+    /// Allocates that waited too long for their relay sockets and user-database lookups that
+    /// took too long, all due at `now`.
     pub fn handle_timeout(&mut self, now: Instant) {
         self.expire_allocates(now);
+        self.expire_lookups(now);
         while let Some(Reverse((t, idx, gen))) = self.timers.peek().copied() {
             if t > now {
                 break;

@@ -5,7 +5,7 @@ use std::process::Command;
 
 use lastcall_testkit::{self as testkit, metrics, Pod};
 
-pub(crate) use lastcall_testkit::coturn::{Peer, Report, Uclient};
+pub(crate) use lastcall_testkit::coturn::{uclient, Peer, Report, Uclient};
 pub(crate) use lastcall_testkit::tls::self_signed;
 pub(crate) use lastcall_testkit::turn::{RestCredentials, REALM, SECRET};
 pub(crate) use lastcall_testkit::{free_udp_tcp_port, WAIT};
