@@ -43,8 +43,19 @@ pub(crate) fn kernel_turn(extra: &[&str]) -> Started {
     let mut args = vec!["--kernel-relay"];
     args.extend(extra);
     let turn = Turn::start(&args);
+    if fast_path_runs(&turn) {
+        Started::Kernel(turn)
+    } else {
+        Started::UserSpace(turn)
+    }
+}
+
+/// Whether the fast path of `turn` (started with `--kernel-relay`) runs; where it does not,
+/// checks that it said why in one line, and that it may not run here (a build without the
+/// feature, or neither root nor CI).
+pub(crate) fn fast_path_runs(turn: &Turn) -> bool {
     if turn.pod.has_log(ON) {
-        return Started::Kernel(turn);
+        return true;
     }
     let why: Vec<String> = turn
         .pod
@@ -62,7 +73,7 @@ pub(crate) fn kernel_turn(extra: &[&str]) -> Started {
     } else {
         assert!(why[0].contains("kernel-relay` feature"), "{why:?}");
     }
-    Started::UserSpace(turn)
+    false
 }
 
 fn datagrams_read(turn: &Turn) -> f64 {
