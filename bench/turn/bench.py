@@ -560,6 +560,68 @@ def rate_lines(table, cfg, md=False):
     return lines
 
 
+def rate_doc(res):
+    """docs/benchmarks.md's tables of a --rate run, recomputed from its rounds (the docs test
+    compares them with the page): per design, the loss-free maximum, the whole path's CPU per
+    datagram at each fixed rate and at that maximum, the added round trip; then how busy each
+    process kept its core at the design's maximum (which one stops it), and the ratios."""
+    cfg, rounds = res["config"], res["rounds"]
+    servers = [n for n in RATE_SERVERS + sorted({r["server"] for r in rounds} - set(RATE_SERVERS))
+               if any(r["server"] == n for r in rounds)]
+    table = rate_table(rounds, cfg, servers)
+    fixed = cfg["fixed"]
+
+    def k(x):
+        return f"{x // 1000}k"
+
+    def whole(row, x):
+        v, loss = row.get(f"whole_{x}"), row.get(f"loss_{x}")
+        if v is None:
+            return "-"
+        return fmt(v) if not loss or loss < 0.1 else f"{fmt(v)} ({loss:.0f} % lost)"
+
+    head = (["design", "max rate, < 0.1 % loss (each round)"] + [f"whole µs/dgram at {k(x)}/s" for x in fixed] +
+            ["whole µs/dgram at its max"] + [f"added p50 / p99 µs at {k(x)}/s" for x in fixed] + ["kernel share"])
+    lines = ["| " + " | ".join(head) + " |", "| --- |" + " ---: |" * (len(head) - 1)]
+    for n in servers:
+        row = table[n]
+        rounds_max = ", ".join(fmt(m) for m in row["max_rates"])
+        cells = [n, f"{fmt(row['max_rate'])} ({rounds_max})"] + [whole(row, x) for x in fixed] + \
+                [fmt(row["whole_max"])] + \
+                [f"{fmt(row.get(f'added_p50_{x}'))} / {fmt(row.get(f'added_p99_{x}'))}" if n not in REFERENCES else "-"
+                 for x in fixed] + \
+                ["-" if row["kernel_share"] is None else f"{100 * row['kernel_share']:.2f} %"]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "| design | at its max: cores busy (server / echo / generator) |", "| --- | --- |"]
+    for n in servers:
+        busy = {}
+        for r in rounds:
+            p = best_phase(r) if r["server"] == n else None
+            if p:
+                for proc in ("server", "echo", "generator"):
+                    v = p["cpu_s"].get(proc)
+                    if v is not None:
+                        busy.setdefault(proc, []).append(v / p["duration_s"])
+        cell = " / ".join(f"{statistics.median(busy[x]):.2f}" if x in busy else "-"
+                          for x in ("server", "echo", "generator"))
+        lines.append(f"| {n} | {cell} |")
+    ratios = rate_ratios(table, cfg)
+    out = []
+    if "max_rate_ratio" in ratios:
+        out.append(f"loss-free maximum, lastcall-turn+kernel / coturn-4.18: {ratios['max_rate_ratio']:.2f}×")
+    cmp = {}
+    for r in res.get("compare", []):
+        cmp.setdefault(r["server"], []).append(r["phases"][0]["whole_us_per_datagram"])
+    if "coturn-4.18" in cmp and "lastcall-turn+kernel" in cmp:
+        both = int(res["compare"][0]["phases"][0]["rate"])
+        c, kk = statistics.median(cmp["coturn-4.18"]), statistics.median(cmp["lastcall-turn+kernel"])
+        out.append(f"whole path at {both:,}/s (the highest both sustain; {len(cmp['coturn-4.18'])} alternated "
+                   f"rounds each): lastcall-turn+kernel {fmt(kk)} µs against coturn-4.18 {fmt(c)} µs, {kk / c:.2f}×")
+    lines += [""] + [f"- {x}" for x in out]
+    lines.append(f"- load average during the run: {res['load'][0]:.1f} to {res['load'][1]:.1f}")
+    return lines
+
+
 def rate_ratios(table, cfg):
     """The goals: the fast path's loss-free maximum against coturn 4.18's, and the whole
     path's CPU at the highest rate both sustain."""
@@ -682,9 +744,7 @@ def rate_main(args):
             json.dump(result, f, indent=1)
     if args.markdown:
         with open(args.markdown, "w") as f:
-            f.write("\n".join(rate_lines(table, cfg, md=True)) + "\n\n" +
-                    f"Medians of {cfg['rounds']} rounds; load average during the run {min(loads):.1f} to "
-                    f"{max(loads):.1f}; ratios: {json.dumps(ratios)}\n")
+            f.write("\n".join(rate_doc(result)) + "\n")
     plot_path = args.plot or ("docs/img/turn-rate.png" if args.mode == "full" else None)
     if plot_path and rate_plot(rounds, servers, plot_path):
         print(f"plot: {plot_path}")
@@ -869,10 +929,10 @@ def main():
         if "fixed" in res["config"]:  # a --rate run
             servers = [n for n in RATE_SERVERS + sorted({r["server"] for r in res["rounds"]} - set(RATE_SERVERS))
                        if any(r["server"] == n for r in res["rounds"])]
-            print("\n".join(rate_lines(res["table"], res["config"])))
+            print("\n".join(rate_doc(res)))
             if args.markdown:
                 with open(args.markdown, "w") as f:
-                    f.write("\n".join(rate_lines(res["table"], res["config"], md=True)) + "\n")
+                    f.write("\n".join(rate_doc(res)) + "\n")
             if args.plot:
                 rate_plot(res["rounds"], servers, args.plot)
             return
