@@ -95,12 +95,20 @@ pub(crate) struct Share {
 }
 
 impl Share {
+    /// The four counters from one scrape: read apart, datagrams relayed between the reads
+    /// would count on one side only (a call of 80 datagrams showed 98.8 % and 102.5 %).
     pub(crate) fn of(turn: &Turn) -> Share {
-        let m = |s: &str| turn.metric(s).unwrap_or(0.0);
+        let text = lastcall_testkit::metrics::scrape(&turn.admin);
+        let m = |s: &str| lastcall_testkit::metrics::value(&text, s).unwrap_or(0.0);
+        let k = |d: &str| {
+            m(&format!(
+                "lastcall_turn_kernel_relayed_packets_total{{direction=\"{d}\"}}"
+            ))
+        };
         Share {
-            kernel_to_peer: kernel(turn, "to_peer"),
+            kernel_to_peer: k("to_peer"),
             all_to_peer: m("turn_traffic_peer_sentp{realm=\"example.org\"}"),
-            kernel_to_client: kernel(turn, "to_client"),
+            kernel_to_client: k("to_client"),
             all_to_client: m("turn_traffic_peer_rcvp{realm=\"example.org\"}"),
         }
     }
