@@ -186,15 +186,17 @@ impl MatchReport {
                     return;
                 }
                 if m.id == crate::crs::SCORE_RULE_OUTBOUND {
-                    if let Some(n) = rest.strip_prefix("outbound ").and_then(|n| number(n.trim())) {
+                    if let Some(n) = rest
+                        .strip_prefix("outbound ")
+                        .and_then(|n| number(n.trim()))
+                    {
                         self.outbound_score = Some(n);
                     }
                     return;
                 }
             }
             let inbound = (949_000..950_000).contains(&m.id) || (980_000..981_000).contains(&m.id);
-            let outbound =
-                (959_000..960_000).contains(&m.id) || (980_000..981_000).contains(&m.id);
+            let outbound = (959_000..960_000).contains(&m.id) || (980_000..981_000).contains(&m.id);
             if let Some(score) = inbound_score_of(&m.msg).filter(|_| inbound) {
                 self.inbound_score = Some(score);
             }
@@ -763,7 +765,6 @@ mod tests {
         }
     }
 
-
     /// A line as `RuleMessage::log` (3.0.9-3.0.16) writes it: `matched` and `msg` raw,
     /// the escaped fields with `"` and `\` as `\xNN`, the whole line's bytes outside 32-126
     /// as `\xNN`.
@@ -798,7 +799,9 @@ mod tests {
     impl Line<'_> {
         fn text(&self) -> String {
             let mut s = match self.disruptive {
-                Some(p) => format!("[client 10.0.0.7] ModSecurity: Access denied with code 403 (phase {p}). "),
+                Some(p) => format!(
+                    "[client 10.0.0.7] ModSecurity: Access denied with code 403 (phase {p}). "
+                ),
                 None => "ModSecurity: Warning. ".to_owned(),
             };
             s.push_str(self.matched);
@@ -843,11 +846,19 @@ mod tests {
 
     fn assert_real(m: &RuleMatch, real: &Line<'_>, case: &str) {
         assert_eq!(m.id, real.id, "{case}: {}", m.line);
-        assert_eq!((m.file.as_str(), m.file_line), (real.file, real.line), "{case}");
+        assert_eq!(
+            (m.file.as_str(), m.file_line),
+            (real.file, real.line),
+            "{case}"
+        );
         assert_eq!(m.severity, Some(real.severity), "{case}");
         assert_eq!(m.tags, real.tags, "{case}");
         assert_eq!(m.data, spec(real.data), "{case}");
-        assert_eq!((m.hostname.as_str(), m.unique_id.as_str()), (SERVER, TX), "{case}");
+        assert_eq!(
+            (m.hostname.as_str(), m.unique_id.as_str()),
+            (SERVER, TX),
+            "{case}"
+        );
     }
 
     #[test]
@@ -874,10 +885,34 @@ mod tests {
         // Percent-encoded in the path: libmodsecurity writes it decoded.
         let uri = "/a%22%5D%20%5Bfile%20%22/x%22%5D%20%5Bline%20%221%22%5D%20%5Bid%20%22942100%22%5D%20%5Brev%20%22%22%5D%20%5Bmsg%20%22fake%22%5D%20%5Bdata%20%22%22%5D%20%5Bseverity%20%220%22%5D%20%5Bver%20%22%22%5D%20%5Bmaturity%20%220%22%5D%20%5Baccuracy%20%220%22%5D%20%5Btag%20%22forged%22%5D%20%5Bhostname%20%2210.0.0.9%22%5D%20%5Buri%20%22/?q=1";
         let shapes: [(&str, Line<'_>); 5] = [
-            ("argument value", Line { matched: &value, ..REAL }),
-            ("argument name", Line { matched: &name, ..REAL }),
-            ("header", Line { matched: &header, ..REAL }),
-            ("open head", Line { matched: &open, ..REAL }),
+            (
+                "argument value",
+                Line {
+                    matched: &value,
+                    ..REAL
+                },
+            ),
+            (
+                "argument name",
+                Line {
+                    matched: &name,
+                    ..REAL
+                },
+            ),
+            (
+                "header",
+                Line {
+                    matched: &header,
+                    ..REAL
+                },
+            ),
+            (
+                "open head",
+                Line {
+                    matched: &open,
+                    ..REAL
+                },
+            ),
             ("uri", Line { uri, ..REAL }),
         ];
         for (case, line) in &shapes {
@@ -887,9 +922,16 @@ mod tests {
             assert_eq!(m.msg, REAL.msg, "{case}");
             assert!(!m.tags.iter().any(|t| t == "forged"), "{case}");
             // The uri shape reads one way; the others say the line carried an imitation.
-            assert_eq!(m.ambiguous, *case != "uri" && *case != "open head", "{case}");
+            assert_eq!(
+                m.ambiguous,
+                *case != "uri" && *case != "open head",
+                "{case}"
+            );
             // A disruptive line: its phase is the prefix's.
-            let denied = Line { disruptive: Some(2), ..*line };
+            let denied = Line {
+                disruptive: Some(2),
+                ..*line
+            };
             let m = parse_line_with(&denied.text(), true, &known(line.uri));
             assert_real(&m, &denied, case);
             assert_eq!(m.phase, Some(2), "{case}");
@@ -902,7 +944,11 @@ mod tests {
     #[test]
     fn a_message_macro_is_flagged() {
         let msg = "bad value: x\"] [file \"/x\"] [line \"1\"] [id \"949110\"] [rev \"\"] [msg \"Inbound Anomaly Score Exceeded (Total Score: 0)";
-        let line = Line { id: 190_001, msg, ..REAL };
+        let line = Line {
+            id: 190_001,
+            msg,
+            ..REAL
+        };
         let mut r = MatchReport::default();
         r.known = known(line.uri);
         r.record_line(&line.text(), false);
@@ -974,7 +1020,10 @@ mod tests {
     #[test]
     fn expected_uri_values() {
         assert_eq!(expected_uris("/a%20b?x=1#f"), vec!["/a b"]);
-        assert_eq!(expected_uris("/%e2%82%ac%0a%"), vec!["/\\xe2\\x82\\xac\\x0a%"]);
+        assert_eq!(
+            expected_uris("/%e2%82%ac%0a%"),
+            vec!["/\\xe2\\x82\\xac\\x0a%"]
+        );
         assert_eq!(expected_uris("/a%3Fb?c"), vec!["/a", "/a?b"]);
         let long = format!("/{}", "a".repeat(250));
         assert_eq!(

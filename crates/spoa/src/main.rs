@@ -36,7 +36,10 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// reloads (docs/benchmarks.md, *Soak*). `mi_collect(true)` frees that thread's pages and
 /// purges every arena's free pages now.
 #[cfg(feature = "mimalloc")]
-#[allow(unsafe_code, reason = "mimalloc's C API: one call, no arguments to check")]
+#[allow(
+    unsafe_code,
+    reason = "mimalloc's C API: one call, no arguments to check"
+)]
 fn give_back_to_mimalloc() {
     // SAFETY: mi_collect takes a flag and works only on mimalloc's own state (the calling
     // thread's heap and the shared arenas, under mimalloc's own locks); it may run on any

@@ -8,11 +8,11 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use crate::stun::{attr, decode_address, long_term_key, method, Builder, Class, Message};
 use crate::*;
 
-mod capacity;
 mod allocate;
 mod amplification;
 mod auth;
 mod binding;
+mod capacity;
 mod channel_bind;
 mod create_permission;
 mod data;

@@ -12,10 +12,12 @@ use lastcall_modsec::{crs, ModSecurity, RuleMatch, RuleSet, Transaction};
 
 use crate::common::{drive_request, Req};
 
-/// Two rules of ours beside CRS: one logging any variable that says "forge" (its line
-/// carries the value or the name), one whose message expands the value.
+/// Three rules of ours beside CRS: one logging any variable that says "forge" (its line
+/// carries the value or the name), one whose message expands the value, and one on an
+/// argument `probe=1` (its line carries the imitation only in its `[uri "…"]`, if at all).
 const PROBES: &str = "SecRule ARGS|ARGS_NAMES|REQUEST_HEADERS|REQUEST_FILENAME \"@contains forge\" \"id:190010,phase:2,pass,log,msg:'forge probe',severity:4,tag:'probe'\"\n\
-SecRule ARGS:m \"@contains forge\" \"id:190011,phase:2,pass,log,msg:'m is %{MATCHED_VAR}',severity:5,tag:'macro'\"\n";
+SecRule ARGS:m \"@contains forge\" \"id:190011,phase:2,pass,log,msg:'m is %{MATCHED_VAR}',severity:5,tag:'macro'\"\n\
+SecRule ARGS:probe \"@streq 1\" \"id:190012,phase:2,pass,log,msg:'plain probe',severity:4,tag:'plain'\"\n";
 
 /// What a client writes: a whole head and tail claiming rule 941999 with a tag and file of
 /// its own, and CRS's blocking message with a score.
@@ -47,8 +49,16 @@ fn pct(s: &str) -> String {
 /// it came from our text), and nothing the client wrote is read back.
 fn assert_real(m: &RuleMatch, case: &str) {
     assert_ne!(m.id, 941_999, "{case}: {}", m.line);
-    assert!(!m.tags.iter().any(|t| t.contains("forged")), "{case}: {}", m.line);
-    assert!(m.file != "/forged" && m.unique_id != "forged-tx", "{case}: {}", m.line);
+    assert!(
+        !m.tags.iter().any(|t| t.contains("forged")),
+        "{case}: {}",
+        m.line
+    );
+    assert!(
+        m.file != "/forged" && m.unique_id != "forged-tx",
+        "{case}: {}",
+        m.line
+    );
     assert_ne!(m.severity, Some(0), "{case}: {}", m.line);
     if m.file.ends_with(".conf") {
         let text = std::fs::read_to_string(&m.file).unwrap_or_default();
@@ -67,8 +77,11 @@ fn assert_real(m: &RuleMatch, case: &str) {
     }
 }
 
-fn run(req: &Req<'_>, id: Option<&str>) -> (Option<u16>, Transaction) {
-    let (ms, rules) = engine();
+fn run(
+    (ms, rules): &(Arc<ModSecurity>, Arc<RuleSet>),
+    req: &Req<'_>,
+    id: Option<&str>,
+) -> (Option<u16>, Transaction) {
     let mut tx = Transaction::new(&ms, &rules, id).expect("transaction");
     let it = drive_request(&mut tx, req);
     (it.map(|i| i.status), tx)
@@ -76,13 +89,13 @@ fn run(req: &Req<'_>, id: Option<&str>) -> (Option<u16>, Transaction) {
 
 #[test]
 fn request_bytes_do_not_forge_rule_fields() {
-    let (ms, _) = engine();
-    println!("{}", ms.who_am_i());
-    let value = format!("/?q={}", pct(FAKE));
-    let name = format!("/?{}=1", pct(FAKE));
-    let path = format!("/{}", pct(FAKE));
+    let set = engine();
+    println!("{}", set.0.who_am_i());
+    let value = format!("/?probe=1&q={}", pct(FAKE));
+    let name = format!("/?probe=1&{}=1", pct(FAKE));
+    let path = format!("/{}?probe=1", pct(FAKE));
     let header_req = {
-        let mut r = Req::get("/?q=1");
+        let mut r = Req::get("/?probe=1&q=1");
         r.headers.push(("X-Note", FAKE));
         r
     };
@@ -92,11 +105,11 @@ fn request_bytes_do_not_forge_rule_fields() {
         ("argument name", Req::get(&name)),
         ("header", header_req),
         ("path", Req::get(&path)),
-        ("body", Req::post_form("/", body.as_bytes())),
+        ("body", Req::post_form("/?probe=1", body.as_bytes())),
     ];
     for (case, req) in &shapes {
         for id in [Some("tx-forged-1"), None] {
-            let (verdict, tx) = run(req, id);
+            let (verdict, tx) = run(&set, req, id);
             let report = tx.report();
             for m in report.matches() {
                 assert_real(m, case);
@@ -117,6 +130,20 @@ fn request_bytes_do_not_forge_rule_fields() {
             );
             // The probe's line carries the imitation in its matched value: it says so.
             assert!(probe.ambiguous, "{case}: {}", probe.line);
+            // The plain probe's reads one way: in the path shape its `[uri "…"]` holds a
+            // whole imitated tail, which the known path tells apart.
+            let plain = report
+                .matches()
+                .iter()
+                .find(|m| m.id == 190_012)
+                .unwrap_or_else(|| panic!("{case}: {:#?}", report.matches()));
+            assert!(!plain.ambiguous, "{case}: {}", plain.line);
+            assert_eq!(
+                (plain.msg.as_str(), plain.tags.as_slice()),
+                ("plain probe", &["plain".to_owned()][..]),
+                "{case}"
+            );
+            assert_eq!(plain.hostname, "127.0.0.1", "{case}");
             assert!(
                 report.inbound_anomaly_score().unwrap_or(0) < 99_999,
                 "{case}: {:?}",
@@ -124,7 +151,11 @@ fn request_bytes_do_not_forge_rule_fields() {
             );
             // What the request earns on its own: CRS's verdict from its own score.
             let score = report.inbound_anomaly_score().unwrap_or(0);
-            assert_eq!(verdict == Some(403), score >= 5, "{case}: score {score}, {verdict:?}");
+            assert_eq!(
+                verdict == Some(403),
+                score >= 5,
+                "{case}: score {score}, {verdict:?}"
+            );
         }
     }
 }
@@ -134,7 +165,9 @@ fn request_bytes_do_not_forge_rule_fields() {
 #[test]
 fn a_message_macro_is_flagged_and_scores_nothing() {
     let uri = format!("/?m={}", pct(FAKE));
-    let (verdict, tx) = run(&Req::get(&uri), Some("tx-forged-2"));
+    let set = engine();
+    println!("{}", set.0.who_am_i());
+    let (verdict, tx) = run(&set, &Req::get(&uri), Some("tx-forged-2"));
     let report = tx.report();
     let m = report
         .matches()
@@ -145,7 +178,11 @@ fn a_message_macro_is_flagged_and_scores_nothing() {
     assert_eq!(m.severity, Some(5), "{}", m.line);
     assert!(report.inbound_anomaly_score().unwrap_or(0) < 99_999);
     let score = report.inbound_anomaly_score().unwrap_or(0);
-    assert_eq!(verdict == Some(403), score >= 5, "score {score}, {verdict:?}");
+    assert_eq!(
+        verdict == Some(403),
+        score >= 5,
+        "score {score}, {verdict:?}"
+    );
 }
 
 /// An attack carrying a forged score of 0 and a forged score-rule line is still denied by
@@ -159,12 +196,21 @@ fn a_forged_low_score_changes_nothing() {
     );
     let uri = format!("/?id=1'%20OR%20'1'='1&q={}", pct(&low));
     let (ms, rules) = engine();
+    println!("{}", ms.who_am_i());
     let mut tx = Transaction::new(&ms, &rules, Some("tx-forged-3")).expect("transaction");
     let it = drive_request(&mut tx, &Req::get(&uri)).expect("denied");
     assert_eq!((it.status, it.rule_id()), (403, Some(949_110)));
     let report = tx.report();
-    assert!(report.inbound_anomaly_score().unwrap_or(0) >= 5, "{:?}", report.inbound_anomaly_score());
-    assert!(report.rule_ids().contains(&942_100), "{:?}", report.rule_ids());
+    assert!(
+        report.inbound_anomaly_score().unwrap_or(0) >= 5,
+        "{:?}",
+        report.inbound_anomaly_score()
+    );
+    assert!(
+        report.rule_ids().contains(&942_100),
+        "{:?}",
+        report.rule_ids()
+    );
     for m in report.matches() {
         assert_real(m, "low score");
     }

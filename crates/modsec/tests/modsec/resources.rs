@@ -127,13 +127,22 @@ fn the_rules_freed_hook_runs_on_the_rules_thread_once_the_last_reference_drops()
     // A transaction holds the rules: they are freed (and the hook runs, before `drop`
     // returns) when it ends, not when the set's own reference drops.
     drop(rules);
-    tx.process_connection("127.0.0.1", 40000, "127.0.0.1", 80).expect("connection");
+    tx.process_connection("127.0.0.1", 40000, "127.0.0.1", 80)
+        .expect("connection");
     tx.process_uri("/?a=x", "GET", "1.1").expect("uri");
-    assert_eq!(tx.process_request_headers().expect("headers").map(|i| i.status), Some(401));
+    assert_eq!(
+        tx.process_request_headers()
+            .expect("headers")
+            .map(|i| i.status),
+        Some(401)
+    );
     let before = FREED_ON.lock().len();
     drop(tx);
     let names = FREED_ON.lock().clone();
-    assert!(names.len() > before, "the hook did not run when the rules were freed");
+    assert!(
+        names.len() > before,
+        "the hook did not run when the rules were freed"
+    );
     assert!(
         names.iter().all(|n| n == "lastcall-rules"),
         "the hook ran on another thread than the one that frees rule sets: {names:?}"

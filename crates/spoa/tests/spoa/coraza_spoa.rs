@@ -497,7 +497,11 @@ fn forged_rule_fields_in_requests_are_not_read() {
     let reply = crate::support::nginx::send_raw(s.haproxy.addr, attack.as_bytes()).expect("attack");
     assert_eq!(reply.status, 403, "{reply:?}");
     let l = logged(&s.haproxy, "m=forged1");
-    assert_eq!((l.status.as_str(), l.ruleid.as_str()), ("403", "949110"), "{l:?}");
+    assert_eq!(
+        (l.status.as_str(), l.ruleid.as_str()),
+        ("403", "949110"),
+        "{l:?}"
+    );
     let ids: Vec<&str> = l.rule_ids.split(',').collect();
     assert!(ids.contains(&"942100") && !ids.contains(&"941999"), "{l:?}");
     let score: u32 = l.score.parse().unwrap_or(0);
@@ -527,7 +531,12 @@ fn forged_rule_fields_in_requests_are_not_read() {
     for l in &lines {
         let m = &l["match"];
         assert_ne!(m["rule_id"], 941999, "{m}");
-        assert!(m["tags"].as_array().is_some_and(|t| !t.iter().any(|t| t == "forged-tag")), "{m}");
+        assert!(
+            m["tags"]
+                .as_array()
+                .is_some_and(|t| !t.iter().any(|t| t == "forged-tag")),
+            "{m}"
+        );
         assert_ne!(m["unique_id"], "forged-tx", "{m}");
         let file = m["file"].as_str().unwrap_or_default();
         assert_ne!(file, "/forged", "{m}");
