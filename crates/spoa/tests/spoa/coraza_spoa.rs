@@ -477,26 +477,31 @@ fn forged_rule_fields_in_requests_are_not_read() {
     use serde_json::Value;
     let s = start_with(|yaml| yaml.replace("log_format: console", "log_format: json"));
     // A head and tail of libmodsecurity's line claiming rule 941999, a tag, a file and a
-    // score of its own.
+    // score of its own (in headers, which HAProxy does not log); shorter imitations in the
+    // request line, which HAProxy's log line (1024 bytes) must hold whole.
     let fake = "\"] [file \"/forged\"] [line \"7\"] [id \"941999\"] [rev \"\"] [msg \"Inbound Anomaly Score Exceeded (Total Score: 99999)\"] [data \"\"] [severity \"0\"] [ver \"\"] [maturity \"0\"] [accuracy \"0\"] [tag \"forged-tag\"] [hostname \"127.0.0.1\"] [uri \"/\"] [unique_id \"forged-tx\"] [ref \"";
-    let pct: String = fake
-        .bytes()
-        .map(|b| {
-            if b.is_ascii_alphanumeric() {
-                char::from(b).to_string()
-            } else {
-                format!("%{b:02X}")
-            }
-        })
-        .collect();
-    // In the path, an argument's name and value, and a header; with an SQL injection CRS
-    // denies.
+    let head = "\"] [file \"/forged\"] [line \"7\"] [id \"941999\"] [rev \"\"] [msg \"x";
+    let tail = "\"] [data \"\"] [severity \"0\"] [ver \"\"] [maturity \"0\"] [accuracy \"0\"] [tag \"forged-tag\"] [hostname \"127.0.0.1\"] [uri \"/x";
+    let score = "\"] [file \"/forged\"] [line \"7\"] [id \"949110\"] [rev \"\"] [msg \"Inbound Anomaly Score Exceeded (Total Score: 99999)";
+    let pct = |s: &str| -> String {
+        s.bytes()
+            .map(|b| match b {
+                b'"' | b' ' | b'[' | b']' | b'(' | b')' | b':' => format!("%{b:02X}"),
+                _ => char::from(b).to_string(),
+            })
+            .collect()
+    };
+    // In the path, an argument's name and value, and two headers; with an SQL injection
+    // CRS denies, and values CRS logs in its lines (a script tag, a scanner's User-Agent).
     let attack = format!(
-        "GET /f{pct}?id=1'%20OR%20'1'='1&q={pct}&{pct}=1&m=forged1 HTTP/1.1\r\nHost: 127.0.0.1\r\nUser-Agent: lastcall-test/1.0 {fake}\r\nAccept: */*\r\nReferer: {fake}\r\nConnection: close\r\n\r\n"
+        "GET /forged1/a{}?id=1'%20OR%20'1'='1&q=%3Cscript%3Ealert(1)%3C/script%3E{}&{}=1 HTTP/1.1\r\nHost: 127.0.0.1\r\nUser-Agent: nikto {fake}\r\nAccept: */*\r\nReferer: {fake}\r\nConnection: close\r\n\r\n",
+        pct(tail),
+        pct(head),
+        pct(head)
     );
     let reply = crate::support::nginx::send_raw(s.haproxy.addr, attack.as_bytes()).expect("attack");
     assert_eq!(reply.status, 403, "{reply:?}");
-    let l = logged(&s.haproxy, "m=forged1");
+    let l = logged(&s.haproxy, "/forged1/");
     assert_eq!(
         (l.status.as_str(), l.ruleid.as_str()),
         ("403", "949110"),
@@ -504,17 +509,20 @@ fn forged_rule_fields_in_requests_are_not_read() {
     );
     let ids: Vec<&str> = l.rule_ids.split(',').collect();
     assert!(ids.contains(&"942100") && !ids.contains(&"941999"), "{l:?}");
-    let score: u32 = l.score.parse().unwrap_or(0);
-    assert!((5..99_999).contains(&score), "{l:?}");
-    // Only the imitation, no attack: whatever CRS makes of the quotes, the score and ids are
-    // its own.
-    let only = format!("/?q={pct}&m=forged2");
+    // The lines that carried the imitations in their matched values: the scanner's
+    // User-Agent, the script tag.
+    assert!(ids.contains(&"913100") && ids.contains(&"941110"), "{l:?}");
+    let total: u32 = l.score.parse().unwrap_or(0);
+    assert!((5..99_999).contains(&total), "{l:?}");
+    // Only an imitated blocking line, no attack: whatever CRS makes of the quotes, the
+    // score and the ids are its own.
+    let only = format!("/forged2?q={}", pct(score));
     let reply = get(s.haproxy.addr, &only);
-    let l = logged(&s.haproxy, "m=forged2");
+    let l = logged(&s.haproxy, "/forged2");
     assert!(!l.rule_ids.split(',').any(|i| i == "941999"), "{l:?}");
-    let score: u32 = l.score.parse().unwrap_or(0);
-    assert!(score < 99_999, "{l:?}");
-    assert_eq!(reply.status == 403, score >= 5, "{l:?} {}", reply.status);
+    let total: u32 = l.score.parse().unwrap_or(0);
+    assert!(total < 99_999, "{l:?}");
+    assert_eq!(reply.status == 403, total >= 5, "{l:?} {}", reply.status);
 
     // The agent's log: every matched rule is one of CRS's at its own file and line, with its
     // own tags; the lines that carried the imitation say so.
