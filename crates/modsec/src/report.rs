@@ -243,6 +243,7 @@ pub(crate) struct Known {
 
 /// Parses one libmodsecurity text log line (`RuleMessage::log`) knowing nothing of its
 /// transaction (see [`parse_line_with`]).
+#[cfg(test)]
 pub(crate) fn parse_line(line: &str, disruptive: bool) -> RuleMatch {
     parse_line_with(line, disruptive, &Known::default())
 }
@@ -343,7 +344,7 @@ fn split_prefix(line: &str) -> (&str, Option<u8>) {
     // The status, or a literal "%d" when the library had none yet.
     let code_end = after.find(' ').unwrap_or(after.len());
     let code = after.get(..code_end).unwrap_or_default();
-    if code != "%d" && !(!code.is_empty() && code.bytes().all(|b| b.is_ascii_digit())) {
+    if code != "%d" && number(code).is_none() {
         return (line, None);
     }
     let Some(after) = after
@@ -949,8 +950,10 @@ mod tests {
             msg,
             ..REAL
         };
-        let mut r = MatchReport::default();
-        r.known = known(line.uri);
+        let mut r = MatchReport {
+            known: known(line.uri),
+            ..MatchReport::default()
+        };
         r.record_line(&line.text(), false);
         let m = &r.matches()[0];
         assert!(m.ambiguous, "{}", m.line);
@@ -969,8 +972,10 @@ mod tests {
         ] {
             let matched = format!("Matched \"Operator `Rx' with parameter `x' against variable `ARGS:q' (Value: `{fake}' )");
             let line = Line { matched: &matched, ..REAL };
-            let mut r = MatchReport::default();
-            r.known = known(line.uri);
+            let mut r = MatchReport {
+                known: known(line.uri),
+                ..MatchReport::default()
+            };
             r.record_line(&line.text(), false);
             assert_eq!(r.inbound_anomaly_score(), None, "{fake}");
             assert_eq!(r.rule_ids(), &[REAL.id], "{fake}");
@@ -988,8 +993,10 @@ mod tests {
             uri: "/%22%5D%20%5Bunique_id%20%22tx-1%22%5D",
             ..REAL
         };
-        let mut r = MatchReport::default();
-        r.known = known(score.uri);
+        let mut r = MatchReport {
+            known: known(score.uri),
+            ..MatchReport::default()
+        };
         r.record_line(&score.text(), false);
         assert_eq!(r.inbound_anomaly_score(), Some(5));
     }

@@ -82,7 +82,7 @@ fn run(
     req: &Req<'_>,
     id: Option<&str>,
 ) -> (Option<u16>, Transaction) {
-    let mut tx = Transaction::new(&ms, &rules, id).expect("transaction");
+    let mut tx = Transaction::new(ms, rules, id).expect("transaction");
     let it = drive_request(&mut tx, req);
     (it.map(|i| i.status), tx)
 }
