@@ -4,6 +4,12 @@
 //! server log callback delivers (non-disruptive matches, and every match in
 //! `DetectionOnly`) and the log of a disruptive intervention (the blocking rule, e.g.
 //! CRS 949110 "Inbound Anomaly Score Exceeded (Total Score: 5)").
+//!
+//! Those lines carry request bytes unescaped (libmodsecurity 3.0.9, 3.0.14 and 3.0.16 alike:
+//! the matched variable's name and value, the decoded path, a `msg` expanding a macro), so
+//! a client can write rule fields into them. [`parse_line_with`] reads each line from both
+//! ends with what the transaction gave libmodsecurity, and [`RuleMatch::ambiguous`] marks
+//! a line that still reads more than one way; scores come only from lines that do not.
 
 /// One logged rule match.
 #[derive(Debug, Clone, PartialEq, Eq)]
