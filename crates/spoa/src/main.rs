@@ -18,7 +18,7 @@ use lastcall::{
 use lastcall_modsec::ModSecurity;
 use lastcall_spoa::cli;
 use lastcall_spoa::config::{Bind, Config, Evaluation, LogFile};
-use lastcall_spoa::engine::{self, Limits, Listener, Shared};
+use lastcall_spoa::engine::{self, Engine, Limits, Listener};
 use lastcall_spoa::metrics::Metrics;
 use lastcall_spoa::waf::{Apps, Waf};
 
@@ -455,7 +455,7 @@ async fn serve(cli: Cli, matches: ArgMatches, mut daemon: Daemon, cfg: Config, a
         ..Limits::default()
     };
     let handler: Arc<dyn engine::Handler> = waf.clone();
-    let shared = Shared::new(
+    let engine = Engine::new(
         handler,
         Arc::clone(&metrics),
         handle.clone(),
@@ -464,13 +464,13 @@ async fn serve(cli: Cli, matches: ArgMatches, mut daemon: Daemon, cfg: Config, a
     );
     // New connections are accepted to the end, so that the drain refuses their HELLO with
     // AGENT-DISCONNECT instead of a refused TCP connection.
-    let conns = Arc::clone(&shared);
+    let conns = Arc::clone(&engine);
     daemon.accept(listener, AcceptUntil::Exiting, move |conn, watch| {
         engine::serve_accepted(conn, Arc::clone(&conns), watch)
     });
     // After the connections: running evaluations finish (libmodsecurity must not run while
     // the process exits), within what is left of the deadline.
-    daemon.on_exit("evaluations", move |left| shared.stop_workers(left));
+    daemon.on_exit("evaluations", move |left| engine.stop_workers(left));
     let watched = match (&cli.config, cli.autoreload) {
         (Some(path), true) => match lastcall_spoa::autoreload::watch(path) {
             Ok(rx) => Some(rx),

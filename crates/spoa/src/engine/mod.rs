@@ -1,10 +1,11 @@
 //! The SPOP connection engine: listeners (TCP, `unix://`), one task per connection,
 //! pipelined NOTIFYs evaluated concurrently (bounded per connection, and globally by the
 //! evaluation threads of [`pool`]), every NOTIFY ACKed exactly once, every frame written
-//! whole, and the drain recipe of `docs/spoa.md`.
+//! whole, the drain recipe of `docs/spoa.md`, and the goodbye that rebalances HAProxy's
+//! connections.
 //!
-//! - [`conn`]: one connection's decisions, sans-IO (handshake, what is owed, when to say
-//!   goodbye and with what);
+//! - [`conn`]: one connection's decisions, sans-IO (handshake, what is owed, what to read and
+//!   when, who writes the ACKs, when to say goodbye and with what);
 //! - [`task`]: the tokio task that carries them out (reads, writes, evaluations, timers);
 //! - [`ack`]: the one way an ACK leaves (written by whoever has it while serving, handed to
 //!   the connection while draining);
@@ -31,7 +32,7 @@ use prometheus_client::metrics::gauge::Gauge;
 
 pub use handler::{error_vars, Answer, Handler, Later, Vars, AGENT_ERROR};
 pub use listener::{serve_accepted, Accepted, Listener};
-pub use task::{serve_conn, Unread};
+pub use task::{serve_conn, Unread, MAX_UNSENT};
 
 use crate::metrics::Metrics;
 use budget::Budget;
@@ -47,15 +48,20 @@ pub struct Limits {
     pub max_inflight_per_connection: usize,
     /// A frame started but not finished within this time closes the connection (status 2).
     pub partial_frame_timeout: Duration,
-    /// Announce `pipelining` when HAProxy offers it (default true). Measured on HAProxy 2.6
-    /// (docs/termination.md): without it the drain is race-free (ACK + DISCONNECT on the
-    /// connection's only NOTIFY) and fast, but one request in a plain 8,000-request run
-    /// then waited 30 s (cause not established), so it stays on.
+    /// Agree to `pipelining` when HAProxy's SPOE applet (2.6, 3.0) offers it (default true);
+    /// never with the multiplexer of 3.1+ ([`conn::Settings::pipelining`]). Without it,
+    /// HAProxy 2.6.12 leaves NOTIFYs queued after an ACK (its sync mode looks at the queue
+    /// only when a new message comes: HAProxy bc9fb6462, fixed in 2.8; measured: 17 of
+    /// 5,213 requests failed `timeout processing` with 0/-1/-1/-1/5000 queue timers).
     pub pipelining: bool,
-    /// While refusing, an idle connection is closed only once nothing has come or gone on
-    /// it for this long (default zero: at once). Measured only together with
-    /// `pipelining: false` (1 s); with pipelining it would only make drains longer.
+    /// While refusing, a connection with nothing owed says goodbye after nothing came or went
+    /// on it for this long ([`DRAIN_QUIET`]); a busy one says it on the ACK of its next
+    /// NOTIFY.
     pub drain_quiet: Duration,
+    /// A rebalancing goodbye after this many NOTIFYs on a connection (0: never).
+    pub rebalance_after_messages: u64,
+    /// A rebalancing goodbye on a connection this long after its handshake (zero: never).
+    pub rebalance_after: Duration,
     /// Every NOTIFY is answered within this time of its arrival; at the deadline with the
     /// failure verdict ([`budget`]).
     pub evaluation_timeout: Duration,
@@ -83,6 +89,12 @@ pub const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(600);
 /// Default `max_buffered_bytes`: 64 frames of the largest size.
 pub const MAX_BUFFERED_BYTES: usize = 64 << 20;
+/// Default `drain_quiet`.
+pub const DRAIN_QUIET: Duration = Duration::from_millis(500);
+/// Default `rebalance_after_messages`.
+pub const REBALANCE_AFTER_MESSAGES: u64 = 0;
+/// Default `rebalance_after`.
+pub const REBALANCE_AFTER: Duration = Duration::from_secs(5);
 
 impl Default for Limits {
     fn default() -> Self {
@@ -91,7 +103,9 @@ impl Default for Limits {
             max_inflight_per_connection: 64,
             partial_frame_timeout: Duration::from_secs(30),
             pipelining: true,
-            drain_quiet: Duration::ZERO,
+            drain_quiet: DRAIN_QUIET,
+            rebalance_after_messages: REBALANCE_AFTER_MESSAGES,
+            rebalance_after: REBALANCE_AFTER,
             evaluation_timeout: EVALUATION_TIMEOUT,
             max_overruns: 0,
             hello_timeout: HELLO_TIMEOUT,
@@ -107,7 +121,12 @@ impl Limits {
             max_frame_size: self.max_frame_size,
             pipelining: self.pipelining,
             max_inflight: self.max_inflight_per_connection,
+            max_unsent: MAX_UNSENT,
             drain_quiet: self.drain_quiet,
+            rebalance: conn::Rebalance {
+                after_messages: self.rebalance_after_messages,
+                after: self.rebalance_after,
+            },
             partial_frame_timeout: self.partial_frame_timeout,
             hello_timeout: self.hello_timeout,
             idle_timeout: self.idle_timeout,
@@ -115,8 +134,9 @@ impl Limits {
     }
 }
 
-/// What every connection task shares.
-pub struct Shared {
+/// The engine: what every connection task shares (the handler, the evaluation threads and
+/// their budget, the memory cap, the limits, the lifecycle and the metrics).
+pub struct Engine {
     handler: Arc<dyn Handler>,
     metrics: Arc<Metrics>,
     handle: Handle,
@@ -126,7 +146,7 @@ pub struct Shared {
     limits: Limits,
 }
 
-impl Shared {
+impl Engine {
     /// `workers` evaluation threads (started here) bound concurrent evaluations across all
     /// connections; `limits.max_overruns` zero means as many as `workers`.
     pub fn new(
@@ -152,7 +172,7 @@ impl Shared {
             Arc::clone(&metrics),
         );
         let memory = Memory::new(limits.max_buffered_bytes, metrics.buffered_bytes.clone());
-        Arc::new(Shared {
+        Arc::new(Engine {
             handler,
             metrics,
             handle,
