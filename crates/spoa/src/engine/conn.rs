@@ -35,7 +35,7 @@
 //! | phase | HELLO | health-check HELLO | goodbye | ACKs |
 //! |---|---|---|---|---|
 //! | serving | served | answered | rebalancing, on an ACK | written by whoever has them (handed to the connection once a rebalance is due) |
-//! | announcing | served | refused | rebalancing, on an ACK | handed to the connection |
+//! | announcing | served | answered | rebalancing, on an ACK | handed to the connection |
 //! | refusing | refused | refused | on the next ACK, or after `drain_quiet` of silence | handed to the connection |
 //! | lingering | served | served | none; when it closes, its session is held a moment | handed to the connection |
 //! | exiting | refused | refused | at once, whatever it owes | cut |
@@ -848,8 +848,10 @@ impl Conn {
             Err(e) => return self.fail(e),
         };
         negotiated.pipelining &= self.settings.pipelining && negotiated.offered_async;
-        let refuse = self.drain.is_refusing()
-            || (negotiated.healthcheck && refuses_healthchecks(self.drain));
+        // Health checks are answered until the drain refuses work, like HELLOs: HAProxy
+        // then marks the agent DOWN only after its connections have said goodbye, so that
+        // `on-marked-down shutdown-sessions` (which contains a hung agent) finds none to cut.
+        let refuse = self.drain.is_refusing();
         if refuse {
             self.state = State::Closed;
             let mut reply = Vec::new();
@@ -873,12 +875,6 @@ impl Conn {
         self.max_frame_size = negotiated.max_frame_size;
         Event::Ready { reply, negotiated }
     }
-}
-
-/// Health checks are refused from the trigger on (HAProxy marks the agent DOWN and stops
-/// placing connections on it), except while lingering.
-fn refuses_healthchecks(drain: Seen) -> bool {
-    matches!(drain.phase, Phase::Announcing | Phase::Refusing) || drain.is_exiting()
 }
 
 fn lingering(drain: Seen) -> bool {

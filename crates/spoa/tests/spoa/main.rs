@@ -9,6 +9,7 @@
 //! - `drain`: the drain recipe with two agents under load.
 //! - `haproxy`: acceptance: benign traffic passes, attacks are denied.
 //! - `hostile`: hostile peers: costly evaluations, strangers' memory, idle connections.
+//! - `hung`: a hung (SIGSTOPped) agent fails no request.
 //! - `load`: the load measurement (ignored by default).
 //! - `protocol`: a raw SPOP client: malformed frames, health checks, pipelining.
 //! - `request_bodies`: bodies however HAProxy hands them over: late, chunked, large, HTTP/2.
@@ -31,6 +32,7 @@ mod docs;
 mod drain;
 mod haproxy;
 mod hostile;
+mod hung;
 mod load;
 mod protocol;
 mod request_bodies;

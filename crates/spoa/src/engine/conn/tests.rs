@@ -326,7 +326,7 @@ fn hellos_by_phase() {
     use Got::*;
     let table = [
         (SERVING, Served, Answered),
-        (ANNOUNCING, Served, Refused),
+        (ANNOUNCING, Served, Answered),
         (REFUSING, Refused, Refused),
         (LINGERING, Served, Answered),
         (EXITING, Refused, Refused),

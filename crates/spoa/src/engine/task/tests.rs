@@ -465,11 +465,14 @@ async fn refusing_closes_with_last_ack_and_disconnect_in_one_write() {
     );
 }
 
+/// Announcing serves everything, health checks included: HAProxy keeps the agent UP until
+/// it refuses work, so that it marks it DOWN only once its connections have said goodbye
+/// (`on-marked-down shutdown-sessions` then cuts none). Refusing refuses both.
 #[tokio::test]
-async fn announcing_refuses_only_health_checks() {
+async fn announcing_serves_health_checks_and_hellos_refusing_neither() {
     let lc = Lifecycle::without_signals(TerminationConfig::new(
         OnSigterm::Drain,
-        Duration::from_secs(60),
+        Duration::from_millis(300),
         Duration::from_secs(120),
     ));
     let handle = lc.handle();
@@ -486,7 +489,7 @@ async fn announcing_refuses_only_health_checks() {
     let mut hc = connect(&s);
     assert!(matches!(
         hello(&mut hc, true).await[..],
-        [AgentFrame::Disconnect(0, _)]
+        [AgentFrame::Hello(_)]
     ));
     let mut normal = connect(&s);
     assert!(matches!(
@@ -496,6 +499,15 @@ async fn announcing_refuses_only_health_checks() {
     normal.write_all(&notify(1)).await.unwrap();
     let (frames, _, _) = read_frames(&mut normal, 1).await;
     assert!(matches!(frames[..], [AgentFrame::Ack(1, 1, _)]));
+
+    handle.refusing().await;
+    for healthcheck in [true, false] {
+        let mut late = connect(&s);
+        assert!(matches!(
+            hello(&mut late, healthcheck).await[..],
+            [AgentFrame::Disconnect(0, _)]
+        ));
+    }
 }
 
 #[tokio::test(start_paused = true)]
