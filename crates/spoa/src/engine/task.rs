@@ -65,7 +65,7 @@ pub(super) async fn serve_split<R, W>(
     W: AsyncWrite + Unpin,
 {
     let mut task = ConnTask {
-        conn: Conn::new(engine.limits.conn_settings(), watch.now(), now()),
+        conn: Conn::new(engine.conn_settings(), watch.now(), now()),
         account: engine.memory.account(),
         evaluations: Arc::new(Evaluations::default()),
         fed: Fed::default(),

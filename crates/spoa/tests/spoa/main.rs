@@ -15,6 +15,7 @@
 //! - `request_bodies`: bodies however HAProxy hands them over: late, chunked, large, HTTP/2.
 //! - `rollout`: rolling restarts without a failed request.
 //! - `signals`: signals and deadlines.
+//! - `spread`: N agents share the load; a drain moves one share and its successor gets it back.
 //!
 //! The tests that saturate the CPU run one at a time: the `spoa-heavy` group of
 //! `.config/nextest.toml`.
@@ -38,4 +39,5 @@ mod protocol;
 mod request_bodies;
 mod rollout;
 mod signals;
+mod spread;
 mod support;
