@@ -70,6 +70,31 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
     "config-from-secret": {"config": {"existingSecret": "turnserver-conf"}, "turn": {"auth": {"value": SECRET}}},
     "off": {"gracefulTermination": {"enabled": False}},
     "no-auth-secret": {"turn": {"auth": {"useAuthSecret": False}}, "kind": "StatefulSet"},
+    # TURNS on 443 behind corporate firewalls, a relay address per node (the map), the
+    # shared values of both charts.
+    "turns-443-per-node-ips": {
+        "tls": {"enabled": True, "existingSecret": "turn-tls"},
+        "turn": {"tlsListeningPort": 443,
+                 "externalIPs": {"node-a": "203.0.113.10", "node-b": "203.0.113.11/10.0.0.11 2001:db8::11"}},
+        "serviceAccount": {"create": True, "annotations": {"example.org/owner": "rtc"}},
+        "extraEnv": [{"name": "TZ", "value": "UTC"}],
+        "extraVolumes": [{"name": "extra", "emptyDir": {}}],
+        "extraVolumeMounts": [{"name": "extra", "mountPath": "/extra"}],
+        "initContainers": [{"name": "first", "image": "busybox:1.36", "command": ["true"]}],
+        "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone",
+                                       "whenUnsatisfiable": "ScheduleAnyway",
+                                       "labelSelector": {"matchLabels": {"app.kubernetes.io/name": "lastcall-turn"}}}],
+        "networkPolicy": {"enabled": True, "ingressFrom": [{"ipBlock": {"cidr": "0.0.0.0/0"}}],
+                          "metricsFrom": [{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}]},
+    },
+    # The node's ExternalIP from the Kubernetes API, as wire's chart did; a StatefulSet with
+    # its PDB.
+    "node-lookup-statefulset": {
+        "kind": "StatefulSet",
+        "turn": {"externalIPFromNode": {"enabled": True}},
+        "serviceAccount": {"create": True},
+        "podDisruptionBudget": {"maxUnavailable": 2},
+    },
 }
 
 
@@ -85,7 +110,7 @@ def _turn(rendered: Any) -> dict[str, Any]:
 
 def _conf(rendered: Any) -> dict[str, list[str]]:
     """turnserver.conf as {key: [values]} (bare flags map to [""])."""
-    text = rendered.one("ConfigMap")["data"]["turnserver.conf"]
+    text = rendered.one("ConfigMap", "lastcall-turn")["data"]["turnserver.conf"]
     conf: dict[str, list[str]] = {}
     for raw in text.splitlines():
         line = raw.strip()
@@ -279,6 +304,11 @@ SCHEMA_REJECTS = {
     "realm-empty": {"turn": {"realm": ""}},
     "alternate-without-port": {"turn": {"alternateServers": ["192.0.2.10"]}},
     "alternate-hostname": {"turn": {"alternateServers": ["turn-b.example.org:3478"]}},
+    "external-ips-hostname": {"turn": {"externalIPs": {"node-a": "turn.example.org"}}},
+    "external-ips-bad-node-name": {"turn": {"externalIPs": {"Node_A": "203.0.113.10"}}},
+    "lookup-dns-type": {"turn": {"externalIPFromNode": {"enabled": True, "addressType": "ExternalDNS"}}},
+    "service-account-typo": {"serviceAccount": {"automount": True}},
+    "pdb-zero": {"podDisruptionBudget": {"maxUnavailable": 0}},
 }
 
 
@@ -300,6 +330,15 @@ TEMPLATE_REJECTS = {
         "must be shorter than",
     ),
     "tls-without-secret": ({"tls": {"enabled": True}}, "tls.existingSecret is required"),
+    "lookup-without-service-account": (
+        {"turn": {"externalIPFromNode": {"enabled": True}}},
+        "needs a ServiceAccount allowed to get nodes",
+    ),
+    "map-and-lookup": (
+        {"turn": {"externalIPs": {"node-a": "203.0.113.10"}, "externalIPFromNode": {"enabled": True}},
+         "serviceAccount": {"create": True}},
+        "give one",
+    ),
 }
 
 
@@ -339,3 +378,111 @@ def test_every_referenced_variable_is_defined(case: Any) -> None:
     defined = {e["name"] for e in turn.get("env", [])}
     referenced = set(re.findall(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", " ".join(turn["args"])))
     assert referenced <= defined, f"undefined: {referenced - defined}"
+
+
+def _caps(c: dict[str, Any]) -> tuple[list[str], list[str]]:
+    caps = c.get("securityContext", {}).get("capabilities", {})
+    return caps.get("add", []), caps.get("drop", [])
+
+
+def test_a_port_below_1024_adds_net_bind_service_and_nothing_else(case: Any) -> None:
+    _, values, rendered = case
+    t = values["turn"]
+    ports = [t["listeningPort"], values["admin"]["port"]] + ([t["tlsListeningPort"]] if values["tls"]["enabled"] else [])
+    privileged = any(p < 1024 for p in ports)
+    turn = _turn(rendered)
+    add, drop = _caps(turn)
+    assert drop == ["ALL"]
+    assert add == (["NET_BIND_SERVICE"] if privileged else []), add
+    sc = turn["securityContext"]
+    assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True
+    if privileged:
+        # The capability reaches the process only as uid 0 (no file capabilities).
+        assert sc["runAsUser"] == 0 and sc["runAsNonRoot"] is False
+    else:
+        assert "runAsUser" not in sc and rendered.pod_spec()["securityContext"]["runAsNonRoot"] is True
+    for c in rendered.pod_spec().get("initContainers", []):
+        if c["name"] == "node-external-ip":
+            assert _caps(c) == ([], ["ALL"])
+
+
+def test_external_ip_per_node_from_the_map_or_the_api(case: Any) -> None:
+    _, values, rendered = case
+    t = values["turn"]
+    turn = _turn(rendered)
+    env = {e["name"]: e for e in turn["env"]}
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    ip_file = flag(turn["args"], "external-ip-file")
+    volumes = {v["name"]: v for v in rendered.pod_spec()["volumes"]}
+    mounts = {m["name"]: m["mountPath"] for m in turn["volumeMounts"]}
+    inits = {c["name"]: c for c in rendered.pod_spec().get("initContainers", [])}
+    if t["externalIPs"]:
+        assert ip_file == "/etc/lastcall-turn/external-ips/$(NODE_NAME)"
+        cm = rendered.one("ConfigMap", "-external-ips")
+        assert cm["data"] == t["externalIPs"]
+        assert volumes["external-ips"]["configMap"]["name"] == cm["metadata"]["name"]
+        assert mounts["external-ips"] == "/etc/lastcall-turn/external-ips"
+    elif t["externalIPFromNode"]["enabled"]:
+        assert ip_file == "/run/lastcall-turn/node/external-ip"
+        init = inits["node-external-ip"]
+        assert init["args"][0] == "node-external-ip"
+        assert flag(init["args"], "out") == ip_file and flag(init["args"], "node") == "$(NODE_NAME)"
+        assert init["image"] == turn["image"]
+        # The token: in the init container only, short-lived; the daemon has none.
+        assert "node-token" in {m["name"] for m in init["volumeMounts"]}
+        assert "node-token" not in mounts
+        sources = volumes["node-token"]["projected"]["sources"]
+        assert sources[0]["serviceAccountToken"]["expirationSeconds"] == 600
+        assert rendered.pod_spec()["automountServiceAccountToken"] is False
+        role = rendered.one("ClusterRole")
+        assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}]
+        binding = rendered.one("ClusterRoleBinding")
+        assert binding["subjects"][0]["name"] == rendered.pod_spec()["serviceAccountName"]
+        assert binding["subjects"][0]["namespace"] == "ns"
+    else:
+        assert ip_file is None and not rendered.of_kind("ClusterRole")
+        assert not [o for o in rendered.of_kind("ConfigMap") if o["metadata"]["name"].endswith("-external-ips")]
+    # The user's init containers first.
+    names = list(inits)
+    if values["initContainers"]:
+        assert names[: len(values["initContainers"])] == [c["name"] for c in values["initContainers"]]
+
+
+def test_shared_values_of_both_charts(case: Any) -> None:
+    _, values, rendered = case
+    spec = rendered.pod_spec()
+    turn = _turn(rendered)
+    sa = values["serviceAccount"]
+    accounts = rendered.of_kind("ServiceAccount")
+    assert len(accounts) == (1 if sa["create"] else 0)
+    expected_name = (sa["name"] or "rel-lastcall-turn") if sa["create"] else (sa["name"] or "default")
+    assert spec["serviceAccountName"] == expected_name
+    assert spec["automountServiceAccountToken"] == sa["automountServiceAccountToken"]
+    for acc in accounts:
+        assert acc["metadata"]["name"] == expected_name
+        assert acc.get("metadata", {}).get("annotations", {}) == sa["annotations"]
+        assert acc["automountServiceAccountToken"] is False
+    env_names = [e["name"] for e in turn["env"]]
+    for e in values["extraEnv"]:
+        assert e["name"] in env_names
+    mounts = [m["name"] for m in turn["volumeMounts"]]
+    assert all(m["name"] in mounts for m in values["extraVolumeMounts"])
+    assert all(v in spec["volumes"] for v in values["extraVolumes"])
+    assert spec.get("topologySpreadConstraints", []) == values["topologySpreadConstraints"]
+    pdbs = rendered.of_kind("PodDisruptionBudget")
+    if values["kind"] == "StatefulSet" and values["podDisruptionBudget"]["enabled"]:
+        assert len(pdbs) == 1
+        assert pdbs[0]["spec"]["maxUnavailable"] == values["podDisruptionBudget"]["maxUnavailable"]
+        pod_labels = rendered.workload()["spec"]["template"]["metadata"]["labels"]
+        assert pdbs[0]["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    else:
+        assert not pdbs
+    policies = rendered.of_kind("NetworkPolicy")
+    assert len(policies) == (1 if values["networkPolicy"]["enabled"] else 0)
+    for np in policies:
+        turn_rule, admin_rule = np["spec"]["ingress"]
+        assert turn_rule.get("from", []) == values["networkPolicy"]["ingressFrom"]
+        assert admin_rule.get("from", []) == values["networkPolicy"]["metricsFrom"]
+        assert admin_rule["ports"] == [{"protocol": "TCP", "port": values["admin"]["port"]}]
+        relay = [p for p in turn_rule["ports"] if "endPort" in p][0]
+        assert (relay["port"], relay["endPort"]) == (values["turn"]["minPort"], values["turn"]["maxPort"])

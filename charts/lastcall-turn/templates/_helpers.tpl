@@ -66,6 +66,23 @@ is off.
 {{- end }}
 {{- end }}
 
+{{/* "true" when a port the container binds is below 1024: it then gets NET_BIND_SERVICE. */}}
+{{- define "lastcall-turn.privilegedPort" -}}
+{{- $t := .Values.turn }}
+{{- if or (lt (int $t.listeningPort) 1024) (and .Values.tls.enabled (lt (int $t.tlsListeningPort) 1024)) (lt (int .Values.admin.port) 1024) }}true{{ end }}
+{{- end }}
+
+{{/* Where the daemon reads its node's external-ip: the map's file, the lookup's, or none. */}}
+{{- define "lastcall-turn.externalIPFile" -}}
+{{- $t := .Values.turn }}
+{{- if and $t.externalIPs $t.externalIPFromNode.enabled }}
+{{- fail "turn.externalIPs and turn.externalIPFromNode.enabled: give one (the map, or the node's address from the Kubernetes API)" }}
+{{- end }}
+{{- if $t.externalIPFromNode.enabled }}/run/lastcall-turn/node/external-ip
+{{- else if $t.externalIPs }}/etc/lastcall-turn/external-ips/$(NODE_NAME)
+{{- end }}
+{{- end }}
+
 {{- define "lastcall-turn.args" -}}
 {{- $g := .Values.gracefulTermination }}
 - -c
@@ -73,6 +90,9 @@ is off.
 {{- if not .Values.config.existingSecret }}
 - --listening-ip={{ default "$(POD_IP)" .Values.turn.listeningIP }}
 - --relay-ip={{ default "$(POD_IP)" .Values.turn.relayIP }}
+{{- with include "lastcall-turn.externalIPFile" . }}
+- --external-ip-file={{ . }}
+{{- end }}
 {{- if .Values.turn.auth.useAuthSecret }}
 - --static-auth-secret=$(TURN_STATIC_AUTH_SECRET)
 {{- range $i, $k := .Values.turn.auth.extraKeys }}
@@ -126,6 +146,11 @@ spec:
   dnsPolicy: ClusterFirstWithHostNet
   terminationGracePeriodSeconds: {{ include "lastcall-turn.graceSeconds" . }}
   serviceAccountName: {{ include "lastcall-turn.serviceAccountName" . }}
+  automountServiceAccountToken: {{ .Values.serviceAccount.automountServiceAccountToken }}
+  {{- with .Values.topologySpreadConstraints }}
+  topologySpreadConstraints:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
   {{- with .Values.imagePullSecrets }}
   imagePullSecrets:
     {{- toYaml . | nindent 4 }}
@@ -158,6 +183,49 @@ spec:
             matchLabels:
               {{- include "lastcall-turn.selectorLabels" . | nindent 14 }}
   {{- end }}
+  {{- if or .Values.initContainers .Values.turn.externalIPFromNode.enabled }}
+  initContainers:
+    {{- with .Values.initContainers }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+    {{- if .Values.turn.externalIPFromNode.enabled }}
+    {{- if and (not .Values.serviceAccount.create) (not .Values.serviceAccount.name) }}
+    {{- fail "turn.externalIPFromNode needs a ServiceAccount allowed to get nodes: serviceAccount.create=true (the chart binds it), or serviceAccount.name" }}
+    {{- end }}
+    # The node's address from the Kubernetes API, for --external-ip-file (wire's chart did
+    # this with kubectl). Its token is mounted here only.
+    - name: node-external-ip
+      image: {{ printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+      imagePullPolicy: {{ .Values.image.pullPolicy }}
+      args:
+        - node-external-ip
+        - --node=$(NODE_NAME)
+        - --out=/run/lastcall-turn/node/external-ip
+        - --address-type={{ .Values.turn.externalIPFromNode.addressType }}
+        - --token-file=/var/run/secrets/lastcall-turn/token/token
+        - --ca-file=/var/run/secrets/lastcall-turn/token/ca.crt
+      env:
+        - name: NODE_NAME
+          valueFrom:
+            fieldRef:
+              fieldPath: spec.nodeName
+      {{- with .Values.resources }}
+      resources:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      securityContext:
+        allowPrivilegeEscalation: false
+        readOnlyRootFilesystem: true
+        capabilities:
+          drop: [ALL]
+      volumeMounts:
+        - name: node-external-ip
+          mountPath: /run/lastcall-turn/node
+        - name: node-token
+          mountPath: /var/run/secrets/lastcall-turn/token
+          readOnly: true
+    {{- end }}
+  {{- end }}
   containers:
     - name: turn
       image: {{ printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
@@ -169,6 +237,10 @@ spec:
           valueFrom:
             fieldRef:
               fieldPath: status.podIP
+        - name: NODE_NAME
+          valueFrom:
+            fieldRef:
+              fieldPath: spec.nodeName
         {{- if and .Values.turn.auth.useAuthSecret (not .Values.config.existingSecret) }}
         - name: TURN_STATIC_AUTH_SECRET
           valueFrom:
@@ -184,6 +256,9 @@ spec:
         {{- end }}
         {{- end }}
         {{- with .Values.env }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
+        {{- with .Values.extraEnv }}
         {{- toYaml . | nindent 8 }}
         {{- end }}
       ports:
@@ -231,14 +306,40 @@ spec:
       resources:
         {{- toYaml . | nindent 8 }}
       {{- end }}
+      {{- if include "lastcall-turn.privilegedPort" . }}
+      {{- $sc := deepCopy (default dict .Values.securityContext) }}
+      {{- $caps := deepCopy (default dict $sc.capabilities) }}
+      {{- $_ := set $caps "add" (append (without (default list $caps.add) "NET_BIND_SERVICE") "NET_BIND_SERVICE") }}
+      {{- $_ := set $sc "capabilities" $caps }}
+      {{- /* An added capability reaches a non-root process only through file capabilities. */}}
+      {{- $_ := set $sc "runAsUser" 0 }}
+      {{- $_ := set $sc "runAsNonRoot" false }}
+      # A port below 1024: NET_BIND_SERVICE, the one capability, as uid 0 (see values.yaml).
+      securityContext:
+        {{- toYaml $sc | nindent 8 }}
+      {{- else }}
       {{- with .Values.securityContext }}
       securityContext:
         {{- toYaml . | nindent 8 }}
+      {{- end }}
       {{- end }}
       volumeMounts:
         - name: config
           mountPath: /etc/lastcall-turn/config
           readOnly: true
+        {{- if .Values.turn.externalIPs }}
+        - name: external-ips
+          mountPath: /etc/lastcall-turn/external-ips
+          readOnly: true
+        {{- end }}
+        {{- if .Values.turn.externalIPFromNode.enabled }}
+        - name: node-external-ip
+          mountPath: /run/lastcall-turn/node
+          readOnly: true
+        {{- end }}
+        {{- with .Values.extraVolumeMounts }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
         {{- if .Values.tls.enabled }}
         - name: tls
           mountPath: /etc/lastcall-turn/tls
@@ -273,5 +374,28 @@ spec:
     - name: admin-token
       secret:
         secretName: {{ .Values.admin.tokenSecret.name }}
+    {{- end }}
+    {{- if .Values.turn.externalIPs }}
+    - name: external-ips
+      configMap:
+        name: {{ $fullname }}-external-ips
+    {{- end }}
+    {{- if .Values.turn.externalIPFromNode.enabled }}
+    - name: node-external-ip
+      emptyDir: {}
+    - name: node-token
+      projected:
+        sources:
+          - serviceAccountToken:
+              path: token
+              expirationSeconds: 600
+          - configMap:
+              name: kube-root-ca.crt
+              items:
+                - key: ca.crt
+                  path: ca.crt
+    {{- end }}
+    {{- with .Values.extraVolumes }}
+    {{- toYaml . | nindent 4 }}
     {{- end }}
 {{- end }}

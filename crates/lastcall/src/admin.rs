@@ -4,7 +4,8 @@
 //! |---|---|
 //! | `GET /livez` | 200 while the process runs (never falls during a drain) |
 //! | `GET /readyz` | 200 while serving; 503 while starting and from the trigger on |
-//! | `GET /metrics` | Prometheus/OpenMetrics text: the daemon's registry and `lastcall_*` |
+//! | `GET /` | 200 `ok`: coturn's health check of its Prometheus port |
+//! | `GET /metrics` | OpenMetrics text (or Prometheus text 0.0.4, [`Exposition`]): the daemon's registry and `lastcall_*` |
 //! | `GET /drain` | JSON [`DrainStatus`](crate::DrainStatus) |
 //! | `POST /drain` | starts a drain (202 + JSON status); see below |
 //! | anything else | 404 (405 for a known path with another method) |
@@ -95,18 +96,68 @@ impl AdminServer {
     }
 }
 
+/// Writes more metric families, in Prometheus text 0.0.4, at each scrape.
+pub type ExtraFamilies = Arc<dyn Fn(&mut String) + Send + Sync>;
+
+/// How `/metrics` is written.
+#[derive(Clone, Default)]
+pub enum Exposition {
+    /// OpenMetrics 1.0 text, as prometheus-client writes the registry.
+    #[default]
+    OpenMetrics,
+    /// Prometheus text 0.0.4 (`text/plain; version=0.0.4`), coturn's: the registry's families
+    /// rewritten into it, then the families `extra` writes itself in that format (for names
+    /// OpenMetrics does not allow, such as counters without `_total`).
+    PrometheusText {
+        /// Writes more families, in Prometheus text 0.0.4.
+        extra: Option<ExtraFamilies>,
+    },
+}
+
+impl std::fmt::Debug for Exposition {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Exposition::OpenMetrics => f.write_str("OpenMetrics"),
+            Exposition::PrometheusText { extra } => f
+                .debug_struct("PrometheusText")
+                .field("extra", &extra.is_some())
+                .finish(),
+        }
+    }
+}
+
 /// Binds `--admin-addr` (if set) and serves the admin endpoints on their own thread.
 /// With the listener off (`--admin-addr off`) it returns an [`AdminServer`] without address.
 pub async fn serve(handle: &Handle, registry: Arc<Registry>) -> Result<AdminServer, AdminError> {
+    serve_with(handle, registry, Exposition::OpenMetrics).await
+}
+
+/// [`serve`], with `/metrics` written as `exposition` says.
+pub async fn serve_with(
+    handle: &Handle,
+    registry: Arc<Registry>,
+    exposition: Exposition,
+) -> Result<AdminServer, AdminError> {
     let Some(addr) = handle.config().admin_addr else {
         return Ok(AdminServer {
             local_addr: None,
             stop: None,
         });
     };
+    serve_addr(addr, handle, registry, exposition)
+}
+
+/// Binds `addr` and serves the admin endpoints there (a second address: coturn's
+/// Prometheus port besides `--admin-addr`).
+pub fn serve_addr(
+    addr: SocketAddr,
+    handle: &Handle,
+    registry: Arc<Registry>,
+    exposition: Exposition,
+) -> Result<AdminServer, AdminError> {
     let listener =
         std::net::TcpListener::bind(addr).map_err(|source| AdminError::Bind { addr, source })?;
-    serve_listener(listener, handle, registry)
+    serve_listener_with(listener, handle, registry, exposition)
 }
 
 /// Serves the admin endpoints on an already bound listener, on a thread of its own.
@@ -114,6 +165,16 @@ pub fn serve_listener(
     listener: std::net::TcpListener,
     handle: &Handle,
     registry: Arc<Registry>,
+) -> Result<AdminServer, AdminError> {
+    serve_listener_with(listener, handle, registry, Exposition::OpenMetrics)
+}
+
+/// [`serve_listener`], with `/metrics` written as `exposition` says.
+pub fn serve_listener_with(
+    listener: std::net::TcpListener,
+    handle: &Handle,
+    registry: Arc<Registry>,
+    exposition: Exposition,
 ) -> Result<AdminServer, AdminError> {
     let local_addr = listener.local_addr().ok();
     listener.set_nonblocking(true).map_err(AdminError::Thread)?;
@@ -125,6 +186,7 @@ pub fn serve_listener(
         handle: handle.clone(),
         registry,
         own: own_registry(handle),
+        exposition,
         open: Open::default(),
     });
     let stop = Arc::new(Notify::new());
@@ -161,6 +223,8 @@ struct Ctx {
     registry: Arc<Registry>,
     /// The `lastcall_*` metrics, when the daemon did not register them in its registry.
     own: Option<Registry>,
+    /// How `/metrics` is written.
+    exposition: Exposition,
     /// Connections open.
     open: Open,
 }
@@ -337,6 +401,8 @@ async fn route<B>(
     let handle = &ctx.handle;
     match (req.method(), req.uri().path()) {
         (&Method::GET | &Method::HEAD, "/livez") => text(StatusCode::OK, "ok\n"),
+        // coturn documents `GET /` on its Prometheus port as a health check.
+        (&Method::GET | &Method::HEAD, "/") => text(StatusCode::OK, "ok\n"),
         (&Method::GET | &Method::HEAD, "/readyz") => {
             if handle.is_ready() {
                 text(StatusCode::OK, "ready\n")
@@ -350,7 +416,7 @@ async fn route<B>(
         (&Method::GET | &Method::HEAD, "/metrics") => metrics(ctx),
         (&Method::GET | &Method::HEAD, "/drain") => json(StatusCode::OK, &handle.status()),
         (&Method::POST, "/drain") => post_drain(ctx, peer, posted, &req).await,
-        (_, "/livez" | "/readyz" | "/metrics" | "/drain") => {
+        (_, "/" | "/livez" | "/readyz" | "/metrics" | "/drain") => {
             text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n")
         }
         _ => text(StatusCode::NOT_FOUND, "not found\n"),
@@ -435,11 +501,19 @@ fn metrics(ctx: &Ctx) -> Response<Full<Bytes>> {
     if !ok {
         return text(StatusCode::INTERNAL_SERVER_ERROR, "cannot encode metrics\n");
     }
+    let content_type = match &ctx.exposition {
+        Exposition::OpenMetrics => "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        Exposition::PrometheusText { extra } => {
+            body = crate::exposition::to_prometheus_text(&body);
+            if let Some(extra) = extra {
+                extra(&mut body);
+            }
+            crate::exposition::PROMETHEUS_TEXT
+        }
+    };
     let mut resp = Response::new(Full::new(Bytes::from(body)));
-    resp.headers_mut().insert(
-        CONTENT_TYPE,
-        HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
-    );
+    resp.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
     resp
 }
 
@@ -491,6 +565,7 @@ mod tests {
             own: own_registry(&handle),
             handle,
             registry: Arc::new(registry),
+            exposition: Exposition::OpenMetrics,
             open: Open::default(),
         };
         (lifecycle, ctx)
@@ -531,9 +606,59 @@ mod tests {
             assert!(body.contains("lastcall_drain_phase 0"), "{body}");
             assert!(body.contains("lastcall_sessions_refused_total 0"), "{body}");
             assert!(body.contains("lastcall_drain_duration_seconds"), "{body}");
+            assert!(
+                body.contains("lastcall_drain_deadline_timestamp_seconds 0"),
+                "{body}"
+            );
+            assert!(body.contains("lastcall_drain_timeout_seconds 30"), "{body}");
+            // The process's own, under client_golang's names (coraza-spoa serves them), once.
+            for name in [
+                "process_cpu_seconds_total ",
+                "process_resident_memory_bytes ",
+                "process_virtual_memory_bytes ",
+                "process_open_fds ",
+                "process_max_fds ",
+                "process_threads ",
+                "process_start_time_seconds ",
+            ] {
+                let line = body
+                    .lines()
+                    .find(|l| l.starts_with(name))
+                    .unwrap_or_else(|| panic!("no {name}in {body}"));
+                let value: f64 = line[name.len()..].trim().parse().unwrap();
+                assert!(value > 0.0 || name.starts_with("process_cpu"), "{line}");
+                assert_eq!(body.matches(&format!("\n{name}")).count(), 1, "{body}");
+            }
             assert_eq!(body.matches("# EOF").count(), 1, "{body}");
             assert!(body.ends_with("# EOF\n"));
         }
+    }
+
+    #[tokio::test]
+    async fn prometheus_text_rewrites_the_registry_and_adds_the_daemons_own_families() {
+        let (_lc, mut ctx) = ctx(None, true);
+        ctx.exposition = Exposition::PrometheusText {
+            extra: Some(Arc::new(|out: &mut String| {
+                out.push_str("# TYPE coturn_named counter\ncoturn_named 4\n");
+            })),
+        };
+        let resp = metrics(&ctx);
+        assert_eq!(
+            resp.headers().get(CONTENT_TYPE).unwrap(),
+            "text/plain; version=0.0.4; charset=utf-8"
+        );
+        let (code, body) = call(&ctx, REMOTE, req(Method::GET, "/metrics", None)).await;
+        assert_eq!(code, 200);
+        assert!(
+            body.contains("# TYPE daemon_things_total counter\ndaemon_things_total 1\n"),
+            "{body}"
+        );
+        assert!(body.contains("# TYPE lastcall_sessions gauge\n"), "{body}");
+        assert!(
+            body.ends_with("# TYPE coturn_named counter\ncoturn_named 4\n"),
+            "{body}"
+        );
+        assert!(!body.contains("# EOF"), "{body}");
     }
 
     #[tokio::test]
@@ -549,7 +674,15 @@ mod tests {
                 .0,
             200
         );
-        assert_eq!(call(&ctx, REMOTE, req(Method::GET, "/", None)).await.0, 404);
+        // coturn's health check of its Prometheus port.
+        assert_eq!(
+            call(&ctx, REMOTE, req(Method::GET, "/", None)).await,
+            (200, "ok\n".to_string())
+        );
+        assert_eq!(
+            call(&ctx, REMOTE, req(Method::POST, "/", None)).await.0,
+            405
+        );
         assert_eq!(
             call(&ctx, REMOTE, req(Method::GET, "/drain/x", None))
                 .await
@@ -580,6 +713,7 @@ mod tests {
             own: own_registry(&handle),
             handle: handle.clone(),
             registry: Arc::new(Registry::default()),
+            exposition: Exposition::OpenMetrics,
             open: Open::default(),
         };
         let (tx, rx) = futures::channel::mpsc::unbounded::<crate::Trigger>();
@@ -769,6 +903,7 @@ mod tests {
             own: own_registry(&lc.handle()),
             handle: lc.handle(),
             registry: Arc::new(Registry::default()),
+            exposition: Exposition::OpenMetrics,
             open: Open::default(),
         });
         tokio::spawn(accept_loop(listener, Arc::clone(&ctx)));

@@ -130,13 +130,17 @@ impl std::fmt::Debug for Daemon {
 
 impl Daemon {
     /// Starts the lifecycle in [`Phase::Starting`] with the real signals (SIGTERM, SIGINT,
-    /// SIGQUIT, SIGUSR1, SIGHUP), handled from now on: a drain trigger while starting skips
+    /// SIGQUIT, SIGUSR1, SIGHUP, SIGUSR2), handled from now on: a drain trigger while starting skips
     /// the shutdown delay, and with nothing live the exit is decided at once (watch
     /// [`Handle::exiting`] during long start-up work, then call [`serve`](Self::serve)).
     ///
     /// Panics outside a tokio runtime.
+    ///
+    /// Under a service manager that set `NOTIFY_SOCKET` (systemd's `Type=notify`) the
+    /// lifecycle tells it `READY=1` when Starting ends, `STOPPING=1` when a drain starts and
+    /// `STATUS=` what it waits for (`sd_notify(3)`).
     pub fn start(config: TerminationConfig) -> Daemon {
-        Self::start_driver(config, signal_stream())
+        Self::start_driver(config, signal_stream(), true)
     }
 
     /// [`start`](Self::start) with `events` in place of the real signals (tests, embedding).
@@ -145,11 +149,16 @@ impl Daemon {
     where
         S: Stream<Item = Trigger> + Send + 'static,
     {
-        Self::start_driver(config, Box::pin(events))
+        Self::start_driver(config, Box::pin(events), false)
     }
 
-    fn start_driver(config: TerminationConfig, events: crate::lifecycle::TriggerStream) -> Daemon {
-        let lifecycle = Lifecycle::build(config, Phase::Starting);
+    fn start_driver(
+        config: TerminationConfig,
+        events: crate::lifecycle::TriggerStream,
+        notify: bool,
+    ) -> Daemon {
+        let mut lifecycle = Lifecycle::build(config, Phase::Starting);
+        lifecycle.notify_service_manager = notify;
         let handle = lifecycle.handle();
         let driver = tokio::spawn(lifecycle.drive(events));
         Daemon {

@@ -26,11 +26,14 @@ pub mod config;
 pub mod daemon;
 pub mod duration;
 pub mod exit;
+mod exposition;
 pub mod lifecycle;
 pub mod logging;
 pub mod machine;
 mod metrics;
+mod notify;
 pub mod problem;
+mod process;
 pub mod watch;
 
 pub use config::{

@@ -150,6 +150,8 @@ pub struct Lifecycle {
     shared: Arc<Shared>,
     events: mpsc::UnboundedReceiver<Event>,
     initial: Phase,
+    /// Tell systemd (`NOTIFY_SOCKET`) what happens: the real daemon's lifecycle only.
+    pub(crate) notify_service_manager: bool,
 }
 
 impl Lifecycle {
@@ -158,6 +160,9 @@ impl Lifecycle {
         let (events_tx, events) = mpsc::unbounded_channel();
         let metrics = Metrics::default();
         metrics.drain_phase.set(initial.metric_value());
+        metrics
+            .drain_timeout
+            .set(config.drain_timeout.as_secs_f64());
         let shared = Arc::new(Shared {
             config,
             state: watch::Sender::new(State {
@@ -178,6 +183,7 @@ impl Lifecycle {
             shared,
             events,
             initial,
+            notify_service_manager: false,
         }
     }
 
@@ -195,8 +201,9 @@ impl Lifecycle {
     }
 
     /// Registers `lastcall_drain_phase`, `lastcall_sessions`, `lastcall_peers`,
-    /// `lastcall_sessions_refused_total`, `lastcall_reloads_total` and
-    /// `lastcall_drain_duration_seconds` in the daemon's registry. (If it is never called,
+    /// `lastcall_sessions_refused_total`, `lastcall_reloads_total`,
+    /// `lastcall_drain_duration_seconds`, `lastcall_drain_timeout_seconds` and
+    /// `lastcall_drain_deadline_timestamp_seconds` in the daemon's registry. (If it is never called,
     /// the admin listener's `/metrics` adds them by itself.)
     pub fn register_metrics(&self, registry: &mut Registry) {
         self.handle().register_metrics(registry);
@@ -280,6 +287,12 @@ impl Lifecycle {
         let shared = &self.shared;
         let mut exit = None;
         for action in actions {
+            if self.notify_service_manager {
+                let c = *shared.counts.borrow();
+                if let Some(notice) = crate::notify::notices(&action, c.sessions, c.peers) {
+                    crate::notify::send(&notice);
+                }
+            }
             match &action {
                 Action::DrainStarted { trigger, .. } => {
                     let now = Instant::now();
@@ -298,6 +311,11 @@ impl Lifecycle {
                         deadline_at: started_at + deadline.saturating_duration_since(started),
                         deadline,
                     };
+                    let deadline_unix = info
+                        .deadline_at
+                        .duration_since(SystemTime::UNIX_EPOCH)
+                        .map_or(0.0, |d| d.as_secs_f64());
+                    shared.metrics.drain_deadline.set(deadline_unix);
                     shared.state.send_modify(|s| s.drain = Some(info));
                     tracing::warn!(trigger = %trigger, policy = %shared.config.on_sigterm, "{action}");
                 }
@@ -308,7 +326,7 @@ impl Lifecycle {
                     shared.state.send_modify(|s| s.phase = *to);
                     tracing::info!(phase = %to, "{action}");
                 }
-                Action::Reload => {
+                Action::Reload { .. } => {
                     tracing::info!("{action}");
                     shared.metrics.reloads.inc();
                     shared.reloads.send_modify(|n| *n += 1);
@@ -379,6 +397,7 @@ pub(crate) fn signal_stream() -> TriggerStream {
         (SignalKind::quit(), Trigger::Sigquit),
         (SignalKind::user_defined1(), Trigger::Sigusr1),
         (SignalKind::hangup(), Trigger::Sighup),
+        (SignalKind::user_defined2(), Trigger::Sigusr2),
     ];
     let mut streams: Vec<TriggerStream> = Vec::new();
     for (kind, trigger) in kinds {
@@ -428,7 +447,10 @@ impl Handle {
     /// Whether `/readyz` answers 200: Serving, and not exiting.
     pub fn is_ready(&self) -> bool {
         let state = self.shared.state.borrow();
-        state.phase == Phase::Serving && !state.exiting
+        // A drain's trigger is published (and logged) an action before its first phase
+        // change: readiness falls with the trigger, so whoever reads the trigger's log line
+        // finds /readyz already at 503.
+        state.phase == Phase::Serving && !state.exiting && state.drain.is_none()
     }
 
     /// Whether a drain (or linger) has started, or the exit is decided.
@@ -492,7 +514,7 @@ impl Handle {
         }
     }
 
-    /// A receiver of the reload counter, bumped on each SIGHUP.
+    /// A receiver of the reload counter, bumped on each SIGHUP and SIGUSR2.
     pub fn reloads(&self) -> watch::Receiver<u64> {
         self.shared.reloads.subscribe()
     }
@@ -624,7 +646,7 @@ pub struct DrainStatus {
     pub drain_timeout_seconds: f64,
     /// Refused pieces of new work so far.
     pub sessions_refused_total: u64,
-    /// SIGHUP reloads so far.
+    /// SIGHUP and SIGUSR2 reloads so far.
     pub reloads: u64,
     /// How it ended, once decided.
     pub outcome: Option<Outcome>,

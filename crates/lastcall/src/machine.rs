@@ -90,6 +90,9 @@ pub enum Trigger {
     Sigusr1,
     /// SIGHUP: reload (bumps [`crate::Handle::reloads`]); no phase change.
     Sighup,
+    /// SIGUSR2: the same reload as SIGHUP (coturn reloads its TLS certificates on SIGUSR2;
+    /// certbot deploy hooks and reloader sidecars send it); no phase change.
+    Sigusr2,
     /// `POST /drain` on the admin listener: drain.
     Admin,
     /// A drain asked for by the daemon's own code ([`crate::Handle::start_drain`]).
@@ -105,6 +108,7 @@ impl Trigger {
             Trigger::Sigquit => "SIGQUIT",
             Trigger::Sigusr1 => "SIGUSR1",
             Trigger::Sighup => "SIGHUP",
+            Trigger::Sigusr2 => "SIGUSR2",
             Trigger::Admin => "POST /drain",
             Trigger::Api => "api",
         }
@@ -253,8 +257,11 @@ pub enum Action {
         /// The trigger.
         trigger: Trigger,
     },
-    /// SIGHUP: reload.
-    Reload,
+    /// SIGHUP or SIGUSR2: reload.
+    Reload {
+        /// The signal.
+        trigger: Trigger,
+    },
     /// The phase changed.
     PhaseChanged {
         /// Old phase.
@@ -318,7 +325,7 @@ impl fmt::Display for Action {
                 f,
                 "{trigger} received and ignored (--on-sigterm ignore); SIGUSR1, SIGINT, SIGQUIT or POST /drain end the process"
             ),
-            Action::Reload => write!(f, "SIGHUP received: reloading"),
+            Action::Reload { trigger } => write!(f, "{trigger} received: reloading"),
             Action::PhaseChanged { from, to } => write!(f, "phase {from} -> {to}"),
             Action::Progress {
                 phase,
@@ -485,7 +492,7 @@ impl Machine {
 
     fn on_trigger(&mut self, now: Instant, trigger: Trigger, actions: &mut Vec<Action>) {
         match trigger {
-            Trigger::Sighup => actions.push(Action::Reload),
+            Trigger::Sighup | Trigger::Sigusr2 => actions.push(Action::Reload { trigger }),
             Trigger::Sigquit => self.force(now, trigger, actions),
             Trigger::Sigterm => match self.on_sigterm {
                 OnSigterm::Ignore => actions.push(Action::Ignored { trigger }),

@@ -37,6 +37,10 @@ pub enum Signal {
     Usr1,
     /// SIGHUP.
     Hup,
+    /// SIGUSR2.
+    Usr2,
+    /// SIGPIPE.
+    Pipe,
     /// SIGKILL (what the kubelet sends at the end of the grace period).
     Kill,
     /// SIGSTOP (freeze the process: its timers come due all at once on SIGCONT).
@@ -54,6 +58,8 @@ impl Signal {
             Signal::Quit => S::SIGQUIT,
             Signal::Usr1 => S::SIGUSR1,
             Signal::Hup => S::SIGHUP,
+            Signal::Usr2 => S::SIGUSR2,
+            Signal::Pipe => S::SIGPIPE,
             Signal::Kill => S::SIGKILL,
             Signal::Stop => S::SIGSTOP,
             Signal::Cont => S::SIGCONT,

@@ -148,10 +148,6 @@ fn txid() -> [u8; 12] {
 impl TurnClient {
     /// A client of `server` with TURN REST API credentials for `user` (valid one hour).
     pub fn new(server: SocketAddr, secret: &str, user: &str) -> TurnClient {
-        let sock = UdpSocket::bind(("127.0.0.1", 0)).expect("bind client socket");
-        sock.connect(server).expect("connect client socket");
-        sock.set_read_timeout(Some(Duration::from_millis(50)))
-            .expect("read timeout");
         let expiry = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .unwrap_or_default()
@@ -159,6 +155,17 @@ impl TurnClient {
             + 3600;
         let username = format!("{expiry}:{user}");
         let password = rest_password(secret.as_bytes(), &username);
+        TurnClient::long_term(server, &username, &password)
+    }
+
+    /// A client of `server` with the long-term credentials `username` and `password` (a
+    /// `user=` line, a user database's user).
+    pub fn long_term(server: SocketAddr, username: &str, password: &str) -> TurnClient {
+        let (username, password) = (username.to_string(), password.to_string());
+        let sock = UdpSocket::bind(("127.0.0.1", 0)).expect("bind client socket");
+        sock.connect(server).expect("connect client socket");
+        sock.set_read_timeout(Some(Duration::from_millis(50)))
+            .expect("read timeout");
         let shared = Arc::new(Shared {
             log: Mutex::default(),
             stop_reader: AtomicBool::new(false),
@@ -289,6 +296,23 @@ impl TurnClient {
         let r = self.request(method::ALLOCATE, &|b| {
             b.u32(attr::REQUESTED_TRANSPORT, 17 << 24)
                 .u32(attr::LIFETIME, lifetime);
+        })?;
+        let relayed = r.relayed.ok_or(TurnError::Malformed)?;
+        self.relayed = Some(relayed);
+        Ok(relayed)
+    }
+
+    /// Allocate a UDP relay with a RESERVATION-TOKEN (RFC 8656 §7.2: the socket an earlier
+    /// EVEN-PORT R=1 reserved).
+    pub fn allocate_with_token(
+        &mut self,
+        lifetime: u32,
+        token: [u8; 8],
+    ) -> Result<SocketAddr, TurnError> {
+        let r = self.request(method::ALLOCATE, &|b| {
+            b.u32(attr::REQUESTED_TRANSPORT, 17 << 24)
+                .u32(attr::LIFETIME, lifetime)
+                .attr(attr::RESERVATION_TOKEN, &token);
         })?;
         let relayed = r.relayed.ok_or(TurnError::Malformed)?;
         self.relayed = Some(relayed);

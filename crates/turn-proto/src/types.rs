@@ -143,6 +143,84 @@ pub enum RelayError {
     Failed(String),
 }
 
+/// Which limit an Allocate refused for capacity ran into (each refusal says it: the log line
+/// of [`Event::AllocateRefused`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CapacityLimit {
+    /// `user-quota`: the user's allocations, waiting ones included, reached it (486).
+    UserQuota {
+        /// The user.
+        user: String,
+        /// `user-quota`.
+        quota: u32,
+    },
+    /// `total-quota`: the allocations, waiting ones included, reached it (486).
+    TotalQuota {
+        /// `total-quota`.
+        quota: u32,
+    },
+    /// `bps-capacity`: no bandwidth left to reserve (486).
+    Bandwidth {
+        /// `bps-capacity`, bytes per second.
+        capacity: u64,
+    },
+    /// No free port in `min-port..max-port` at the relay address (508).
+    RelayPorts,
+    /// The operating system refused a relay socket: its error (the open-file limit, memory)
+    /// (508).
+    RelaySocket(String),
+    /// RESERVATION-TOKEN names no reservation: unknown, used, or expired after 30 s (508).
+    Reservation,
+    /// EVEN-PORT: no even port (with port + 1 for R=1) could be bound (508).
+    EvenPort,
+    /// The I/O layer bound a port the core still holds (a defect: never expected) (508).
+    PortHeld,
+}
+
+impl CapacityLimit {
+    /// A short name for log fields and alerts: `user-quota`, `total-quota`, `bps-capacity`,
+    /// `relay-ports`, `relay-socket`, `reservation`, `even-port`, `port-held`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            CapacityLimit::UserQuota { .. } => "user-quota",
+            CapacityLimit::TotalQuota { .. } => "total-quota",
+            CapacityLimit::Bandwidth { .. } => "bps-capacity",
+            CapacityLimit::RelayPorts => "relay-ports",
+            CapacityLimit::RelaySocket(_) => "relay-socket",
+            CapacityLimit::Reservation => "reservation",
+            CapacityLimit::EvenPort => "even-port",
+            CapacityLimit::PortHeld => "port-held",
+        }
+    }
+}
+
+impl std::fmt::Display for CapacityLimit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CapacityLimit::UserQuota { user, quota } => {
+                write!(f, "user-quota: {user:?} has {quota} allocations")
+            }
+            CapacityLimit::TotalQuota { quota } => {
+                write!(f, "total-quota: {quota} allocations in all")
+            }
+            CapacityLimit::Bandwidth { capacity } => {
+                write!(f, "bps-capacity: all {capacity} bytes/s reserved")
+            }
+            CapacityLimit::RelayPorts => write!(f, "relay ports: none free in min-port..max-port"),
+            CapacityLimit::RelaySocket(e) => write!(f, "relay socket: {e}"),
+            CapacityLimit::Reservation => write!(
+                f,
+                "reservation: RESERVATION-TOKEN unknown, used or expired (30 s)"
+            ),
+            CapacityLimit::EvenPort => write!(f, "relay ports: no even port (pair) free"),
+            CapacityLimit::PortHeld => write!(
+                f,
+                "relay ports: the port bound is held by another allocation"
+            ),
+        }
+    }
+}
+
 /// The relay addresses of one allocation (one or both families).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct RelayAddrs {
@@ -231,6 +309,10 @@ pub enum AuthFailure {
     /// A NONCE this server never issued: made with another nonce secret (another server, a
     /// restart without a shared secret), for another client IP, or forged (438).
     UnknownNonce,
+    /// The user database could not say (down, slow, an error): 500, try again.
+    DatabaseUnavailable,
+    /// Too many lookups in flight or requests waiting for them: 500, try again.
+    DatabaseBusy,
 }
 
 impl AuthFailure {
@@ -243,6 +325,8 @@ impl AuthFailure {
             AuthFailure::WrongCredentials => "wrong_credentials",
             AuthFailure::StaleNonce => "stale_nonce",
             AuthFailure::UnknownNonce => "unknown_nonce",
+            AuthFailure::DatabaseUnavailable => "database_unavailable",
+            AuthFailure::DatabaseBusy => "database_busy",
         }
     }
 }
@@ -291,12 +375,15 @@ pub enum Event {
         /// The ALTERNATE-SERVER sent with 300, or `None` for 403.
         alternate: Option<SocketAddr>,
     },
-    /// A new Allocate was refused for capacity: `code` 486 (quota) or 508 (no relay port).
+    /// A new Allocate was refused for capacity: `code` 486 (quota, bandwidth) or 508 (relay
+    /// sockets), and which limit it ran into.
     AllocateRefused {
         /// Client.
         client: ClientAddr,
         /// 486 or 508.
         code: u16,
+        /// The limit.
+        limit: CapacityLimit,
     },
     /// A CreatePermission/ChannelBind peer was refused by the peer policy (403).
     PeerDenied {
@@ -400,4 +487,10 @@ pub struct Counters {
     pub bandwidth_dropped: u64,
     /// Allocates refused with 486 because `bps-capacity` was all reserved.
     pub refused_bandwidth: u64,
+    /// Lookups asked of the user database ([`Server::poll_lookup`](crate::Server::poll_lookup)).
+    pub userdb_lookups: u64,
+    /// Of those, answered [`Answer::Unavailable`](crate::Answer::Unavailable) or not in time.
+    pub userdb_unavailable: u64,
+    /// Requests answered from what the core kept of the user database, without a lookup.
+    pub userdb_cached: u64,
 }

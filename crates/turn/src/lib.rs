@@ -10,7 +10,8 @@
 //! and the leaves (`sockets`, `mmsg`, `mailbox`, `metrics`, `ratelog`, `tls`); the relay
 //! sockets (`relay`); routing what the core returns (`route`); the core behind its lock
 //! (`shared`); its drivers (`udp`, `stream`, `timers`, `drain`); the listeners (`listen`);
-//! and `server`, which starts them all.
+//! and `server`, which starts them all. Apart: `nodeip`, the chart's init container's lookup of
+//! the node's ExternalIP (`lastcall-turn node-external-ip`).
 #![forbid(unsafe_code)]
 
 pub mod config;
@@ -20,6 +21,7 @@ pub mod listen;
 mod mailbox;
 pub mod metrics;
 mod mmsg;
+pub mod nodeip;
 mod options;
 mod ratelog;
 mod relay;
@@ -32,3 +34,4 @@ mod stream;
 mod timers;
 pub mod tls;
 mod udp;
+pub mod userdb;

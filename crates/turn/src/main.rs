@@ -11,14 +11,20 @@ use lastcall_turn::server;
 use lastcall_turn::tls::Certs;
 
 fn main() {
-    let settings = match config::parse(std::env::args()) {
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("node-external-ip") {
+        node_external_ip(args.get(2..).unwrap_or_default());
+    }
+    let settings = match config::parse(args) {
         Ok(Parsed::Run(s)) => *s,
+        Ok(Parsed::Validated(s)) => validated(&s),
         Ok(Parsed::Print(text)) => {
             print!("{text}");
             std::process::exit(0);
         }
         Err(problems) => problems.exit("lastcall-turn"),
     };
+    let raised = raise_open_file_limit();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -29,22 +35,121 @@ fn main() {
             std::process::exit(lastcall::exit::OS_ERROR);
         }
     };
-    let code = runtime.block_on(run(settings));
+    let code = runtime.block_on(run(settings, raised));
     std::process::exit(code);
 }
 
+/// `lastcall-turn node-external-ip ...`: the chart's init container (see
+/// [`lastcall_turn::nodeip`]); exits 0 with the file written, 64 on bad arguments, 1 else.
+fn node_external_ip(args: &[String]) -> ! {
+    use lastcall_turn::nodeip::{Lookup, LookupError};
+    let lookup = match Lookup::from_args(args) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("lastcall-turn node-external-ip: {e}");
+            std::process::exit(lastcall::exit::CONFIG);
+        }
+    };
+    match lookup.run() {
+        Ok(ips) => {
+            let ips: Vec<String> = ips.iter().map(ToString::to_string).collect();
+            println!(
+                "lastcall-turn node-external-ip: node {}: {} {} written to {}",
+                lookup.node,
+                lookup.address_type,
+                ips.join(" "),
+                lookup.out.display()
+            );
+            std::process::exit(0);
+        }
+        Err(e @ LookupError::Usage(_)) => {
+            eprintln!("lastcall-turn node-external-ip: {e}");
+            std::process::exit(lastcall::exit::CONFIG);
+        }
+        Err(e) => {
+            eprintln!("lastcall-turn node-external-ip: {e}");
+            std::process::exit(1);
+        }
+    }
+}
+
+/// `--validate`: everything start-up checks passed (the configuration, the files it names,
+/// the listening addresses); nothing was bound. Prints what would run and exits 0.
+fn validated(s: &Settings) -> ! {
+    let turn = &s.turn;
+    for w in &s.warnings {
+        println!("warning: {w}");
+    }
+    match listen::listening_addresses(turn) {
+        Ok(ips) => {
+            let ips: Vec<String> = ips.iter().map(ToString::to_string).collect();
+            println!(
+                "lastcall-turn: configuration valid{}: realm {}, listening on {} port {} (UDP {}, TCP {}, TLS {}), relay ports {}-{}, admin {}",
+                turn.config_file
+                    .as_ref()
+                    .map(|f| format!(" ({})", f.display()))
+                    .unwrap_or_default(),
+                turn.realm,
+                ips.join(", "),
+                turn.listening_port,
+                on(turn.udp),
+                on(turn.tcp),
+                turn.tls
+                    .as_ref()
+                    .map_or("off".to_string(), |_| format!("on, port {}", turn.tls_listening_port)),
+                turn.min_port,
+                turn.max_port,
+                s.term
+                    .admin_addr
+                    .map_or("off".to_string(), |a| a.to_string()),
+            );
+            std::process::exit(0);
+        }
+        Err(e) => {
+            eprintln!("lastcall-turn: configuration errors:\n  - listening-ip: {e}");
+            std::process::exit(lastcall::exit::CONFIG);
+        }
+    }
+}
+
+fn on(b: bool) -> &'static str {
+    if b {
+        "on"
+    } else {
+        "off"
+    }
+}
+
+/// coturn raises its open-file limit to the hard limit at start (every allocation holds a
+/// relay socket, every TCP client a connection); so does lastcall-turn. Under systemd the
+/// soft limit is 1,024 unless the unit says `LimitNOFILE=`, about 1,000 allocations.
+/// Returns the limits before and after, when raised.
+fn raise_open_file_limit() -> Option<(u64, u64)> {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).ok()?;
+    if soft >= hard {
+        return None;
+    }
+    setrlimit(Resource::RLIMIT_NOFILE, hard, hard).ok()?;
+    Some((soft, hard))
+}
+
 /// Serves until the lifecycle says to leave; returns the exit status.
-async fn run(settings: Settings) -> i32 {
+async fn run(settings: Settings, raised: Option<(u64, u64)>) -> i32 {
     let Settings {
         turn,
         certs,
         term,
         log,
         warnings,
+        prometheus_addr,
     } = settings;
     lastcall::logging::init(&log);
     for w in &warnings {
         tracing::warn!("{w}");
+    }
+    if let Some((from, to)) = raised {
+        tracing::info!("open-file limit raised from {from} to {to} (as coturn does)");
     }
     if turn.tls.is_none() {
         tracing::info!("the TLS listener is off (no cert and pkey, or no-tls)");
@@ -70,11 +175,29 @@ async fn run(settings: Settings) -> i32 {
             return lastcall::exit::OS_ERROR;
         }
     };
-    running.register_metrics(&mut registry, &turn.realm);
-    let admin = match lastcall::admin::serve(&handle, Arc::new(registry)).await {
-        Ok(a) => a,
+    running.register_metrics(&mut registry);
+    // coturn's text format and families, so coturn's dashboards and scrape configs carry over.
+    let exposition = lastcall::admin::Exposition::PrometheusText {
+        extra: Some(running.coturn_metrics(&turn.realm)),
+    };
+    let registry = Arc::new(registry);
+    let admin =
+        match lastcall::admin::serve_with(&handle, Arc::clone(&registry), exposition.clone()).await
+        {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::error!("{e}");
+                return lastcall::exit::OS_ERROR;
+            }
+        };
+    // coturn's Prometheus port, when --admin-addr is elsewhere: the same endpoints there.
+    let _prometheus = match prometheus_addr
+        .map(|addr| lastcall::admin::serve_addr(addr, &handle, registry, exposition))
+        .transpose()
+    {
+        Ok(p) => p,
         Err(e) => {
-            tracing::error!("{e}");
+            tracing::error!("coturn's prometheus-port: {e}");
             return lastcall::exit::OS_ERROR;
         }
     };
@@ -84,7 +207,7 @@ async fn run(settings: Settings) -> i32 {
         }
     }
     if let Some(certs) = certs {
-        tokio::spawn(reload_on_sighup(handle.clone(), certs, metrics.clone()));
+        tokio::spawn(reload_certificates(handle.clone(), certs, metrics.clone()));
     }
     let listening = (
         running.udp.clone(),
@@ -115,8 +238,8 @@ async fn run(settings: Settings) -> i32 {
     served.exit_code()
 }
 
-/// Reloads the certificate on SIGHUP; a failed reload keeps the old one.
-async fn reload_on_sighup(handle: lastcall::Handle, certs: Arc<Certs>, metrics: Metrics) {
+/// Reloads the certificate on SIGUSR2 (coturn's) and SIGHUP; a failed reload keeps the old one.
+async fn reload_certificates(handle: lastcall::Handle, certs: Arc<Certs>, metrics: Metrics) {
     let mut reloads = handle.reloads();
     while reloads.changed().await.is_ok() {
         match certs.reload() {

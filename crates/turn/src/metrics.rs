@@ -1,17 +1,19 @@
-//! The TURN daemon's metrics, served by lastcall's admin listener at `/metrics`.
+//! The TURN daemon's metrics, served by lastcall's admin listener at `/metrics`, in
+//! Prometheus's text format 0.0.4 as coturn's exporter serves them.
 //!
 //! Two sources: the protocol core's [`Counters`] (read under the core's lock at each scrape,
-//! by [`CoreMetrics`]) and the I/O layer's own [`Metrics`] (sockets, connections, TLS, the UDP
-//! I/O threads). Each number is counted once, where it is known.
+//! by [`CoreMetrics`] and [`write_coturn_counters`]) and the I/O layer's own [`Metrics`]
+//! (sockets, connections, TLS, the UDP I/O threads). Each number is counted once, where it is
+//! known.
 //!
-//! coturn's names are kept where they exist, so dashboards carry over:
-//! `turn_total_allocations{type="UDP|TCP|TLS/TCP"}` (coturn's label values), the traffic
-//! counters `turn_traffic_*{realm}` / `turn_total_traffic_*` and `stun_binding_*`. Unlike
-//! coturn, whose traffic counters move only when a session ends, ours are live: they count
-//! every packet as it is relayed. prometheus-client appends `_total` to the names of counters
-//! in the OpenMetrics text, so the coturn-named counters are exposed as gauges that only ever
-//! increase (PromQL's `rate()` works on them as on counters); the daemon's own counters are
-//! real counters.
+//! coturn's names, labels and types are kept where they exist, so dashboards carry over
+//! (coturn's `src/apps/relay/prom_server.c`): the gauge `turn_total_allocations{type="UDP|TCP|TLS/TCP"}`,
+//! and the counters `turn_traffic_*{realm}`, `turn_total_traffic_*` and `stun_binding_*`,
+//! named without `_total` as coturn names them (Prometheus text 0.0.4 allows that, OpenMetrics
+//! does not, so the admin listener serves 0.0.4 and these families are written here, not by
+//! prometheus-client). Unlike coturn, whose traffic counters move only when a session ends,
+//! ours are live: they count every packet as it is relayed. The daemon's own counters are
+//! prometheus-client's (`lastcall_turn_*_total`).
 
 use std::sync::Arc;
 
@@ -49,11 +51,6 @@ impl Transport {
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct TypeLabel {
     r#type: String,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-struct RealmLabel {
-    realm: String,
 }
 
 /// The label of a per-I/O-thread metric.
@@ -122,53 +119,34 @@ pub(crate) trait CoreCounters: Send + Sync + std::fmt::Debug + 'static {
     fn snapshot(&self) -> (Counters, (usize, usize, usize));
 }
 
-/// The core's counters as metrics, read at each scrape.
+/// The core's counters as metrics, read at each scrape (coturn's counter families are
+/// [`coturn_counters`]'s).
 #[derive(Debug)]
 pub(crate) struct CoreMetrics {
     core: Arc<dyn CoreCounters>,
-    realm: String,
 }
 
 impl CoreMetrics {
-    /// Registers the core's counters of `shared` in `registry`; `realm` labels coturn's traffic
-    /// counters.
-    pub(crate) fn register(registry: &mut Registry, core: Arc<dyn CoreCounters>, realm: &str) {
-        registry.register_collector(Box::new(CoreMetrics {
-            core,
-            realm: realm.to_string(),
-        }));
+    /// Registers the core's counters of `core` in `registry`.
+    pub(crate) fn register(registry: &mut Registry, core: Arc<dyn CoreCounters>) {
+        registry.register_collector(Box::new(CoreMetrics { core }));
     }
 }
 
-/// A metric of the core's counters: its name, help, whether it is a coturn name (exposed as
-/// a gauge that only increases) and its value.
+/// One of the daemon's own counters of the core: its name, help and value.
 struct Exported {
     name: &'static str,
     help: &'static str,
-    coturn: bool,
     value: u64,
 }
 
 const fn own(name: &'static str, help: &'static str, value: u64) -> Exported {
-    Exported {
-        name,
-        help,
-        coturn: false,
-        value,
-    }
+    Exported { name, help, value }
 }
 
-const fn coturn(name: &'static str, help: &'static str, value: u64) -> Exported {
-    Exported {
-        name,
-        help,
-        coturn: true,
-        value,
-    }
-}
-
-/// Every counter of the core but the traffic ones, as a metric. The destructuring names every
-/// field: a counter added to the core does not compile until it is exported here.
+/// Every counter of the core but coturn's (traffic, Binding: [`write_coturn_counters`]), as a
+/// metric. The destructuring names every field: a counter added to the core does not compile
+/// until it is exported here or there.
 fn exported(c: &Counters) -> [Exported; 19] {
     let Counters {
         client_packets_in: _,
@@ -184,9 +162,9 @@ fn exported(c: &Counters) -> [Exported; 19] {
         malformed,
         suppressed_responses,
         ratelimited_responses,
-        binding_requests,
-        binding_responses,
-        binding_errors,
+        binding_requests: _,
+        binding_responses: _,
+        binding_errors: _,
         auth_failures,
         allocations_created,
         allocations_deleted,
@@ -198,11 +176,11 @@ fn exported(c: &Counters) -> [Exported; 19] {
         bandwidth_dropped,
         refused_bandwidth,
         allocations_reclaimed,
+        userdb_lookups,
+        userdb_unavailable,
+        userdb_cached,
     } = *c;
     [
-        coturn("stun_binding_request", "STUN Binding requests (coturn's name; only increases).", binding_requests),
-        coturn("stun_binding_response", "STUN Binding success responses (coturn's name; only increases).", binding_responses),
-        coturn("stun_binding_error", "STUN Binding error responses (coturn's name; only increases).", binding_errors),
         own("lastcall_turn_auth_failures", "Requests that failed authentication.", auth_failures),
         own("lastcall_turn_allocate_refused_draining", "Allocate requests refused (300 or 403) because the server is draining.", refused_draining),
         own("lastcall_turn_relay_port_exhausted", "Allocate requests that found no free relay port (508).", refused_capacity),
@@ -219,6 +197,9 @@ fn exported(c: &Counters) -> [Exported; 19] {
         own("lastcall_turn_events_dropped", "Core events dropped because their queue was full.", events_dropped),
         own("lastcall_turn_bandwidth_dropped", "ChannelData, Send and peer datagrams dropped because their allocation was over max-bps.", bandwidth_dropped),
         own("lastcall_turn_allocate_refused_bandwidth", "Allocate requests refused (486) because bps-capacity was all reserved.", refused_bandwidth),
+        own("lastcall_turn_userdb_lookups", "Keys and REST secrets asked of the user database (userdb, psql-userdb, redis-userdb).", userdb_lookups),
+        own("lastcall_turn_userdb_unavailable", "User database lookups that failed or took longer than 3 s (their requests got 500).", userdb_unavailable),
+        own("lastcall_turn_userdb_cached", "Requests answered from what was kept of the user database, without a lookup.", userdb_cached),
     ]
 }
 
@@ -241,59 +222,113 @@ impl Collector for CoreMetrics {
             };
             ConstGauge::new(n as u64).encode(e.encode_family(&label)?)?;
         }
-        let flows = [
-            (
-                "rcv",
-                "received from clients",
-                c.client_packets_in,
-                c.client_bytes_in,
-            ),
-            (
-                "sent",
-                "sent to clients",
-                c.client_packets_out,
-                c.client_bytes_out,
-            ),
-            (
-                "peer_rcv",
-                "received from peers",
-                c.peer_packets_in,
-                c.peer_bytes_in,
-            ),
-            (
-                "peer_sent",
-                "sent to peers",
-                c.peer_packets_out,
-                c.peer_bytes_out,
-            ),
-        ];
-        let realm = RealmLabel {
-            realm: self.realm.clone(),
-        };
-        for (flow, what, packets, bytes) in flows {
-            for (suffix, unit, value) in [("p", "packets", packets), ("b", "bytes", bytes)] {
-                let help = format!("{unit} {what}, live (coturn's name; only increases).");
-                let name = format!("turn_traffic_{flow}{suffix}");
-                let mut e = encoder.encode_descriptor(&name, &help, None, MetricType::Gauge)?;
-                ConstGauge::new(value).encode(e.encode_family(&realm)?)?;
-                let help =
-                    format!("{unit} {what}, live, all realms (coturn's name; only increases).");
-                let name = format!("turn_total_traffic_{flow}{suffix}");
-                let e = encoder.encode_descriptor(&name, &help, None, MetricType::Gauge)?;
-                ConstGauge::new(value).encode(e)?;
-            }
-        }
         for m in exported(&c) {
-            if m.coturn {
-                let e = encoder.encode_descriptor(m.name, m.help, None, MetricType::Gauge)?;
-                ConstGauge::new(m.value).encode(e)?;
-            } else {
-                let e = encoder.encode_descriptor(m.name, m.help, None, MetricType::Counter)?;
-                ConstCounter::new(m.value).encode(e)?;
-            }
+            let e = encoder.encode_descriptor(m.name, m.help, None, MetricType::Counter)?;
+            ConstCounter::new(m.value).encode(e)?;
         }
         Ok(())
     }
+}
+
+/// coturn's counter families (`stun_binding_*`, `turn_traffic_*{realm}`,
+/// `turn_total_traffic_*`), written as coturn's exporter writes them: Prometheus text 0.0.4,
+/// `# TYPE name counter`, samples named without `_total`. The admin listener appends them to
+/// the registry's families at each scrape.
+pub(crate) fn write_coturn_counters(out: &mut String, c: &Counters, realm: &str) {
+    use std::fmt::Write;
+    let family = |out: &mut String, name: &str, help: &str, labels: &str, value: u64| {
+        let _ = write!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} counter\n{name}{labels} {value}\n"
+        );
+    };
+    for (name, help, value) in [
+        (
+            "stun_binding_request",
+            "Incoming STUN Binding requests (coturn's name).",
+            c.binding_requests,
+        ),
+        (
+            "stun_binding_response",
+            "Outgoing STUN Binding success responses (coturn's name).",
+            c.binding_responses,
+        ),
+        (
+            "stun_binding_error",
+            "STUN Binding error responses (coturn's name).",
+            c.binding_errors,
+        ),
+    ] {
+        family(out, name, help, "", value);
+    }
+    let realm = format!("{{realm=\"{}\"}}", escape_label(realm));
+    let flows = [
+        (
+            "rcv",
+            "received from clients",
+            c.client_packets_in,
+            c.client_bytes_in,
+        ),
+        (
+            "sent",
+            "sent to clients",
+            c.client_packets_out,
+            c.client_bytes_out,
+        ),
+        (
+            "peer_rcv",
+            "received from peers",
+            c.peer_packets_in,
+            c.peer_bytes_in,
+        ),
+        (
+            "peer_sent",
+            "sent to peers",
+            c.peer_packets_out,
+            c.peer_bytes_out,
+        ),
+    ];
+    for (flow, what, packets, bytes) in flows {
+        for (suffix, unit, value) in [("p", "Packets", packets), ("b", "Bytes", bytes)] {
+            let help = format!(
+                "{unit} {what}, live (coturn's name; coturn counts them when a session ends)."
+            );
+            family(
+                out,
+                &format!("turn_traffic_{flow}{suffix}"),
+                &help,
+                &realm,
+                value,
+            );
+            let help = format!("{unit} {what}, live, all realms (coturn's name).");
+            family(
+                out,
+                &format!("turn_total_traffic_{flow}{suffix}"),
+                &help,
+                "",
+                value,
+            );
+        }
+    }
+}
+
+/// A label value in the text format: backslash, double quote and newline escaped.
+fn escape_label(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// [`write_coturn_counters`] of `core` at each scrape, for the admin listener.
+pub(crate) fn coturn_counters(
+    core: Arc<dyn CoreCounters>,
+    realm: &str,
+) -> lastcall::admin::ExtraFamilies {
+    let realm = realm.to_string();
+    Arc::new(move |out: &mut String| {
+        let (c, _) = core.snapshot();
+        write_coturn_counters(out, &c, &realm);
+    })
 }
 
 #[cfg(test)]
@@ -311,7 +346,7 @@ mod tests {
     }
 
     #[test]
-    fn text_has_coturn_names() {
+    fn text_has_coturn_names_and_types() {
         let m = Metrics::default();
         let mut reg = Registry::default();
         m.register(&mut reg);
@@ -321,13 +356,11 @@ mod tests {
             peer_packets_out: 1,
             peer_bytes_out: 40,
             auth_failures: 1,
+            binding_requests: 3,
             ..Counters::default()
         };
-        CoreMetrics::register(
-            &mut reg,
-            Arc::new(Fixed(counters, (0, 0, 1))),
-            "example.org",
-        );
+        let core: Arc<dyn CoreCounters> = Arc::new(Fixed(counters, (0, 0, 1)));
+        CoreMetrics::register(&mut reg, Arc::clone(&core));
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &reg).unwrap();
         assert!(
@@ -339,17 +372,26 @@ mod tests {
             "{text}"
         );
         assert!(
-            text.contains("turn_traffic_rcvp{realm=\"example.org\"} 1"),
-            "{text}"
-        );
-        assert!(
-            text.contains("turn_traffic_rcvb{realm=\"example.org\"} 100"),
-            "{text}"
-        );
-        assert!(text.contains("turn_total_traffic_peer_sentb 40"), "{text}");
-        assert!(
             text.contains("lastcall_turn_auth_failures_total 1"),
             "{text}"
         );
+        assert!(
+            !text.contains("turn_traffic"),
+            "written by coturn_counters: {text}"
+        );
+        let mut coturn = String::new();
+        coturn_counters(core, "ex\"ample.org")(&mut coturn);
+        for family in [
+            "# TYPE turn_traffic_rcvp counter\nturn_traffic_rcvp{realm=\"ex\\\"ample.org\"} 1\n",
+            "# TYPE turn_traffic_rcvb counter\nturn_traffic_rcvb{realm=\"ex\\\"ample.org\"} 100\n",
+            "# TYPE turn_total_traffic_peer_sentb counter\nturn_total_traffic_peer_sentb 40\n",
+            "# TYPE stun_binding_request counter\nstun_binding_request 3\n",
+            "# TYPE stun_binding_error counter\nstun_binding_error 0\n",
+        ] {
+            assert!(coturn.contains(family), "{family}\n{coturn}");
+        }
+        // 3 Binding families and 8 traffic families with and without the realm, each with its
+        // HELP, TYPE and one sample.
+        assert_eq!(coturn.lines().count(), (3 + 16) * 3, "{coturn}");
     }
 }

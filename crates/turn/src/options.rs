@@ -99,7 +99,7 @@ use Policy::{Accepted, Honoured};
 /// Every coturn option of 4.6 to 4.18 (their `--help` and shipped turnserver.conf), plus
 /// `alternate-server` (whose meaning differs: used only while draining) and our
 /// `no-auth-acknowledge-open-relay`, `drain-idle-timeout`, `nonce-secret`,
-/// `nonce-secret-file` and `kernel-relay`. Kept in the order of docs/turn.md's table; a test checks
+/// `nonce-secret-file`, `kernel-relay`, `external-ip-file` and `userdb-cache-ttl`. Kept in the order of docs/turn.md's table; a test checks
 /// both agree, and that every option of `tests/data/coturn-options.txt` is here.
 ///
 /// For an [`Accepted`] option the help is the start-up warning: what `lastcall-turn` does
@@ -112,6 +112,7 @@ pub(crate) const OPTIONS: &[Spec] = &[
     spec("listening-ip", &['L'], Multi, Honoured, "IP", "Listening address (repeatable); 0.0.0.0 or :: mean every host address of that family [default: every host address]"),
     spec("relay-ip", &['E'], Multi, Honoured, "IP", "Relay address (repeatable; round-robin per address family) [default: the listening address the client used]"),
     spec("external-ip", &['X'], Multi, Honoured, "PUBLIC[/PRIVATE]", "Public address advertised for a relay address behind NAT (repeatable)"),
+    spec("external-ip-file", &[], Multi, Honoured, "PATH", "lastcall-turn's own: external-ip values read from this file at start (space- or line-separated; empty: none); the chart writes one per node (its map, or the node's ExternalIP from the Kubernetes API)"),
     spec("relay-threads", &['m'], Value, Honoured, "N", "UDP I/O threads, each with its own listening socket per address (SO_REUSEPORT) and the relay sockets of its clients; 0 = one per CPU this process may run on [default: 0]"),
     spec("kernel-relay", &[], Flag, Honoured, "", "lastcall-turn's own: relay the ChannelData of channel-bound UDP IPv4 allocations in the kernel (eBPF on tc ingress; needs root or CAP_BPF + CAP_NET_ADMIN and a build with the kernel-relay feature); if the kernel refuses, one log line and user space"),
     spec("min-port", &[], Value, Honoured, "PORT", "Lowest relay port [default: 49152]"),
@@ -145,21 +146,22 @@ pub(crate) const OPTIONS: &[Spec] = &[
     spec("static-auth-secret", &[], Multi, Honoured, "SECRET", "Shared secret of the TURN REST API (repeatable: all are accepted, for rotation)"),
     spec("rest-api-separator", &['C'], Value, Honoured, "CHAR", "Separator between the expiry and the user in TURN REST API usernames [default: :]"),
     spec("user", &['u'], Multi, Honoured, "NAME:PASSWORD", "Static long-term user (repeatable); the password may be a 0x-prefixed MD5 key"),
-    refused("userdb", &['b'], Value, Some("not implemented yet: coturn's SQLite user database is a follow-up of issue 18; use static-auth-secret (TURN REST API) or user=NAME:PASSWORD")),
-    refused("db", &[], Value, Some("not implemented yet: coturn's SQLite user database is a follow-up of issue 18; use static-auth-secret (TURN REST API) or user=NAME:PASSWORD")),
+    spec("userdb", &['b'], Value, Honoured, "PATH", "coturn's SQLite user database (Debian: /var/lib/turn/turndb; written by turnadmin -b PATH), read only; users, REST secrets, realm options and peer lists changed in it count without a restart"),
+    spec("db", &[], Value, Honoured, "PATH", "coturn's name of userdb"),
     spec("no-auth", &['z'], Flag, Honoured, "", "Relay without authentication: an OPEN RELAY (the peer policy still applies); an error unless no-auth-acknowledge-open-relay is given too"),
     spec("no-auth-acknowledge-open-relay", &[], Flag, Honoured, "", "lastcall-turn's own: acknowledges that no-auth makes an open relay"),
-    spec("no-auth-pings", &[], Flag, Accepted, "", "there is no user database to ping"),
-    spec("no-dynamic-ip-list", &[], Flag, Accepted, "", "there is no user database: the peer lists are allowed-peer-ip and denied-peer-ip"),
-    spec("no-dynamic-realms", &[], Flag, Accepted, "", "there is no user database: the realm and quotas are the configured ones"),
+    spec("no-auth-pings", &[], Flag, Accepted, "", "the user database is not pinged: its connection is used every 5 s by the reread of realm options and peer lists, and opened again when a query finds it broken"),
+    spec("no-dynamic-ip-list", &[], Flag, Honoured, "", "Do not read allowed_peer_ip / denied_peer_ip from the user database (only allowed-peer-ip and denied-peer-ip count)"),
+    spec("no-dynamic-realms", &[], Flag, Honoured, "", "Do not read turn_realm_option (max-bps, user-quota, total-quota) from the user database"),
     spec("secret-ts-exp-time", &[], OptionalValue, Accepted, "SECONDS", "coturn 4.6 ignored it too: a REST credential expires at the time in its username"),
     spec("server-name", &[], Value, Accepted, "NAME", "used only by oAuth, which is not implemented"),
     spec("secret-key-file", &[], Value, Accepted, "PATH", "used only for encrypted MySQL passwords; MySQL is not supported"),
-    refused("psql-userdb", &['e'], Value, Some("PostgreSQL is not supported: use userdb (SQLite), static-auth-secret or user")),
-    refused("sql-userdb", &[], Value, Some("PostgreSQL is not supported: use userdb (SQLite), static-auth-secret or user")),
-    refused("mysql-userdb", &['M'], Value, Some("MySQL is not supported: use userdb (SQLite), static-auth-secret or user")),
-    refused("mongo-userdb", &['J'], Value, Some("MongoDB is not supported: use userdb (SQLite), static-auth-secret or user")),
-    refused("redis-userdb", &['N'], Value, Some("Redis is not supported: use userdb (SQLite), static-auth-secret or user")),
+    spec("psql-userdb", &['e'], Value, Honoured, "CONNINFO", "coturn's PostgreSQL user database: a libpq connection string (host=... dbname=... user=... password=..., or a postgresql:// URI); no TLS (sslmode=require is refused)"),
+    spec("sql-userdb", &[], Value, Honoured, "CONNINFO", "coturn's name of psql-userdb"),
+    refused("mysql-userdb", &['M'], Value, Some("MySQL is not supported: use userdb (SQLite), psql-userdb (PostgreSQL) or redis-userdb (Redis) with coturn's schema, static-auth-secret (TURN REST API) or user")),
+    refused("mongo-userdb", &['J'], Value, Some("MongoDB is not supported: use userdb (SQLite), psql-userdb (PostgreSQL) or redis-userdb (Redis) with coturn's schema, static-auth-secret (TURN REST API) or user")),
+    spec("redis-userdb", &['N'], Value, Honoured, "CONNINFO", "coturn's Redis user database: coturn's connection string (ip=... port=... dbname=... password=...) and key layout; no TLS"),
+    spec("userdb-cache-ttl", &[], Value, Honoured, "DURATION", "lastcall-turn's own: how long a key or the REST secrets read from the user database are used without asking it again, 1s to 1h (a user removed or a secret rotated out works this long for new allocations; a user or secret added, a password changed, is seen within 1 s) [default: 10s]"),
     spec("redis-statsdb", &['O'], Value, Accepted, "URL", "no statistics go to Redis; they are at /metrics on the admin listener (--admin-addr)"),
     refused("oauth", &[], Flag, Some("third-party authorization (oAuth) is not implemented")),
     // Peers and allocations.
@@ -214,8 +216,8 @@ pub(crate) const OPTIONS: &[Spec] = &[
     refused("stun-backward-compatibility", &[], Flag, Some("RFC 3489 STUN is not implemented")),
     refused("rfc3489-compatibility", &[], Flag, Some("RFC 3489 STUN is not implemented")),
     // TLS.
-    spec("cert", &[], Value, Honoured, "PEM", "TLS certificate chain (PEM); reloaded on SIGHUP"),
-    spec("pkey", &[], Value, Honoured, "PEM", "TLS private key (PEM); reloaded on SIGHUP"),
+    spec("cert", &[], Value, Honoured, "PEM", "TLS certificate chain (PEM); reloaded on SIGUSR2 (coturn's) and SIGHUP"),
+    spec("pkey", &[], Value, Honoured, "PEM", "TLS private key (PEM); reloaded on SIGUSR2 (coturn's) and SIGHUP"),
     spec("no-tlsv1_2", &[], Flag, Honoured, "", "TLS 1.3 only"),
     spec("no-tlsv1", &[], Flag, Honoured, "", "TLS 1.0 is never offered"),
     spec("no-tlsv1_1", &[], Flag, Honoured, "", "TLS 1.1 is never offered"),
@@ -263,7 +265,7 @@ pub(crate) const OPTIONS: &[Spec] = &[
     spec("web-admin-listen-on-workers", &[], Flag, Accepted, "", "there is no web admin: the admin listener (--admin-addr) serves /metrics, /drain, /readyz"),
     refused("acme-redirect", &[], Value, Some("HTTP is not answered on the TURN ports: serve /.well-known/acme-challenge/ elsewhere (cert-manager, a web server)")),
     spec("drain-min-allocations", &[], Value, Honoured, "N", "Exit a drain when at most N allocations are left (= --drain-min-sessions) [default: 0]"),
-    spec("pidfile", &[], Value, Honoured, "PATH", "Write the process id to this file"),
+    spec("pidfile", &[], Value, Honoured, "PATH", "Write the process id to this file; empty (`--pidfile=`, as Debian's coturn.service gives it) = no pidfile [default: none]"),
     refused("daemon", &['o'], Flag, Some("run it in the foreground under a supervisor")),
     refused("proc-user", &[], Value, Some("start it as that user (systemd User=, Kubernetes runAsUser)")),
     refused("proc-group", &[], Value, Some("start it as that group (systemd Group=, Kubernetes runAsGroup)")),
@@ -376,6 +378,8 @@ mod tests {
             "nonce-secret",
             "nonce-secret-file",
             "kernel-relay",
+            "external-ip-file",
+            "userdb-cache-ttl",
         ];
         let extra: Vec<&str> = OPTIONS
             .iter()
@@ -383,6 +387,60 @@ mod tests {
             .filter(|n| !names.contains(n) && !ours.contains(n))
             .collect();
         assert!(extra.is_empty(), "not coturn options: {extra:?}");
+    }
+
+    /// docs/coming-from-coturn.md's table of coturn's options, as this table makes it (never
+    /// a hand copy): `LASTCALL_UPDATE_DOCS=1 cargo test -p lastcall-turn --lib options` writes
+    /// it when the table changed.
+    #[test]
+    fn coming_from_coturn_lists_every_option_from_this_table() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../docs/coming-from-coturn.md"
+        );
+        let doc = std::fs::read_to_string(path).expect("docs/coming-from-coturn.md");
+        let (begin, end) = ("<!-- coturn-options: begin", "<!-- coturn-options: end -->");
+        let start = doc.find(begin).expect("begin marker");
+        let start = start + doc[start..].find('\n').expect("marker line") + 1;
+        let stop = doc.find(end).expect("end marker");
+        let want = coturn_options_table();
+        if doc[start..stop] != want && std::env::var_os("LASTCALL_UPDATE_DOCS").is_some() {
+            let updated = format!("{}{want}{}", &doc[..start], &doc[stop..]);
+            std::fs::write(path, updated).expect("write the doc");
+            return;
+        }
+        assert!(
+            doc[start..stop] == want,
+            "docs/coming-from-coturn.md's option table is not the code's: run LASTCALL_UPDATE_DOCS=1 cargo test -p lastcall-turn --lib options"
+        );
+    }
+
+    /// Every coturn option (ours left out), what it does here.
+    fn coturn_options_table() -> String {
+        let ours = [
+            "no-auth-acknowledge-open-relay",
+            "drain-idle-timeout",
+            "nonce-secret",
+            "nonce-secret-file",
+            "kernel-relay",
+            "external-ip-file",
+        ];
+        let mut out = String::from("| coturn option | in lastcall-turn |\n|---|---|\n");
+        for s in OPTIONS.iter().filter(|s| !ours.contains(&s.name)) {
+            let what = match s.policy {
+                Policy::Honoured => format!("works: {}", s.help),
+                Policy::Accepted => format!("accepted with a start-up warning: {}", s.help),
+                Policy::Refused { hint } => {
+                    format!("refused (exit 64): {}", hint.unwrap_or_default())
+                }
+            };
+            out.push_str(&format!(
+                "| `{}` | {} |\n",
+                s.name,
+                what.replace('|', "\\|")
+            ));
+        }
+        out
     }
 
     /// A refused option says what to do; an accepted one what we do instead.

@@ -104,6 +104,14 @@ impl RelaySockets {
         self.ports.lock().free(relay);
     }
 
+    /// The relay port range and the ports in use in it (all relay addresses together), for
+    /// the log line of a refusal.
+    pub(crate) fn ports(&self) -> (u16, u16, usize) {
+        let pool = self.ports.lock();
+        let used = pool.used.values().map(HashSet::len).sum();
+        (pool.min, pool.max, used)
+    }
+
     /// The relay socket bound on `relay`, for a sender that does not read it.
     pub(crate) fn get(&self, relay: SocketAddr) -> Option<Arc<UdpSocket>> {
         self.sockets.read().get(&relay).map(|r| Arc::clone(&r.sock))
@@ -160,7 +168,7 @@ impl PortPool {
             Err(e) if e.kind() == io::ErrorKind::AddrNotAvailable => {
                 Err(RelayError::FamilyNotSupported)
             }
-            Err(e) => Err(RelayError::Failed(e.to_string())),
+            Err(e) => Err(RelayError::Failed(describe(&e))),
         }
     }
 
@@ -208,5 +216,39 @@ impl PortPool {
             }
         }
         Err(RelayError::NoPort)
+    }
+}
+
+/// A relay socket's bind error, with the limit it means: the process's open-file limit, the
+/// system's, or memory.
+fn describe(e: &io::Error) -> String {
+    use nix::errno::Errno;
+    let limit = match e.raw_os_error().map(Errno::from_raw) {
+        Some(Errno::EMFILE) => {
+            "the process's open-file limit (RLIMIT_NOFILE, `ulimit -n`, systemd LimitNOFILE=)"
+        }
+        Some(Errno::ENFILE) => "the system's open-file limit (fs.file-max)",
+        Some(Errno::ENOMEM | Errno::ENOBUFS) => "memory",
+        _ => return e.to_string(),
+    };
+    format!("{limit}: {e}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bind_errors_name_the_limit() {
+        let emfile = io::Error::from_raw_os_error(nix::errno::Errno::EMFILE as i32);
+        assert!(describe(&emfile).starts_with("the process's open-file limit (RLIMIT_NOFILE"));
+        let nobufs = io::Error::from_raw_os_error(nix::errno::Errno::ENOBUFS as i32);
+        assert!(
+            describe(&nobufs).starts_with("memory: "),
+            "{}",
+            describe(&nobufs)
+        );
+        let acces = io::Error::from_raw_os_error(nix::errno::Errno::EACCES as i32);
+        assert_eq!(describe(&acces), acces.to_string());
     }
 }

@@ -62,18 +62,21 @@ pub struct Running {
 
 impl Running {
     /// Registers the core's counters (read under its lock at each scrape) in `registry`;
-    /// `realm` labels coturn's traffic counters.
-    pub fn register_metrics(
-        &self,
-        registry: &mut prometheus_client::registry::Registry,
-        realm: &str,
-    ) {
+    /// coturn's counter families are [`Running::coturn_metrics`]'.
+    pub fn register_metrics(&self, registry: &mut prometheus_client::registry::Registry) {
         let core: Arc<dyn crate::metrics::CoreCounters> = self.shared.clone();
-        crate::metrics::CoreMetrics::register(registry, core, realm);
+        crate::metrics::CoreMetrics::register(registry, core);
         if let Some(kernel) = self.shared.kernel() {
             let kernel = Arc::clone(kernel);
             registry.register_collector(Box::new(crate::kernel::KernelMetrics(kernel)));
         }
+    }
+
+    /// coturn's counter families of the core, written at each scrape in Prometheus text
+    /// 0.0.4 (see [`crate::metrics`]); `realm` labels the traffic counters.
+    pub fn coturn_metrics(&self, realm: &str) -> lastcall::admin::ExtraFamilies {
+        let core: Arc<dyn crate::metrics::CoreCounters> = self.shared.clone();
+        crate::metrics::coturn_counters(core, realm)
     }
 
     /// Ends every allocation (logging how many were left) and stops the UDP I/O threads,
@@ -126,11 +129,26 @@ fn shared(
                 .map_err(|source| StartError::Worker { worker, source })
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let server = Server::new(config.core_config(), Instant::now(), SystemTime::now());
+    let core = config.core_config();
+    let fixed = crate::userdb::Static {
+        realm: core.realm.clone(),
+        allowed: core.peer_policy.allowed.clone(),
+        denied: core.peer_policy.denied.clone(),
+        quotas: core.quotas,
+        bandwidth: core.bandwidth,
+    };
+    let server = Server::new(core, Instant::now(), SystemTime::now());
     let relays = RelaySockets::new(config.min_port, config.max_port, mailboxes);
-    Ok(Arc::new(
-        Shared::new(server, relays, metrics, handle).with_kernel(kernel),
-    ))
+    let mut shared = Shared::new(server, relays, metrics, handle).with_kernel(kernel);
+    let Some(userdb) = &config.userdb else {
+        return Ok(Arc::new(shared));
+    };
+    // The core's lookups go to the user database's task, which answers into the core.
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    shared.set_lookups(tx);
+    let shared = Arc::new(shared);
+    crate::userdb::UserDb::spawn(userdb, fixed, &shared, rx);
+    Ok(shared)
 }
 
 /// The addresses the kernel fast path serves: the UDP listeners' and the relay addresses

@@ -1,6 +1,6 @@
 //! TLS for the client listener: rustls with coturn's `cert` and `pkey` (PEM), reloadable.
 //!
-//! A reload (SIGHUP) reads both files again; new connections get the new certificate,
+//! A reload (SIGUSR2, coturn's, or SIGHUP) reads both files again; new connections get the new certificate,
 //! connections already open keep theirs. A reload that fails (unreadable file, no key, a key
 //! that does not match the certificate) is logged and the previous certificate stays.
 

@@ -251,10 +251,14 @@ fn ignore_survives_sigterm_and_drains_on_sigusr1() {
     assert_eq!(echo.get("/readyz").0, 200);
     let _late = echo.connect();
     open.assert_echoes();
-    // SIGHUP is not an exit either.
+    // SIGHUP and SIGUSR2 are not exits either (SIGUSR2's default action would end it).
     echo.pod.signal(Signal::Hup);
     echo.pod.wait_for_log("SIGHUP received: reloading", START);
     assert!(echo.pod.is_running());
+    echo.pod.signal(Signal::Usr2);
+    echo.pod.wait_for_log("SIGUSR2 received: reloading", START);
+    assert!(echo.pod.is_running());
+    open.assert_echoes();
 
     echo.pod.signal(Signal::Usr1);
     echo.pod.wait_for_log("SIGUSR1 received", START);

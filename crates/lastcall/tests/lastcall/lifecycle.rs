@@ -422,7 +422,7 @@ async fn exit_policy_leaves_at_once() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn sighup_bumps_reloads_in_every_phase() {
+async fn sighup_and_sigusr2_bump_reloads_in_every_phase() {
     let rig = Rig::start(OnSigterm::Drain, 5, 30, 0);
     let g = rig.handle.session(peer(1));
     let mut reloads = rig.handle.reloads();
@@ -443,7 +443,13 @@ async fn sighup_bumps_reloads_in_every_phase() {
         (*reloads.borrow_and_update(), rig.handle.phase()),
         (3, Phase::Refusing)
     );
-    assert_eq!(rig.handle.status().reloads, 3);
+    // SIGUSR2 (coturn's certificate reload) is the same reload.
+    rig.send(Trigger::Sigusr2).await;
+    assert_eq!(
+        (*reloads.borrow_and_update(), rig.handle.phase()),
+        (4, Phase::Refusing)
+    );
+    assert_eq!(rig.handle.status().reloads, 4);
     drop(g);
     rig.outcome().await;
 }

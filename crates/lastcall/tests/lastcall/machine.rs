@@ -9,12 +9,13 @@ use lastcall::machine::{
 use lastcall::{OnSigterm, TerminationConfig};
 use tokio::time::Instant;
 
-const ALL: [Trigger; 7] = [
+const ALL: [Trigger; 8] = [
     Trigger::Sigterm,
     Trigger::Sigint,
     Trigger::Sigquit,
     Trigger::Sigusr1,
     Trigger::Sighup,
+    Trigger::Sigusr2,
     Trigger::Admin,
     Trigger::Api,
 ];
@@ -69,7 +70,8 @@ fn effect(m: &mut Machine, now: Instant, trigger: Trigger) -> Effect {
         return Effect::Forced;
     }
     match actions.first() {
-        Some(Action::Reload) => {
+        Some(Action::Reload { trigger: t }) => {
+            assert_eq!(*t, trigger);
             assert_eq!(actions.len(), 1, "{actions:?}");
             assert_eq!(m.phase(), before);
             Effect::Reload
@@ -114,8 +116,8 @@ fn every_trigger_in_every_phase_under_every_policy() {
     use OnSigterm::*;
     use Phase::*;
     // (policy, how the phase was entered, phase, expected effect of each trigger in ALL order:
-    //  SIGTERM, SIGINT, SIGQUIT, SIGUSR1, SIGHUP, POST /drain, api)
-    let table: Vec<(OnSigterm, Option<Trigger>, Phase, [Effect; 7])> = vec![
+    //  SIGTERM, SIGINT, SIGQUIT, SIGUSR1, SIGHUP, SIGUSR2, POST /drain, api)
+    let table: Vec<(OnSigterm, Option<Trigger>, Phase, [Effect; 8])> = vec![
         (
             Drain,
             None,
@@ -125,6 +127,7 @@ fn every_trigger_in_every_phase_under_every_policy() {
                 To(Announcing),
                 Forced,
                 To(Announcing),
+                Reload,
                 Reload,
                 To(Announcing),
                 To(Announcing),
@@ -140,6 +143,7 @@ fn every_trigger_in_every_phase_under_every_policy() {
                 Forced,
                 To(Announcing),
                 Reload,
+                Reload,
                 To(Announcing),
                 To(Announcing),
             ],
@@ -154,6 +158,7 @@ fn every_trigger_in_every_phase_under_every_policy() {
                 Forced,
                 To(Announcing),
                 Reload,
+                Reload,
                 To(Announcing),
                 To(Announcing),
             ],
@@ -168,6 +173,7 @@ fn every_trigger_in_every_phase_under_every_policy() {
                 Forced,
                 To(Announcing),
                 Reload,
+                Reload,
                 To(Announcing),
                 To(Announcing),
             ],
@@ -177,38 +183,50 @@ fn every_trigger_in_every_phase_under_every_policy() {
             Drain,
             Some(Trigger::Sigterm),
             Announcing,
-            [Forced, Forced, Forced, Already, Reload, Already, Already],
+            [
+                Forced, Forced, Forced, Already, Reload, Reload, Already, Already,
+            ],
         ),
         (
             Drain,
             Some(Trigger::Sigterm),
             Refusing,
-            [Forced, Forced, Forced, Already, Reload, Already, Already],
+            [
+                Forced, Forced, Forced, Already, Reload, Reload, Already, Already,
+            ],
         ),
         (
             Linger,
             Some(Trigger::Sigterm),
             Lingering,
-            [Forced, Forced, Forced, Already, Reload, Already, Already],
+            [
+                Forced, Forced, Forced, Already, Reload, Reload, Already, Already,
+            ],
         ),
         // Entered with SIGINT (Ctrl-C) under any policy: the same, except SIGTERM's own policy.
         (
             Drain,
             Some(Trigger::Sigint),
             Announcing,
-            [Forced, Forced, Forced, Already, Reload, Already, Already],
+            [
+                Forced, Forced, Forced, Already, Reload, Reload, Already, Already,
+            ],
         ),
         (
             Ignore,
             Some(Trigger::Sigint),
             Refusing,
-            [Ignored, Forced, Forced, Already, Reload, Already, Already],
+            [
+                Ignored, Forced, Forced, Already, Reload, Reload, Already, Already,
+            ],
         ),
         (
             Exit,
             Some(Trigger::Sigint),
             Announcing,
-            [Forced, Forced, Forced, Already, Reload, Already, Already],
+            [
+                Forced, Forced, Forced, Already, Reload, Reload, Already, Already,
+            ],
         ),
         // Entered with SIGUSR1 or POST /drain: the first SIGTERM/SIGINT is absorbed (a preStop
         // hook calling POST /drain is followed by the kubelet's SIGTERM).
@@ -216,37 +234,49 @@ fn every_trigger_in_every_phase_under_every_policy() {
             Drain,
             Some(Trigger::Sigusr1),
             Announcing,
-            [Already, Already, Forced, Already, Reload, Already, Already],
+            [
+                Already, Already, Forced, Already, Reload, Reload, Already, Already,
+            ],
         ),
         (
             Drain,
             Some(Trigger::Admin),
             Refusing,
-            [Already, Already, Forced, Already, Reload, Already, Already],
+            [
+                Already, Already, Forced, Already, Reload, Reload, Already, Already,
+            ],
         ),
         (
             Linger,
             Some(Trigger::Admin),
             Announcing,
-            [Already, Already, Forced, Already, Reload, Already, Already],
+            [
+                Already, Already, Forced, Already, Reload, Reload, Already, Already,
+            ],
         ),
         (
             Ignore,
             Some(Trigger::Sigusr1),
             Announcing,
-            [Ignored, Already, Forced, Already, Reload, Already, Already],
+            [
+                Ignored, Already, Forced, Already, Reload, Reload, Already, Already,
+            ],
         ),
         (
             Ignore,
             Some(Trigger::Api),
             Refusing,
-            [Ignored, Already, Forced, Already, Reload, Already, Already],
+            [
+                Ignored, Already, Forced, Already, Reload, Reload, Already, Already,
+            ],
         ),
         (
             Exit,
             Some(Trigger::Sigusr1),
             Refusing,
-            [Forced, Already, Forced, Already, Reload, Already, Already],
+            [
+                Forced, Already, Forced, Already, Reload, Reload, Already, Already,
+            ],
         ),
     ];
     for (policy, entry, phase, expected) in table {
@@ -499,19 +529,23 @@ fn progress_every_few_seconds_while_draining() {
 }
 
 #[test]
-fn sighup_reloads_in_every_phase_without_changing_it() {
-    for (policy, entry, phase) in [
-        (OnSigterm::Drain, None, Phase::Serving),
-        (OnSigterm::Drain, Some(Trigger::Sigterm), Phase::Announcing),
-        (OnSigterm::Drain, Some(Trigger::Sigterm), Phase::Refusing),
-        (OnSigterm::Linger, Some(Trigger::Sigterm), Phase::Lingering),
-    ] {
-        let (mut m, now) = in_phase(policy, entry, phase);
-        assert_eq!(
-            m.handle(now, Input::Trigger(Trigger::Sighup)),
-            vec![Action::Reload]
-        );
-        assert_eq!(m.phase(), phase);
+fn sighup_and_sigusr2_reload_in_every_phase_without_changing_it() {
+    for trigger in [Trigger::Sighup, Trigger::Sigusr2] {
+        for (policy, entry, phase) in [
+            (OnSigterm::Drain, None, Phase::Serving),
+            (OnSigterm::Drain, Some(Trigger::Sigterm), Phase::Announcing),
+            (OnSigterm::Drain, Some(Trigger::Sigterm), Phase::Refusing),
+            (OnSigterm::Linger, Some(Trigger::Sigterm), Phase::Lingering),
+        ] {
+            let (mut m, now) = in_phase(policy, entry, phase);
+            let actions = m.handle(now, Input::Trigger(trigger));
+            assert_eq!(actions, vec![Action::Reload { trigger }]);
+            assert_eq!(
+                actions[0].to_string(),
+                format!("{trigger} received: reloading")
+            );
+            assert_eq!(m.phase(), phase);
+        }
     }
 }
 
@@ -553,9 +587,9 @@ fn every_trigger_while_starting_under_every_policy() {
     use OnSigterm::*;
     use Phase::*;
     // A drain trigger while starting skips the shutdown delay: readiness never rose, so
-    // there is nothing to announce. (SIGTERM, SIGINT, SIGQUIT, SIGUSR1, SIGHUP, POST /drain,
+    // there is nothing to announce. (SIGTERM, SIGINT, SIGQUIT, SIGUSR1, SIGHUP, SIGUSR2, POST /drain,
     // api), with one live session so that nothing exits at once.
-    let table: [(OnSigterm, [Effect; 7]); 4] = [
+    let table: [(OnSigterm, [Effect; 8]); 4] = [
         (
             Drain,
             [
@@ -563,6 +597,7 @@ fn every_trigger_while_starting_under_every_policy() {
                 To(Refusing),
                 Forced,
                 To(Refusing),
+                Reload,
                 Reload,
                 To(Refusing),
                 To(Refusing),
@@ -576,6 +611,7 @@ fn every_trigger_while_starting_under_every_policy() {
                 Forced,
                 To(Refusing),
                 Reload,
+                Reload,
                 To(Refusing),
                 To(Refusing),
             ],
@@ -588,6 +624,7 @@ fn every_trigger_while_starting_under_every_policy() {
                 Forced,
                 To(Refusing),
                 Reload,
+                Reload,
                 To(Refusing),
                 To(Refusing),
             ],
@@ -599,6 +636,7 @@ fn every_trigger_while_starting_under_every_policy() {
                 To(Refusing),
                 Forced,
                 To(Refusing),
+                Reload,
                 Reload,
                 To(Refusing),
                 To(Refusing),

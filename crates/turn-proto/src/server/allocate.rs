@@ -15,8 +15,8 @@ use crate::auth::make_nonce;
 use crate::config::DefaultFamily;
 use crate::stun::attr;
 use crate::types::{
-    ClientAddr, DrainMode, Event, RelayAddrs, RelayBound, RelayError, RelayPorts, RelayRequest,
-    Transmit,
+    CapacityLimit, ClientAddr, DrainMode, Event, RelayAddrs, RelayBound, RelayError, RelayPorts,
+    RelayRequest, Transmit,
 };
 
 /// How long an EVEN-PORT reservation (port + 1) is kept (RFC 8656 §7.2: 30 s).
@@ -112,13 +112,22 @@ impl Server {
         let user_count = self.per_user.get(&username).copied().unwrap_or(0);
         // Allocates waiting for their sockets count: they become allocations.
         let total = self.live + self.pending.len();
-        if (q.total > 0 && total >= q.total as usize)
-            || (q.per_user > 0 && !username.is_empty() && user_count >= q.per_user)
-        {
+        let over = if q.total > 0 && total >= q.total as usize {
+            Some(CapacityLimit::TotalQuota { quota: q.total })
+        } else if q.per_user > 0 && !username.is_empty() && user_count >= q.per_user {
+            Some(CapacityLimit::UserQuota {
+                user: username.clone(),
+                quota: q.per_user,
+            })
+        } else {
+            None
+        };
+        if let Some(limit) = over {
             self.counters.refused_quota += 1;
             self.push_event(Event::AllocateRefused {
                 client: *from,
                 code: 486,
+                limit,
             });
             return self.error(ctx, 486, out);
         }
@@ -132,17 +141,24 @@ impl Server {
             self.push_event(Event::AllocateRefused {
                 client: *from,
                 code: 486,
+                limit: CapacityLimit::Bandwidth {
+                    capacity: self.config.bandwidth.capacity,
+                },
             });
             return self.error(ctx, 486, out);
         };
         let grant = Grant {
             origin: attrs.origin.map(canonical_origin),
             bps,
+            key: authed.as_ref().map(|a| (a.key, a.expiry)),
         };
-        if let Some(token) = attrs.reservation_token {
+        // An all-zero token is coturn's "no token" (coturn never issues one, nor do we):
+        // coturn's uclient sends it after an Allocate error reset its token, and coturn
+        // allocates as without the attribute.
+        if let Some(token) = attrs.reservation_token.filter(|t| *t != [0; 8]) {
             let Some(relay) = self.take_reservation(now, &token) else {
                 self.unreserve_bandwidth(bps);
-                return self.refuse_capacity(from, ctx, out);
+                return self.refuse_capacity(from, ctx, CapacityLimit::Reservation, out);
             };
             self.reserve_user(&username);
             let addrs = RelayAddrs::for_one(relay);
@@ -245,16 +261,23 @@ impl Server {
                 // Another allocation's socket (release_answer never closes one).
                 self.release_answer(&answer);
                 self.unreserve_pending(p);
-                return self.refuse_capacity(from, ctx, out);
+                return self.refuse_capacity(from, ctx, CapacityLimit::PortHeld, out);
             }
             Ok(bound) => bound,
             Err(ref e) => {
-                let family = matches!(e, RelayError::FamilyNotSupported);
+                let limit = match e {
+                    RelayError::FamilyNotSupported => None,
+                    RelayError::NoPort if p.ports != RelayPorts::Any => {
+                        Some(CapacityLimit::EvenPort)
+                    }
+                    RelayError::NoPort => Some(CapacityLimit::RelayPorts),
+                    RelayError::Failed(why) => Some(CapacityLimit::RelaySocket(why.clone())),
+                };
                 self.release_answer(&answer);
                 self.unreserve_pending(p);
-                return match family {
-                    true => self.error(ctx, 440, out),
-                    false => self.refuse_capacity(from, ctx, out),
+                return match limit {
+                    None => self.error(ctx, 440, out),
+                    Some(limit) => self.refuse_capacity(from, ctx, limit, out),
                 };
             }
         };
@@ -270,7 +293,7 @@ impl Server {
         if !keeps_rule {
             self.release_answer(&answer);
             self.unreserve_pending(p);
-            return self.refuse_capacity(from, ctx, out);
+            return self.refuse_capacity(from, ctx, CapacityLimit::EvenPort, out);
         }
         let mut addrs = RelayAddrs::for_one(primary);
         let mut address_error = p.additional_error;
@@ -298,7 +321,8 @@ impl Server {
             return self.error(ctx, 401, out);
         }
         let token = pair.map(|relay| {
-            let token: [u8; 8] = rand::random();
+            // Never all zeros: that is coturn's "no token".
+            let token = rand::random::<std::num::NonZeroU64>().get().to_be_bytes();
             self.reservations.push(Reservation {
                 token,
                 relay,
@@ -458,12 +482,19 @@ impl Server {
         Some(Reply::Exempt)
     }
 
-    /// 508 Insufficient Capacity: no relay port.
-    fn refuse_capacity(&mut self, from: &ClientAddr, ctx: &Ctx, out: &mut Vec<u8>) -> Reply {
+    /// 508 Insufficient Capacity: relay sockets, for the reason `limit` says.
+    fn refuse_capacity(
+        &mut self,
+        from: &ClientAddr,
+        ctx: &Ctx,
+        limit: CapacityLimit,
+        out: &mut Vec<u8>,
+    ) -> Reply {
         self.counters.refused_capacity += 1;
         self.push_event(Event::AllocateRefused {
             client: *from,
             code: 508,
+            limit,
         });
         self.error(ctx, 508, out)
     }
@@ -644,6 +675,7 @@ impl Server {
             last_heard: now,
             origin: grant.origin,
             bandwidth,
+            key: grant.key,
         };
         let idx = match self.free.pop() {
             Some(i) => {

@@ -3,15 +3,23 @@
 //!
 //! - `auth_log`: authentication refusals in the log, with their reason, rate-limited.
 //! - `bandwidth`: max-bps and bps-capacity.
+//! - `churn`: coturn's uclient run after run (UDP, TCP): no 508; RESERVATION-TOKEN 0.
 //! - `chromium`: headless Chromium's WebRTC over UDP, TCP and TLS across a drain.
 //! - `coturn_configs`: coturn users' turnserver.conf files, unchanged.
+//! - `dashboards`: the chart's dashboard and alert rules on a real drain's recorded metrics.
 //! - `drain_ends`: every allocation's end ends the drain; the last response is sent first.
 //! - `fleet_nonce`: nonces shared by servers with one secret; the 300 as libwebrtc follows it.
 //! - `hostile`: unauthenticated floods: bounded answers, the per-source rate limit.
 //! - `idle_reclaim`: a drain ends the allocations of clients that vanished (`--drain-idle-timeout`).
 //! - `interop`: coturn's `turnutils_uclient` over UDP, TCP and TLS against `turnutils_peer`.
+//! - `node_ip`: the chart's node ExternalIP lookup against recorded Kubernetes API answers.
+//! - `operations`: `GET /`, coturn's metric types (promtool), the Prometheus port, `--validate`.
 //! - `process`: turnserver.conf, flags, `--help`, TLS reload, the drain's answers.
+//! - `signals`: every signal coturn handles, sent during a live call.
+//! - `systemd`: Debian's coturn.service (Type=notify, `--pidfile=`) with a real notify socket.
 //! - `termination`: calls across SIGTERM, the deadline, alternates, coturn's own behaviour.
+//! - `userdb`: coturn's user databases (SQLite, PostgreSQL, Redis) changing and failing under
+//!   live calls; `userdb_servers` starts the databases.
 //! - `workers`: the UDP I/O threads.
 #![allow(
     clippy::unwrap_used,
@@ -22,14 +30,22 @@
 mod auth_log;
 mod bandwidth;
 mod chromium;
+mod churn;
 mod common;
 mod coturn_configs;
+mod dashboards;
 mod drain_ends;
 mod fleet_nonce;
 mod hostile;
 mod idle_reclaim;
 mod interop;
 mod kernel;
+mod node_ip;
+mod operations;
 mod process;
+mod signals;
+mod systemd;
 mod termination;
+mod userdb;
+mod userdb_servers;
 mod workers;

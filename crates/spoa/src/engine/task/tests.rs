@@ -261,7 +261,7 @@ async fn a_blocked_evaluation_never_holds_up_the_runtime() {
         started: Mutex::new(started_tx),
     };
     let s = shared(Arc::new(handler), daemon.handle());
-    let listener = crate::engine::Listener::bind(&crate::config::Bind::Tcp("127.0.0.1:0".into()))
+    let listener = crate::engine::Listener::bind(&crate::engine::Bind::Tcp("127.0.0.1:0".into()))
         .await
         .unwrap();
     let addr: std::net::SocketAddr = listener.local_addr().parse().unwrap();
