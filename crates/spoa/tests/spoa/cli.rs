@@ -528,6 +528,16 @@ fn autoreload_follows_a_configmap_update() {
         2.0
     );
     drop(haproxy);
+    // SIGQUIT exits at once and cuts what is still open (76): HAProxy's connections are
+    // gone first (the agent sees their close a moment after HAProxy's exit).
+    let end = std::time::Instant::now() + WAIT;
+    while crate::support::metric_value(&metrics(), "lastcall_sessions") != 0.0 {
+        assert!(
+            std::time::Instant::now() < end,
+            "HAProxy's connections stay open"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
     let mut agent = agent;
     agent.signal(Signal::Quit);
     assert_eq!(agent.wait_exit(WAIT).code, Some(0));
@@ -561,6 +571,14 @@ fn check_haproxy_reads_the_files_line_by_line() {
     assert!(
         out.contains("    add: server spoa2 ADDRESS:PORT check inter 1s fall 2 rise 1\n"),
         "{out}"
+    );
+    // docs/spoa.md shows this output whole.
+    let doc = std::fs::read_to_string(crate_dir.join("../../docs/spoa.md")).expect("docs");
+    assert!(
+        doc.contains(&format!(
+            "$ lastcall-spoa check-haproxy haproxy.cfg coraza.cfg\n{out}```"
+        )),
+        "docs/spoa.md, *Checking HAProxy's files*, differs from:\n{out}"
     );
 
     let examples = crate_dir.join("examples/haproxy");

@@ -9,10 +9,11 @@
 //! - `rolling_restart_with_on_sigterm_exit`: the same with `--on-sigterm exit` and without
 //!   HAProxy's retry lines, to show what the drain saves (prints the count; checks the exit
 //!   statuses and that the stack recovers).
-//! - `twenty_drains_at_saturation`: three agents, 32 clients saturating the machine, 20
-//!   drains one after the other with `--shutdown-delay 1s`: each exits 0 within the delay +
-//!   2 s, no request fails, and every SPOE message in HAProxy's log has `st=0` (the retry
-//!   lines never ran). `SATURATION_DRAINS`, `SATURATION_CLIENTS`, `SATURATION_DELAY`
+//! - `twenty_drains_at_saturation` (ignored; `drains_at_saturation` is its six-drain suite
+//!   form): three agents, 32 clients saturating the machine, 20 drains one after the other
+//!   with `--shutdown-delay 1s`: each exits 0 within the delay + 2 s, no request fails, and
+//!   every SPOE message in HAProxy's log has `st=0` (the retry lines never ran).
+//!   `SATURATION_DRAINS` (the suite form's count), `SATURATION_CLIENTS`, `SATURATION_DELAY`
 //!   (seconds); `SATURATION_PIPELINED=1` runs the SPOE file without `max-waiting-frames 1`,
 //!   to see what the line saves; `SATURATION_SERVER_OPTIONS` adds words to the agent
 //!   server lines.
@@ -314,15 +315,28 @@ fn sidecar_linger_then_haproxy_soft_stop() {
     );
 }
 
-/// The drain at saturation, 20 times: three agents behind the documented files (a third
-/// `server` line like the others), 32 clients saturating the machine, and one agent after
-/// the other SIGTERMed with `--shutdown-delay 1s`, restarted on its address as soon as it
-/// has left. Each drain exits 0 within the delay + 2 s; no request fails; and no SPOE message
-/// failed at all (every `st=0` in HAProxy's log: the retry lines never ran).
+/// The drain at saturation, in the suite: six drains (two of each agent), ~20 s; the twenty
+/// of the acceptance are `twenty_drains_at_saturation` (ignored: ~55 s).
 #[test]
+fn drains_at_saturation() {
+    saturation(env_u64("SATURATION_DRAINS", 6) as usize);
+}
+
+/// The drain at saturation, 20 times (ignored: ~55 s; `cargo test -p lastcall-spoa --test
+/// spoa rollout::twenty_drains_at_saturation -- --ignored --nocapture`).
+#[test]
+#[ignore = "the 20-drain measurement (~55 s); drains_at_saturation is its suite form"]
 fn twenty_drains_at_saturation() {
+    saturation(20);
+}
+
+/// The drain at saturation, `drains` times: three agents behind the documented files (a
+/// third `server` line like the others), 32 clients saturating the machine, and one agent
+/// after the other SIGTERMed with `--shutdown-delay 1s`, restarted on its address as soon as
+/// it has left. Each drain exits 0 within the delay + 2 s; no request fails; and no SPOE
+/// message failed at all (every `st=0` in HAProxy's log: the retry lines never ran).
+fn saturation(drains: usize) {
     let delay = Duration::from_secs(env_u64("SATURATION_DELAY", 1));
-    let drains = env_u64("SATURATION_DRAINS", 20) as usize;
     let agents = 3;
     let server_options: &'static str = Box::leak(
         std::env::var("SATURATION_SERVER_OPTIONS")
