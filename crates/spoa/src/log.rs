@@ -224,6 +224,14 @@ struct CorazaMatch<'a> {
     disruptive: bool,
     phase_id: u8,
     phase: &'static str,
+    /// Ours, only when true: request bytes in libmodsecurity's line imitated its rule fields
+    /// ([`RuleMatch::ambiguous`]).
+    #[serde(skip_serializing_if = "is_false")]
+    ambiguous: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 /// What a matched-rule line says about its request, beside the rule.
@@ -261,6 +269,7 @@ pub fn coraza_match(m: &RuleMatch, phase: Option<u8>, req: &Request<'_>) -> Stri
         disruptive: m.disruptive,
         phase_id: phase,
         phase: phase_name(phase),
+        ambiguous: m.ambiguous,
     };
     // Serializing borrowed strings, numbers and a slice of strings cannot fail.
     serde_json::to_string(&object).unwrap_or_default()
@@ -435,6 +444,7 @@ mod tests {
             unique_id: "x".into(),
             phase: Some(2),
             disruptive: true,
+            ambiguous: false,
             line: String::new(),
         };
         let req = Request {
@@ -459,6 +469,7 @@ mod tests {
         let unknown = RuleMatch {
             severity: None,
             phase: None,
+            ambiguous: true,
             ..m
         };
         let v: serde_json::Value =
@@ -477,5 +488,6 @@ mod tests {
                 &serde_json::json!("unknown")
             )
         );
+        assert_eq!(v["ambiguous"], true, "{v}");
     }
 }
