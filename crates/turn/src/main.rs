@@ -38,7 +38,7 @@ fn main() {
         let uid = rustix::process::getuid().as_raw();
         eprintln!(
             "lastcall-turn: {}",
-            privileged::missing_message(low, start, uid)
+            privileged::missing_message(low, start, uid, privileged::Why::of_this_process())
         );
         std::process::exit(lastcall::exit::OS_ERROR);
     }
@@ -105,7 +105,7 @@ fn validated(s: &Settings) -> ! {
         let uid = rustix::process::getuid().as_raw();
         println!(
             "warning: {} (start-up here would exit {})",
-            privileged::missing_message(&low, start, uid),
+            privileged::missing_message(&low, start, uid, privileged::Why::of_this_process()),
             lastcall::exit::OS_ERROR
         );
     }

@@ -168,6 +168,43 @@ pub fn check(low: Vec<LowPort>) -> Outcome {
     }
 }
 
+/// Why a process lacks the capability, for the start-up error: what it can tell about
+/// itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Why {
+    /// Not in the bounding set: the container or unit was not given it.
+    NotGiven,
+    /// In the bounding set, but no_new_privs is set and the runtime did not put it in the
+    /// permitted set before the exec, so the kernel withheld the file capability.
+    NoNewPrivs,
+    /// In the bounding set, no no_new_privs: this binary has no file capability (a copy
+    /// without the image's `cap_net_bind_service=p`, or a filesystem mounted nosuid).
+    NoFileCapability,
+}
+
+impl Why {
+    /// This process's case (bounding set and no_new_privs read from the kernel).
+    pub fn of_this_process() -> Why {
+        use rustix::thread::{capability_is_in_bounding_set, no_new_privs};
+        match (
+            capability_is_in_bounding_set(CapabilitySet::NET_BIND_SERVICE).unwrap_or(false),
+            no_new_privs().unwrap_or(false),
+        ) {
+            (false, _) => Why::NotGiven,
+            (true, true) => Why::NoNewPrivs,
+            (true, false) => Why::NoFileCapability,
+        }
+    }
+
+    fn text(self) -> &'static str {
+        match self {
+            Why::NotGiven => "it is not in this process's bounding set: the container or unit was not given it",
+            Why::NoNewPrivs => "it is in the bounding set, but no_new_privs is set and the capability was not in the permitted set before the exec, so the kernel withheld the binary's file capability (Docker does this for a non-root user under --security-opt no-new-privileges; containerd's CRI gives an added capability as Kubernetes asks): give it as an ambient capability, or allow privilege escalation (Kubernetes: securityContext.allowPrivilegeEscalation: true; docker: without no-new-privileges); the process stays non-root either way",
+            Why::NoFileCapability => "it is in the bounding set, but this binary has no file capability cap_net_bind_service=p (the image's has; setcap sets it on a copy) or its filesystem is mounted nosuid",
+        }
+    }
+}
+
 fn list(low: &[LowPort]) -> String {
     low.iter()
         .map(ToString::to_string)
@@ -178,12 +215,12 @@ fn list(low: &[LowPort]) -> String {
 /// The start-up error when `low` needs CAP_NET_BIND_SERVICE and this process (`uid`) may
 /// not have it: which options and ports, the boundary, and how each way of running the
 /// daemon gives the capability.
-pub fn missing_message(low: &[LowPort], start: u16, uid: u32) -> String {
+pub fn missing_message(low: &[LowPort], start: u16, uid: u32, why: Why) -> String {
     let mut values: Vec<&str> = low.iter().map(LowPort::chart_value).collect();
     values.dedup();
     format!(
         "{} {} below net.ipv4.ip_unprivileged_port_start ({start}) and this process (uid {uid}) \
-         has no CAP_NET_BIND_SERVICE, so it cannot bind {}: nothing was bound. Give it that \
+         has no CAP_NET_BIND_SERVICE, so it cannot bind {}: nothing was bound ({}). Give it that \
          capability, and only it: the lastcall-turn chart adds it when {} is below 1024 (set \
          the port there, not in turn.extraConfig); docker run --cap-add NET_BIND_SERVICE (the \
          image's lastcall-turn carries the file capability cap_net_bind_service=p); a systemd \
@@ -191,6 +228,7 @@ pub fn missing_message(low: &[LowPort], start: u16, uid: u32) -> String {
         list(low),
         if low.len() == 1 { "is" } else { "are" },
         if low.len() == 1 { "it" } else { "them" },
+        why.text(),
         values.join(", "),
     )
 }
@@ -485,10 +523,10 @@ mod tests {
                 port: 443,
             },
         ];
-        let text = missing_message(&low, 1024, 65532);
+        let text = missing_message(&low, 1024, 65532, Why::NotGiven);
         for needle in [
             "listening-port 80, tls-listening-port 443 are below net.ipv4.ip_unprivileged_port_start (1024)",
-            "(uid 65532) has no CAP_NET_BIND_SERVICE, so it cannot bind them: nothing was bound",
+            "(uid 65532) has no CAP_NET_BIND_SERVICE, so it cannot bind them: nothing was bound (it is not in this process's bounding set",
             "when turn.listeningPort, turn.tlsListeningPort is below 1024",
             "docker run --cap-add NET_BIND_SERVICE",
             "cap_net_bind_service=p",
@@ -497,7 +535,14 @@ mod tests {
         ] {
             assert!(text.contains(needle), "no `{needle}` in {text}");
         }
-        let one = missing_message(&low[1..], 1024, 0);
+        let one = missing_message(&low[1..], 1024, 0, Why::NoNewPrivs);
+        assert!(one.contains("no_new_privs is set"), "{one}");
+        assert!(one.contains("allowPrivilegeEscalation: true"), "{one}");
+        let copy = missing_message(&low[1..], 1024, 0, Why::NoFileCapability);
+        assert!(
+            copy.contains("this binary has no file capability cap_net_bind_service=p"),
+            "{copy}"
+        );
         assert!(one.contains("tls-listening-port 443 is below"), "{one}");
         assert!(one.contains("cannot bind it"), "{one}");
         assert!(

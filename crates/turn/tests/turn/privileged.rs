@@ -3,7 +3,10 @@
 //! binds a port below net.ipv4.ip_unprivileged_port_start holding CAP_NET_BIND_SERVICE in
 //! its effective set and nothing else; on a port above it holds no capability at all; and
 //! without the file capability it refuses to start before binding anything, naming the
-//! option, the port and what gives the capability (exit 71).
+//! option, the port and what gives the capability (exit 71). Also: the ambient capability a
+//! systemd unit's `AmbientCapabilities=` gives (kept for a low port, dropped otherwise), and
+//! what no_new_privs does to the file capability (granted only from a parent holding it in
+//! its permitted set, as runc does; withheld after runuser's uid change).
 //!
 //! Needs root (to change uid with `setpriv` and to set the file capability) and a low port
 //! free on 127.0.0.1; as CI runs. The process runs in the host's network namespace, whose
@@ -92,6 +95,19 @@ fn as_nobody(bin: &Path, port: u16, admin: &str) -> Command {
         .args(turn_args(port, admin))
         .arg("--shutdown-delay=0s");
     cmd
+}
+
+/// The exit status and output of a command expected to exit by itself (SIGKILLed after 30 s
+/// if it does not, so a daemon that starts after all fails the test instead of hanging it).
+fn exit_of(cmd: Command) -> (Option<i32>, String) {
+    let mut pod = Pod::spawn(cmd);
+    let exit = pod.wait_exit(Duration::from_secs(30));
+    assert!(
+        !exit.killed,
+        "still running after 30 s:\n{}",
+        pod.logs().join("\n")
+    );
+    (exit.code, pod.logs().join("\n"))
 }
 
 /// CapPrm and CapEff of a running process.
@@ -185,13 +201,15 @@ fn a_low_port_without_the_capability_is_refused_before_binding_with_what_gives_i
     let port = free_low_port(800, start);
     let admin_port = testkit::free_port();
     let admin = format!("127.0.0.1:{admin_port}");
-    let out = as_nobody(&bin, port, &admin).output().unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(71), "{stderr}");
+    let (code, stderr) = exit_of(as_nobody(&bin, port, &admin));
+    assert_eq!(code, Some(71), "{stderr}");
     for needle in [
         format!("listening-port {port} is below net.ipv4.ip_unprivileged_port_start ({start})"),
         format!("(uid {NOBODY}) has no CAP_NET_BIND_SERVICE"),
-        "nothing was bound".to_string(),
+        // setpriv keeps the bounding set and sets no no_new_privs: the copy lacks the file
+        // capability.
+        "nothing was bound (it is in the bounding set, but this binary has no file capability"
+            .to_string(),
         "turn.listeningPort".to_string(),
         "--cap-add NET_BIND_SERVICE".to_string(),
         "AmbientCapabilities=CAP_NET_BIND_SERVICE".to_string(),
@@ -211,5 +229,113 @@ fn a_low_port_without_the_capability_is_refused_before_binding_with_what_gives_i
         stdout.contains(&format!("warning: listening-port {port} is below"))
             && stdout.contains("(start-up here would exit 71)"),
         "{stdout}"
+    );
+}
+
+/// systemd's `AmbientCapabilities=CAP_NET_BIND_SERVICE` with `User=` (what a unit needs for
+/// a port below 1024; Debian's coturn.service has no such line), emulated with setpriv's
+/// ambient set on a binary without the file capability: the low port is bound with the
+/// capability as systemd gave it; with no low port it is dropped from every set, ambient too.
+#[test]
+fn an_ambient_capability_as_systemd_gives_it_binds_a_low_port_and_is_dropped_when_unneeded() {
+    if !is_root() {
+        eprintln!("skipped: needs root (setpriv)");
+        return;
+    }
+    let start = boundary();
+    if start == 0 {
+        eprintln!("skipped: net.ipv4.ip_unprivileged_port_start is 0 here (no port is privileged)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let bin = binary(dir.path(), None);
+    for port in [free_low_port(700, start), free_udp_tcp_port()] {
+        let admin = format!("127.0.0.1:{}", testkit::free_port());
+        let mut cmd = Command::new("setpriv");
+        cmd.args(["--reuid", NOBODY, "--regid", NOBODY, "--clear-groups"])
+            .args([
+                "--inh-caps",
+                "+net_bind_service",
+                "--ambient-caps",
+                "+net_bind_service",
+                "--",
+            ])
+            .arg(&bin)
+            .args(turn_args(port, &admin))
+            .arg("--shutdown-delay=0s");
+        let mut pod = Pod::spawn(cmd);
+        pod.wait_for_log("lastcall-turn listening", WAIT);
+        let status = std::fs::read_to_string(format!("/proc/{}/status", pod.pid())).unwrap();
+        let want = if port < start {
+            "0000000000000400"
+        } else {
+            "0000000000000000"
+        };
+        for key in ["CapEff:", "CapPrm:", "CapAmb:"] {
+            assert_eq!(field(&status, key), want, "port {port} {key}\n{status}");
+        }
+        assert_eq!(
+            pod.has_log("CAP_NET_BIND_SERVICE dropped"),
+            port >= start,
+            "port {port}"
+        );
+        pod.signal(Signal::Term);
+        assert_eq!(pod.wait_exit(Duration::from_secs(60)).code, Some(0));
+    }
+}
+
+/// no_new_privs (`allowPrivilegeEscalation: false`, `NoNewPrivileges=yes`) and the file
+/// capability: the kernel caps the new permitted set at the parent's. With the capability in
+/// the parent's permitted set before the exec (setpriv keeps its permitted set across
+/// `--reuid`, as runc does for an added capability) it is granted and raised; from a parent
+/// that changed uid without keeping it (runuser, as a unit's `User=` does) it is withheld and
+/// start-up says so (exit 71): under `NoNewPrivileges=yes` a unit needs
+/// `AmbientCapabilities=`.
+#[test]
+fn no_new_privs_grants_the_file_capability_only_from_a_parent_that_holds_it() {
+    if !is_root() {
+        eprintln!("skipped: needs root (setpriv, runuser, setcap)");
+        return;
+    }
+    let start = boundary();
+    if start == 0 {
+        eprintln!("skipped: net.ipv4.ip_unprivileged_port_start is 0 here (no port is privileged)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let bin = binary(dir.path(), Some("cap_net_bind_service=p"));
+    // The parent holds it (runc's case): granted, raised, the low port bound.
+    let port = free_low_port(900, start);
+    let admin = format!("127.0.0.1:{}", testkit::free_port());
+    let mut cmd = Command::new("setpriv");
+    cmd.args([
+        "--reuid",
+        NOBODY,
+        "--regid",
+        NOBODY,
+        "--clear-groups",
+        "--no-new-privs",
+        "--",
+    ])
+    .arg(&bin)
+    .args(turn_args(port, &admin))
+    .arg("--shutdown-delay=0s");
+    let mut pod = Pod::spawn(cmd);
+    pod.wait_for_log("lastcall-turn listening", WAIT);
+    let status = std::fs::read_to_string(format!("/proc/{}/status", pod.pid())).unwrap();
+    assert_eq!(field(&status, "NoNewPrivs:"), "1");
+    assert_eq!(field(&status, "CapEff:"), "0000000000000400", "{status}");
+    pod.signal(Signal::Term);
+    assert_eq!(pod.wait_exit(Duration::from_secs(60)).code, Some(0));
+    // The parent does not (runuser drops it with the uid change): withheld, exit 71.
+    let mut cmd = Command::new("runuser");
+    cmd.args(["-u", "nobody", "--", "setpriv", "--no-new-privs"])
+        .arg(&bin)
+        .args(turn_args(port, &admin));
+    let (code, text) = exit_of(cmd);
+    assert_eq!(code, Some(71), "{text}");
+    assert!(
+        text.contains(&format!("listening-port {port} is below")),
+        "{text}"
     );
 }
