@@ -15,9 +15,17 @@ PACKAGES=(
   # The browser test of lastcall-turn (crates/turn/tests/turn/chromium.rs): headless
   # Chromium's own WebRTC stack, driven by the page it loads (no driver needed).
   chromium
-  # promtool (Debian's Prometheus): lastcall-turn's /metrics read as Prometheus reads it
-  # (crates/turn/tests/turn/operations.rs).
+  # promtool, from Debian's Prometheus: the dashboards' and alert rules' checks
+  # (tests/charts/test_observability.py, the demo's and the TURN tests' recorded series) and
+  # lastcall-turn's /metrics read as Prometheus reads it (crates/turn/tests/turn/operations.rs).
   prometheus
+  # The plots of bench/ and of the demo's timeline (lastcall-demo --timeline), drawn by
+  # Debian's /usr/bin/python3 with Debian's matplotlib.
+  python3-matplotlib
+  # lastcall-turn's user databases (crates/turn/tests/turn/userdb.rs, bench/turn/userdb.sh):
+  # the tests start Debian's PostgreSQL (/usr/lib/postgresql/*/bin, as the postgres user the
+  # package makes) and redis-server themselves, on loopback; sqlite3 holds a writer's lock.
+  postgresql redis-server sqlite3
   # lastcall-turn's kernel fast path (feature kernel-relay): clang builds the eBPF object
   # (-target bpf) against libbpf's headers; nothing of it is needed at run time.
   clang libbpf-dev
@@ -45,7 +53,8 @@ if ((${#missing[@]})); then
 fi
 
 # The Debian packages start nothing by default in a container; on a full system they may
-# have started services on well-known ports. Our tests use their own ports on loopback only.
+# have started services on well-known ports (postgresql and redis-server do: 5432, 6379).
+# Our tests use their own servers and ports on loopback only.
 
 if ! command -v cargo >/dev/null 2>&1; then
   echo "setup: cargo not found; install Rust (rustup, stable >= 1.80) and run again" >&2

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what is missing, then runs every check and test: formatting, clippy, the Rust test
 # suite (unit, paused-clock, process-level and interop tests against real HAProxy, coturn's
-# clients and libmodsecurity), the chart tests, every fuzz target for a bounded time
+# clients and libmodsecurity), the chart tests (dashboards and alert rules included), the docs'
+# test commands and paths (tests/docs), every fuzz target for a bounded time
 # (FUZZ_SECONDS, default 20 s each; see scripts/fuzz.sh), and the container tests
 # (scripts/test_containers.sh, in the background beside the rest), and the interop tests again
 # against today's peers: HAProxy 3.0/3.2, libmodsecurity 3.0.14/3.0.16, nginx, coturn 4.18
@@ -72,6 +73,11 @@ if cargo nextest --version >/dev/null 2>&1; then
 else
   cargo test --workspace --locked --no-fail-fast $kernel || rust_status=$?
 fi
+# The docs' test commands and paths (tests/docs), now that every test binary is built with the
+# features above: `cargo nextest list` then builds nothing.
+echo "== docs: every test command and repository path in docs/ and the READMEs"
+docs_status=0
+LASTCALL_DOCS_FEATURES=lastcall-turn/kernel-relay bash scripts/test_python.sh tests/docs || docs_status=$?
 fuzz_status=0
 if [ "$rust_status" -eq 0 ]; then
   echo "== fuzz targets (${FUZZ_SECONDS:-20} s each)"
@@ -100,5 +106,5 @@ trap - EXIT
 cat "$containers_log"
 rm -f "$containers_log" "$LASTCALL_BUILT_MARKER"
 echo "== container tests: exit $containers_status (started ${containers_start} s into this run; their own time is in the line test_containers: above)"
-[ "$rust_status" -eq 0 ] && [ "$fuzz_status" -eq 0 ] && [ "$peers_status" -eq 0 ] &&
+[ "$rust_status" -eq 0 ] && [ "$docs_status" -eq 0 ] && [ "$fuzz_status" -eq 0 ] && [ "$peers_status" -eq 0 ] &&
   [ "$containers_status" -eq 0 ]

@@ -19,7 +19,9 @@ cargo build --workspace --bins --locked
 SPOA_TESTS='haproxy|drain|rollout|coraza_spoa|differential|bodies|request_bodies'
 TURN_TESTS='interop|coturn_configs|termination'
 spoa_filter="test(/^($SPOA_TESTS)::/) | test(=cli::engine_version_is_the_loaded_library)"
-turn_filter="test(/^($TURN_TESTS)::/)"
+# and the SQLite user database written by that release's turnadmin (coturn 4.6.1 and 4.18
+# have the same schema; this shows it).
+turn_filter="test(/^($TURN_TESTS)::/) | test(=userdb::sqlite_written_by_turnadmin)"
 
 run=$PWD/scripts/peer-run
 log=$(mktemp "${TMPDIR:-/tmp}/lastcall-peers.XXXXXX")
@@ -52,8 +54,9 @@ for suite in "$@"; do
     LASTCALL_UCLIENT="$run $suite /usr/bin/turnutils_uclient" \
       LASTCALL_TURNSERVER="$run $suite /usr/bin/turnserver" \
       LASTCALL_PEER="$run $suite /usr/bin/turnutils_peer" \
+      LASTCALL_TURNADMIN="$run $suite /usr/bin/turnadmin" \
       nextest -p lastcall-turn -E "$turn_filter" || rc=$?
-    summary+=("$suite: coturn $theirs's turnutils_uclient and turnutils_peer around lastcall-turn, its turnserver for comparison: turn modules $TURN_TESTS: $ran: exit $rc")
+    summary+=("$suite: coturn $theirs's turnutils_uclient and turnutils_peer around lastcall-turn, its turnserver for comparison, its turnadmin writing the SQLite user database: turn modules $TURN_TESTS and userdb::sqlite_written_by_turnadmin: $ran: exit $rc")
     ((rc == 0)) || status=1
   else
     summary+=("$suite: coturn $theirs is this machine's release: the main suite covers it")

@@ -36,6 +36,9 @@ import tempfile
 import threading
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from procfs import rss_kib  # noqa: E402  (bench/procfs.py: the scripts' one RSS reader)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 AGENT = os.environ.get("LASTCALL_SPOA_BIN", os.path.join(ROOT, "target/debug/lastcall-spoa"))
 HAPROXY = shlex.split(os.environ.get("LASTCALL_HAPROXY", "/usr/sbin/haproxy"))
@@ -210,14 +213,6 @@ def wait_for(path, pattern, timeout=10):
                     return m
         time.sleep(0.05)
     return None
-
-
-def rss_kib(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return 0
 
 
 def memory():

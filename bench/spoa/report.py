@@ -3,7 +3,8 @@
 
   report.py RESULTS.jsonl...              markdown table: medians over rounds, ratios b/c, b/a
                                           (several files: their rounds together)
-  report.py --plot PNG RESULTS.jsonl      the same data as a plot (needs matplotlib)
+  report.py --plot PNG [--title T] RESULTS.jsonl   the same data as a plot (Debian's
+                                          python3-matplotlib: run it with /usr/bin/python3)
   report.py --smoke RESULTS.jsonl         checks a smoke run; exit 1 with the reasons if wrong
   report.py --soak RSS.csv [--plot PNG] WRK.out   soak summary (RSS drift, throughput)
 
@@ -96,7 +97,7 @@ def table(rows):
     return "\n".join(lines)
 
 
-def plot(rows, path):
+def plot(rows, path, title):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -122,7 +123,7 @@ def plot(rows, path):
         for ax in (axes[0][col], axes[1][col]):
             ax.grid(True, which="both", alpha=0.3)
     axes[0][0].legend()
-    fig.suptitle("CRS 3.3.4 PL1, libmodsecurity 3.0.9, 2 cores shared with the load generator")
+    fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
 
@@ -213,6 +214,8 @@ def main():
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--soak")
     ap.add_argument("--label", default="lastcall-spoa")
+    ap.add_argument("--title", default="CRS 3.3.4 PL1, libmodsecurity 3.0.9, 2 cores shared with the load generator",
+                    help="the plot's title: the versions and conditions of the run")
     a = ap.parse_args()
     if a.soak:
         soak(a.soak, a.input[0], a.plot, a.label)
@@ -221,7 +224,7 @@ def main():
     if a.smoke:
         return smoke(rows)
     if a.plot:
-        plot(rows, a.plot)
+        plot(rows, a.plot, a.title)
         return 0
     print(table(rows))
     return 0

@@ -6,8 +6,9 @@
 #   (b) spoa     HAProxy 2.6 + lastcall-spoa (crates/spoa/examples/haproxy/*.cfg, the documented
 #                fail-closed configuration, with its per-request `log stdout` line removed)
 #   (c) nginx    nginx + libnginx-mod-http-modsecurity
-# (b) and (c) load the same rules file: the engine settings and Debian's CRS 3.3.4 at paranoia
-# level 1 exactly as lastcall-spoa's built-in application writes them (checked at start: the
+# (b) and (c) load the same rules: the engine settings and Debian's CRS 3.3.4 at paranoia
+# level 1 as lastcall-spoa's built-in application has them, printed by the binary itself
+# (`show-rules` for nginx, `show-config` for the agent; checked at start: the
 # agent compiles the same number of rules from the file as from its built-in application).
 # Equal workers: nginx worker_processes 2 = the agent's `workers: 2` (concurrent evaluations)
 # = HAProxy's nbthread (2, its default here) = the number of cores.
@@ -90,6 +91,9 @@ read -r -a HAPROXY <<<"${LASTCALL_HAPROXY:-haproxy}"
 read -r -a NGINX <<<"${LASTCALL_NGINX:-nginx}"
 read -r -a RUNNER <<<"${LASTCALL_SPOA_RUNNER:-}"
 for t in wrk haproxy nginx curl taskset python3; do command -v "$t" >/dev/null || die "$t not found"; done
+# The plots: Debian's Python with Debian's matplotlib (python3-matplotlib, scripts/setup.sh).
+PLOT_PY=${PLOT_PY:-/usr/bin/python3}
+PLOT_TITLE=${PLOT_TITLE:-"HAProxy + lastcall-spoa, nginx + ModSecurity (same engine, same CRS); 2 cores shared with the load generator"}
 MODSEC_MODULE=/usr/lib/nginx/modules/ngx_http_modsecurity_module.so
 [ -f "$MODSEC_MODULE" ] || die "$MODSEC_MODULE missing (apt-get install libnginx-mod-http-modsecurity)"
 [ -f /etc/modsecurity/crs/crs-setup.conf ] || die "Debian's modsecurity-crs is not installed"
@@ -126,53 +130,9 @@ wait_200() {
 }
 
 # ---- configuration -----------------------------------------------------------------------
-# The rule text of lastcall-spoa's built-in application (lastcall_modsec::crs::
-# debian_default_directives with paranoia level 1, response check off): engine settings,
-# body processors, the engine's limits (crs::ENGINE_LIMITS), then Debian's CRS.
-write_rules() {
-  local f=$1
-  {
-    echo "# Written by lastcall-modsec: engine settings Debian does not ship, then CRS."
-    cat <<'EOF'
-SecRuleEngine On
-SecRequestBodyAccess On
-SecRequestBodyLimit 13107200
-SecRequestBodyNoFilesLimit 131072
-SecRequestBodyLimitAction Reject
-SecRequestBodyJsonDepthLimit 512
-SecResponseBodyAccess Off
-SecResponseBodyMimeType text/plain text/html text/xml application/json
-SecResponseBodyLimit 524288
-SecResponseBodyLimitAction ProcessPartial
-SecArgumentSeparator &
-SecCookieFormat 0
-SecAuditEngine Off
-SecRule REQUEST_HEADERS:Content-Type "^(?:application(?:/soap\+|/)|text/)xml" "id:200000,phase:1,t:none,t:lowercase,pass,nolog,ctl:requestBodyProcessor=XML"
-SecRule REQUEST_HEADERS:Content-Type "^application/json" "id:200001,phase:1,t:none,t:lowercase,pass,nolog,ctl:requestBodyProcessor=JSON"
-SecRule REQBODY_ERROR "!@eq 0" "id:200002,phase:2,t:none,log,deny,status:400,msg:'Failed to parse request body.',logdata:'%{reqbody_error_msg}',severity:2"
-SecRule MULTIPART_STRICT_ERROR "!@eq 0" "id:200003,phase:2,t:none,log,deny,status:400,msg:'Multipart request body failed strict validation.',severity:2"
-SecRule MULTIPART_UNMATCHED_BOUNDARY "@eq 1" "id:200004,phase:2,t:none,log,deny,msg:'Multipart parser detected a possible unmatched boundary.'"
-SecPcreMatchLimit 50000
-SecArgumentsLimit 1000
-SecRule &ARGS "@ge 1000" "id:200007,phase:2,t:none,log,deny,status:400,msg:'Failed to fully parse request body due to large argument count',severity:2"
-SecRule REQUEST_LINE "@gt 65536" "id:9990130,phase:1,t:none,t:length,log,deny,status:414,msg:'Request line longer than 65536 bytes'"
-SecRule REQUEST_HEADERS "@gt 65536" "id:9990131,phase:1,t:none,t:length,log,deny,status:400,msg:'Request header longer than 65536 bytes: %{MATCHED_VAR_NAME}'"
-SecRule &REQUEST_HEADERS "@gt 1024" "id:9990132,phase:1,t:none,log,deny,status:400,msg:'More than 1024 request headers'"
-Include /etc/modsecurity/crs/crs-setup.conf
-SecAction "id:900000,phase:1,pass,t:none,nolog,setvar:tx.paranoia_level=1"
-EOF
-    local before=/etc/modsecurity/crs/REQUEST-900-EXCLUSION-RULES-BEFORE-CRS.conf
-    local after=/etc/modsecurity/crs/RESPONSE-999-EXCLUSION-RULES-AFTER-CRS.conf
-    [ -f "$before" ] && echo "Include $before"
-    echo "Include /usr/share/modsecurity-crs/rules/*.conf"
-    [ -f "$after" ] && echo "Include $after"
-    # nginx's copy only: the agent adds these two itself after an application's rules.
-    [ "${2:-}" = agent ] || cat <<'EOF'
-SecRule TX:ANOMALY_SCORE "@gt 0" "id:9990110,phase:2,pass,t:none,log,msg:'lastcall anomaly score: inbound %{TX.ANOMALY_SCORE}'"
-SecRule TX:OUTBOUND_ANOMALY_SCORE "@gt 0" "id:9990120,phase:4,pass,t:none,log,msg:'lastcall anomaly score: outbound %{TX.OUTBOUND_ANOMALY_SCORE}'"
-EOF
-  } >"$f"
-}
+# The rules of lastcall-spoa's built-in application come from the binary itself, never a
+# copy: `show-rules` prints the SecLang text it compiles (nginx gets the same text), and
+# `show-config` the configuration file that runs it (the agent gets that file).
 
 ORIGIN_PORT=$(free_port)
 AGENT_PORT=$(free_port)
@@ -195,18 +155,10 @@ case "${AGENT_SOCKET:-tcp}" in
   *) die "AGENT_SOCKET must be tcp or unix, not '$AGENT_SOCKET'" ;;
 esac
 
-write_rules "$WORK/rules.conf"
-write_rules "$WORK/agent-rules.conf" agent
-cat >"$WORK/agent.yaml" <<EOF
-bind: $AGENT_BIND
-workers: 2
-${SPOA_EVALUATION:+evaluation: $SPOA_EVALUATION}
-default_application: default
-applications:
-  - name: default
-    directives: |
-      Include $WORK/agent-rules.conf
-EOF
+"${RUNNER[@]}" "$AGENT" show-rules >"$WORK/rules.conf"
+"${RUNNER[@]}" "$AGENT" show-config |
+  sed -e "s|^bind: .*|bind: \"$AGENT_BIND\"|" -e 's/^workers: .*/workers: 2/' >"$WORK/agent.yaml"
+[ -z "${SPOA_EVALUATION:-}" ] || echo "evaluation: $SPOA_EVALUATION" >>"$WORK/agent.yaml"
 
 # Same rules as the built-in application? Compare the compiled rule counts.
 builtin_rules=$("${RUNNER[@]}" "$AGENT" --validate --admin-addr off | sed -n 's/.*, \([0-9]*\) rules,.*/\1/p')
@@ -484,15 +436,12 @@ case "$MODE" in
     else
       PLOT=${PLOT:-$ROOT/docs/img/bench-spoa.png}
       python3 "$BENCH/report.py" "$OUT/results.jsonl" | tee "$OUT/table.md"
-      VENV=${XDG_CACHE_HOME:-$HOME/.cache}/lastcall/bench-venv
-      if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c 'import matplotlib' 2>/dev/null; then
-        python3 -m venv "$VENV" && "$VENV/bin/pip" install -q --disable-pip-version-check matplotlib==3.11.2 ||
-          log "matplotlib not installed: no plot"
-      fi
-      if "$VENV/bin/python" -c 'import matplotlib' 2>/dev/null; then
+      if "$PLOT_PY" -c 'import matplotlib' 2>/dev/null; then
         mkdir -p "$(dirname "$PLOT")"
-        "$VENV/bin/python" "$BENCH/report.py" --plot "$PLOT" "$OUT/results.jsonl" >/dev/null
+        "$PLOT_PY" "$BENCH/report.py" --plot "$PLOT" --title "$PLOT_TITLE" "$OUT/results.jsonl" >/dev/null
         log "plot: $PLOT"
+      else
+        log "no matplotlib for $PLOT_PY (Debian's python3-matplotlib: bash scripts/setup.sh): no plot"
       fi
     fi
     ;;
@@ -541,9 +490,8 @@ case "$MODE" in
       cp "$WORK/agent.log" "$OUT/agent.log"
     fi
     PLOT=${PLOT:-$ROOT/docs/img/bench-spoa-soak.png}
-    VENV=${XDG_CACHE_HOME:-$HOME/.cache}/lastcall/bench-venv
-    if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c 'import matplotlib' 2>/dev/null; then
-      "$VENV/bin/python" "$BENCH/report.py" --soak "$OUT/rss.csv" --plot "$PLOT" \
+    if "$PLOT_PY" -c 'import matplotlib' 2>/dev/null; then
+      "$PLOT_PY" "$BENCH/report.py" --soak "$OUT/rss.csv" --plot "$PLOT" \
         --label "$([ "$SOAK_SETUP" = b ] && echo lastcall-spoa || echo 'nginx + ModSecurity (2 workers)')" "$OUT/wrk.out"
     else
       python3 "$BENCH/report.py" --soak "$OUT/rss.csv" "$OUT/wrk.out"

@@ -309,7 +309,7 @@ def plot(rounds, table, cfg, path):
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        print("bench: matplotlib missing, no plot", file=sys.stderr)
+        print("bench: matplotlib missing (Debian's python3-matplotlib), no plot", file=sys.stderr)
         return False
     kept = kept_rounds(rounds)
     colors = {"coturn": "tab:orange", "lastcall-turn": "tab:blue"}
@@ -457,11 +457,89 @@ def whole_main(args):
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
+    plot_path = args.plot or ("docs/img/turn-whole-path.png" if args.mode == "full" else None)
+    if plot_path and whole_plot(rounds, cfg, plot_path):
+        print(f"plot: {plot_path}")
     if args.markdown:
         with open(args.markdown, "w") as f:
             f.write("\n".join(whole_lines(servers, table, md=True)) + "\n\n"
                     f"Medians ({kept} of {cfg['rounds']}); load average during the run "
                     f"{min(loads):.1f} to {max(loads):.1f}.\n")
+
+
+def whole_plot(rounds, cfg, path):
+    """The whole path's CPU per relayed datagram, split into the server's and the load
+    generator's (clients and echo peer), per design and rate (medians of the kept rounds;
+    each kept round a dot), with the loss and the added round trip beside it."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("bench: matplotlib missing (Debian's python3-matplotlib), no plot", file=sys.stderr)
+        return False
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+    kept = kept_rounds(rounds)
+    servers = [n for n in WHOLE_SERVERS if any(r["server"] == n for r in kept)]
+    rates = cfg["rates"]
+    colors = {"coturn-4.18": "tab:red", "coturn": "tab:orange", "lastcall-turn": "tab:blue",
+              "lastcall-turn+kernel": "tab:green"}
+
+    def per(r, rate, what):
+        ph = r["phases"].get(str(rate), {})
+        relayed = ph.get("relayed") or 0
+        if what == "server":
+            return ph["server_cpu_s"] * 1e6 / relayed if relayed and ph.get("server_cpu_s") is not None else None
+        if what == "generator":
+            return ph["generator_cpu_s"] * 1e6 / relayed if relayed and ph.get("generator_cpu_s") is not None else None
+        return ph.get(what)
+
+    fig, ax = plt.subplots(1, len(rates) + 1, figsize=(6 * (len(rates) + 1), 5.2))
+    for k, rate in enumerate(rates):
+        a = ax[k]
+        for i, n in enumerate(servers):
+            rs = [r for r in kept if r["server"] == n]
+            srv = median([per(r, rate, "server") for r in rs]) or 0
+            gen = median([per(r, rate, "generator") for r in rs]) or 0
+            a.bar(i, srv, color=colors.get(n, "tab:gray"))
+            a.bar(i, gen, bottom=srv, color=colors.get(n, "tab:gray"), alpha=0.45)
+            whole = [per(r, rate, "whole_cpu_us_per_relayed") for r in rs]
+            a.plot([i] * len(whole), whole, "k.", alpha=0.6)
+            loss = median([per(r, rate, "loss_pct") for r in rs])
+            label = f"{median(whole):.1f}"  # the table's figure: the median of the whole path
+            a.annotate(f"{label}\nloss {loss:.1f} %" if loss else label,
+                       (i, srv + gen), ha="center", va="bottom", fontsize=8, xytext=(0, 3),
+                       textcoords="offset points")
+        a.set_xticks(range(len(servers)))
+        a.set_xticklabels([n.replace("lastcall-turn+kernel", "lastcall-turn\n+kernel") for n in servers], fontsize=8)
+        a.set(title=f"{rate:,} datagrams/s offered", ylabel="CPU µs per relayed datagram (whole path)")
+        a.legend(handles=[Patch(color="dimgray", label="server (solid)"),
+                          Patch(color="dimgray", alpha=0.45, label="load generator: clients, echo peer (faded)"),
+                          Line2D([], [], color="k", marker=".", ls="", label="each kept round")],
+                 fontsize=8, loc="upper right")
+    a = ax[-1]
+    rate = rates[0]
+    w = 0.38
+    for i, n in enumerate(servers):
+        rs = [r for r in kept if r["server"] == n]
+        for j, (key, label) in enumerate([("added_p50_us", "p50"), ("added_p99_us", "p99")]):
+            v = median([per(r, rate, key) for r in rs])
+            if v is not None:
+                a.bar(i + (j - 0.5) * w, max(v, 0), w, color=colors.get(n, "tab:gray"), alpha=1 - 0.45 * j,
+                      label=label if i == 0 else None)
+    a.set_xticks(range(len(servers)))
+    a.set_xticklabels([n.replace("lastcall-turn+kernel", "lastcall-turn\n+kernel") for n in servers], fontsize=8)
+    a.set(title=f"round trip added by the relay at {rate:,}/s", ylabel="µs (relay minus direct echo)")
+    a.legend(fontsize=8)
+    loads = [x for r in rounds for x in (r["load_before"], r["load_after"])]
+    fig.suptitle(f"TURN relay, whole path: server + load generator CPU per relayed datagram (loopback, "
+                 f"medians of {len(kept) // max(1, len(servers))} rounds, load average {min(loads):.1f}-{max(loads):.1f})",
+                 fontsize=10)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    fig.savefig(path, dpi=80)
+    return True
 
 
 def machine():
@@ -517,6 +595,15 @@ def main():
     if args.replot:
         with open(args.replot) as f:
             res = json.load(f)
+        if res["rounds"] and "phases" in res["rounds"][0]:  # a --whole-path run
+            servers, table = whole_table(res["rounds"], res["config"])
+            print("\n".join(whole_lines(servers, table)))
+            if args.markdown:
+                with open(args.markdown, "w") as f:
+                    f.write("\n".join(whole_lines(servers, table, md=True)) + "\n")
+            if args.plot:
+                whole_plot(res["rounds"], res["config"], args.plot)
+            return
         for name in {r["server"] for r in res["rounds"]} - set(SERVERS):
             SERVERS.append(name)
         table = summarize(res["rounds"], res["config"])

@@ -16,7 +16,8 @@
 #   live allocations (VmRSS delta / N), added latency p50/p99 over a direct echo.
 # With two or more CPUs the server runs on CPU 0 and the load generator on CPU 1 (taskset).
 # Results: docs/benchmarks.md ("lastcall-turn"); raw data of the published runs: bench/turn/results/.
-# The plot goes to docs/img/turn-bench.png (matplotlib from a cached virtualenv).
+# The plot goes to docs/img/turn-bench.png (--whole-path: docs/img/turn-whole-path.png), drawn
+# with Debian's python3-matplotlib.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT"
@@ -36,14 +37,10 @@ ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
 # --kernel-relay (the lastcall-turn+kernel server of --whole-path).
 echo "run.sh: cargo build $FLAG -p lastcall-turn -p lastcall-turnload --features lastcall-turn/kernel-relay" >&2
 cargo build $FLAG -q -p lastcall-turn -p lastcall-turnload --features lastcall-turn/kernel-relay
-PY=python3
-if ! python3 -c 'import matplotlib' 2>/dev/null; then
-  VENV="${XDG_CACHE_HOME:-$HOME/.cache}/lastcall/bench-venv"
-  if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c 'import matplotlib' 2>/dev/null; then
-    echo "run.sh: installing matplotlib into $VENV" >&2
-    { python3 -m venv "$VENV" && "$VENV/bin/pip" install -q --disable-pip-version-check matplotlib==3.10.9; } >&2 ||
-      echo "run.sh: no matplotlib; the plot is skipped" >&2
-  fi
-  [ -x "$VENV/bin/python" ] && PY="$VENV/bin/python"
-fi
+# Debian's Python runs the benchmark and draws its plots with Debian's matplotlib
+# (python3-matplotlib, scripts/setup.sh); without it the plot is skipped.
+PY=/usr/bin/python3
+[ -x "$PY" ] || PY=python3
+"$PY" -c 'import matplotlib' 2>/dev/null ||
+  echo "run.sh: no matplotlib for $PY (Debian's python3-matplotlib: bash scripts/setup.sh); the plot is skipped" >&2
 exec "$PY" bench/turn/bench.py --mode "$MODE" --bin-dir "target/$PROFILE" "$@"

@@ -26,7 +26,10 @@ K8S_VERSIONS = ("1.29.0", "1.37.0")
 OLDEST = "1.25.0"
 
 # Kinds from CRDs that kubernetes-validate has no schema for; checked by hand instead.
-CRD_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor")}
+CRD_KINDS = {
+    ("monitoring.coreos.com/v1", "ServiceMonitor"),
+    ("monitoring.coreos.com/v1", "PrometheusRule"),
+}
 
 _DURATION = re.compile(r"^(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
 
@@ -90,7 +93,11 @@ def validate(obj: dict[str, Any], version: str) -> None:
     """Validate one object against the Kubernetes API schema (strict)."""
     if (obj["apiVersion"], obj["kind"]) in CRD_KINDS:
         assert obj["metadata"]["name"]
-        assert obj["spec"]["endpoints"], "ServiceMonitor without endpoints"
+        if obj["kind"] == "PrometheusRule":
+            # Its rules are checked by promtool (tests/charts/test_observability.py).
+            assert obj["spec"]["groups"], "PrometheusRule without groups"
+        else:
+            assert obj["spec"]["endpoints"], "ServiceMonitor without endpoints"
         return
     try:
         kubernetes_validate.validate(obj, version, strict=True)

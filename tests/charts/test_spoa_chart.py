@@ -85,6 +85,34 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "gracefulTermination": {"enabled": False},
     },
     "existing-configmap": {"agent": {"existingConfigMap": "my-waf"}},
+    # The values both charts share (CHARTS.md), and spoa's HPA, DaemonSet and CRS sources.
+    "shared-values": {
+        "serviceAccount": {"create": True, "annotations": {"team": "waf"}},
+        "resources": {"requests": {"cpu": "250m", "memory": "128Mi"}},
+        "agent": {"resources": {"requests": {"cpu": "1"}}, "env": [{"name": "OLD", "value": "1"}]},
+        "extraEnv": [{"name": "MALLOC_ARENA_MAX", "value": "2"}],
+        "extraVolumes": [{"name": "rules", "configMap": {"name": "my-rules"}}],
+        "extraVolumeMounts": [{"name": "rules", "mountPath": "/etc/my-rules", "readOnly": True}],
+        "initContainers": [{"name": "warm", "image": "busybox:1.36", "command": ["true"]}],
+        "networkPolicy": {
+            "enabled": True,
+            "ingressFrom": [{"podSelector": {"matchLabels": {"app": "haproxy"}}}],
+            "metricsFrom": [{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}],
+        },
+        "crs": {"image": {"repository": "registry.example/coreruleset", "tag": "4.28.0"}},
+    },
+    "autoscaling": {"autoscaling": {"enabled": True, "minReplicas": 2, "maxReplicas": 8}},
+    "daemonset-crs-volume": {
+        "daemonSet": {"enabled": True},
+        "crs": {"volume": {"persistentVolumeClaim": {"claimName": "crs-4-28"}}, "path": "/coreruleset-4.28.0"},
+    },
+    "sidecar-shared-values": {
+        "mode": "sidecar",
+        "serviceAccount": {"name": "edge"},
+        "networkPolicy": {"enabled": True},
+        "crs": {"image": {"repository": "registry.example/coreruleset", "tag": "4.28.0"}},
+        "initContainers": [{"name": "warm", "image": "busybox:1.36", "command": ["true"]}],
+    },
 }
 
 
@@ -190,21 +218,23 @@ def test_sidecar_ordering(case: Any) -> None:
     spec = rendered.pod_spec()
     agent = _agent(rendered)
     policy = flag(agent["args"], "on-sigterm")
+    # The user's init containers, then the CRS copier, come before the chart's agent.
+    extra_inits = [c["name"] for c in values["initContainers"]] + (["crs"] if values["crs"]["image"]["repository"] else [])
     if values["mode"] == "standalone":
         assert [c["name"] for c in spec["containers"]] == ["agent"]
-        assert "initContainers" not in spec
+        assert [c["name"] for c in spec.get("initContainers", [])] == extra_inits
         assert policy == ("drain" if values["gracefulTermination"]["enabled"] else "exit")
         return
     mains = [c["name"] for c in spec["containers"]]
     assert mains[0] == "haproxy"
     if values["sidecar"]["native"]:
         inits = spec["initContainers"]
-        assert [c["name"] for c in inits] == ["agent"]
-        assert inits[0]["restartPolicy"] == "Always"
+        assert [c["name"] for c in inits] == extra_inits + ["agent"]
+        assert inits[-1]["restartPolicy"] == "Always"
         assert "agent" not in mains
         assert policy == ("drain" if values["gracefulTermination"]["enabled"] else "exit")
     else:
-        assert "initContainers" not in spec
+        assert [c["name"] for c in spec.get("initContainers", [])] == extra_inits
         assert "agent" in mains and "restartPolicy" not in agent
         assert policy == ("linger" if values["gracefulTermination"]["enabled"] else "exit")
     for extra in values["sidecar"]["extraContainers"]:
@@ -255,8 +285,13 @@ def test_standalone_objects(case: Any) -> None:
     if values["mode"] != "standalone":
         return
     dep = rendered.workload()
-    assert dep["spec"]["replicas"] == values["replicaCount"]
-    assert dep["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    if values["daemonSet"]["enabled"]:
+        assert dep["spec"]["updateStrategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    elif values["autoscaling"]["enabled"]:
+        assert dep["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    else:
+        assert dep["spec"]["replicas"] == values["replicaCount"]
+        assert dep["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
     pdb = rendered.one("PodDisruptionBudget")
     assert pdb["spec"]["maxUnavailable"] == values["podDisruptionBudget"]["maxUnavailable"]
     assert pdb["spec"]["selector"]["matchLabels"] == dep["spec"]["selector"]["matchLabels"]
@@ -430,3 +465,190 @@ def test_standalone_notes_backend_is_valid_haproxy(tmp_path: Path) -> None:
     cfg = head.replace(resolvers, "") + "\n" + snippet + "\n"
     result = haproxy_check(cfg, spoe_cfg, tmp_path)
     assert result.returncode == 0, cfg + result.stdout + result.stderr
+
+
+# --- the values both charts share, the HPA, the DaemonSet, the CRS sources ----------------
+
+
+def test_service_account(case: Any) -> None:
+    _, values, rendered = case
+    spec = rendered.pod_spec()
+    sa = values["serviceAccount"]
+    assert spec["automountServiceAccountToken"] is sa["automountServiceAccountToken"] is False
+    accounts = rendered.of_kind("ServiceAccount")
+    if sa["create"]:
+        assert len(accounts) == 1, "serviceAccount.create renders the account the pods name"
+        assert accounts[0]["metadata"]["name"] == spec["serviceAccountName"] == (sa["name"] or "rel-lastcall-spoa")
+        assert accounts[0]["automountServiceAccountToken"] is False
+        assert accounts[0]["metadata"].get("annotations", {}) == sa["annotations"]
+    else:
+        assert not accounts
+        assert spec["serviceAccountName"] == (sa["name"] or "default")
+
+
+def _laid_over(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in top.items():
+        out[k] = _laid_over(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def test_the_memory_defaults_reach_the_agent_and_an_old_agent_resources_keeps_them() -> None:
+    default = _agent(render(CHART, {}))["resources"]
+    assert default == {"requests": {"memory": "128Mi"}, "limits": {"memory": "256Mi"}}
+    old = _agent(render(CHART, {"agent": {"resources": {"requests": {"cpu": "1"}}}}))["resources"]
+    assert old == {"requests": {"cpu": "1", "memory": "128Mi"}, "limits": {"memory": "256Mi"}}
+
+
+def test_resources_env_volumes_and_init_containers(case: Any) -> None:
+    _, values, rendered = case
+    agent = _agent(rendered)
+    want = _laid_over(values["resources"] or {}, values["agent"]["resources"] or {})
+    assert agent.get("resources", {}) == want, "agent.resources (deprecated) is laid over resources"
+    env = values["agent"]["env"] + values["extraEnv"]
+    assert agent.get("env", []) == env
+    spec = rendered.pod_spec()
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    mounts = {m["name"]: m for m in agent["volumeMounts"]}
+    for v in values["extraVolumes"]:
+        assert volumes[v["name"]] == v
+    for m in values["extraVolumeMounts"]:
+        assert mounts[m["name"]] == m
+    inits = [c["name"] for c in spec.get("initContainers", [])]
+    user = [c["name"] for c in values["initContainers"]]
+    assert inits[: len(user)] == user, "the user's init containers come first"
+
+
+def test_crs_from_an_image_or_a_volume(case: Any) -> None:
+    _, values, rendered = case
+    crs = values["crs"]
+    agent = _agent(rendered)
+    spec = rendered.pod_spec()
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    mounts = {m["name"]: m for m in agent["volumeMounts"]}
+    if not crs["image"]["repository"] and not crs["volume"]:
+        assert flag(agent["args"], "crs-dir") is None and "crs" not in volumes
+        return
+    assert flag(agent["args"], "crs-dir") == mounts["crs"]["mountPath"] == "/opt/lastcall-spoa/crs"
+    assert mounts["crs"]["readOnly"] is True
+    if crs["image"]["repository"]:
+        copier = container(spec, "crs")
+        assert copier["image"] == f"{crs['image']['repository']}:{crs['image']['tag']}"
+        assert copier["command"] == ["cp", "-R", f"{crs['path']}/.", "/crs-out/"]
+        assert copier["volumeMounts"] == [{"name": "crs", "mountPath": "/crs-out"}]
+        assert volumes["crs"] == {"name": "crs", "emptyDir": {}}
+        names = [c["name"] for c in spec["initContainers"]]
+        assert names.index("crs") < names.index("agent") if "agent" in names else True
+    else:
+        assert volumes["crs"] == {"name": "crs", **crs["volume"]}
+        assert mounts["crs"]["subPath"] == crs["path"].lstrip("/")
+
+
+def test_workload_kind_and_autoscaling(case: Any) -> None:
+    _, values, rendered = case
+    w = rendered.workload()
+    standalone = values["mode"] == "standalone"
+    if standalone and values["daemonSet"]["enabled"]:
+        assert w["kind"] == "DaemonSet"
+        assert "replicas" not in w["spec"]
+        assert w["spec"]["updateStrategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+        assert not rendered.of_kind("HorizontalPodAutoscaler")
+        return
+    assert w["kind"] == "Deployment"
+    hpas = rendered.of_kind("HorizontalPodAutoscaler")
+    if standalone and values["autoscaling"]["enabled"]:
+        a = values["autoscaling"]
+        assert "replicas" not in w["spec"], "the HPA owns the replica count"
+        (hpa,) = hpas
+        assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": w["metadata"]["name"]}
+        assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (a["minReplicas"], a["maxReplicas"])
+        assert hpa["spec"]["metrics"][0]["resource"]["name"] == "cpu"
+        down = hpa["spec"]["behavior"]["scaleDown"]
+        # One pod per grace period: each drain ends before the next one starts.
+        assert down["policies"] == [{"type": "Pods", "value": 1, "periodSeconds": rendered.grace()}]
+        assert down["selectPolicy"] == "Min" and down["stabilizationWindowSeconds"] >= 60
+    else:
+        assert not hpas
+        assert "replicas" in w["spec"]
+
+
+def test_network_policy(case: Any) -> None:
+    _, values, rendered = case
+    np = values["networkPolicy"]
+    policies = rendered.of_kind("NetworkPolicy")
+    if not np["enabled"]:
+        assert not policies
+        return
+    (policy,) = policies
+    assert policy["spec"]["podSelector"]["matchLabels"] == rendered.workload()["spec"]["selector"]["matchLabels"]
+    service, admin = policy["spec"]["ingress"]
+    ports = {p["port"] for p in service["ports"]}
+    assert ports == ({"spop"} if values["mode"] == "standalone" else {"http", "health"})
+    assert service.get("from", []) == np["ingressFrom"]
+    assert [p["port"] for p in admin["ports"]] == ["admin"]
+    assert admin.get("from", []) == np["metricsFrom"]
+    # Every named port exists on a container of the pod.
+    named = {p["name"] for c in all_containers(rendered.pod_spec()) for p in c.get("ports", [])}
+    assert ports | {"admin"} <= named
+
+
+def test_default_rules_are_the_binarys_built_in_application(tmp_path: Path) -> None:
+    """The chart's default configuration is the binary's built-in application: the rules the
+    agent compiles from the rendered file are the ones it prints without a file (show-rules;
+    one source, in the code: a copy in the chart would drift)."""
+    rendered = render(CHART, {})
+    cfg = yaml.safe_load(rendered.one("ConfigMap", "-agent")["data"]["config.yaml"])
+    assert all("directives" not in a for a in cfg["applications"]), "the chart writes no rules of its own"
+    binary = built_binary("lastcall-spoa")
+    if binary is None:
+        pytest.skip("lastcall-spoa is not built (cargo build -p lastcall-spoa)")
+    path = tmp_path / "config.yaml"
+    path.write_text(rendered.one("ConfigMap", "-agent")["data"]["config.yaml"])
+    run = lambda *a: subprocess.run([binary, *a], capture_output=True, text=True, timeout=60, check=True).stdout
+    builtin = run("show-rules")
+    assert run("--config", str(path), "show-rules") == builtin
+    for line in ("SecRequestBodyNoFilesLimit 1114112", "requestBodyProcessor=JSON", "SecPcreMatchLimit 50000"):
+        assert line in builtin
+
+
+def test_log_formats_are_the_binarys(tmp_path: Path) -> None:
+    """agent.logFormat's enum is exactly the log_format values the built agent accepts (its
+    error message lists them: one source, in the code), and each renders a file it runs."""
+    import json as _json
+    schema = _json.loads((CHARTS / CHART / "values.schema.json").read_text())
+    enum = schema["properties"]["agent"]["properties"]["logFormat"]["enum"]
+    binary = built_binary("lastcall-spoa")
+    if binary is None:
+        pytest.skip("lastcall-spoa is not built (cargo build -p lastcall-spoa)")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("log_format: xml\n")
+    out = subprocess.run([binary, "-validate", "--config", str(bad)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 64, out
+    listed = out.stderr.split("expected ", 1)[1].split("\n", 1)[0]
+    accepted = [w.strip(" ,") for w in listed.replace(" or ", ", ").split(",") if w.strip(" ,")]
+    assert sorted(accepted) == sorted(enum), (listed, enum)
+    for f in enum:
+        path = tmp_path / f"{f}.yaml"
+        path.write_text(render(CHART, {"agent": {"logFormat": f}}).one("ConfigMap", "-agent")["data"]["config.yaml"])
+        ok = subprocess.run([binary, "-validate", "--config", str(path)], capture_output=True, text=True, timeout=60)
+        assert ok.returncode == 0, (f, ok.stderr)
+
+
+SHARED_REJECTS = {
+    "sa-typo": {"serviceAccount": {"automount": False}},
+    "hpa-typo": {"autoscaling": {"enable": True}},
+    "np-from-not-list": {"networkPolicy": {"enabled": True, "ingressFrom": {"podSelector": {}}}},
+    "crs-typo": {"crs": {"images": {}}},
+    "app-key-typo": {"agent": {"config": {"applications": [{"name": "a", "paranoia": 2}]}}},
+}
+
+
+@pytest.mark.parametrize("name", sorted(SHARED_REJECTS))
+def test_schema_rejects_shared_values(name: str) -> None:
+    with pytest.raises(helm_python.HelmValuesError):
+        render(CHART, SHARED_REJECTS[name])
+
+
+def test_hpa_bounds_are_checked() -> None:
+    with pytest.raises(helm_python.HelmRenderError, match="maxReplicas"):
+        render(CHART, {"autoscaling": {"enabled": True, "minReplicas": 4, "maxReplicas": 2}})

@@ -15,7 +15,14 @@ Probes, as pkg/kubelet/prober does: one worker per probe, the first run at once,
 thresholds; readiness and liveness wait for the startup probe, and its success triggers an
 immediate readiness run; liveness or startup failures restart the container, as does an
 exit while the pod runs (restartPolicy Always, 10 s back-off). A pod is ready when all its
-containers are.
+containers are (run-to-completion init containers aside).
+
+Init containers run in the order they are listed, native sidecars among them: a
+run-to-completion one must exit 0 before the next starts (one that fails fails the pod
+here, where the kubelet would retry it with back-off). The ServiceAccount admission the API
+server does is applied first (tests/images/podspec.py: an unknown ServiceAccount refuses
+the pod; otherwise, unless automount is off, a token, the CA and the namespace are mounted
+read-only at /var/run/secrets/kubernetes.io/serviceaccount in every container).
 
 Deletion, as the kubelet's: the grace period is `terminationGracePeriodSeconds`, counted
 from the deletion; main containers are stopped in parallel (`StopContainer` with the
@@ -25,7 +32,7 @@ least 2 s); liveness and startup probes stop at deletion, readiness keeps runnin
 step is timestamped in a shared `Timeline`.
 
 Not done: resource limits, image pulls (images are imported), preStop hooks (the charts
-have none; asserted), ephemeral containers, the pod status API."""
+have none; asserted), ephemeral containers, the pod status API, init container retries."""
 
 from __future__ import annotations
 
@@ -42,7 +49,7 @@ from cri_api.v1 import api_pb2 as cri
 
 import netns
 from nodes import Node
-from podspec import Container, PodSpec, Probe, fields
+from podspec import TOKEN_PATH, Container, PodSpec, Probe, fields
 
 MIN_GRACE = 2  # the kubelet's minimum for what is left of a grace period
 BACKOFF = 10.0
@@ -118,9 +125,11 @@ class Pod:
         self.gone = threading.Event()  # sandbox removed
         self.errors: list[str] = []
         self.threads: list[threading.Thread] = []
+        # The API server's admission, before the pod exists.
+        self.service_account, self.automount = spec.service_account(namespace)
+        self.token_dir: Path | None = None
         for c in spec.containers():
             assert "lifecycle" not in c.spec, f"{c.name}: lifecycle hooks are not run by this kubelet"
-            assert c.role != "init", f"{c.name}: run-to-completion init containers are not run by this kubelet"
 
     def event(self, what: str) -> float:
         return self.timeline.add(self.who, what)
@@ -135,6 +144,16 @@ class Pod:
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "logs").mkdir(exist_ok=True)
         self.volumes = self.spec.write_volumes(self.dir / "volumes")
+        if self.automount:
+            # What the kube-api-access projected volume holds (a made-up token: nothing here
+            # answers to it).
+            self.token_dir = self.dir / "volumes" / "kube-api-access"
+            self.token_dir.mkdir(parents=True, exist_ok=True)
+            (self.token_dir / "token").write_text(f"token-of-{self.namespace}-{self.service_account}-{self.uid}")
+            (self.token_dir / "ca.crt").write_text("-----BEGIN CERTIFICATE-----\n-----END CERTIFICATE-----\n")
+            (self.token_dir / "namespace").write_text(self.namespace)
+            for f in self.token_dir.iterdir():
+                f.chmod(0o644)
         pod_sec = self.spec.spec.get("securityContext", {}) or {}
         ns_opts = cri.NamespaceOption(network=cri.NODE if host else cri.POD, pid=cri.CONTAINER, ipc=cri.POD)
         sandbox_sec = cri.LinuxSandboxSecurityContext(
@@ -171,12 +190,31 @@ class Pod:
             if self.stopping.is_set():
                 return
             self._start_container(self.runs[c.name])
+            if c.role == "init":
+                if not self._run_to_completion(self.runs[c.name]):
+                    return
+                continue
             self._spawn(self._probe_workers(self.runs[c.name]))
             if c.role == "sidecar":
                 # The next container starts once this sidecar has started (startup probe).
                 while not self.runs[c.name].started_event.wait(0.2):
                     assert not self.stopping.is_set() and not self.errors, f"{self.who}: {self.errors}"
         self._spawn([threading.Thread(target=self._monitor, name=f"{self.who} monitor", daemon=True)])
+
+    def _run_to_completion(self, run: Run, timeout: float = 120) -> bool:
+        """Waits for an init container to exit; True when it exited 0."""
+        deadline = time.monotonic() + timeout
+        while run.exit_code is None:
+            if time.monotonic() > deadline or self.stopping.is_set():
+                self.errors.append(f"{run.spec.name}: init container still running after {timeout} s")
+                return False
+            self._record_exit(run)
+            time.sleep(0.05)
+        if run.exit_code != 0:
+            self.errors.append(f"{run.spec.name}: init container exited {run.exit_code} ({run.reason}): "
+                               f"{self.logs(run.spec.name, 10)}")
+            return False
+        return True
 
     def _spawn(self, threads: list[threading.Thread]) -> None:
         for t in threads:
@@ -215,6 +253,8 @@ class Pod:
             linux_sec.run_as_group.value = int(sec.gid)
         mounts = [cri.Mount(container_path=m.container_path, host_path=m.host_path, readonly=m.read_only)
                   for m in self.spec.mounts(c, self.volumes)]
+        if self.token_dir is not None:
+            mounts.append(cri.Mount(container_path=TOKEN_PATH, host_path=str(self.token_dir), readonly=True))
         return cri.ContainerConfig(
             metadata=cri.ContainerMetadata(name=c.name, attempt=run.attempt),
             image=cri.ImageSpec(image=c.image),
@@ -324,7 +364,8 @@ class Pod:
     def is_ready(self) -> bool:
         with self.lock:
             return (not self.stopping.is_set() and bool(self.sandbox)
-                    and all(r.ready and r.exit_code is None and r.id for r in self.runs.values()))
+                    and all(r.ready and r.exit_code is None and r.id for r in self.runs.values()
+                            if r.spec.role != "init"))
 
     # --- restarts --------------------------------------------------------------------------
 
@@ -347,7 +388,7 @@ class Pod:
         """Restarts containers that exit while the pod runs (restartPolicy Always)."""
         while not self.stopping.wait(0.1):
             for run in self.runs.values():
-                if not run.id or run.exit_code is not None or run.restarting:
+                if run.spec.role == "init" or not run.id or run.exit_code is not None or run.restarting:
                     continue
                 try:
                     self._record_exit(run)

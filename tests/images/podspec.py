@@ -5,6 +5,11 @@ start order (native sidecars first), their environment with `value`, `fieldRef`,
 Secret and emptyDir volumes written to disk, the effective security context (container
 over pod), probes with Kubernetes' defaults, ports by name, and the grace period.
 
+What the API server adds before a pod reaches a kubelet is here too: the ServiceAccount
+admission (`service_account`: a pod naming a ServiceAccount that does not exist is refused;
+the token is mounted unless `automountServiceAccountToken` is false on the pod or on its
+ServiceAccount).
+
 What the kubelet does and this module does not: resource limits, projected and other
 volume kinds, subPath, image pull policies (images are local), downward API volumes.
 Asking for one of those fails loudly instead of being skipped."""
@@ -23,6 +28,8 @@ PROBE_DEFAULTS = {"initialDelaySeconds": 0, "periodSeconds": 10, "timeoutSeconds
                   "successThreshold": 1, "failureThreshold": 3}
 DEFAULT_GRACE = 30
 VOLUME_FILE_MODE = 0o644  # ConfigMap and Secret volumes' defaultMode
+# Where the ServiceAccount admission mounts the token (the kube-api-access projected volume).
+TOKEN_PATH = "/var/run/secrets/kubernetes.io/serviceaccount"
 
 _VAR = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
 
@@ -129,8 +136,11 @@ class PodSpec:
         self.spec = template["spec"]
         self.configmaps: dict[str, dict[str, str]] = {}
         self.secrets: dict[str, dict[str, str]] = {}
+        self.service_accounts: dict[str, dict[str, Any]] = {}
         for o in objects:
-            if o.get("kind") == "ConfigMap":
+            if o.get("kind") == "ServiceAccount":
+                self.service_accounts[o["metadata"]["name"]] = o
+            elif o.get("kind") == "ConfigMap":
                 self.configmaps[o["metadata"]["name"]] = dict(o.get("data") or {})
             elif o.get("kind") == "Secret":
                 data = {k: base64.b64decode(v).decode() for k, v in (o.get("data") or {}).items()}
@@ -160,6 +170,23 @@ class PodSpec:
         for c in self.spec.get("containers", []):
             out.append(Container(c["name"], c, "main"))
         return out
+
+    # --- service account ------------------------------------------------------------------
+
+    def service_account(self, namespace: str) -> tuple[str, bool]:
+        """(the pod's ServiceAccount, whether its token is mounted), as the ServiceAccount
+        admission plugin decides: `default` when none is named (it always exists); another
+        name must be a ServiceAccount of the render, or the pod is refused; the token is
+        mounted unless the pod's `automountServiceAccountToken`, or else the
+        ServiceAccount's, is false."""
+        name = self.spec.get("serviceAccountName") or self.spec.get("serviceAccount") or "default"
+        sa = self.service_accounts.get(name)
+        if sa is None and name != "default":
+            raise AssertionError(f"pods is forbidden: error looking up service account {namespace}/{name}: "
+                                 f"serviceaccount \"{name}\" not found")
+        if "automountServiceAccountToken" in self.spec:
+            return name, bool(self.spec["automountServiceAccountToken"])
+        return name, bool((sa or {}).get("automountServiceAccountToken", True))
 
     # --- environment ---------------------------------------------------------------------
 

@@ -37,6 +37,7 @@ from chartlib import render
 from enginelib import (
     BASE_IMAGE,
     HAPROXY_IMAGE,
+    SPOA_IMAGE,
     REPO,
     DockerPod,
     Engine,
@@ -344,3 +345,71 @@ def test_prebuilt_stage_runs_host_binaries_on_debian_13(engine: Engine, tmp_path
                  f"{turn} {sizes[turn] / 1e6:.1f} MB; the agent ready on Debian 13's CRS, docker stop -> exit 0")
     finally:
         engine.docker("rmi", spoa, turn, check=False)
+
+
+# --- coming from the corazawaf chart ------------------------------------------------------
+
+# Our text of the corazawaf chart's default `config:` (charts/coraza-spoa/values.yaml) and
+# its ConfigMap's rule files, as that chart mounts them at /etc/coraza.
+CORAZAWAF_CONFIG = """\
+bind: 0.0.0.0:9000
+log_file: /dev/stdout
+log_format: json
+log_level: info
+default_application: default
+applications:
+  - name: default
+    log_file: /dev/stdout
+    log_format: json
+    log_level: error
+    response_check: false
+    transaction_ttl_ms: 60000
+    directives: |
+      Include @coraza.conf-recommended
+      Include @crs-setup.conf.example
+      Include /etc/coraza/before.conf
+      Include @owasp_crs/*.conf
+      Include /etc/coraza/after.conf
+      SecRuleEngine On
+"""
+
+
+def test_spoa_image_runs_the_corazawaf_charts_command(engine: Engine, tmp_path: Path) -> None:
+    """The corazawaf chart's container command, unchanged (`/coraza-spoa
+    --config=/etc/coraza/config.yaml --autoreload --metrics-addr=:9100`), on this image with
+    that chart's ConfigMap mounted at /etc/coraza: the rules compile, the metrics (with the
+    process_* coraza-spoa serves) answer on :9100, the @owasp_crs notice names the CRS, and
+    docker stop drains it to exit 0."""
+    conf = tmp_path / "coraza"
+    conf.mkdir()
+    (conf / "config.yaml").write_text(CORAZAWAF_CONFIG)
+    (conf / "before.conf").write_text("# Include this file before default CRS rules\n")
+    (conf / "after.conf").write_text("# Include this file after default CRS rules\n")
+    for f in conf.iterdir():
+        f.chmod(0o644)
+    conf.chmod(0o755)
+    name = "lc-corazawaf-command"
+    engine.docker("rm", "-f", name, check=False)
+    engine.docker("run", "-d", "--name", name, "--network", "none", "--read-only", "--cap-drop", "ALL",
+                  "--security-opt", "no-new-privileges", "-v", f"{conf}:/etc/coraza:ro",
+                  "--entrypoint", "/coraza-spoa", SPOA_IMAGE,
+                  "--config=/etc/coraza/config.yaml", "--autoreload", "--metrics-addr=:9100")
+    try:
+        pid = int(engine.docker("inspect", "-f", "{{.State.Pid}}", name).stdout)
+        ns = f"/proc/{pid}/ns/net"
+        deadline = time.monotonic() + START
+        while (netns.http_get(ns, "127.0.0.1", 9100, "/readyz") or (0,))[0] != 200:
+            logs = engine.docker("logs", name, check=False)
+            assert time.monotonic() < deadline and engine.inspect(name)["State"]["Running"], logs.stdout[-3000:] + logs.stderr[-3000:]
+            time.sleep(0.1)
+        status, body = netns.http_get(ns, "127.0.0.1", 9100, "/metrics") or (0, "")
+        assert status == 200
+        for metric_name in ("coraza_handle_spoe_duration_seconds", "process_cpu_seconds_total", "process_resident_memory_bytes"):
+            assert metric_name in body, metric_name
+        logs = engine.docker("logs", name, check=False)
+        assert "coraza-spoa's embedded CRS (4.25.0" in logs.stdout + logs.stderr
+        engine.docker("stop", "-t", "30", name, timeout=90)
+        code = int(engine.docker("inspect", "-f", "{{.State.ExitCode}}", name).stdout)
+        assert code == 0, engine.docker("logs", name, check=False).stderr[-3000:]
+    finally:
+        engine.docker("rm", "-f", name, check=False)

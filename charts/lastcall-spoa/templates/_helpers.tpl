@@ -33,6 +33,59 @@ app.kubernetes.io/component: {{ .Values.mode }}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
 {{- end }}
 
+{{/* The workload's kind: a DaemonSet only for standalone agents that ask for one. */}}
+{{- define "lastcall-spoa.kind" -}}
+{{- if and (eq .Values.mode "standalone") .Values.daemonSet.enabled }}DaemonSet{{ else }}Deployment{{ end }}
+{{- end }}
+
+{{/* Where the agent reads the CRS of crs.image / crs.volume. */}}
+{{- define "lastcall-spoa.crsMount" -}}/opt/lastcall-spoa/crs{{- end }}
+
+{{/* Whether a CRS tree is given (crs.image or crs.volume). */}}
+{{- define "lastcall-spoa.crsGiven" -}}
+{{- if or .Values.crs.image.repository .Values.crs.volume }}true{{ end }}
+{{- end }}
+
+{{/* The CRS copier: copies crs.path of crs.image into the emptyDir the agent reads. */}}
+{{- define "lastcall-spoa.crsInit" -}}
+{{- $c := .Values.crs }}
+name: crs
+image: {{ printf "%s:%s" $c.image.repository (default "latest" $c.image.tag) }}
+imagePullPolicy: {{ $c.image.pullPolicy }}
+command:
+{{- if $c.command }}
+{{- toYaml $c.command | nindent 2 }}
+{{- else }}
+  - cp
+  - -R
+  - {{ printf "%s/." (trimSuffix "/" $c.path) }}
+  - /crs-out/
+{{- end }}
+{{- with .Values.securityContext }}
+securityContext:
+{{- toYaml . | nindent 2 }}
+{{- end }}
+volumeMounts:
+  - name: crs
+    mountPath: /crs-out
+{{- end }}
+
+{{/* The init containers: the user's first, then the chart's own (the CRS copier, the
+native sidecar agent). */}}
+{{- define "lastcall-spoa.initContainers" -}}
+{{- with .Values.initContainers }}
+{{ toYaml . }}
+{{- end }}
+{{- if .Values.crs.image.repository }}
+- {{ include "lastcall-spoa.crsInit" . | trim | nindent 2 | trim }}
+{{- end }}
+{{- if and (eq .Values.mode "sidecar") .Values.sidecar.native }}
+# Native sidecar: started before HAProxy, stopped only after HAProxy has exited.
+- {{ include "lastcall-spoa.agentContainer" . | trim | nindent 2 | trim }}
+  restartPolicy: Always
+{{- end }}
+{{- end }}
+
 {{- define "lastcall-spoa.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create }}
 {{- default (include "lastcall-spoa.fullname" .) .Values.serviceAccount.name }}
@@ -120,6 +173,11 @@ The termination budget, in whole seconds. Everything below is derived from it.
 {{- if .Values.admin.tokenSecret.name }}
 - --admin-token-file=/etc/lastcall-spoa-admin/{{ .Values.admin.tokenSecret.key }}
 {{- end }}
+{{- if .Values.crs.image.repository }}
+- --crs-dir={{ include "lastcall-spoa.crsMount" . }}
+{{- else if .Values.crs.volume }}
+- --crs-dir={{ include "lastcall-spoa.crsMount" . }}
+{{- end }}
 - --log-format={{ .Values.agent.logFormat }}
 - --log-level={{ .Values.agent.logLevel }}
 {{- range .Values.agent.extraArgs }}
@@ -168,7 +226,8 @@ image: {{ include "lastcall-spoa.image" . }}
 imagePullPolicy: {{ .Values.image.pullPolicy }}
 args:
 {{- include "lastcall-spoa.agentArgs" . | trim | nindent 2 }}
-{{- with .Values.agent.env }}
+{{- $env := concat (default (list) .Values.agent.env) (default (list) .Values.extraEnv) }}
+{{- with $env }}
 env:
 {{- toYaml . | nindent 2 }}
 {{- end }}
@@ -180,7 +239,7 @@ ports:
     containerPort: {{ int .Values.admin.port }}
     protocol: TCP
 {{- include "lastcall-spoa.agentProbes" . | trim | nindent 0 }}
-{{- with .Values.agent.resources }}
+{{- with (mustMergeOverwrite (deepCopy (.Values.resources | default dict)) (.Values.agent.resources | default dict)) }}
 resources:
 {{- toYaml . | nindent 2 }}
 {{- end }}
@@ -199,6 +258,22 @@ volumeMounts:
     mountPath: /etc/lastcall-spoa-admin
     readOnly: true
 {{- end }}
+{{- if .Values.crs.image.repository }}
+  - name: crs
+    mountPath: {{ include "lastcall-spoa.crsMount" . }}
+    readOnly: true
+{{- else if .Values.crs.volume }}
+  - name: crs
+    mountPath: {{ include "lastcall-spoa.crsMount" . }}
+    readOnly: true
+    {{- $sub := trimPrefix "/" .Values.crs.path }}
+    {{- if $sub }}
+    subPath: {{ $sub }}
+    {{- end }}
+{{- end }}
+{{- with .Values.extraVolumeMounts }}
+{{- toYaml . | nindent 2 }}
+{{- end }}
 {{- end }}
 
 {{- define "lastcall-spoa.agentVolumes" -}}
@@ -214,6 +289,16 @@ volumeMounts:
 - name: admin-token
   secret:
     secretName: {{ .Values.admin.tokenSecret.name }}
+{{- end }}
+{{- if .Values.crs.image.repository }}
+- name: crs
+  emptyDir: {}
+{{- else if .Values.crs.volume }}
+- name: crs
+{{- toYaml .Values.crs.volume | nindent 2 }}
+{{- end }}
+{{- with .Values.extraVolumes }}
+{{ toYaml . }}
 {{- end }}
 {{- end }}
 
@@ -235,6 +320,7 @@ imagePullSecrets:
 {{- toYaml . | nindent 2 }}
 {{- end }}
 serviceAccountName: {{ include "lastcall-spoa.serviceAccountName" . }}
+automountServiceAccountToken: {{ .Values.serviceAccount.automountServiceAccountToken }}
 terminationGracePeriodSeconds: {{ include "lastcall-spoa.graceSeconds" . }}
 {{- with .Values.priorityClassName }}
 priorityClassName: {{ . }}

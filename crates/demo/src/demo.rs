@@ -12,6 +12,7 @@ use nix::sys::signal::Signal;
 use crate::net::{self, Load, Origin, Stats};
 use crate::procs::{self, check_interrupted, wait_until, Exit, Proc, Registry};
 use crate::say;
+use crate::timeline::Timeline;
 use crate::ui::Ticker;
 use crate::Opts;
 
@@ -127,6 +128,8 @@ struct Demo<'a> {
     finished: Vec<Proc>,
     totals: Totals,
     ticker: Ticker,
+    /// `--record`, `--timeline`: what a Prometheus server would have seen.
+    timeline: Option<Timeline>,
 }
 
 /// Runs the demo; returns the exit status.
@@ -165,9 +168,30 @@ pub(crate) fn main(opts: &Opts, registry: &Registry, started: Instant) -> i32 {
         finished: Vec::new(),
         totals: Totals::default(),
         ticker: Ticker::new(started),
+        timeline: (opts.record.is_some() || opts.timeline.is_some()).then(Timeline::start),
     };
-    let result = demo.run();
+    let mut result = demo.run();
     demo.ticker.clear();
+    if let Some(t) = demo.timeline.take() {
+        let dir = opts.record.clone().unwrap_or_else(|| demo.dir.clone());
+        let written = t.finish(&dir, opts.timeline.as_deref());
+        match written {
+            Ok(()) => {
+                if let Some(png) = &opts.timeline {
+                    say!("timeline: {}", png.display());
+                }
+                if let Some(dir) = &opts.record {
+                    say!(
+                        "recorded: {} (every /metrics scrape), {}",
+                        dir.join("metrics.jsonl").display(),
+                        dir.join("timeline.json").display()
+                    );
+                }
+            }
+            Err(e) if result.is_ok() => result = Err(e.context("writing the timeline")),
+            Err(e) => say!("(the timeline was not written: {e:#})"),
+        }
+    }
     let failed = result.is_err();
     if let Err(e) = &result {
         say!("");
@@ -350,6 +374,9 @@ impl Demo<'_> {
             .args(["--drain-timeout", "20s"]);
         let file = name.replace(' ', "-").replace('\'', "-new");
         let proc = Proc::spawn(name, cmd, &self.log(&file), &self.registry)?;
+        if let Some(t) = &self.timeline {
+            t.started(name, "lastcall-spoa", admin);
+        }
         Ok(Agent { proc, addr, admin })
     }
 
@@ -517,6 +544,9 @@ impl Demo<'_> {
             &self.registry,
         )?;
         proc.wait_for_log("lastcall-turn listening", WAIT)?;
+        if let Some(t) = &self.timeline {
+            t.started("lastcall-turn", "lastcall-turn", admin);
+        }
         let msg = format!(
             "lastcall-turn (pid {}) on 127.0.0.1:{port} (UDP+TCP), relays 127.0.0.1:{base}-{}, admin {admin}",
             proc.pid(),
@@ -610,8 +640,14 @@ impl Demo<'_> {
     fn roll_agents(&mut self) -> Result<()> {
         let frontend = self.frontend()?;
         let mut load = Load::start(frontend, self.plan.workers, self.plan.rate);
+        if let Some(t) = &self.timeline {
+            t.watch_load(load.counters.clone());
+        }
         let outcome = self.roll_under(&load);
         load.stop();
+        if let Some(t) = &self.timeline {
+            t.load_stopped();
+        }
         let c = &load.counters;
         self.totals.http_sent = c.sent.load(Ordering::SeqCst);
         self.totals.http_passed = c.passed.load(Ordering::SeqCst);
@@ -773,6 +809,9 @@ impl Demo<'_> {
             a.proc.signal(Signal::SIGTERM)?;
             (a.proc.pid(), a.addr, a.admin)
         };
+        if let Some(t) = &self.timeline {
+            t.signalled(old, "SIGTERM");
+        }
         let signalled = Instant::now();
         self.event(&format!(
             "SIGTERM -> {old} (pid {pid}): readiness 503, health checks refused for {AGENT_SHUTDOWN_DELAY}, then idle connections closed"
@@ -788,6 +827,9 @@ impl Demo<'_> {
                 .get_mut(i)
                 .ok_or_else(|| anyhow!("no agent {i}"))?;
             if let Some(exit) = a.proc.try_exit()? {
+                if let Some(t) = &self.timeline {
+                    t.exited(old, &exit.describe());
+                }
                 break exit;
             }
             if signalled.elapsed() > WAIT {
@@ -919,6 +961,9 @@ impl Demo<'_> {
             .ok_or_else(|| anyhow!("lastcall-turn is not running"))?;
         turn.signal(Signal::SIGTERM)?;
         let signalled = Instant::now();
+        if let Some(t) = &self.timeline {
+            t.signalled("lastcall-turn", "SIGTERM");
+        }
         let pid = turn.pid();
         self.event(&format!(
             "SIGTERM -> lastcall-turn (pid {pid}) while the call relays: readiness 503 for {TURN_SHUTDOWN_DELAY}, then new allocations refused"
@@ -942,6 +987,9 @@ impl Demo<'_> {
                 .as_mut()
                 .ok_or_else(|| anyhow!("lastcall-turn is not running"))?;
             if let Some(exit) = turn.try_exit()? {
+                if let Some(t) = &self.timeline {
+                    t.exited("lastcall-turn", &exit.describe());
+                }
                 // The client closes its connection (ending the allocation) just before it
                 // exits: give it a moment to be seen exiting.
                 if call_exit.is_none() {

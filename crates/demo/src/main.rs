@@ -17,6 +17,7 @@
 mod demo;
 mod net;
 mod procs;
+mod timeline;
 mod ui;
 
 use std::path::PathBuf;
@@ -53,6 +54,14 @@ pub struct Opts {
     /// Keep the work directory (configurations and every process's log) at the end.
     #[arg(long)]
     pub keep: bool,
+    /// Draw the rollout as a PNG: requests per second and failures, each daemon's sessions,
+    /// each process's phase, signal and exit (Debian's python3-matplotlib).
+    #[arg(long, value_name = "PNG")]
+    pub timeline: Option<PathBuf>,
+    /// Record what a Prometheus server would have scraped: every daemon's /metrics every
+    /// 0.5 s (DIR/metrics.jsonl) and the timeline's data (DIR/timeline.json).
+    #[arg(long, value_name = "DIR")]
+    pub record: Option<PathBuf>,
 }
 
 fn main() {

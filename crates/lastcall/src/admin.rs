@@ -606,6 +606,11 @@ mod tests {
             assert!(body.contains("lastcall_drain_phase 0"), "{body}");
             assert!(body.contains("lastcall_sessions_refused_total 0"), "{body}");
             assert!(body.contains("lastcall_drain_duration_seconds"), "{body}");
+            assert!(
+                body.contains("lastcall_drain_deadline_timestamp_seconds 0"),
+                "{body}"
+            );
+            assert!(body.contains("lastcall_drain_timeout_seconds 30"), "{body}");
             // The process's own, under client_golang's names (coraza-spoa serves them), once.
             for name in [
                 "process_cpu_seconds_total ",

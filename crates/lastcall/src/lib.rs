@@ -33,6 +33,7 @@ pub mod machine;
 mod metrics;
 mod notify;
 pub mod problem;
+mod process;
 pub mod watch;
 
 pub use config::{

@@ -160,6 +160,9 @@ impl Lifecycle {
         let (events_tx, events) = mpsc::unbounded_channel();
         let metrics = Metrics::default();
         metrics.drain_phase.set(initial.metric_value());
+        metrics
+            .drain_timeout
+            .set(config.drain_timeout.as_secs_f64());
         let shared = Arc::new(Shared {
             config,
             state: watch::Sender::new(State {
@@ -198,8 +201,9 @@ impl Lifecycle {
     }
 
     /// Registers `lastcall_drain_phase`, `lastcall_sessions`, `lastcall_peers`,
-    /// `lastcall_sessions_refused_total`, `lastcall_reloads_total` and
-    /// `lastcall_drain_duration_seconds` in the daemon's registry. (If it is never called,
+    /// `lastcall_sessions_refused_total`, `lastcall_reloads_total`,
+    /// `lastcall_drain_duration_seconds`, `lastcall_drain_timeout_seconds` and
+    /// `lastcall_drain_deadline_timestamp_seconds` in the daemon's registry. (If it is never called,
     /// the admin listener's `/metrics` adds them by itself.)
     pub fn register_metrics(&self, registry: &mut Registry) {
         self.handle().register_metrics(registry);
@@ -307,6 +311,11 @@ impl Lifecycle {
                         deadline_at: started_at + deadline.saturating_duration_since(started),
                         deadline,
                     };
+                    let deadline_unix = info
+                        .deadline_at
+                        .duration_since(SystemTime::UNIX_EPOCH)
+                        .map_or(0.0, |d| d.as_secs_f64());
+                    shared.metrics.drain_deadline.set(deadline_unix);
                     shared.state.send_modify(|s| s.drain = Some(info));
                     tracing::warn!(trigger = %trigger, policy = %shared.config.on_sigterm, "{action}");
                 }
@@ -438,7 +447,10 @@ impl Handle {
     /// Whether `/readyz` answers 200: Serving, and not exiting.
     pub fn is_ready(&self) -> bool {
         let state = self.shared.state.borrow();
-        state.phase == Phase::Serving && !state.exiting
+        // A drain's trigger is published (and logged) an action before its first phase
+        // change: readiness falls with the trigger, so whoever reads the trigger's log line
+        // finds /readyz already at 503.
+        state.phase == Phase::Serving && !state.exiting && state.drain.is_none()
     }
 
     /// Whether a drain (or linger) has started, or the exit is decided.

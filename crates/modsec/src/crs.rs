@@ -112,6 +112,24 @@ impl Location {
         })
     }
 
+    /// The release of the CRS here, as its rules sign themselves
+    /// (`SecComponentSignature "OWASP_CRS/3.3.4"` in `REQUEST-901-INITIALIZATION.conf`):
+    /// `Some("3.3.4")`; `None` when that file or line is missing.
+    pub fn version(&self) -> Option<String> {
+        let text =
+            std::fs::read_to_string(self.rules_dir.join("REQUEST-901-INITIALIZATION.conf")).ok()?;
+        text.lines().find_map(|l| {
+            let rest = l.trim().strip_prefix("SecComponentSignature")?;
+            let v = rest.trim().trim_matches('"').strip_prefix("OWASP_CRS/")?;
+            Some(v.to_owned())
+        })
+    }
+
+    /// The major release of the CRS here (3 or 4), from [`version`](Self::version).
+    pub fn major(&self) -> Option<u32> {
+        self.version()?.split('.').next()?.parse().ok()
+    }
+
     /// The rules as one `Include` glob.
     pub fn rules_glob(&self) -> String {
         format!("{}/*.conf", self.rules_dir.display())
@@ -170,6 +188,50 @@ SecCookieFormat 0
 # No audit log: the agent logs one line per matched rule.
 SecAuditEngine Off
 "#;
+
+/// The CRS used by coraza-spoa 0.7.2 for `@owasp_crs/` and `@crs-setup.conf.example`: the
+/// `github.com/corazawaf/coraza-coreruleset/v4 v4.25.0` module of its `go.mod`, which embeds
+/// CRS 4.25.0.
+pub const CORAZA_SPOA_CRS: &str = "4.25.0";
+
+/// Transaction variables that only CRS 4 reads (from CRS 4's `crs-setup.conf.example`), each
+/// with what CRS 3 reads instead, if anything: set against a CRS 3 tree they change nothing.
+pub const CRS4_ONLY_VARIABLES: &[(&str, Option<&str>)] = &[
+    ("blocking_paranoia_level", Some("tx.paranoia_level")),
+    (
+        "detection_paranoia_level",
+        Some("tx.executing_paranoia_level"),
+    ),
+    ("early_blocking", None),
+    ("enable_default_collections", None),
+    ("reporting_level", None),
+    ("allow_method_override_parameter", None),
+    ("restricted_headers_basic", Some("tx.restricted_headers")),
+    ("restricted_headers_extended", Some("tx.restricted_headers")),
+    ("crs_skip_response_analysis", None),
+];
+
+/// The CRS-4-only variables `text` sets (`setvar:tx.NAME=...`, quoted or not, any case), in
+/// the order of [`CRS4_ONLY_VARIABLES`], each once.
+pub fn crs4_only_variables(text: &str) -> Vec<(&'static str, Option<&'static str>)> {
+    let lower = text.to_ascii_lowercase();
+    let set: Vec<&str> = lower
+        .match_indices("setvar:")
+        .filter_map(|(at, _)| {
+            let rest = lower[at + 7..].trim_start_matches(['\'', '"', ' ']);
+            let name = rest.strip_prefix("tx.")?;
+            let end = name
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .unwrap_or(name.len());
+            Some(&name[..end])
+        })
+        .collect();
+    CRS4_ONLY_VARIABLES
+        .iter()
+        .filter(|(name, _)| set.contains(name))
+        .copied()
+        .collect()
+}
 
 /// What to do with a body above its limit (`SecRequestBodyLimitAction`,
 /// `SecResponseBodyLimitAction`).
@@ -409,6 +471,37 @@ fn include_if_present(s: &mut String, path: Option<&str>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn crs_releases_and_their_variables() {
+        // Debian's tree signs itself 3.x (the stand-in for every CRS 3 here).
+        let debian = Location::debian();
+        assert_eq!(debian.major(), Some(3), "{:?}", debian.version());
+        let dir = std::env::temp_dir().join(format!("crs4-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("rules")).unwrap();
+        std::fs::write(
+            dir.join("rules/REQUEST-901-INITIALIZATION.conf"),
+            "# x\nSecComponentSignature \"OWASP_CRS/4.28.0\"\n",
+        )
+        .unwrap();
+        std::fs::write(dir.join("crs-setup.conf.example"), "").unwrap();
+        let four = Location::from_dir(&dir).unwrap();
+        assert_eq!(
+            (four.version().as_deref(), four.major()),
+            (Some("4.28.0"), Some(4))
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+        let text = "SecAction \"id:900000,phase:1,pass,setvar:tx.blocking_paranoia_level=4\"\n\
+                    SecAction \"id:900001,phase:1,pass,setvar:'TX.early_blocking=1',setvar:tx.paranoia_level=2\"";
+        assert_eq!(
+            crs4_only_variables(text),
+            [
+                ("blocking_paranoia_level", Some("tx.paranoia_level")),
+                ("early_blocking", None)
+            ]
+        );
+        assert!(crs4_only_variables("setvar:tx.paranoia_level=2").is_empty());
+    }
 
     #[test]
     fn order_and_values() {

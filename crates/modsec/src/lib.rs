@@ -31,11 +31,26 @@
 //!   threads ([`Transaction`] is `Send`, not `Sync`), and its log callback runs
 //!   synchronously on the calling thread.
 //! - **Persistent collections** (`GLOBAL`, `IP`, `SESSION`, `USER`, `RESOURCE`) are
-//!   in-memory in Debian's build (no LMDB): writes are locked, reads are not. Rule sets
-//!   that only read them (CRS's defaults) are fine; rules that *write* them from
-//!   concurrent transactions (CRS's optional DoS protection 912xxx or IP reputation
-//!   blocking, custom `setvar:ip.…`) race with readers inside libmodsecurity. Do not
-//!   enable those with a multi-threaded caller.
+//!   in-memory in Debian's build (no LMDB) and belong to the engine, so they live as long
+//!   as the process. Up to 3.0.12 writes are locked and reads are not (3.0.13 added a
+//!   shared lock for reads). CRS 3.3 *writes* `IP` by default: the scanner rules
+//!   (913100, 913110, 913120; 913101 and 913102 at paranoia level 2) set
+//!   `ip.reput_block_flag` and `ip.reput_block_reason` for the client's address and
+//!   User-Agent. It *reads* `IP` only with IP reputation blocking (`tx.do_reput_block`,
+//!   910000) or the DoS protection (912xxx), both off by default. So the defaults are
+//!   safe with concurrent transactions (writes are serialised), while turning either on,
+//!   or custom rules reading `ip.…`, races with those writes inside libmodsecurity up to
+//!   3.0.12: do not, with a multi-threaded caller.
+//! - **Memory** (measured in `tests/modsec/accounting.rs`, on 3.0.9 and 3.0.14): a
+//!   transaction leaves nothing behind once dropped (benign requests, denied attacks,
+//!   100 KB bodies, response phases: 0 bytes per transaction), and neither does this
+//!   wrapper (every intervention string, rule error and report is freed). What stays is
+//!   libmodsecurity's: each (address, User-Agent) a scanner rule flagged keeps ~450-500
+//!   bytes in the `IP` collection for good (`expirevar` does nothing before 3.0.11; from 3.0.11 an
+//!   expired entry is deleted only when the same key is read again, which the defaults
+//!   never do), and each compilation of a rule set keeps ~2.5-3 KB in the SecLang
+//!   parser. While it runs, a transaction holds about 7 times its request body (the
+//!   body, `ARGS`, `REQUEST_BODY` and the transformed copies CRS asks for).
 //!
 //! ```no_run
 //! use lastcall_modsec::{crs, ModSecurity, RuleSet, Transaction};
@@ -304,10 +319,11 @@ impl RuleSet {
         self.rule_count
     }
 
-    /// Compiles under [`PARSER_LOCK`]; frees the rules and the error string on every path.
+    /// Compiles under [`PARSER_LOCK`], on a thread of its own ([`on_rules_thread`]); frees
+    /// the rules and the error string on every path.
     fn load(
         origin: &str,
-        add: impl FnOnce(*mut ffi::RulesSetT, *mut *const c_char) -> c_int,
+        add: impl FnOnce(*mut ffi::RulesSetT, *mut *const c_char) -> c_int + Send,
     ) -> Result<Arc<Self>> {
         // SAFETY: no preconditions; returns an owned RulesSet or NULL.
         let raw = unsafe { ffi::msc_create_rules_set() };
@@ -321,12 +337,16 @@ impl RuleSet {
             origin: origin.to_owned(),
             rule_count: 0,
         };
-        let mut err: *const c_char = std::ptr::null();
-        let n = {
-            let _guard = parser_lock();
-            add(set.ptr.as_ptr(), &mut err)
-        };
-        let message = take_malloced_string(err.cast_mut());
+        let rules = Handoff(set.ptr.as_ptr());
+        let (n, err) = on_rules_thread(move || {
+            let mut err: *const c_char = std::ptr::null();
+            let n = {
+                let _guard = parser_lock();
+                add(rules.get(), &mut err)
+            };
+            (n, Handoff(err.cast_mut()))
+        });
+        let message = take_malloced_string(err.get());
         if n < 0 {
             return Err(Error::Rules {
                 origin: origin.to_owned(),
@@ -342,9 +362,91 @@ impl RuleSet {
 
 impl Drop for RuleSet {
     fn drop(&mut self) {
-        // SAFETY: we own the rules; every Transaction holds an Arc<RuleSet>, so none is
-        // alive when the last Arc drops.
-        unsafe { ffi::msc_rules_cleanup(self.ptr.as_ptr()) };
+        let rules = Handoff(self.ptr.as_ptr());
+        on_rules_thread(move || {
+            // SAFETY: we own the rules; every Transaction holds an Arc<RuleSet>, so none is
+            // alive when the last Arc drops, and this thread is the only one using them.
+            unsafe { ffi::msc_rules_cleanup(rules.get()) };
+            give_back_freed_memory();
+        });
+    }
+}
+
+/// A pointer handed to the thread that compiles or frees a rule set, while the thread that
+/// owns it waits for that one to finish.
+struct Handoff<T>(*mut T);
+
+// SAFETY: the pointer is used by one thread at a time: the owner hands it over and blocks
+// until the rules thread is done with it (`on_rules_thread` joins).
+unsafe impl<T> Send for Handoff<T> {}
+
+impl<T> Handoff<T> {
+    /// The pointer (a method, so that closures capture the whole `Handoff`, not its field).
+    fn get(self) -> *mut T {
+        self.0
+    }
+}
+
+/// Runs `f` on a new thread and waits for it (here, if no thread can be started).
+///
+/// A rule set is ~15 MB of small allocations (CRS). Compiled on whichever thread happened
+/// to reload (a tokio blocking thread) and freed on whichever dropped the last reference
+/// (an evaluation thread), each reload left about a rule set's worth of freed memory in
+/// that thread's arena or heap: the agent's RSS stepped up by 15-23 MB at reloads and
+/// stayed there (docs/benchmarks.md, *Soak*). On a thread of their own, whose arena glibc
+/// gives to the next such thread, with glibc's free pages handed back after each cleanup
+/// and another allocator's through [`after_rules_freed`], a reload's memory goes back, but
+/// for the pages that the few objects libmodsecurity keeps from each compilation pin
+/// (~0.05-0.5 MB per reload, fewer as they fill: +17 MB over 200 reloads, then flat).
+fn on_rules_thread<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    let slot = Mutex::new(Some(f));
+    let run = || slot.lock().take().map(|f| f());
+    let ran = std::thread::scope(|scope| {
+        std::thread::Builder::new()
+            .name("lastcall-rules".into())
+            .spawn_scoped(scope, run)
+            .ok()
+            .map(|t| t.join())
+    });
+    match ran {
+        Some(Ok(Some(r))) => r,
+        Some(Err(panic)) => std::panic::resume_unwind(panic),
+        // No thread could be started: run it here.
+        _ => match slot.lock().take() {
+            Some(f) => f(),
+            None => unreachable!("the rules thread took the job and returned nothing"),
+        },
+    }
+}
+
+/// The function [`after_rules_freed`] registered, if any.
+static AFTER_RULES_FREED: Mutex<Option<fn()>> = Mutex::new(None);
+
+/// Registers `hook` to run each time a rule set has been freed, on the thread that freed
+/// it, right after glibc's free pages were handed back (`malloc_trim`): the place for a
+/// process whose allocator replaces malloc, which this crate does not know, to give back
+/// what the rule set held (~15 MB with CRS). lastcall-spoa, built with mimalloc, registers
+/// `mi_collect(true)`. A later call replaces the hook; it should not panic (a panic
+/// propagates to whoever dropped the last reference to the rule set).
+pub fn after_rules_freed(hook: fn()) {
+    *AFTER_RULES_FREED.lock() = Some(hook);
+}
+
+/// Returns glibc's free pages to the system (`malloc_trim`): after a rule set was freed,
+/// most of its ~15 MB sits in free chunks inside the arenas (a no-op where another
+/// allocator replaces malloc: glibc's own arenas are then empty); then runs the hook
+/// registered with [`after_rules_freed`], which does the same for that allocator.
+fn give_back_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim takes a plain size and only works on the allocator's own state,
+    // under its locks.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+    // Copied out, so that the hook runs without the lock (it may register another).
+    let hook = *AFTER_RULES_FREED.lock();
+    if let Some(hook) = hook {
+        hook();
     }
 }
 

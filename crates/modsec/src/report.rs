@@ -19,6 +19,28 @@ pub struct RuleMatch {
     pub severity: Option<u8>,
     /// `[tag "…"]`, in order.
     pub tags: Vec<String>,
+    /// `[file "…"]`: the rule's file (empty for rules given as text).
+    pub file: String,
+    /// `[line "…"]`: the rule's line in its file; 0 when absent.
+    pub file_line: u32,
+    /// `[rev "…"]` (may be empty).
+    pub rev: String,
+    /// `[ver "…"]` (e.g. `OWASP_CRS/3.3.4`; may be empty).
+    pub ver: String,
+    /// `[maturity "…"]`; 0 when absent.
+    pub maturity: u32,
+    /// `[accuracy "…"]`; 0 when absent.
+    pub accuracy: u32,
+    /// `[hostname "…"]`: the server address libmodsecurity was given.
+    pub hostname: String,
+    /// `[uri "…"]`: the path, without the query, as libmodsecurity decoded it.
+    pub uri: String,
+    /// `[unique_id "…"]`: the transaction id.
+    pub unique_id: String,
+    /// The SecLang phase (1-5) of a disruptive line (`Access denied with code 403 (phase
+    /// 2).`); `None` for the other lines, which do not say it (the caller knows which phase
+    /// it was running).
+    pub phase: Option<u8>,
     /// True when this line came from a disruptive intervention ("Access denied …").
     pub disruptive: bool,
     /// The whole line as libmodsecurity wrote it.
@@ -182,12 +204,39 @@ pub(crate) fn parse_line(line: &str, disruptive: bool) -> RuleMatch {
         .to_owned();
     let severity = field(line, "severity", "ver").and_then(|s| s.trim().parse::<u8>().ok());
     let tags = tags(line);
+    let text = |name: &str, next: &str| field(line, name, next).unwrap_or_default().to_owned();
+    let number = |name: &str, next: &str| {
+        field(line, name, next)
+            .and_then(|s| s.trim().parse::<u32>().ok())
+            .unwrap_or(0)
+    };
+    // The phase is in the prefix libmodsecurity writes before the matched text (which
+    // carries request bytes), so only the prefix is read.
+    let prefix = line
+        .find(" [file \"")
+        .and_then(|end| line.get(..end))
+        .unwrap_or(line);
+    let phase = if disruptive {
+        number_after(prefix, " (phase ").and_then(|p| u8::try_from(p).ok())
+    } else {
+        None
+    };
     RuleMatch {
         id,
         msg,
         data,
         severity,
         tags,
+        file: text("file", "line"),
+        file_line: number("line", "id"),
+        rev: text("rev", "msg"),
+        ver: text("ver", "maturity"),
+        maturity: number("maturity", "accuracy"),
+        accuracy: number("accuracy", "tag"),
+        hostname: text("hostname", "uri"),
+        uri: text("uri", "unique_id"),
+        unique_id: text("unique_id", "ref"),
+        phase,
         disruptive,
         line: line.to_owned(),
     }
@@ -269,6 +318,32 @@ mod tests {
         );
         assert_eq!(m.severity, Some(2));
         assert_eq!(m.tags, vec!["application-multi", "attack-sqli"]);
+        assert_eq!(
+            m.file,
+            "/usr/share/modsecurity-crs/rules/REQUEST-942-APPLICATION-ATTACK-SQLI.conf"
+        );
+        assert_eq!((m.file_line, m.rev.as_str()), (45, ""));
+        assert_eq!(
+            (m.ver.as_str(), m.maturity, m.accuracy),
+            ("OWASP_CRS/3.3.4", 0, 0)
+        );
+        assert_eq!(
+            (m.hostname.as_str(), m.uri.as_str(), m.unique_id.as_str()),
+            ("127.0.0.1", "/", "abc")
+        );
+        assert_eq!(m.phase, None);
+    }
+
+    /// A disruptive line says its phase before the matched text; a phase written by the
+    /// client in the matched value is not read.
+    #[test]
+    fn the_phase_of_a_disruptive_line() {
+        let denied = "[client 127.0.0.1] ModSecurity: Access denied with code 403 (phase 2). Matched \"Operator `Ge' with parameter `5' against variable `TX:ANOMALY_SCORE' (Value: `5' ) [file \"/usr/share/modsecurity-crs/rules/REQUEST-949-BLOCKING-EVALUATION.conf\"] [line \"80\"] [id \"949110\"] [rev \"\"] [msg \"Inbound Anomaly Score Exceeded (Total Score: 5)\"] [data \"\"] [severity \"2\"] [ver \"OWASP_CRS/3.3.4\"] [maturity \"0\"] [accuracy \"0\"] [tag \"application-multi\"] [hostname \"127.0.0.1\"] [uri \"/\"] [unique_id \"abc\"] [ref \"\"]";
+        let m = parse_line(denied, true);
+        assert_eq!((m.id, m.phase, m.file_line), (949110, Some(2), 80));
+        assert_eq!(m.tags, vec!["application-multi"]);
+        let forged = LINE.replace("(Value: `1'", "(Value: `x (phase 4). 1'");
+        assert_eq!(parse_line(&forged, false).phase, None);
     }
 
     #[test]

@@ -1,4 +1,8 @@
-//! `-autoreload`: reload when the configuration file changes, as SIGHUP does.
+//! Reloads: on SIGHUP, and with `-autoreload` when the configuration file changes, as
+//! SIGHUP does ([`follow`] feeds the lifecycle a SIGHUP trigger, so `lastcall_reloads_total`
+//! and `spoa_reloads_total` count the same reloads); [`reload_on_request`] re-reads the file,
+//! recompiles every application and swaps them all at once.
+//!
 //!
 //! The file's directory is watched (inotify), not the file: editors replace files by
 //! renaming, and Kubernetes updates a mounted ConfigMap by swapping the `..data` symlink the
@@ -10,8 +14,14 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use std::sync::Arc;
+
 use notify::{RecursiveMode, Watcher};
 use tokio::sync::mpsc;
+
+use crate::config::{Apps, FileSource};
+use crate::metrics::Metrics;
+use crate::waf::Waf;
 
 /// How long a burst of events must be quiet before the file is read: a ConfigMap swap is a
 /// few events within a millisecond, an editor's save a few within some.
@@ -41,6 +51,58 @@ pub fn watch(path: &Path) -> Result<mpsc::Receiver<()>, String> {
     let last = std::fs::read(&path).ok();
     tokio::spawn(settle(path, last, watcher, events_rx, reload_tx));
     Ok(reload_rx)
+}
+
+/// `-autoreload`: watches `path` ([`watch`]) and asks the lifecycle for a reload, as a
+/// SIGHUP does, at each change.
+pub fn follow(path: &Path, handle: lastcall::Handle) -> Result<(), String> {
+    let mut rx = watch(path)?;
+    tokio::spawn(async move {
+        while rx.recv().await.is_some() {
+            handle.start_drain(lastcall::Trigger::Sighup);
+        }
+    });
+    Ok(())
+}
+
+/// At each reload the lifecycle announces (SIGHUP, [`follow`]): re-reads the file,
+/// recompiles every application, swaps all at once. A failed reload keeps the running rules.
+pub async fn reload_on_request(
+    handle: lastcall::Handle,
+    source: FileSource,
+    waf: Arc<Waf>,
+    metrics: Arc<Metrics>,
+) {
+    let mut reloads = handle.reloads();
+    let source = Arc::new(source);
+    while reloads.changed().await.is_ok() {
+        let source = Arc::clone(&source);
+        let result = tokio::task::spawn_blocking(move || {
+            let cfg = source.load().map_err(|e| e.to_string())?;
+            let apps = Apps::compile(&cfg).map_err(|e| e.to_string())?;
+            for note in crate::config::crs_notes(&cfg) {
+                tracing::warn!("{note}");
+            }
+            Ok::<_, String>((cfg, apps))
+        })
+        .await
+        .unwrap_or_else(|e| Err(format!("reload task failed: {e}")));
+        match result {
+            Ok((cfg, apps)) => {
+                let rules = apps.rule_count();
+                waf.swap(apps);
+                metrics.reload(true);
+                tracing::info!(
+                    "rules reloaded: {} application(s), {rules} rules (bind and limits need a restart)",
+                    cfg.applications.len()
+                );
+            }
+            Err(e) => {
+                metrics.reload(false);
+                tracing::error!("reload failed, keeping the running rules: {e}");
+            }
+        }
+    }
 }
 
 async fn settle(

@@ -1,15 +1,135 @@
-//! The command line as coraza-spoa users write it: Go's `flag` package takes `-config
-//! FILE`, `-config=FILE`, `--config FILE`, `-validate` and `-validate=true`; clap takes
-//! long options with two dashes only (and would read `-config` as `-c onfig`). Before clap
-//! sees the arguments, [`go_style`] gives every single-dash word that names one of the
-//! command's long options its second dash, and writes Go's boolean `-flag=true` /
-//! `-flag=false` as clap's `--flag` / nothing.
+//! The command line: the options (`Cli`, clap's derive) and the subcommands, read as
+//! coraza-spoa users write them. Go's `flag` package takes `-config FILE`, `-config=FILE`,
+//! `--config FILE`, `-validate` and `-validate=true`; clap takes long options with two
+//! dashes only (and would read `-config` as `-c onfig`). Before clap sees the arguments,
+//! [`go_style`] gives every single-dash word that names one of the command's long options
+//! its second dash, and writes Go's boolean `-flag=true` / `-flag=false` as clap's `--flag` /
+//! nothing; [`go_unknown`] finds a single-dash word that names no option, which Go refuses
+//! with `flag provided but not defined: -confg` (clap would read `-confg` as `-c onfg`).
 //!
 //! [`listen_addr`] reads coraza-spoa's `-metrics-addr`, where Go's `:9090` means every
-//! address.
+//! address. What the options mean once read is [`crate::config::parse`]'s business.
 
 use std::ffi::OsString;
 use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use lastcall::{Defaults, LogArgs, TerminationArgs};
+use lastcall_modsec::ModSecurity;
+
+/// HAProxy SPOE agent running ModSecurity + OWASP CRS (drop-in for coraza-spoa).
+///
+/// coraza-spoa's flags are taken as Go writes them too: -config FILE, -config=FILE,
+/// -validate, -metrics-addr ADDR, -autoreload, -version.
+#[derive(Debug, Parser)]
+#[command(name = "lastcall-spoa", version, about)]
+pub struct Cli {
+    /// A subcommand instead of serving.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+
+    /// coraza-spoa YAML configuration; without it, one application (`default`) runs the
+    /// OWASP CRS at paranoia level 1
+    #[arg(
+        long,
+        short = 'c',
+        env = "LASTCALL_SPOA_CONFIG",
+        value_name = "FILE",
+        global = true
+    )]
+    pub config: Option<PathBuf>,
+
+    /// Load the configuration and compile the rules, then exit 0 (valid) or 64 (errors)
+    #[arg(long)]
+    pub validate: bool,
+
+    /// Listen here instead of the file's `bind` (host:port or unix:///path)
+    #[arg(long, env = "LASTCALL_SPOA_BIND", value_name = "ADDR")]
+    pub bind: Option<String>,
+
+    /// The OWASP CRS to use: a CRS release unpacked here (crs-setup.conf or
+    /// crs-setup.conf.example beside rules/); overrides the file's `crs_dir`; empty: not
+    /// given [default: Debian's modsecurity-crs]
+    #[arg(long, env = "LASTCALL_SPOA_CRS_DIR", value_name = "DIR", global = true)]
+    pub crs_dir: Option<String>,
+
+    /// coraza-spoa's name for --admin-addr (/metrics, /livez, /readyz, /drain); `:PORT`
+    /// listens on every address
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_addr: Option<String>,
+
+    /// Reload when the configuration file changes, as SIGHUP does (a Kubernetes ConfigMap
+    /// update included)
+    #[arg(long)]
+    pub autoreload: bool,
+
+    /// coraza-spoa's Go CPU profile: accepted and ignored, with a warning
+    #[arg(long, hide = true, value_name = "FILE")]
+    pub cpuprofile: Option<String>,
+
+    /// coraza-spoa's Go heap profile: accepted and ignored, with a warning
+    #[arg(long, hide = true, value_name = "FILE")]
+    pub memprofile: Option<String>,
+
+    /// The termination options (`--on-sigterm`, `--drain-timeout`, ...).
+    #[command(flatten)]
+    pub term: TerminationArgs,
+
+    /// `--log-level`, `--log-format`.
+    #[command(flatten)]
+    pub log: LogArgs,
+}
+
+/// The subcommands.
+#[derive(Debug, Clone, PartialEq, Eq, Subcommand)]
+pub enum Command {
+    /// Read HAProxy and SPOE configuration files and say, line by line, what differs from
+    /// the fail-closed, lossless setup of docs/spoa.md and what to add (exit 0: nothing to
+    /// add; 1: findings; 64: a file cannot be read)
+    CheckHaproxy {
+        /// haproxy.cfg, and the SPOE files (those its `filter spoe` lines name are read too)
+        #[arg(required = true, value_name = "FILE")]
+        files: Vec<PathBuf>,
+    },
+    /// Print the effective configuration as YAML (the file, or the built-in application
+    /// without one), each application's `directives` the SecLang text the agent compiles:
+    /// what `--config` of the printed file runs
+    ShowConfig,
+    /// Print the SecLang text one application compiles (default: the default application),
+    /// e.g. for nginx's ModSecurity module or a benchmark
+    ShowRules {
+        /// The application's name
+        #[arg(value_name = "APP")]
+        app: Option<String>,
+    },
+}
+
+/// SPOA defaults. HAProxy needs `fall x inter` (2 x 1s in the documented config) after the
+/// first refused health check to mark this agent DOWN, so Announcing lasts 5s; SPOE
+/// evaluations take milliseconds and idle connections are closed as soon as Refusing starts,
+/// so 25s to the deadline is plenty and ends inside Kubernetes' default 30s grace period.
+pub fn defaults() -> Defaults {
+    Defaults {
+        shutdown_delay: Duration::from_secs(5),
+        drain_timeout: Duration::from_secs(25),
+        drain_min_sessions: 0,
+        // Loopback unless told otherwise (coraza-spoa serves metrics only when asked to);
+        // the charts bind the pod's address for the kubelet's probes.
+        admin_addr: Some(SocketAddr::from(([127, 0, 0, 1], 9901))),
+    }
+}
+
+/// `--version`'s text: ours, and the libmodsecurity this process loaded (its own version
+/// string, so a newer shared library under the same binary shows as itself).
+pub fn version_line() -> String {
+    let engine = match ModSecurity::new() {
+        Ok(engine) => format!("ModSecurity {}", engine.version()),
+        Err(e) => format!("libmodsecurity failed to start: {e}"),
+    };
+    format!("{} (engine: {engine})", env!("CARGO_PKG_VERSION"))
+}
 
 /// A long option of the command: its name, and whether it takes a value.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -95,6 +215,41 @@ pub fn go_style(args: impl IntoIterator<Item = OsString>, longs: &[LongOption]) 
         }
     }
     out
+}
+
+/// The first single-dash word that names no option of the command, in Go's words (`flag
+/// provided but not defined: -confg`), as coraza-spoa users know them. One letter after the
+/// dash is a short option (`-c FILE`); values of options that take one are skipped, and so is
+/// everything after `--`.
+pub fn go_unknown(args: &[OsString], longs: &[LongOption]) -> Option<String> {
+    let mut value_next = false;
+    for arg in args.iter().skip(1) {
+        if std::mem::take(&mut value_next) {
+            continue;
+        }
+        let text = arg.to_str()?;
+        if text == "--" {
+            return None;
+        }
+        if let Some(long) = text.strip_prefix("--") {
+            let name = long.split('=').next().unwrap_or("");
+            value_next =
+                !text.contains('=') && longs.iter().any(|o| o.name == name && o.takes_value);
+            continue;
+        }
+        let Some(word) = text.strip_prefix('-') else {
+            continue;
+        };
+        let name = word.split('=').next().unwrap_or("");
+        match longs.iter().find(|o| o.name == name) {
+            Some(o) => value_next = o.takes_value && !word.contains('='),
+            // `-c FILE`: a short option takes the next word.
+            None if name.chars().count() == 1 => value_next = name == "c" && !word.contains('='),
+            None if word.is_empty() || word.starts_with(|c: char| c.is_ascii_digit()) => {}
+            None => return Some(format!("flag provided but not defined: -{name}")),
+        }
+    }
+    None
 }
 
 /// An address to listen on, as Go writes it: `HOST:PORT`, `[V6]:PORT`, or `:PORT` for every
@@ -192,6 +347,34 @@ mod tests {
             ["x", "-nothing", "check-haproxy"]
         );
         assert_eq!(run(&["x", "--", "-config"]), ["x", "--", "-config"]);
+    }
+
+    /// Go's flag package refuses a single-dash word that names no flag; clap would read
+    /// `-confg x.yaml` as `-c onfg` and then fail on a file named `onfg`.
+    #[test]
+    fn unknown_single_dash_words_are_refused_as_go_does() {
+        let unknown = |args: &[&str]| {
+            let args: Vec<OsString> = args.iter().map(OsString::from).collect();
+            go_unknown(&args, &longs())
+        };
+        assert_eq!(
+            unknown(&["x", "-confg", "x.yaml"]).as_deref(),
+            Some("flag provided but not defined: -confg")
+        );
+        assert_eq!(
+            unknown(&["x", "-validate", "-metrics-adr=:9"]).as_deref(),
+            Some("flag provided but not defined: -metrics-adr")
+        );
+        for fine in [
+            &["x", "-config", "-weird.yaml", "-validate"][..],
+            &["x", "-c", "-confg"],
+            &["x", "--config", "-confg"],
+            &["x", "--", "-confg"],
+            &["x", "check-haproxy", "a.cfg"],
+            &["x", "--bind=-1", "-autoreload=false"],
+        ] {
+            assert_eq!(unknown(fine), None, "{fine:?}");
+        }
     }
 
     #[test]

@@ -10,19 +10,23 @@
 //!   [`engine::conn`];
 //! - [`waf`]: the evaluation itself, with libmodsecurity.
 //!
-//! Beside them: [`config`] reads coraza-spoa's YAML, [`cli`] its Go-style flags,
-//! [`autoreload`] watches the file, [`check`] reads a user's HAProxy files
-//! (`lastcall-spoa check-haproxy`), [`metrics`] holds the Prometheus metrics, [`checks`]
-//! holds what the decoders must hold on any input (for `fuzz/`); the binary (`main.rs`)
-//! wires them to the `lastcall` lifecycle.
+//! Beside them: [`config`] reads the command line, the environment and coraza-spoa's YAML
+//! in one pass ([`config::parse`]) and compiles the applications, [`cli`] declares the
+//! options and reads Go-style flags, [`autoreload`] reloads on SIGHUP and when the file
+//! changes, [`haproxy_check`] reads a user's HAProxy files (`lastcall-spoa check-haproxy`),
+//! [`log`] writes the logs (matched rules in coraza-spoa's JSON shape), [`metrics`] holds
+//! the Prometheus metrics, [`invariants`] holds what the decoders must hold
+//! on any input (for `fuzz/`); the binary (`main.rs`) only wires them to the `lastcall`
+//! lifecycle.
 #![forbid(unsafe_code)]
 
 pub mod autoreload;
-pub mod check;
-pub mod checks;
 pub mod cli;
 pub mod config;
 pub mod engine;
+pub mod haproxy_check;
+pub mod invariants;
+pub mod log;
 pub mod metrics;
 pub mod protocol;
 pub mod waf;

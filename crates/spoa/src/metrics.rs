@@ -67,8 +67,55 @@ pub struct Metrics {
     engine: Family<Vec<(&'static str, String)>, Gauge>,
 }
 
+/// The label values each labelled counter can take, created at 0 so that every series
+/// exists from the start (an alert on `rate(...)` needs no `or vector(0)`).
+const KNOWN: &[(&str, &[&str])] = &[
+    ("verdict", &["allow", "deny", "detect", "error"]),
+    (
+        "reason",
+        &[
+            "too_big",
+            "invalid",
+            "bad_hello",
+            "fragmented",
+            "timeout",
+            "resource",
+            "other",
+        ],
+    ),
+    ("result", &["ok", "error"]),
+    ("policy", &["reject", "process_partial"]),
+    ("budget", &["deadline", "overloaded"]),
+    ("when", &["hello", "idle"]),
+];
+
+/// Creates `family`'s series for every value of `label` in [`KNOWN`] (named `values` there).
+fn at_zero(family: &Family<Labels, Counter>, label: &'static str, values: &str) {
+    let Some((_, known)) = KNOWN.iter().find(|(k, _)| *k == values) else {
+        return;
+    };
+    for v in *known {
+        let _ = family.get_or_create(&vec![(label, *v)]);
+    }
+}
+
 impl Default for Metrics {
     fn default() -> Self {
+        let m = Self::empty();
+        at_zero(&m.requests, "verdict", "verdict");
+        at_zero(&m.responses, "verdict", "verdict");
+        at_zero(&m.rejected, "reason", "reason");
+        at_zero(&m.reloads, "result", "result");
+        at_zero(&m.truncated, "policy", "policy");
+        at_zero(&m.not_waited, "policy", "policy");
+        at_zero(&m.budget, "reason", "budget");
+        at_zero(&m.timeouts, "when", "when");
+        m
+    }
+}
+
+impl Metrics {
+    fn empty() -> Self {
         let buckets = [
             0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
         ];
@@ -96,9 +143,7 @@ impl Default for Metrics {
             engine: Family::default(),
         }
     }
-}
 
-impl Metrics {
     /// Registers everything under `spoa_`, and coraza-spoa's histogram under its own name.
     pub fn register(&self, r: &mut Registry) {
         r.register(
@@ -284,5 +329,33 @@ impl Metrics {
         self.truncated
             .get_or_create(&vec![("policy", policy)])
             .inc();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every labelled counter has its known series at 0 before anything happened.
+    #[test]
+    fn known_series_start_at_zero() {
+        let m = Metrics::default();
+        let mut r = Registry::default();
+        m.register(&mut r);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &r).unwrap();
+        for line in [
+            "spoa_requests_total{verdict=\"deny\"} 0",
+            "spoa_responses_total{verdict=\"allow\"} 0",
+            "spoa_frames_rejected_total{reason=\"too_big\"} 0",
+            "spoa_reloads_total{result=\"ok\"} 0",
+            "spoa_reloads_total{result=\"error\"} 0",
+            "spoa_truncated_bodies_total{policy=\"reject\"} 0",
+            "spoa_bodies_not_waited_total{policy=\"process_partial\"} 0",
+            "spoa_evaluations_failed_closed_total{reason=\"deadline\"} 0",
+            "spoa_connections_timed_out_total{when=\"idle\"} 0",
+        ] {
+            assert!(text.contains(line), "no {line} in\n{text}");
+        }
     }
 }

@@ -6,10 +6,14 @@
 //! - [`net`]: free loopback ports, waiting until one accepts connections.
 //! - [`http`]: the HTTP/1.1 client (whole answers, keep-alive readers, admin endpoints).
 //! - [`metrics`]: the Prometheus scraper (`/metrics` text, one series' value).
+//! - [`monitoring`]: the charts' dashboards and alert rules checked against real daemons:
+//!   their PromQL parsed, the names served, recorded `/metrics` as `promtool test rules` input.
 //! - [`origin`]: a real HTTP/1.1 origin for the proxies under test.
 //! - [`wait`]: [`wait_until`], waiting for a condition with a bound.
 //! - [`turn`]: a blocking TURN client over UDP with a sequence-numbered ChannelData stream.
 //! - [`coturn`]: coturn's `turnutils_peer` and `turnutils_uclient` as peers.
+//! - [`procfs`]: a process's resident memory (and its peak while something runs) and open
+//!   descriptors, from `/proc`.
 //! - [`peers`]: where the peer programs (HAProxy, nginx, coturn's tools) come from.
 //! - [`cargo`]: workspace programs a test runs but cargo does not build for it.
 //!
@@ -26,10 +30,12 @@ pub mod cargo;
 pub mod coturn;
 pub mod http;
 pub mod metrics;
+pub mod monitoring;
 pub mod net;
 pub mod origin;
 pub mod peers;
 pub mod process;
+pub mod procfs;
 pub mod turn;
 pub mod wait;
 

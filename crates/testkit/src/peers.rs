@@ -11,6 +11,7 @@
 //! | coturn's `turnutils_uclient` | `/usr/bin/turnutils_uclient` | `LASTCALL_UCLIENT` |
 //! | coturn's `turnutils_peer` | `/usr/bin/turnutils_peer` | `LASTCALL_PEER` |
 //! | coturn's `turnserver` | `/usr/bin/turnserver` | `LASTCALL_TURNSERVER` |
+//! | coturn's `turnadmin` (the user-database tests) | `/usr/bin/turnadmin` | `LASTCALL_TURNADMIN` |
 //! | Chromium (headless WebRTC) | `/usr/bin/chromium` | `LASTCALL_CHROMIUM` |
 //! | our own daemon under test | the binary itself | `LASTCALL_SPOA_RUNNER`, a prefix (e.g. `scripts/peer-run trixie`: the agent on Debian 13's libmodsecurity) |
 

@@ -148,10 +148,6 @@ fn txid() -> [u8; 12] {
 impl TurnClient {
     /// A client of `server` with TURN REST API credentials for `user` (valid one hour).
     pub fn new(server: SocketAddr, secret: &str, user: &str) -> TurnClient {
-        let sock = UdpSocket::bind(("127.0.0.1", 0)).expect("bind client socket");
-        sock.connect(server).expect("connect client socket");
-        sock.set_read_timeout(Some(Duration::from_millis(50)))
-            .expect("read timeout");
         let expiry = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .unwrap_or_default()
@@ -159,6 +155,17 @@ impl TurnClient {
             + 3600;
         let username = format!("{expiry}:{user}");
         let password = rest_password(secret.as_bytes(), &username);
+        TurnClient::long_term(server, &username, &password)
+    }
+
+    /// A client of `server` with the long-term credentials `username` and `password` (a
+    /// `user=` line, a user database's user).
+    pub fn long_term(server: SocketAddr, username: &str, password: &str) -> TurnClient {
+        let (username, password) = (username.to_string(), password.to_string());
+        let sock = UdpSocket::bind(("127.0.0.1", 0)).expect("bind client socket");
+        sock.connect(server).expect("connect client socket");
+        sock.set_read_timeout(Some(Duration::from_millis(50)))
+            .expect("read timeout");
         let shared = Arc::new(Shared {
             log: Mutex::default(),
             stop_reader: AtomicBool::new(false),

@@ -162,13 +162,41 @@ pub struct AuthConfig {
     /// [`ServerConfig::new`]) or refuses everyone (`false`: credentials that come and go, e.g.
     /// from a user database, never make an open relay).
     pub allow_anonymous: bool,
+    /// Credentials the I/O layer looks up in a user database, after the static ones (see
+    /// [`credentials`](crate::credentials)).
+    pub database: Option<UserDatabase>,
+}
+
+/// A user database the I/O layer reads for the core (coturn's `userdb`, `psql-userdb`,
+/// `redis-userdb`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UserDatabase {
+    /// What is looked up there.
+    pub keys: DatabaseKeys,
+    /// What is kept of its answers, and how long lookups may take.
+    pub cache: crate::credentials::CacheLimits,
+}
+
+/// What a user database holds for the core, as coturn reads it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DatabaseKeys {
+    /// Long-term users (`lt-cred-mech`, coturn's `turnusers_lt`): a username that is not a
+    /// static `user=` is looked up.
+    Users,
+    /// TURN REST API secrets (`use-auth-secret`, coturn's `turn_secret`): a REST username
+    /// whose password no `static-auth-secret` makes is checked against the realm's secrets
+    /// in the database. As in coturn, the database's users are not read then.
+    RestSecrets,
 }
 
 impl AuthConfig {
-    /// `true` if requests must authenticate: a credential is configured, or anonymous
-    /// access is not allowed.
+    /// `true` if requests must authenticate: a credential or a user database is configured,
+    /// or anonymous access is not allowed.
     pub fn required(&self) -> bool {
-        !self.allow_anonymous || !self.users.is_empty() || !self.rest_secrets.is_empty()
+        !self.allow_anonymous
+            || !self.users.is_empty()
+            || !self.rest_secrets.is_empty()
+            || self.database.is_some()
     }
 
     /// Add a static user from coturn's `user=` value (`name:password` or `name:0xHEXKEY`,
@@ -187,6 +215,7 @@ impl Default for AuthConfig {
             rest_secrets: Vec::new(),
             rest_separator: ':',
             allow_anonymous: true,
+            database: None,
         }
     }
 }

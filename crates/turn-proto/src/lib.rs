@@ -20,7 +20,11 @@
 //!   peers and refused Allocates (for metrics and session guards); [`Server::counters`] are
 //!   cumulative counters (the I/O layer exports them as metrics);
 //! - [`Server::set_drain`] makes new Allocates get 300 Try Alternate or 403 while existing
-//!   allocations keep working.
+//!   allocations keep working;
+//! - with a user database ([`AuthConfig::database`]), a request whose key the configuration
+//!   does not have waits: [`Server::poll_lookup`] says what to look up, [`Server::lookup_done`]
+//!   takes the answer, and the requests that waited come out of [`Server::poll_replay`] to be
+//!   run again with [`Server::replay`] (see [`credentials`]). The core never does I/O.
 //!
 //! The data paths (ChannelData and Send from clients, datagrams from peers) are parsed by hand
 //! (the [`stun`] codec borrows, validates lengths once and never allocates) and write into
@@ -97,6 +101,13 @@
 //!   that sees none left can end); a TCP/TLS connection that closes meanwhile takes the
 //!   Allocate with it. An answer that never comes is given up after 10 s.
 //! - **DONT-FRAGMENT** is accepted (the relay does not set DF on its own).
+//! - **Keys from a user database** are kept in a bounded cache ([`CacheLimits`]: 10,000
+//!   answers, trusted 10 s, asked again after 1 s when they did not authenticate); a database
+//!   that cannot answer (or answers later than 3 s) costs the waiting request a 500 (RFC 8489:
+//!   try again), never a 401. An allocation's later requests are checked with the key its
+//!   Allocate used (coturn's session key): they never wait for the database, so a database
+//!   that is down stops new allocations only, and a user removed from it keeps the
+//!   allocations it has until they end, as in coturn.
 //! - **Lifetimes**: requested lifetimes below the default get the default, above
 //!   `max-allocate-lifetime` the maximum, and never beyond a REST credential's expiry.
 //! - **Peer policy**: see [`policy`]; 403 on CreatePermission (all-or-nothing) and ChannelBind.
@@ -112,6 +123,7 @@
 
 pub mod auth;
 pub mod config;
+pub mod credentials;
 pub mod fastpath;
 pub mod frame;
 mod hash;
@@ -122,9 +134,10 @@ pub mod types;
 
 pub use auth::{nonce_key, rest_expiry, rest_password, NONCE_LEN};
 pub use config::{
-    parse_coturn_user, AuthConfig, Bandwidth, ConfigError, DefaultFamily, ExternalIp, Lifetimes,
-    NonceConfig, Quotas, RelayConfig, ServerConfig, Service, UserKey,
+    parse_coturn_user, AuthConfig, Bandwidth, ConfigError, DatabaseKeys, DefaultFamily, ExternalIp,
+    Lifetimes, NonceConfig, Quotas, RelayConfig, ServerConfig, Service, UserDatabase, UserKey,
 };
+pub use credentials::{Answer, CacheLimits, Lookup, Query, Replay};
 pub use fastpath::{ChannelRoute, RouteChange};
 pub use frame::{stream_frame_len, FrameError, CHANNEL_MAX, CHANNEL_MIN};
 pub use policy::{embedded_ipv4s, DenyReason, IpRange, IpRangeError, PeerPolicy};

@@ -309,6 +309,10 @@ pub enum AuthFailure {
     /// A NONCE this server never issued: made with another nonce secret (another server, a
     /// restart without a shared secret), for another client IP, or forged (438).
     UnknownNonce,
+    /// The user database could not say (down, slow, an error): 500, try again.
+    DatabaseUnavailable,
+    /// Too many lookups in flight or requests waiting for them: 500, try again.
+    DatabaseBusy,
 }
 
 impl AuthFailure {
@@ -321,6 +325,8 @@ impl AuthFailure {
             AuthFailure::WrongCredentials => "wrong_credentials",
             AuthFailure::StaleNonce => "stale_nonce",
             AuthFailure::UnknownNonce => "unknown_nonce",
+            AuthFailure::DatabaseUnavailable => "database_unavailable",
+            AuthFailure::DatabaseBusy => "database_busy",
         }
     }
 }
@@ -481,4 +487,10 @@ pub struct Counters {
     pub bandwidth_dropped: u64,
     /// Allocates refused with 486 because `bps-capacity` was all reserved.
     pub refused_bandwidth: u64,
+    /// Lookups asked of the user database ([`Server::poll_lookup`](crate::Server::poll_lookup)).
+    pub userdb_lookups: u64,
+    /// Of those, answered [`Answer::Unavailable`](crate::Answer::Unavailable) or not in time.
+    pub userdb_unavailable: u64,
+    /// Requests answered from what the core kept of the user database, without a lookup.
+    pub userdb_cached: u64,
 }

@@ -36,6 +36,7 @@ mod stream;
 mod timers;
 pub mod tls;
 mod udp;
+pub mod userdb;
 
 #[cfg(test)]
 mod layering {

@@ -32,6 +32,8 @@ pub(crate) enum Cmd {
     Add(SocketAddr, Arc<UdpSocket>),
     /// Stop reading (and drop) the relay socket bound on this address.
     Remove(SocketAddr),
+    /// Run this request again: it waited for a user-database lookup, whose answer came.
+    Replay(lastcall_turn_proto::Replay),
     /// Leave the loop.
     Stop,
 }

@@ -147,7 +147,7 @@ const fn own(name: &'static str, help: &'static str, value: u64) -> Exported {
 /// Every counter of the core but coturn's (traffic, Binding: [`write_coturn_counters`]), as a
 /// metric. The destructuring names every field: a counter added to the core does not compile
 /// until it is exported here or there.
-fn exported(c: &Counters) -> [Exported; 16] {
+fn exported(c: &Counters) -> [Exported; 19] {
     let Counters {
         client_packets_in: _,
         client_bytes_in: _,
@@ -176,6 +176,9 @@ fn exported(c: &Counters) -> [Exported; 16] {
         bandwidth_dropped,
         refused_bandwidth,
         allocations_reclaimed,
+        userdb_lookups,
+        userdb_unavailable,
+        userdb_cached,
     } = *c;
     [
         own("lastcall_turn_auth_failures", "Requests that failed authentication.", auth_failures),
@@ -194,6 +197,9 @@ fn exported(c: &Counters) -> [Exported; 16] {
         own("lastcall_turn_events_dropped", "Core events dropped because their queue was full.", events_dropped),
         own("lastcall_turn_bandwidth_dropped", "ChannelData, Send and peer datagrams dropped because their allocation was over max-bps.", bandwidth_dropped),
         own("lastcall_turn_allocate_refused_bandwidth", "Allocate requests refused (486) because bps-capacity was all reserved.", refused_bandwidth),
+        own("lastcall_turn_userdb_lookups", "Keys and REST secrets asked of the user database (userdb, psql-userdb, redis-userdb).", userdb_lookups),
+        own("lastcall_turn_userdb_unavailable", "User database lookups that failed or took longer than 3 s (their requests got 500).", userdb_unavailable),
+        own("lastcall_turn_userdb_cached", "Requests answered from what was kept of the user database, without a lookup.", userdb_cached),
     ]
 }
 

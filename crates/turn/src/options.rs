@@ -99,7 +99,7 @@ use Policy::{Accepted, Honoured};
 /// Every coturn option of 4.6 to 4.18 (their `--help` and shipped turnserver.conf), plus
 /// `alternate-server` (whose meaning differs: used only while draining) and our
 /// `no-auth-acknowledge-open-relay`, `drain-idle-timeout`, `nonce-secret`,
-/// `nonce-secret-file`, `kernel-relay` and `external-ip-file`. Kept in the order of docs/turn.md's table; a test checks
+/// `nonce-secret-file`, `kernel-relay`, `external-ip-file` and `userdb-cache-ttl`. Kept in the order of docs/turn.md's table; a test checks
 /// both agree, and that every option of `tests/data/coturn-options.txt` is here.
 ///
 /// For an [`Accepted`] option the help is the start-up warning: what `lastcall-turn` does
@@ -146,21 +146,22 @@ pub(crate) const OPTIONS: &[Spec] = &[
     spec("static-auth-secret", &[], Multi, Honoured, "SECRET", "Shared secret of the TURN REST API (repeatable: all are accepted, for rotation)"),
     spec("rest-api-separator", &['C'], Value, Honoured, "CHAR", "Separator between the expiry and the user in TURN REST API usernames [default: :]"),
     spec("user", &['u'], Multi, Honoured, "NAME:PASSWORD", "Static long-term user (repeatable); the password may be a 0x-prefixed MD5 key"),
-    refused("userdb", &['b'], Value, Some("not implemented yet: coturn's SQLite user database is a follow-up of issue 18; use static-auth-secret (TURN REST API) or user=NAME:PASSWORD")),
-    refused("db", &[], Value, Some("not implemented yet: coturn's SQLite user database is a follow-up of issue 18; use static-auth-secret (TURN REST API) or user=NAME:PASSWORD")),
+    spec("userdb", &['b'], Value, Honoured, "PATH", "coturn's SQLite user database (Debian: /var/lib/turn/turndb; written by turnadmin -b PATH), read only; users, REST secrets, realm options and peer lists changed in it count without a restart"),
+    spec("db", &[], Value, Honoured, "PATH", "coturn's name of userdb"),
     spec("no-auth", &['z'], Flag, Honoured, "", "Relay without authentication: an OPEN RELAY (the peer policy still applies); an error unless no-auth-acknowledge-open-relay is given too"),
     spec("no-auth-acknowledge-open-relay", &[], Flag, Honoured, "", "lastcall-turn's own: acknowledges that no-auth makes an open relay"),
-    spec("no-auth-pings", &[], Flag, Accepted, "", "there is no user database to ping"),
-    spec("no-dynamic-ip-list", &[], Flag, Accepted, "", "there is no user database: the peer lists are allowed-peer-ip and denied-peer-ip"),
-    spec("no-dynamic-realms", &[], Flag, Accepted, "", "there is no user database: the realm and quotas are the configured ones"),
+    spec("no-auth-pings", &[], Flag, Accepted, "", "the user database is not pinged: its connection is used every 5 s by the reread of realm options and peer lists, and opened again when a query finds it broken"),
+    spec("no-dynamic-ip-list", &[], Flag, Honoured, "", "Do not read allowed_peer_ip / denied_peer_ip from the user database (only allowed-peer-ip and denied-peer-ip count)"),
+    spec("no-dynamic-realms", &[], Flag, Honoured, "", "Do not read turn_realm_option (max-bps, user-quota, total-quota) from the user database"),
     spec("secret-ts-exp-time", &[], OptionalValue, Accepted, "SECONDS", "coturn 4.6 ignored it too: a REST credential expires at the time in its username"),
     spec("server-name", &[], Value, Accepted, "NAME", "used only by oAuth, which is not implemented"),
     spec("secret-key-file", &[], Value, Accepted, "PATH", "used only for encrypted MySQL passwords; MySQL is not supported"),
-    refused("psql-userdb", &['e'], Value, Some("PostgreSQL is not supported: use userdb (SQLite), static-auth-secret or user")),
-    refused("sql-userdb", &[], Value, Some("PostgreSQL is not supported: use userdb (SQLite), static-auth-secret or user")),
-    refused("mysql-userdb", &['M'], Value, Some("MySQL is not supported: use userdb (SQLite), static-auth-secret or user")),
-    refused("mongo-userdb", &['J'], Value, Some("MongoDB is not supported: use userdb (SQLite), static-auth-secret or user")),
-    refused("redis-userdb", &['N'], Value, Some("Redis is not supported: use userdb (SQLite), static-auth-secret or user")),
+    spec("psql-userdb", &['e'], Value, Honoured, "CONNINFO", "coturn's PostgreSQL user database: a libpq connection string (host=... dbname=... user=... password=..., or a postgresql:// URI); no TLS (sslmode=require is refused)"),
+    spec("sql-userdb", &[], Value, Honoured, "CONNINFO", "coturn's name of psql-userdb"),
+    refused("mysql-userdb", &['M'], Value, Some("MySQL is not supported: use userdb (SQLite), psql-userdb (PostgreSQL) or redis-userdb (Redis) with coturn's schema, static-auth-secret (TURN REST API) or user")),
+    refused("mongo-userdb", &['J'], Value, Some("MongoDB is not supported: use userdb (SQLite), psql-userdb (PostgreSQL) or redis-userdb (Redis) with coturn's schema, static-auth-secret (TURN REST API) or user")),
+    spec("redis-userdb", &['N'], Value, Honoured, "CONNINFO", "coturn's Redis user database: coturn's connection string (ip=... port=... dbname=... password=...) and key layout; no TLS"),
+    spec("userdb-cache-ttl", &[], Value, Honoured, "DURATION", "lastcall-turn's own: how long a key or the REST secrets read from the user database are used without asking it again, 1s to 1h (a user removed or a secret rotated out works this long for new allocations; a user or secret added, a password changed, is seen within 1 s) [default: 10s]"),
     spec("redis-statsdb", &['O'], Value, Accepted, "URL", "no statistics go to Redis; they are at /metrics on the admin listener (--admin-addr)"),
     refused("oauth", &[], Flag, Some("third-party authorization (oAuth) is not implemented")),
     // Peers and allocations.
@@ -378,6 +379,7 @@ mod tests {
             "nonce-secret-file",
             "kernel-relay",
             "external-ip-file",
+            "userdb-cache-ttl",
         ];
         let extra: Vec<&str> = OPTIONS
             .iter()

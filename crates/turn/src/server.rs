@@ -129,11 +129,26 @@ fn shared(
                 .map_err(|source| StartError::Worker { worker, source })
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let server = Server::new(config.core_config(), Instant::now(), SystemTime::now());
+    let core = config.core_config();
+    let fixed = crate::userdb::Static {
+        realm: core.realm.clone(),
+        allowed: core.peer_policy.allowed.clone(),
+        denied: core.peer_policy.denied.clone(),
+        quotas: core.quotas,
+        bandwidth: core.bandwidth,
+    };
+    let server = Server::new(core, Instant::now(), SystemTime::now());
     let relays = RelaySockets::new(config.min_port, config.max_port, mailboxes);
-    Ok(Arc::new(
-        Shared::new(server, relays, metrics, handle).with_kernel(kernel),
-    ))
+    let mut shared = Shared::new(server, relays, metrics, handle).with_kernel(kernel);
+    let Some(userdb) = &config.userdb else {
+        return Ok(Arc::new(shared));
+    };
+    // The core's lookups go to the user database's task, which answers into the core.
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    shared.set_lookups(tx);
+    let shared = Arc::new(shared);
+    crate::userdb::UserDb::spawn(userdb, fixed, &shared, rx);
+    Ok(shared)
 }
 
 /// The addresses the kernel fast path serves: the UDP listeners' and the relay addresses

@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use lastcall::{Handle, PeerId, SessionGuard};
 use lastcall_turn_proto::{
-    ClientAddr, Counters, DeleteReason, Event, RelayAddrs, RelayRequest, Server,
+    ClientAddr, Counters, DeleteReason, Event, Lookup, RelayAddrs, RelayRequest, Replay, Server,
 };
 use parking_lot::Mutex;
 
@@ -41,6 +41,11 @@ pub struct Shared {
     handle: Handle,
     /// The kernel fast path (`--kernel-relay`), when it runs.
     kernel: Option<std::sync::Arc<Kernel>>,
+    /// Where the core's user-database lookups go (the user database's task), when there is
+    /// one.
+    lookups: Option<tokio::sync::mpsc::UnboundedSender<Lookup>>,
+    /// The UDP I/O thread the next replayed request goes to (round-robin).
+    replay_rr: std::sync::atomic::AtomicUsize,
 }
 
 /// What calls into the core left to do once the lock is released.
@@ -48,6 +53,9 @@ pub struct Shared {
 pub(crate) struct Effects {
     events: Vec<Event>,
     releases: Vec<SocketAddr>,
+    /// User-database lookups for its task, and requests that waited for one, to run again.
+    lookups: Vec<Lookup>,
+    replays: Vec<Replay>,
     /// Session guards of allocations that ended, for the caller to drop once it has sent
     /// what the same calls produced: the last guard may end the drain and the process, and
     /// a Refresh with lifetime 0 must be answered first.
@@ -56,7 +64,10 @@ pub(crate) struct Effects {
 
 impl Effects {
     fn is_empty(&self) -> bool {
-        self.events.is_empty() && self.releases.is_empty()
+        self.events.is_empty()
+            && self.releases.is_empty()
+            && self.lookups.is_empty()
+            && self.replays.is_empty()
     }
 }
 
@@ -97,7 +108,14 @@ impl Shared {
             metrics,
             handle,
             kernel: None,
+            lookups: None,
+            replay_rr: std::sync::atomic::AtomicUsize::new(0),
         }
+    }
+
+    /// With a user database: the core's lookups go to `lookups`.
+    pub(crate) fn set_lookups(&mut self, lookups: tokio::sync::mpsc::UnboundedSender<Lookup>) {
+        self.lookups = Some(lookups);
     }
 
     /// With the kernel fast path `kernel`: the core's route changes go to it.
@@ -122,6 +140,10 @@ impl Shared {
         fx.events.extend(std::iter::from_fn(|| server.poll_event()));
         fx.releases
             .extend(std::iter::from_fn(|| server.poll_release()));
+        fx.lookups
+            .extend(std::iter::from_fn(|| server.poll_lookup()));
+        fx.replays
+            .extend(std::iter::from_fn(|| server.poll_replay()));
         if let Some(k) = &self.kernel {
             k.take(&mut server);
         }
@@ -178,6 +200,33 @@ impl Shared {
         }
         for relay in fx.releases.drain(..) {
             self.relays.release(relay);
+        }
+        self.dispatch_userdb(fx);
+    }
+
+    /// Sends the core's lookups to the user database's task, and the requests that waited
+    /// for one to a UDP I/O thread, which runs them again (every thread can answer every
+    /// client: it has a listener on each listening address, and TCP/TLS answers go through
+    /// the connection's queue).
+    fn dispatch_userdb(&self, fx: &mut Effects) {
+        for lookup in fx.lookups.drain(..) {
+            let sent = self.lookups.as_ref().map(|tx| tx.send(lookup));
+            if !matches!(sent, Some(Ok(()))) {
+                // No task to ask (ended, or none): the core's timeout answers 500.
+                tracing::error!("a user-database lookup had nowhere to go");
+            }
+        }
+        if fx.replays.is_empty() {
+            return;
+        }
+        let mailboxes = self.relays.mailboxes();
+        for replay in fx.replays.drain(..) {
+            let n = self
+                .replay_rr
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if let Some(m) = mailboxes.get(n % mailboxes.len().max(1)) {
+                m.post(crate::mailbox::Cmd::Replay(replay));
+            }
         }
     }
 

@@ -337,8 +337,21 @@ impl Worker {
 
     /// Applies the commands other threads (or this one) posted.
     fn apply_commands(&mut self) {
-        self.mailbox.take(&mut self.cmds);
+        // Replayed requests post commands to this very mailbox (their relay sockets), which
+        // wakes nobody: take again until nothing is left.
+        loop {
+            self.mailbox.take(&mut self.cmds);
+            if self.cmds.is_empty() {
+                return;
+            }
+            self.apply_taken();
+        }
+    }
+
+    /// Applies the commands taken into `self.cmds`.
+    fn apply_taken(&mut self) {
         let mut cmds = std::mem::take(&mut self.cmds);
+        let mut replays = Vec::new();
         for cmd in cmds.drain(..) {
             match cmd {
                 Cmd::Add(addr, sock) => {
@@ -356,10 +369,52 @@ impl Worker {
                         let _ = self.epoll.delete(sock.as_fd());
                     }
                 }
+                Cmd::Replay(r) => replays.push(r),
                 Cmd::Stop => self.stopping = true,
             }
         }
         self.cmds = cmds;
+        if !replays.is_empty() {
+            self.replay(&replays);
+        }
+    }
+
+    /// Runs requests that waited for a user-database lookup through the core again, as
+    /// [`process`](Self::process) runs what was read.
+    fn replay(&mut self, replays: &[lastcall_turn_proto::Replay]) {
+        let Worker {
+            id,
+            shared,
+            sockets,
+            out,
+            tx,
+            requests,
+            effects,
+            send_hdrs,
+            stats,
+            ..
+        } = self;
+        let now = Instant::now();
+        shared.with_core(effects, |server| {
+            for r in replays {
+                match server.replay(now, r.client, &r.data, out) {
+                    Some(Output::Transmit(t)) => tx.queue(t, sockets),
+                    Some(Output::BindRelay(b)) => requests.push(b),
+                    None => {}
+                }
+            }
+        });
+        shared.bind_relays(requests, Some(*id), effects, (tx, sockets), out);
+        shared.apply(effects);
+        let flushed = tx.flush(
+            sockets,
+            send_hdrs,
+            &shared.relays,
+            &shared.streams,
+            &shared.metrics,
+        );
+        stats.send_calls += flushed.sendmmsg_calls;
+        effects.ended.clear();
     }
 
     /// Relay sockets this worker reads.

@@ -28,6 +28,16 @@ pub(crate) struct HoldOpts {
     pub rss_pid: Option<u32>,
     pub cpu_pid: Option<u32>,
     pub clk_tck: u64,
+    /// Long-term users instead of REST credentials.
+    pub long_term: Option<LongTerm>,
+}
+
+/// Allocation i authenticates as `prefix` + (i mod `users`), with `password`.
+#[derive(Clone, Debug)]
+pub(crate) struct LongTerm {
+    pub prefix: String,
+    pub users: usize,
+    pub password: String,
 }
 
 struct Counters {
@@ -52,11 +62,17 @@ fn nap(until: Instant, c: &Counters) {
 fn worker(o: HoldOpts, first: usize, n: usize, c: Arc<Counters>, done: mpsc::Sender<()>) {
     let mut sessions = Vec::with_capacity(n);
     for i in first..first + n {
-        let creds = Credentials::rest(
-            o.secret.as_bytes(),
-            &format!("hold{i}"),
-            Duration::from_secs(3 * 3600),
-        );
+        let creds = match &o.long_term {
+            Some(lt) => Credentials {
+                username: format!("{}{}", lt.prefix, i % lt.users),
+                password: lt.password.clone(),
+            },
+            None => Credentials::rest(
+                o.secret.as_bytes(),
+                &format!("hold{i}"),
+                Duration::from_secs(3 * 3600),
+            ),
+        };
         match Session::new(o.server, creds).and_then(|mut s| s.allocate(o.lifetime).map(|_| s)) {
             Ok(s) => {
                 c.ok.fetch_add(1, Ordering::Relaxed);

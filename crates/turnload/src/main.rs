@@ -12,7 +12,8 @@
 //!   seconds per million relayed datagrams (utime+stime from `/proc/PID/stat`).
 //! - `hold`: opens N allocations from N client 5-tuples (each with its own 401 round trip),
 //!   reports allocations per second and, with `--rss-pid`, the server's resident memory per
-//!   allocation (`VmRSS` delta / N), then holds them (refreshing) and deletes them.
+//!   allocation (`VmRSS` delta / N), then holds them (refreshing) and deletes them; with
+//!   `--lt-user` as long-term users (`user=` lines or a user database) instead.
 //!
 //! Output: one JSON object per line on stdout (for `bench/turn/run.sh`), progress on stderr.
 //! Loopback (or the project's test hosts) only: this is a load generator.
@@ -98,6 +99,16 @@ enum Cmd {
         /// Measure this process's VmRSS before and after.
         #[arg(long)]
         rss_pid: Option<u32>,
+        /// Long-term users instead of TURN REST API credentials: allocation i authenticates
+        /// as PREFIX(i mod --lt-users) with --lt-password (a `user=` line, a user database).
+        #[arg(long, value_name = "PREFIX")]
+        lt_user: Option<String>,
+        /// How many distinct long-term users (1: every allocation is the same user).
+        #[arg(long, default_value_t = 1)]
+        lt_users: usize,
+        /// The long-term users' password.
+        #[arg(long, default_value = "")]
+        lt_password: String,
     },
 }
 
@@ -143,6 +154,9 @@ fn main() -> ExitCode {
             refresh,
             no_release,
             rss_pid,
+            lt_user,
+            lt_users,
+            lt_password,
         } => hold::run(&hold::HoldOpts {
             server: cli.server,
             secret: cli.secret,
@@ -155,6 +169,11 @@ fn main() -> ExitCode {
             rss_pid,
             cpu_pid: cli.cpu_pid,
             clk_tck: cli.clk_tck,
+            long_term: lt_user.map(|prefix| hold::LongTerm {
+                prefix,
+                users: lt_users.max(1),
+                password: lt_password,
+            }),
         }),
     };
     match r {

@@ -1,7 +1,7 @@
 //! SPOP payloads: KV-LIST, LIST-OF-MESSAGES (typed data), the HELLO negotiation and
-//! coraza-spoa's messages read from them (`lastcall_spoa::checks::messages`).
+//! coraza-spoa's messages read from them (`lastcall_spoa::invariants::messages`).
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 
-fuzz_target!(|data: &[u8]| lastcall_spoa::checks::messages(data));
+fuzz_target!(|data: &[u8]| lastcall_spoa::invariants::messages(data));

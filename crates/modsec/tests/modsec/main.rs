@@ -3,12 +3,14 @@
 //!
 //! - `engine`: rules, phases, interventions, the CRS options.
 //! - `resources`: threads, memory and the one engine per process.
+//! - `accounting`: the bytes malloc holds after N transactions of each kind of traffic.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
     reason = "test code: a panic is the failure report"
 )]
 
+mod accounting;
 mod common;
 mod engine;
 mod resources;

@@ -105,17 +105,52 @@ fn engines_and_rules_can_be_created_from_many_threads() {
     assert!(Arc::ptr_eq(&a, &b));
 }
 
+/// The threads `after_rules_freed`'s hook ran on (every test of this binary that frees a
+/// rule set, under `cargo test`, adds to it).
+static FREED_ON: parking_lot::Mutex<Vec<String>> = parking_lot::Mutex::new(Vec::new());
+
+fn record_freed() {
+    let name = thread::current().name().unwrap_or("").to_owned();
+    FREED_ON.lock().push(name);
+}
+
+#[test]
+fn the_rules_freed_hook_runs_on_the_rules_thread_once_the_last_reference_drops() {
+    lastcall_modsec::after_rules_freed(record_freed);
+    let ms = ModSecurity::new().expect("engine");
+    let rules = RuleSet::from_directives(
+        "SecRuleEngine On\nSecRule ARGS \"@streq x\" \"id:150,phase:1,deny,status:401\"\n",
+        "hook",
+    )
+    .expect("rules");
+    let mut tx = Transaction::new(&ms, &rules, None).expect("transaction");
+    // A transaction holds the rules: they are freed (and the hook runs, before `drop`
+    // returns) when it ends, not when the set's own reference drops.
+    drop(rules);
+    tx.process_connection("127.0.0.1", 40000, "127.0.0.1", 80)
+        .expect("connection");
+    tx.process_uri("/?a=x", "GET", "1.1").expect("uri");
+    assert_eq!(
+        tx.process_request_headers()
+            .expect("headers")
+            .map(|i| i.status),
+        Some(401)
+    );
+    let before = FREED_ON.lock().len();
+    drop(tx);
+    let names = FREED_ON.lock().clone();
+    assert!(
+        names.len() > before,
+        "the hook did not run when the rules were freed"
+    );
+    assert!(
+        names.iter().all(|n| n == "lastcall-rules"),
+        "the hook ran on another thread than the one that frees rule sets: {names:?}"
+    );
+}
+
 fn rss_kib() -> u64 {
-    let statm = std::fs::read_to_string("/proc/self/statm").expect("statm");
-    let pages: u64 = statm
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .expect("resident pages");
-    // SAFETY: sysconf has no preconditions.
-    #[allow(unsafe_code, reason = "sysconf(_SC_PAGESIZE) through libc")]
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    pages * u64::try_from(page).unwrap_or(4096) / 1024
+    lastcall_testkit::procfs::rss_self() / 1024
 }
 
 /// 20,000 transactions (a third of them denied, with intervention strings, response

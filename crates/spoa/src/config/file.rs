@@ -15,6 +15,7 @@ use super::yaml::{self, Node, Typed, Value};
 use super::{
     Application, Bind, BodyLimitAction, Config, Directives, Evaluation, LogFile, LogSettings,
 };
+use crate::log::FileFormat;
 use crate::protocol::payload::MIN_FRAME_SIZE;
 
 /// The top-level keys (coraza-spoa's, then ours).
@@ -51,10 +52,11 @@ const APPLICATION: &[&str] = &[
     "detect_only",
     "body_limit_action",
     "paranoia_level",
+    "engine_limits",
 ];
 
 const LOG_LEVELS: &str = "trace, debug, info, warn, error, fatal, panic or disabled";
-const LOG_FORMATS: &str = "console, text or json";
+const LOG_FORMATS: &str = crate::log::FORMATS;
 
 /// Reads YAML text into a checked configuration, or returns every problem found, in the
 /// order of their lines.
@@ -94,13 +96,9 @@ fn map_level(level: &str) -> Option<&'static str> {
     }
 }
 
-/// Reads `log_format`: coraza-spoa's `console` and `json`, and `text`.
-fn map_format(format: &str) -> Option<bool> {
-    match format {
-        "console" | "text" => Some(false),
-        "json" => Some(true),
-        _ => None,
-    }
+/// Reads `log_format`: coraza-spoa's `console` and `json`, and `text` and `json-flat`.
+fn map_format(format: &str) -> Option<FileFormat> {
+    FileFormat::parse(format)
 }
 
 #[derive(Default)]
@@ -321,7 +319,7 @@ impl Reader {
                 "log_format" => {
                     if let Some(format) = self.string(key, node) {
                         match map_format(&format) {
-                            Some(json) => cfg.log.json = Some(json),
+                            Some(f) => cfg.log.format = Some(f),
                             None => self.problem(
                                 node.line,
                                 format!("log_format `{format}`: expected {LOG_FORMATS}"),
@@ -494,6 +492,7 @@ impl Reader {
                     app.response_check = self.boolean(&at, node).unwrap_or(false);
                 }
                 "detect_only" => app.detect_only = self.boolean(&at, node).unwrap_or(false),
+                "engine_limits" => app.engine_limits = self.boolean(&at, node).unwrap_or(true),
                 "transaction_ttl_ms" => ttl_ms = self.unsigned(&at, node),
                 "transaction_ttl" => ttl_s = self.unsigned(&at, node),
                 "transaction_active_limit" => {
@@ -557,7 +556,7 @@ impl Reader {
                 None => self.problems.push(bad(LOG_LEVELS)),
             },
             "log_format" => match map_format(&value) {
-                Some(json) => log.json = Some(json),
+                Some(f) => log.format = Some(f),
                 None => self.problems.push(bad(LOG_FORMATS)),
             },
             _ => log.file = LogFile::parse(&value).map(|f| (f, node.line)),

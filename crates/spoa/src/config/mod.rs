@@ -5,58 +5,33 @@
 //! decodes with known fields only).
 //!
 //! - [`yaml`]: the document as a tree of nodes that know their line;
-//! - `file`: that tree walked key by key into a [`Config`].
+//! - `file`: that tree walked key by key into a [`Config`];
+//! - [`seclang`]: an application's rule text (Coraza's `@` names resolved, the engine's
+//!   limits and the score rules added) and libmodsecurity's errors placed on the file's
+//!   lines;
+//! - [`apps`]: the applications compiled, as the WAF runs them and a reload swaps them;
+//! - [`settings`]: the command line, the environment and the file read in one pass
+//!   ([`parse`]);
+//! - `show`: the effective configuration printed (`show-config`, `show-rules`).
 //!
 //! The file's problems name the file and the line (`/etc/coraza-spoa/config.yaml:12: ...`).
 
+pub mod apps;
 mod file;
+pub mod seclang;
+pub mod settings;
+mod show;
 pub mod yaml;
+
+pub use crate::engine::{Bind, DEFAULT_MAX_FRAME_SIZE};
+pub use apps::Apps;
+pub use settings::{parse, FileSource, Parsed, Settings};
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use lastcall::{Problem, Problems, Source};
 use lastcall_modsec::crs;
-
-/// Where the agent listens.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Bind {
-    /// `host:port`.
-    Tcp(String),
-    /// `unix:///path/to.sock`.
-    Unix(PathBuf),
-}
-
-impl Bind {
-    /// Parses `host:port`, `tcp://host:port` or `unix://path`.
-    pub fn parse(s: &str) -> Result<Self, String> {
-        let s = s.trim();
-        if let Some(path) = s.strip_prefix("unix://") {
-            if path.is_empty() {
-                return Err(format!("bind `{s}`: empty unix socket path"));
-            }
-            return Ok(Bind::Unix(PathBuf::from(path)));
-        }
-        let hostport = s.strip_prefix("tcp://").unwrap_or(s);
-        match hostport.rsplit_once(':') {
-            Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => {
-                Ok(Bind::Tcp(hostport.to_owned()))
-            }
-            _ => Err(format!(
-                "bind `{s}`: expected host:port (e.g. 127.0.0.1:9000) or unix:///path"
-            )),
-        }
-    }
-}
-
-impl std::fmt::Display for Bind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Bind::Tcp(a) => f.write_str(a),
-            Bind::Unix(p) => write!(f, "unix://{}", p.display()),
-        }
-    }
-}
 
 /// What to do when HAProxy hands the agent a truncated body.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -134,8 +109,8 @@ impl LogFile {
 pub struct LogSettings {
     /// `debug`, `info`, `warn`, `error` or `off` (coraza-spoa's other names mapped).
     pub level: Option<String>,
-    /// JSON (`json`) rather than text (`console`/`text`).
-    pub json: Option<bool>,
+    /// `console`/`text`, `json` (matched rules in coraza-spoa's shape) or `json-flat`.
+    pub format: Option<crate::log::FileFormat>,
     /// Where, and the line that said so.
     pub file: Option<(LogFile, usize)>,
 }
@@ -143,7 +118,7 @@ pub struct LogSettings {
 impl LogSettings {
     /// Whether any of the three was given.
     pub fn is_set(&self) -> bool {
-        self.level.is_some() || self.json.is_some() || self.file.is_some()
+        self.level.is_some() || self.format.is_some() || self.file.is_some()
     }
 }
 
@@ -170,6 +145,9 @@ pub struct Application {
     pub body_limit_action: BodyLimitAction,
     /// Paranoia level when using the default CRS.
     pub paranoia_level: u8,
+    /// The engine's limits before the application's own directives (`engine_limits`;
+    /// default true; the built-in rules always have them).
+    pub engine_limits: bool,
 }
 
 impl Application {
@@ -186,6 +164,7 @@ impl Application {
             detect_only: false,
             body_limit_action: BodyLimitAction::Reject,
             paranoia_level: 1,
+            engine_limits: true,
         }
     }
 }
@@ -250,10 +229,6 @@ impl Evaluation {
 
 /// Default listener when neither the file nor `--bind` says.
 pub const DEFAULT_BIND: &str = "127.0.0.1:9000";
-/// Default `max_frame_size`: 4 MiB, above what HAProxy offers for any `tune.bufsize` up to
-/// 4 MiB (it offers `tune.bufsize - 4`), so that the documented `tune.bufsize 1114112` (a
-/// 1 MiB body whole) is HAProxy's to choose. The agent announces `min(HAProxy's, this)`.
-pub const DEFAULT_MAX_FRAME_SIZE: u32 = 4 * 1024 * 1024;
 /// Largest `max_frame_size` accepted (what `max_buffered_bytes` holds by default).
 pub const MAX_FRAME_SIZE_CAP: u32 = 64 * 1024 * 1024;
 /// Default transaction TTL (coraza-spoa's example value).
@@ -316,6 +291,19 @@ impl Config {
         Ok(())
     }
 
+    /// The engine's limits this configuration sets (the rest at the engine's defaults).
+    pub fn limits(&self) -> crate::engine::Limits {
+        crate::engine::Limits {
+            max_frame_size: self.max_frame_size,
+            max_inflight_per_connection: self.max_inflight_per_connection,
+            evaluation_timeout: self.evaluation_timeout,
+            hello_timeout: self.hello_timeout,
+            idle_timeout: self.idle_timeout,
+            max_buffered_bytes: self.max_buffered_bytes,
+            ..crate::engine::Limits::default()
+        }
+    }
+
     /// Where a problem on `line` of this configuration's file is.
     pub fn source(&self, line: usize) -> Source {
         Source::File {
@@ -329,6 +317,56 @@ impl Config {
     pub fn parse(text: &str) -> Result<Self, Problems> {
         file::read(text)
     }
+}
+
+/// What the configured CRS makes of the applications' own rules, for `-validate` and the
+/// start-up log (warnings, never errors: the rules load): against a CRS 3 tree, the CRS 4
+/// variables they set (which change nothing there) and coraza-spoa's `@owasp_crs` and
+/// `@crs-setup.conf.example` names (CRS 4.25.0 in coraza-spoa 0.7.2, CRS 3 here), each
+/// naming the fix.
+pub fn crs_notes(cfg: &Config) -> Vec<String> {
+    let crs = &cfg.crs;
+    if crs.major() != Some(3) {
+        return Vec::new();
+    }
+    let tree = crs.rules_dir.parent().unwrap_or(&crs.rules_dir).display();
+    let release = crs.version().unwrap_or_default();
+    let fix = "run a CRS 4 release: unpack it and set crs_dir in the file (or --crs-dir, \
+               LASTCALL_SPOA_CRS_DIR, the chart's crs.image or crs.volume; CRS 4.28 loads on \
+               libmodsecurity 3.0.9 and later, 4.25 LTS on 3.0.16; docs/coming-from-coraza-spoa.md)";
+    let mut out = Vec::new();
+    for a in &cfg.applications {
+        let Some(d) = &a.directives else {
+            continue;
+        };
+        let line = d.lines.first().copied().unwrap_or(a.line);
+        let note = |message: String| {
+            Problem::new(
+                d.key.clone(),
+                format!("application `{}`: {message}", a.name),
+            )
+            .at(cfg.source(line))
+            .to_string()
+        };
+        for (name, instead) in crs::crs4_only_variables(&d.text) {
+            let instead =
+                instead.map_or_else(String::new, |v| format!(", or set {v} (its CRS 3 name)"));
+            out.push(note(format!(
+                "setvar:tx.{name} is read by CRS 4 only: the CRS here ({tree}, {release}) ignores it, so it changes nothing; {fix}{instead}"
+            )));
+        }
+        let coraza_names = d
+            .text
+            .lines()
+            .any(|l| l.contains("@owasp_crs/") || l.contains("@crs-setup.conf.example"));
+        if coraza_names {
+            out.push(note(format!(
+                "@owasp_crs/ and @crs-setup.conf.example are coraza-spoa's embedded CRS ({} in coraza-spoa 0.7.2); here they are the CRS at {tree}, release {release}: rule ids, paranoia-level variables and plugins differ between CRS 3 and 4. To run the CRS coraza-spoa runs, {fix}",
+                crs::CORAZA_SPOA_CRS
+            )));
+        }
+    }
+    out
 }
 
 /// Places problems found in text read from `path` in that file.
@@ -375,7 +413,7 @@ applications:
         assert_eq!(c.bind, Bind::Tcp("0.0.0.0:9000".into()));
         assert_eq!(c.applications.len(), 1);
         assert_eq!(c.applications[0].transaction_ttl_ms, 60_000);
-        assert_eq!(c.log.json, Some(false));
+        assert_eq!(c.log.format, Some(crate::log::FileFormat::Text));
         assert_eq!(c.log.file, Some((LogFile::Stdout, 4)));
         let app = &c.applications[0];
         assert_eq!(app.log.file, Some((LogFile::Stdout, 14)));
@@ -528,15 +566,18 @@ applications:
         assert_eq!(
             shown,
             [
-                "line 1: log_format `fancy`: expected console, text or json",
+                "line 1: log_format `fancy`: expected console, text, json or json-flat",
                 "line 5: applications[0].log_level (loud): expected trace, debug, info, warn, error, fatal, panic or disabled",
-                "line 6: applications[0].log_format (xml): expected console, text or json",
+                "line 6: applications[0].log_format (xml): expected console, text, json or json-flat",
             ]
         );
         let ok = Config::parse("applications:\n  - name: a\n    log_file: /var/log/a.log\n    log_format: json\n    log_level: disabled\n").unwrap();
         let log = &ok.applications[0].log;
         assert_eq!(log.file, Some((LogFile::Path("/var/log/a.log".into()), 3)));
-        assert_eq!((log.json, log.level.as_deref()), (Some(true), Some("off")));
+        assert_eq!(
+            (log.format, log.level.as_deref()),
+            (Some(crate::log::FileFormat::Json), Some("off"))
+        );
     }
 
     #[test]
@@ -599,6 +640,25 @@ applications:
             ],
             "{shown:?}"
         );
+    }
+
+    /// Against Debian's CRS 3 tree (the stand-in for any CRS 3): CRS 4 variables and
+    /// coraza-spoa's names are noted, with the fix; the built-in application has neither.
+    #[test]
+    fn crs_notes_against_a_crs_3_tree() {
+        assert!(crs_notes(&Config::builtin()).is_empty());
+        let c = Config::parse(CORAZA_EXAMPLE).unwrap();
+        assert!(crs_notes(&c).is_empty(), "no @owasp_crs in this example");
+        let text = "applications:\n  - name: a\n    directives: |\n      Include @coraza.conf-recommended\n      Include @crs-setup.conf.example\n      SecAction \"id:900000,phase:1,pass,nolog,setvar:tx.blocking_paranoia_level=4\"\n      Include @owasp_crs/*.conf\n";
+        let notes = crs_notes(&Config::parse(text).unwrap());
+        assert_eq!(notes.len(), 2, "{notes:?}");
+        assert!(notes[0].starts_with("line 4: applications[0].directives: application `a`: setvar:tx.blocking_paranoia_level is read by CRS 4 only"), "{notes:?}");
+        assert!(notes[0].contains("or set tx.paranoia_level"), "{notes:?}");
+        assert!(
+            notes[1].contains("coraza-spoa's embedded CRS (4.25.0 in coraza-spoa 0.7.2)"),
+            "{notes:?}"
+        );
+        assert!(notes.iter().all(|n| n.contains("crs_dir")), "{notes:?}");
     }
 
     #[test]

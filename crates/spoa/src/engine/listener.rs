@@ -12,8 +12,8 @@ use tokio::net::{TcpListener, UnixListener};
 
 use super::ack::AckSink;
 use super::task::serve_split;
+use super::Bind;
 use super::Shared;
-use crate::config::Bind;
 
 /// A bound listener.
 #[derive(Debug)]

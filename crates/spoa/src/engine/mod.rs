@@ -15,6 +15,7 @@
 //! - [`listener`]: binding, and what lastcall's accept loop runs for each connection.
 
 pub mod ack;
+mod bind;
 pub mod budget;
 pub mod conn;
 pub mod handler;
@@ -29,6 +30,7 @@ use std::time::Duration;
 use lastcall::Handle;
 use prometheus_client::metrics::gauge::Gauge;
 
+pub use bind::Bind;
 pub use handler::{error_vars, Answer, Handler, Later, Vars, AGENT_ERROR};
 pub use listener::{serve_accepted, Accepted, Listener};
 pub use task::{serve_conn, Unread};
@@ -70,6 +72,10 @@ pub struct Limits {
     pub max_buffered_bytes: usize,
 }
 
+/// Default `max_frame_size`: 4 MiB, above what HAProxy offers for any `tune.bufsize` up to
+/// 4 MiB (it offers `tune.bufsize - 4`), so that the documented `tune.bufsize 1114112` (a
+/// 1 MiB body whole) is HAProxy's to choose. The agent announces `min(HAProxy's, this)`.
+pub const DEFAULT_MAX_FRAME_SIZE: u32 = 4 * 1024 * 1024;
 /// Default `evaluation_timeout`: above the slowest ordinary evaluation measured (0.93 s of CPU
 /// for a benign 1 MiB form body on libmodsecurity 3.0.9, the documented `tune.bufsize` full)
 /// by four times, below the documented HAProxy `timeout processing` (5 s). Figures in
@@ -87,7 +93,7 @@ pub const MAX_BUFFERED_BYTES: usize = 64 << 20;
 impl Default for Limits {
     fn default() -> Self {
         Limits {
-            max_frame_size: crate::config::DEFAULT_MAX_FRAME_SIZE,
+            max_frame_size: DEFAULT_MAX_FRAME_SIZE,
             max_inflight_per_connection: 64,
             partial_frame_timeout: Duration::from_secs(30),
             pipelining: true,

@@ -816,10 +816,9 @@ mod tests {
             started: Mutex::new(started_tx),
         };
         let s = shared(Arc::new(handler), daemon.handle());
-        let listener =
-            super::super::Listener::bind(&crate::config::Bind::Tcp("127.0.0.1:0".into()))
-                .await
-                .unwrap();
+        let listener = super::super::Listener::bind(&super::super::Bind::Tcp("127.0.0.1:0".into()))
+            .await
+            .unwrap();
         let addr: std::net::SocketAddr = listener.local_addr().parse().unwrap();
         let conns = Arc::clone(&s);
         daemon.accept(

@@ -21,6 +21,16 @@
 //!   file refuses the request, a documented file asks again), warns with the line to add,
 //!   and counts it; `process_partial` inspects the part received instead.
 //!
+//! - [`BodyState::Conflicting`]: a chunked body whose size HAProxy counts larger than what
+//!   arrived, though the buffer is not full. HAProxy 2.6 drops a `Content-Length` sent beside
+//!   `Transfer-Encoding: chunked` (the shape of request smuggling; CRS test 920181-1) but
+//!   keeps counting it in `req.body_size` (`Content-Length: 7` and 10 bytes of chunks:
+//!   `body_size` 17); a chunk that had only begun to arrive when HAProxy did not wait looks
+//!   the same. Refused as a bad request (400, as nginx answers both headers), with a log line
+//!   that names both causes; `process_partial` inspects the part received.
+//!   HAProxy 3.0 and later count only the chunks: they forward such a request chunked, without
+//!   the `Content-Length`, and the agent sees an ordinary chunked body.
+//!
 //! What the agent cannot tell, and the HAProxy file must: a chunked or HTTP/2 body cut at a
 //! chunk boundary while HAProxy did not wait (only the buffering lines rule it out), and
 //! whether an HTTP/2 request without `content-length` has a body at all.
@@ -46,6 +56,14 @@ pub enum BodyState {
         received: u64,
         /// The size the request declares, if it declares one.
         declared: Option<u64>,
+    },
+    /// A chunked body counted larger than what arrived, the buffer not full (see the module
+    /// docs).
+    Conflicting {
+        /// Bytes received.
+        received: u64,
+        /// What HAProxy counts (`req.body_size`).
+        declared: u64,
     },
     /// HAProxy sent the message before the body (or all of it) arrived.
     NotWaited {
@@ -93,6 +111,10 @@ pub fn body_state(req: &Request, frame_size: Option<u32>) -> BodyState {
     match full {
         Some(true) if short || chunked || length.is_none() => cut(),
         None if short => cut(),
+        _ if short && chunked && received > 0 => BodyState::Conflicting {
+            received,
+            declared: declared.unwrap_or(received),
+        },
         _ if short => late(),
         // An empty chunked body is indistinguishable from one HAProxy did not wait for.
         _ if chunked && received == 0 => late(),
@@ -103,6 +125,31 @@ pub fn body_state(req: &Request, frame_size: Option<u32>) -> BodyState {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// HAProxy 2.6 with `Content-Length: 7` beside `Transfer-Encoding: chunked` and 10 bytes
+    /// of chunks: `body_size` 17 (measured); 3.0 and 3.2 say 10, a whole body.
+    #[test]
+    fn content_length_beside_chunked() {
+        let te = [("transfer-encoding", "chunked")];
+        assert_eq!(
+            body_state(&req(&te, 10, Some(17)), Some(16380)),
+            BodyState::Conflicting {
+                received: 10,
+                declared: 17
+            }
+        );
+        assert_eq!(
+            body_state(&req(&te, 10, Some(10)), Some(16380)),
+            BodyState::Whole
+        );
+        assert_eq!(
+            body_state(&req(&te, 0, Some(0)), Some(16380)),
+            BodyState::NotWaited {
+                received: 0,
+                declared: Some(0)
+            }
+        );
+    }
 
     fn req(headers: &[(&str, &str)], body: usize, body_size: Option<u64>) -> Request {
         Request {
@@ -207,9 +254,11 @@ mod tests {
                 "chunked, part of a chunk arrived",
                 req(&te, 300, Some(1200)),
                 F,
-                NotWaited {
+                // Indistinguishable from HAProxy 2.6's count of a Content-Length beside
+                // chunked (`content_length_beside_chunked`): refused as a bad request.
+                Conflicting {
                     received: 300,
-                    declared: Some(1200),
+                    declared: 1200,
                 },
             ),
             (

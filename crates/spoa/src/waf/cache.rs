@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use lastcall_modsec::Transaction;
 
-use super::apps::App;
+use crate::config::apps::App;
 
 /// A kept transaction, the application whose rules it runs, and what the response's log
 /// lines need: how many of its matches the request already logged, the client and the URI.

@@ -9,32 +9,32 @@
 //! phase after the response; so does the whole evaluation of a `detect-only` response.
 //!
 //! Each matched rule is one log line (the application's log, else the process log): its id,
-//! message, matched data and severity, with the transaction id.
+//! message, matched data, severity, file, line and phase, with the transaction id; in a
+//! JSON log in coraza-spoa's shape ([`crate::log`]).
 //!
-//! - [`apps`]: the applications' compiled rules, swapped all at once by a reload
-//!   ([`Waf::swap`]; evaluations already running keep the rules they started with);
-//! - [`seclang`]: an application's rule text (Coraza's `@` names resolved) and its errors
-//!   placed on the file's lines;
+//! - the applications' compiled rules ([`Apps`], from [`crate::config::apps`]) are swapped
+//!   all at once by a reload ([`Waf::swap`]; evaluations already running keep the rules they
+//!   started with);
+//! - [`body`]: whether HAProxy handed over the whole request body;
 //! - [`cache`]: request transactions kept for their response check.
 
-pub mod apps;
 pub mod body;
 mod cache;
-pub mod seclang;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use lastcall_modsec::{Intervention, MatchReport, ModSecurity, RuleMatch, Transaction};
+use lastcall_modsec::{Intervention, MatchReport, ModSecurity, Transaction};
 use spop::frame::Message;
 use spop::TypedData;
 
-pub use apps::{directives_for, App, Apps};
+pub use crate::config::apps::{directives_for, App, Apps};
 use cache::{Kept, TxCache};
 
 use crate::config::BodyLimitAction;
 use crate::engine::{Answer, Handler, Later, Vars, AGENT_ERROR};
+use crate::log::{RuleLines, RULE_TARGET};
 use crate::metrics::{Metrics, Verdict};
 use crate::protocol::coraza::{self, Request, Response, REQUEST_MESSAGE, RESPONSE_MESSAGE};
 use body::BodyState;
@@ -113,19 +113,68 @@ struct Context<'a> {
     uri: &'a str,
 }
 
-/// One log line per matched rule, at the level coraza-spoa gives its severity (WARNING
-/// warn, NOTICE and INFO info, DEBUG debug, anything graver error).
-fn log_matches(cx: &Context<'_>, matches: &[RuleMatch]) {
+/// Where each phase's log lines end in a transaction's report: libmodsecurity's lines,
+/// but for a disruptive one, do not say their phase; the call that produced them does.
+#[derive(Debug, Default, Clone)]
+struct Phases(Vec<(usize, u8)>);
+
+impl Phases {
+    /// SecLang phase `phase` has run on `tx`: the lines logged so far and not yet placed
+    /// are its.
+    fn ended(&mut self, tx: &Transaction, phase: u8) {
+        self.0.push((tx.report().matches().len(), phase));
+    }
+
+    /// The phase of the report's `index`th line.
+    fn of(&self, index: usize) -> Option<u8> {
+        self.0
+            .iter()
+            .find(|(end, _)| index < *end)
+            .map(|&(_, phase)| phase)
+    }
+}
+
+/// One log line per matched rule (the report's lines from `from` on), at the level
+/// coraza-spoa gives its severity (WARNING warn, NOTICE and INFO info, DEBUG debug,
+/// anything graver error): coraza-spoa's JSON object under `match`, or fields.
+fn log_matches(cx: &Context<'_>, report: &MatchReport, from: usize, phases: &Phases) {
+    let matches = report.matches().get(from..).unwrap_or_default();
     if matches.is_empty() {
         return;
     }
     cx.app.in_log(|| {
-        for m in matches {
+        let coraza = cx.app.rule_lines() == RuleLines::Coraza;
+        let req = crate::log::Request {
+            tx: cx.tx,
+            client: cx.client,
+            uri: cx.uri,
+        };
+        for (i, m) in matches.iter().enumerate() {
+            let phase = m.phase.or_else(|| phases.of(from + i));
+            if coraza {
+                macro_rules! line {
+                    ($level:ident) => {
+                        tracing::$level!(
+                            target: RULE_TARGET,
+                            coraza_match = crate::log::coraza_match(m, phase, &req).as_str(),
+                            "rule matched"
+                        )
+                    };
+                }
+                match m.severity {
+                    Some(4) => line!(warn),
+                    Some(5 | 6) => line!(info),
+                    Some(7) => line!(debug),
+                    _ => line!(error),
+                }
+                continue;
+            }
             let severity = m.severity.map_or("", severity_name);
             let tags = m.tags.join(",");
             macro_rules! line {
                 ($level:ident) => {
                     tracing::$level!(
+                        target: RULE_TARGET,
                         tx = cx.tx,
                         app = %cx.app.config.name,
                         rule_id = m.id,
@@ -134,6 +183,9 @@ fn log_matches(cx: &Context<'_>, matches: &[RuleMatch]) {
                         data = m.data.as_str(),
                         tags = tags.as_str(),
                         disruptive = m.disruptive,
+                        file = m.file.as_str(),
+                        line = m.file_line,
+                        phase = phase.unwrap_or(0),
                         client = cx.client,
                         uri = cx.uri,
                         "rule matched"
@@ -352,6 +404,20 @@ impl Waf {
                     );
                 }
             },
+            BodyState::Conflicting { received, declared } => {
+                tracing::warn!(
+                    tx = %id, received, declared,
+                    "chunked request body counted as {declared} bytes by HAProxy where {received} arrived: the request had both Content-Length and Transfer-Encoding: chunked (HAProxy 2.6 drops the Content-Length but counts it; the shape of request smuggling, which nginx refuses with 400), or HAProxy did not wait for the end of a chunk"
+                );
+                if app.config.body_limit_action == BodyLimitAction::Reject {
+                    vars.push(("action", TypedData::String("deny".into())));
+                    vars.push(("status", TypedData::Int64(400)));
+                    vars.push(("data", TypedData::String(String::new())));
+                    vars.push(("ruleid", TypedData::Int64(0)));
+                    match_vars(&MatchReport::default(), req.export_rule_ids, &mut vars);
+                    return (Verdict::Deny, vars);
+                }
+            }
             BodyState::NotWaited { received, declared } => {
                 let policy = app.config.body_limit_action;
                 self.metrics.not_waited(policy.as_str());
@@ -367,8 +433,9 @@ impl Waf {
                 }
             }
         }
-        match self.run_request(&app, req, &id, &uri) {
-            Ok((tx, it)) => self.conclude_request(app, tx, it, req, id, vars, done),
+        let mut phases = Phases::default();
+        match self.run_request(&app, req, &id, &uri, &mut phases) {
+            Ok((tx, it)) => self.conclude_request(app, tx, it, &phases, req, id, vars, done),
             Err(e) => {
                 tracing::error!(tx = %id, "evaluation failed: {e}");
                 vars.push(("error", TypedData::Int64(AGENT_ERROR)));
@@ -383,6 +450,7 @@ impl Waf {
         req: &Request,
         id: &str,
         uri: &str,
+        phases: &mut Phases,
     ) -> Result<(Transaction, Option<Intervention>), lastcall_modsec::Error> {
         let mut tx = Transaction::new(&self.engine, &app.rules, Some(id))?;
         let src = req.src_ip.map(|i| i.to_string()).unwrap_or_default();
@@ -401,17 +469,21 @@ impl Waf {
         for (k, v) in &req.headers {
             tx.add_request_header(k.as_bytes(), v.as_bytes())?;
         }
-        if let Some(it) = tx.process_request_headers()? {
+        let it = tx.process_request_headers()?;
+        phases.ended(&tx, 1);
+        if let Some(it) = it {
             return Ok((tx, Some(it)));
         }
         if !req.body.is_empty() {
             tx.append_request_body(&req.body)?;
             if let Some(it) = tx.intervention() {
+                phases.ended(&tx, 2);
                 return Ok((tx, Some(it)));
             }
         }
         // Phase 2 runs even without a body: CRS decides most blocks there.
         let it = tx.process_request_body()?;
+        phases.ended(&tx, 2);
         Ok((tx, it))
     }
 
@@ -421,6 +493,7 @@ impl Waf {
         app: Arc<App>,
         tx: Transaction,
         it: Option<Intervention>,
+        phases: &Phases,
         req: &Request,
         id: String,
         mut vars: Vars,
@@ -435,7 +508,7 @@ impl Waf {
             client: &client,
             uri: &uri,
         };
-        log_matches(&cx, report.matches());
+        log_matches(&cx, report, 0, phases);
         let score = report.estimated_inbound_score();
         let would_block = report
             .matches()
@@ -543,6 +616,7 @@ fn evaluate_kept_response(metrics: &Metrics, kept: Kept, res: &Response) -> (Ver
     if res.body_truncated() {
         metrics.truncated("process_partial");
     }
+    let mut phases = Phases(vec![(logged, 2)]);
     let result = (|| -> Result<Option<Intervention>, lastcall_modsec::Error> {
         for (k, v) in &res.headers {
             tx.add_response_header(k.as_bytes(), v.as_bytes())?;
@@ -553,13 +627,17 @@ fn evaluate_kept_response(metrics: &Metrics, kept: Kept, res: &Response) -> (Ver
         } else {
             &res.version
         };
-        if let Some(it) = tx.process_response_headers(status, &format!("HTTP/{version}"))? {
+        let it = tx.process_response_headers(status, &format!("HTTP/{version}"))?;
+        phases.ended(&tx, 3);
+        if let Some(it) = it {
             return Ok(Some(it));
         }
         if !res.body.is_empty() {
             tx.append_response_body(&res.body)?;
         }
-        tx.process_response_body()
+        let it = tx.process_response_body();
+        phases.ended(&tx, 4);
+        it
     })();
     let report = tx.report();
     let cx = Context {
@@ -568,7 +646,7 @@ fn evaluate_kept_response(metrics: &Metrics, kept: Kept, res: &Response) -> (Ver
         client: &client,
         uri: &uri,
     };
-    log_matches(&cx, report.matches().get(logged..).unwrap_or_default());
+    log_matches(&cx, report, logged, &phases);
     let mut vars: Vars = Vec::new();
     let verdict = match result {
         Err(e) => {

@@ -288,6 +288,16 @@ fn coraza_spoa_flags_as_go_takes_them() {
     assert_eq!(code, 64, "{err}");
     assert!(err.contains("--bind"), "{err}");
 
+    // A flag Go does not know is refused in Go's words (clap alone read `-confg` as
+    // `-c onfg`).
+    let (code, _, err) = run_in(dir.path(), &["-confg", "config.yaml"]);
+    assert_eq!(code, 64, "{err}");
+    assert!(
+        err.contains("flag provided but not defined: -confg"),
+        "{err}"
+    );
+    assert!(!err.contains("onfg:"), "{err}");
+
     let (code, out, _) = run_in(dir.path(), &["-version"]);
     assert_eq!(code, 0);
     assert!(out.contains(env!("CARGO_PKG_VERSION")), "{out}");
@@ -389,7 +399,7 @@ applications:
     assert_eq!(code, 64, "{out}{err}");
     for want in [
         "c.yaml:2: log_level `loud`: expected trace, debug, info, warn, error",
-        "c.yaml:6: applications[0].log_format (xml): expected console, text or json",
+        "c.yaml:6: applications[0].log_format (xml): expected console, text, json or json-flat",
         "c.yaml:7: applications[0].log_level (chatty): expected trace, debug, info",
         "c.yaml:8: applications[0].response_check: invalid type: string \"yes please\"; expected a boolean",
     ] {
@@ -512,6 +522,11 @@ fn autoreload_follows_a_configmap_update() {
         crate::support::metric_value(&metrics(), "spoa_reloads_total{result=\"error\"}"),
         1.0
     );
+    // The lifecycle counts the same reloads (an autoreload is a SIGHUP to it).
+    assert_eq!(
+        crate::support::metric_value(&metrics(), "lastcall_reloads_total"),
+        2.0
+    );
     drop(haproxy);
     let mut agent = agent;
     agent.signal(Signal::Quit);
@@ -582,4 +597,57 @@ fn engine_version_is_the_loaded_library() {
     );
     let gauge = format!("spoa_engine_info{{engine=\"ModSecurity\",version=\"{mapped}\"}}");
     assert_eq!(agent.metric(&gauge), 1.0, "{}", agent.metrics());
+}
+
+/// `-validate` warns, naming the fix, when the rules set CRS-4-only variables or use
+/// coraza-spoa's `@owasp_crs` names against a CRS 3 tree, and says nothing of the kind
+/// against a CRS 4 one. The CRS is the agent's: Debian's 3.3 (the stand-in everywhere), or
+/// the tree `LASTCALL_SPOA_CRS_DIR` names (a CRS 4 release a user unpacked; none can be
+/// fetched here, so the suite runs the CRS 3 half).
+#[test]
+fn crs_4_settings_against_a_crs_3_tree_are_warned_about() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = "applications:\n  - name: a\n    directives: |\n      Include @coraza.conf-recommended\n      Include @crs-setup.conf.example\n      SecAction \"id:900000,phase:1,pass,nolog,setvar:tx.blocking_paranoia_level=2\"\n      Include @owasp_crs/*.conf\n      SecRuleEngine On\n";
+    std::fs::write(dir.path().join("config.yaml"), config).expect("write");
+    let (code, out, err) = run_in(dir.path(), &["-validate", "-config=config.yaml"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("configuration OK"), "{out}");
+    let crs4 = std::env::var_os("LASTCALL_SPOA_CRS_DIR")
+        .map(std::path::PathBuf::from)
+        .and_then(|d| lastcall_modsec::crs::Location::from_dir(&d).ok())
+        .filter(|l| l.major() == Some(4));
+    match crs4 {
+        Some(loc) => {
+            eprintln!("CRS {:?} at {}", loc.version(), loc.rules_dir.display());
+            assert!(!err.contains("warning"), "{err}");
+        }
+        None => {
+            eprintln!("no CRS 4 tree (LASTCALL_SPOA_CRS_DIR unset or CRS 3): the CRS 3 half only");
+            assert!(
+                err.contains("config.yaml:4: applications[0].directives: application `a`: setvar:tx.blocking_paranoia_level is read by CRS 4 only"),
+                "{err}"
+            );
+            assert!(
+                err.contains("or set tx.paranoia_level (its CRS 3 name)"),
+                "{err}"
+            );
+            assert!(
+                err.contains("coraza-spoa's embedded CRS (4.25.0 in coraza-spoa 0.7.2)"),
+                "{err}"
+            );
+            assert!(
+                err.contains("set crs_dir in the file (or --crs-dir"),
+                "{err}"
+            );
+            // Without coraza-spoa's names and CRS 4 variables: nothing to say.
+            std::fs::write(
+                dir.path().join("plain.yaml"),
+                "applications:\n  - name: a\n    directives: SecRuleEngine On\n",
+            )
+            .expect("write");
+            let (code, _, err) = run_in(dir.path(), &["-validate", "-config=plain.yaml"]);
+            assert_eq!(code, 0, "{err}");
+            assert!(!err.contains("warning"), "{err}");
+        }
+    }
 }

@@ -45,13 +45,18 @@ struct Setup {
 }
 
 fn start() -> Setup {
+    start_with(|yaml| yaml)
+}
+
+/// [`start`], with the configuration file's text edited by `edit` first.
+fn start_with(edit: impl FnOnce(String) -> String) -> Setup {
     let dir = tempfile::tempdir().expect("tempdir");
     let spoa: SocketAddr = format!("127.0.0.1:{}", testkit::free_port())
         .parse()
         .expect("addr");
     let yaml = std::fs::read_to_string(fixture("config.yaml")).expect("config.yaml");
     assert!(yaml.contains("bind: 127.0.0.1:9000\n"));
-    let yaml = yaml.replace("bind: 127.0.0.1:9000", &format!("bind: {spoa}"));
+    let yaml = edit(yaml.replace("bind: 127.0.0.1:9000", &format!("bind: {spoa}")));
     let config = dir.path().join("config.yaml");
     std::fs::write(&config, yaml).expect("write config");
     // The admin listener's port is this machine's business: the command line stays the
@@ -234,4 +239,230 @@ fn options_asterisk_passes() {
     )
     .expect("OPTIONS *");
     assert_eq!(reply.status, 200, "{reply:?}");
+}
+
+/// With `log_format: json` (coraza-spoa's other format), each matched rule is one JSON line
+/// in coraza-spoa's shape, read back from the agent's own output: `level`, the rule under
+/// `match` with every field of coraza-spoa's `errorLog` in its type, and `time`; the phase
+/// is the one the rule ran in (920470 in 1, 942100 and CRS's blocking rule 949110,
+/// disruptive, in 2, the response's in 4). The other lines stay flat JSON.
+#[test]
+fn matched_rules_in_coraza_spoa_json() {
+    use serde_json::{json, Value};
+    let s = start_with(|yaml| {
+        assert_eq!(yaml.matches("log_format: console").count(), 2, "{yaml}");
+        yaml.replace("log_format: console", "log_format: json")
+    });
+    // With a numeric Host (920350, a warning) and a Content-Type CRS 3.3 and 4 call
+    // illegal (920470, a phase-1 rule).
+    let attack = crate::support::nginx::send_raw(
+        s.haproxy.addr,
+        b"GET /?id=1'%20OR%20'1'='1&m=json1 HTTP/1.1\r\nHost: 127.0.0.1\r\nUser-Agent: lastcall-test/1.0\r\nAccept: */*\r\nContent-Type: text/plain; x=1\r\nConnection: close\r\n\r\n",
+    )
+    .expect("the attack");
+    assert_eq!(attack.status, 403, "{attack:?}");
+    let leak = get(s.haproxy.addr, "/leak?m=json2");
+    assert_eq!(leak.status, 200, "{}", leak.text());
+    s.agent.wait_for_log("\"rule_id\":959100", WAIT);
+
+    let lines: Vec<Value> = s
+        .agent
+        .logs()
+        .iter()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let rules: Vec<&Value> = lines.iter().filter(|l| l.get("match").is_some()).collect();
+    let find = |id: u64| -> &Value {
+        rules
+            .iter()
+            .copied()
+            .find(|l| l["match"]["rule_id"].as_u64() == Some(id))
+            .unwrap_or_else(|| panic!("no line for {id}: {lines:#?}"))
+    };
+    let keys = |v: &Value| -> Vec<String> {
+        let mut k: Vec<String> = v
+            .as_object()
+            .map(|o| o.keys().cloned().collect())
+            .unwrap_or_default();
+        k.sort_unstable();
+        k
+    };
+    let tags = |l: &Value| -> Vec<String> {
+        l["match"]["tags"]
+            .as_array()
+            .map(|t| {
+                t.iter()
+                    .filter_map(|t| t.as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let mut fields = [
+        "client",
+        "file",
+        "line",
+        "rule_id",
+        "revision",
+        "msg",
+        "data",
+        "severity",
+        "severity_id",
+        "version",
+        "maturity",
+        "accuracy",
+        "tags",
+        "server",
+        "uri",
+        "unique_id",
+        "disruptive",
+        "phase_id",
+        "phase",
+    ];
+    fields.sort_unstable();
+    // Every line: zerolog's three keys, coraza-spoa's fields, tags an array of strings.
+    for l in &rules {
+        assert_eq!(keys(l), ["level", "match", "time"], "{l}");
+        assert_eq!(keys(&l["match"]), fields, "{l}");
+        assert!(
+            l["match"]["tags"]
+                .as_array()
+                .is_some_and(|t| t.iter().all(Value::is_string)),
+            "{l}"
+        );
+        let time = l["time"].as_str().unwrap_or_default();
+        assert!(
+            time.len() == 20 && time.ends_with('Z') && time.as_bytes().get(10) == Some(&b'T'),
+            "RFC 3339 to the second: {l}"
+        );
+    }
+
+    let sqli = find(942100);
+    assert_eq!(
+        sqli["level"], "error",
+        "CRITICAL is zerolog's error: {sqli}"
+    );
+    let m = &sqli["match"];
+    assert_eq!(m["client"], "127.0.0.1", "{m}");
+    let file = m["file"].as_str().unwrap_or_default();
+    assert!(
+        file.ends_with("/REQUEST-942-APPLICATION-ATTACK-SQLI.conf")
+            && std::path::Path::new(file).is_file(),
+        "{m}"
+    );
+    // `line` is where the rule's SecRule starts in that file.
+    let line = m["line"].as_u64().unwrap_or(0) as usize;
+    let text = std::fs::read_to_string(file).unwrap_or_default();
+    let from_line: String = text.lines().skip(line.saturating_sub(1)).take(3).collect();
+    assert!(
+        line > 0 && from_line.starts_with("SecRule") && from_line.contains("id:942100"),
+        "{m}: {from_line}"
+    );
+    assert!(m["revision"].is_string(), "{m}");
+    assert_eq!(
+        m["msg"], "SQL Injection Attack Detected via libinjection",
+        "{m}"
+    );
+    assert!(
+        m["data"].as_str().is_some_and(|d| d.contains("ARGS:id")),
+        "{m}"
+    );
+    assert_eq!(
+        (&m["severity"], &m["severity_id"]),
+        (&json!("critical"), &json!(2)),
+        "{m}"
+    );
+    assert!(
+        m["version"]
+            .as_str()
+            .is_some_and(|v| v.starts_with("OWASP_CRS/")),
+        "{m}"
+    );
+    assert!(m["maturity"].is_u64() && m["accuracy"].is_u64(), "{m}");
+    // libmodsecurity 3.0.9 (this machine's) logs 942100 without its tags; 3.0.14 and 3.0.16
+    // (the peer suites) with them.
+    let engine = lines
+        .iter()
+        .filter_map(|l| l["message"].as_str())
+        .find_map(|m| {
+            m.split_once("engine: ModSecurity v")
+                .map(|(_, v)| v.to_owned())
+        })
+        .unwrap_or_default();
+    if !engine.starts_with("3.0.9 ") {
+        assert!(
+            tags(sqli).contains(&"attack-sqli".to_owned()),
+            "{engine}: {m}"
+        );
+    }
+    assert_eq!(m["server"], "127.0.0.1", "{m}");
+    assert_eq!(m["uri"], "/?id=1'%20OR%20'1'='1&m=json1", "{m}");
+    let tx = m["unique_id"].as_str().unwrap_or_default();
+    assert!(!tx.is_empty(), "{m}");
+    assert_eq!(m["disruptive"], false, "{m}");
+    assert_eq!(
+        (&m["phase_id"], &m["phase"]),
+        (&json!(2), &json!("request-body")),
+        "{m}"
+    );
+
+    // CRS's blocking rule: the disruptive one, same transaction.
+    let block = &find(949110)["match"];
+    assert_eq!(block["disruptive"], true, "{block}");
+    assert_eq!(block["unique_id"], tx, "{block}");
+    assert_eq!(
+        (&block["phase_id"], &block["phase"]),
+        (&json!(2), &json!("request-body")),
+        "{block}"
+    );
+    // The same request's phase-1 rule, and a warning (zerolog's warn), with its tags.
+    let content_type = &find(920470)["match"];
+    assert_eq!(
+        (
+            &content_type["phase_id"],
+            &content_type["phase"],
+            &content_type["unique_id"]
+        ),
+        (&json!(1), &json!("request-headers"), &json!(tx)),
+        "{content_type}"
+    );
+    let host = find(920350);
+    assert_eq!(
+        (
+            &host["level"],
+            &host["match"]["severity"],
+            &host["match"]["severity_id"]
+        ),
+        (&json!("warn"), &json!("warning"), &json!(4)),
+        "{host}"
+    );
+    assert!(tags(host).contains(&"attack-protocol".to_owned()), "{host}");
+    // The response's rules, in phase 4.
+    let leaked = rules
+        .iter()
+        .copied()
+        .find(|l| {
+            l["match"]["rule_id"]
+                .as_u64()
+                .is_some_and(|id| (951_000..952_000).contains(&id))
+        })
+        .unwrap_or_else(|| panic!("{lines:#?}"));
+    let r = &leaked["match"];
+    assert_eq!(
+        (&r["phase_id"], &r["phase"]),
+        (&json!(4), &json!("response-body")),
+        "{r}"
+    );
+    assert_eq!(r["uri"], "/leak?m=json2", "{r}");
+    assert!(
+        tags(leaked).contains(&"attack-disclosure".to_owned()),
+        "{r}"
+    );
+
+    // Every other event is tracing's flat JSON.
+    assert!(
+        lines.iter().any(|l| l["message"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("listening on"))),
+        "{lines:#?}"
+    );
 }

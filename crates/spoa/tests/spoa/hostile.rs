@@ -10,12 +10,13 @@ use std::net::TcpStream;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::support::spop::{self as raw, mib, PeakRss, Raw};
+use crate::support::spop::{self as raw, Raw};
 use crate::support::{Agent, WAIT};
 use lastcall_modsec::crs::{
     debian_default_directives, score_rules_text, CrsOptions, ENGINE_LIMITS,
 };
 use lastcall_spoa::protocol::frame::{self, AgentFrame};
+use lastcall_testkit::procfs::{fds, mib, rss, PeakRss};
 use spop::TypedData;
 
 /// How much more memory an attack may leave the agent holding, or hold at its peak, than
@@ -46,8 +47,8 @@ fn before(agent: &Agent) -> Before {
         agent.metric("spoa_connections") == 0.0
     });
     Before {
-        rss: raw::rss(agent.pod.pid()),
-        fds: raw::fds(agent.pod.pid()),
+        rss: rss(agent.pod.pid()),
+        fds: fds(agent.pod.pid()),
     }
 }
 
@@ -74,16 +75,16 @@ fn healthy(agent: &mut Agent, before: &Before, case: &str) {
     drop(c);
     let pid = agent.pod.pid();
     wait_for(&format!("{case}: descriptors back"), || {
-        raw::fds(pid) <= before.fds + 2
+        fds(pid) <= before.fds + 2
     });
     wait_for(&format!("{case}: RSS back within bounds"), || {
-        raw::rss(pid) <= before.rss + RSS_BOUND
+        rss(pid) <= before.rss + RSS_BOUND
     });
     eprintln!(
         "HOSTILE {case}: after: /livez {livez:?}, ordinary request {took:?}, RSS {:.1} MiB (before {:.1}), fds {} (before {})",
-        mib(raw::rss(pid)),
+        mib(rss(pid)),
         mib(before.rss),
-        raw::fds(pid),
+        fds(pid),
         before.fds
     );
     assert!(livez < LIVEZ_BOUND, "{case}: /livez took {livez:?}");
@@ -251,7 +252,7 @@ fn idle_connections_are_closed_at_their_timeouts() {
         agent.metric("spoa_connections") >= (n / 2) as f64 || started.elapsed() > hello_timeout
     });
     let opened = started.elapsed();
-    let held_rss = raw::rss(agent.pod.pid());
+    let held_rss = rss(agent.pod.pid());
     let conns: Vec<_> = conns
         .into_iter()
         .map(|c| rt.block_on(c).expect("connection task"))
@@ -314,7 +315,8 @@ fn idle_connections_are_closed_at_their_timeouts() {
 }
 
 /// CRS as the built-in application writes it, without the engine's limits: the directives
-/// of an application that does not have them (the agent adds the score rules to every
+/// of an application that does not have them (`engine_limits: false`: the agent would add
+/// them before an application's own directives; it adds the score rules to every
 /// application itself).
 fn unlimited_app() -> String {
     let directives = debian_default_directives(&CrsOptions::default())
@@ -322,7 +324,7 @@ fn unlimited_app() -> String {
         .replace(&score_rules_text(), "");
     let indented: String = directives.lines().map(|l| format!("      {l}\n")).collect();
     format!(
-        "evaluation_timeout: 1s\ndefault_application: default\napplications:\n  - name: default\n  - name: unlimited\n    directives: |\n{indented}"
+        "evaluation_timeout: 1s\ndefault_application: default\napplications:\n  - name: default\n  - name: unlimited\n    engine_limits: false\n    directives: |\n{indented}"
     )
 }
 
@@ -610,10 +612,10 @@ fn strangers_on_the_admin_listener() {
         }
     }
     let livez = raw::livez(agent.admin);
-    let admin_fds = raw::fds(agent.pod.pid()).saturating_sub(before.fds);
+    let admin_fds = fds(agent.pod.pid()).saturating_sub(before.fds);
     eprintln!(
         "HOSTILE admin strangers: 600 held, /livez {livez:?}, agent descriptors +{admin_fds}, RSS +{:.1} MiB",
-        mib(raw::rss(agent.pod.pid()).saturating_sub(before.rss))
+        mib(rss(agent.pod.pid()).saturating_sub(before.rss))
     );
     assert!(livez < LIVEZ_BOUND, "{livez:?}");
     assert!(

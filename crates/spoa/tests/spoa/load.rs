@@ -26,12 +26,7 @@ fn env_usize(name: &str, default: usize) -> usize {
 }
 
 fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next().and_then(|n| n.parse().ok()))
-        .unwrap_or(0)
+    lastcall_testkit::procfs::rss(pid) / 1024
 }
 
 /// One keep-alive connection; returns the status of each request.

@@ -150,6 +150,7 @@ impl Server {
         let grant = Grant {
             origin: attrs.origin.map(canonical_origin),
             bps,
+            key: authed.as_ref().map(|a| (a.key, a.expiry)),
         };
         // An all-zero token is coturn's "no token" (coturn never issues one, nor do we):
         // coturn's uclient sends it after an Allocate error reset its token, and coturn
@@ -674,6 +675,7 @@ impl Server {
             last_heard: now,
             origin: grant.origin,
             bandwidth,
+            key: grant.key,
         };
         let idx = match self.free.pop() {
             Some(i) => {

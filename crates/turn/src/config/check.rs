@@ -16,6 +16,8 @@ fn shown_value(name: &str, value: &str) -> String {
         "static-auth-secret" | "nonce-secret" | "stateless-nonce-secret" if !value.is_empty() => {
             "(secret)".to_string()
         }
+        // A connection string may hold a password.
+        "psql-userdb" | "sql-userdb" | "redis-userdb" => "(connection string)".to_string(),
         // The user's name helps; the password or key after the colon never.
         "user" => match value.split_once(':') {
             Some((user, _)) => format!("{user}:(secret)"),

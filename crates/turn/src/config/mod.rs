@@ -33,6 +33,7 @@ mod sections;
 #[cfg(test)]
 mod tests;
 mod types;
+pub mod userdb;
 
 pub use lastcall_turn_proto::{DefaultFamily, ExternalIp, IpRange, Service, UserKey};
 pub use types::{AuthMode, TlsFiles, TransportAlternates, TurnConfig, MAX_RELAY_THREADS};

@@ -11,6 +11,7 @@ use lastcall::{Problem, Problems, Source};
 
 use super::check::{parse_alternate, parse_ip, parse_range, Checker};
 use super::types::{AuthMode, TlsFiles, TransportAlternates, TurnConfig, MAX_RELAY_THREADS};
+use super::userdb::UserDbConfig;
 use super::{DefaultFamily, ExternalIp, IpRange, Service, UserKey};
 use crate::options::{self, parse_bool, Kind};
 use crate::sources::RawOptions;
@@ -109,6 +110,7 @@ pub(super) fn typed(
             reason_phrases: answers.reason_phrases,
             fingerprint: answers.fingerprint,
             software_attribute: answers.software_attribute,
+            userdb: credentials.userdb,
         },
         drain_min_allocations: drain.min_allocations,
         log_level: process.log_level,
@@ -253,6 +255,7 @@ struct Credentials {
     realm: String,
     auth: AuthMode,
     rest_separator: char,
+    userdb: Option<UserDbConfig>,
 }
 
 fn credentials(c: &mut Checker<'_>) -> Credentials {
@@ -269,6 +272,7 @@ fn credentials(c: &mut Checker<'_>) -> Credentials {
         lastcall_turn_proto::parse_coturn_user(v).map_err(|e| e.to_string())
     });
     let rest_separator = rest_separator(c);
+    let userdb = super::userdb::read(c);
     let no_auth = c.flag("no-auth");
     let open_relay_acknowledged = c.flag("no-auth-acknowledge-open-relay");
     if no_auth && !open_relay_acknowledged {
@@ -277,22 +281,22 @@ fn credentials(c: &mut Checker<'_>) -> Credentials {
             "no-auth makes an open relay (anyone may relay through this server to any peer the peer policy allows): give no-auth-acknowledge-open-relay too if that is meant, or use use-auth-secret / user",
         );
     }
-    if no_auth && (use_auth_secret || !users.is_empty()) {
+    if no_auth && (use_auth_secret || !users.is_empty() || userdb.is_some()) {
         c.require(
             "no-auth",
-            "no-auth and credentials (use-auth-secret, user) together: give one or the other",
+            "no-auth and credentials (use-auth-secret, user, a user database) together: give one or the other",
         );
     }
-    if !no_auth && !use_auth_secret && users.is_empty() {
+    if !no_auth && !use_auth_secret && users.is_empty() && userdb.is_none() {
         c.require(
             "use-auth-secret",
-            "no credentials: give use-auth-secret with static-auth-secret, or user=NAME:PASSWORD (or, for an open relay, no-auth with no-auth-acknowledge-open-relay)",
+            "no credentials: give use-auth-secret with static-auth-secret, user=NAME:PASSWORD or a user database (userdb, psql-userdb, redis-userdb) (or, for an open relay, no-auth with no-auth-acknowledge-open-relay)",
         );
     }
-    if use_auth_secret && static_auth_secrets.is_empty() {
+    if use_auth_secret && static_auth_secrets.is_empty() && userdb.is_none() {
         c.require(
             "use-auth-secret",
-            "use-auth-secret needs at least one static-auth-secret",
+            "use-auth-secret needs at least one static-auth-secret, or a user database whose turn_secret holds them",
         );
     }
     if !static_auth_secrets.is_empty() && !use_auth_secret {
@@ -322,6 +326,7 @@ fn credentials(c: &mut Checker<'_>) -> Credentials {
         realm,
         auth,
         rest_separator,
+        userdb,
     }
 }
 

@@ -199,8 +199,8 @@ fn every_error_is_reported_at_once() {
 fn unsupported_and_unknown_flags_are_named_together() {
     let errs = errors(&[
         "--daemon",
-        "--userdb",
-        "/tmp/x.db",
+        "--mysql-userdb",
+        "host=db dbname=coturn",
         "--mobility",
         "--bogus",
         "-d",
@@ -208,7 +208,7 @@ fn unsupported_and_unknown_flags_are_named_together() {
     ]);
     let all = errs.join("\n");
     assert!(all.contains("unsupported coturn option --daemon"), "{all}");
-    assert!(all.contains("unsupported coturn option --userdb"), "{all}");
+    assert!(all.contains("unsupported coturn option --mysql-userdb (MySQL is not supported: use userdb (SQLite), psql-userdb (PostgreSQL) or redis-userdb (Redis)"), "{all}");
     assert!(
         all.contains("unsupported coturn option --mobility (RFC 8016"),
         "{all}"

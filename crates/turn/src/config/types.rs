@@ -96,6 +96,8 @@ pub struct TurnConfig {
     pub fingerprint: bool,
     /// coturn's `software-attribute` (off: `no-software-attribute`).
     pub software_attribute: bool,
+    /// coturn's user database (`userdb`, `psql-userdb`, `redis-userdb`), if any.
+    pub userdb: Option<super::userdb::UserDbConfig>,
 }
 
 /// Alternates by client transport (empty: `alternate-server`'s).
@@ -222,6 +224,18 @@ impl TurnConfig {
         s.relay.external_ips = self.external_ips.clone();
         s.auth.rest_separator = self.rest_separator;
         s.auth.allow_anonymous = self.auth == AuthMode::Open;
+        // coturn reads the database's REST secrets with use-auth-secret, its users without.
+        s.auth.database = self
+            .userdb
+            .as_ref()
+            .map(|db| lastcall_turn_proto::UserDatabase {
+                keys: if self.auth.uses_rest_api() {
+                    lastcall_turn_proto::DatabaseKeys::RestSecrets
+                } else {
+                    lastcall_turn_proto::DatabaseKeys::Users
+                },
+                cache: db.cache_limits(),
+            });
         s.lifetimes.channel = Duration::from_secs(u64::from(self.channel_lifetime));
         s.lifetimes.permission = Duration::from_secs(u64::from(self.permission_lifetime));
         s.bandwidth.max_bps = self.max_bps;

@@ -8,6 +8,7 @@ use std::net::UdpSocket;
 use std::time::{Duration, Instant};
 
 use crate::common::{Turn, SECRET};
+use lastcall_testkit::procfs::{fds, mib, rss};
 use lastcall_testkit::turn::TurnClient;
 
 /// The realm of `common::turn_args`.
@@ -189,23 +190,6 @@ fn unauthenticated_answers_are_bounded_in_size_and_rate() {
         let (status, _) = lastcall_testkit::http_get(&turn.admin, "/livez");
         assert_eq!(status, 200);
     }
-}
-
-fn rss(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .map_or(0, |kb| kb * 1024)
-}
-
-fn fds(pid: u32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
-}
-
-fn mib(b: u64) -> f64 {
-    b as f64 / (1024.0 * 1024.0)
 }
 
 /// Idle TCP connections that never allocate, in six rounds of 2,000: what they hold while

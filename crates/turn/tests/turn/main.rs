@@ -6,6 +6,7 @@
 //! - `churn`: coturn's uclient run after run (UDP, TCP): no 508; RESERVATION-TOKEN 0.
 //! - `chromium`: headless Chromium's WebRTC over UDP, TCP and TLS across a drain.
 //! - `coturn_configs`: coturn users' turnserver.conf files, unchanged.
+//! - `dashboards`: the chart's dashboard and alert rules on a real drain's recorded metrics.
 //! - `drain_ends`: every allocation's end ends the drain; the last response is sent first.
 //! - `fleet_nonce`: nonces shared by servers with one secret; the 300 as libwebrtc follows it.
 //! - `hostile`: unauthenticated floods: bounded answers, the per-source rate limit.
@@ -18,6 +19,8 @@
 //! - `signals`: every signal coturn handles, sent during a live call.
 //! - `systemd`: Debian's coturn.service (Type=notify, `--pidfile=`) with a real notify socket.
 //! - `termination`: calls across SIGTERM, the deadline, alternates, coturn's own behaviour.
+//! - `userdb`: coturn's user databases (SQLite, PostgreSQL, Redis) changing and failing under
+//!   live calls; `userdb_servers` starts the databases.
 //! - `workers`: the UDP I/O threads.
 #![allow(
     clippy::unwrap_used,
@@ -31,6 +34,7 @@ mod chromium;
 mod churn;
 mod common;
 mod coturn_configs;
+mod dashboards;
 mod drain_ends;
 mod fleet_nonce;
 mod hostile;
@@ -44,4 +48,6 @@ mod process;
 mod signals;
 mod systemd;
 mod termination;
+mod userdb;
+mod userdb_servers;
 mod workers;

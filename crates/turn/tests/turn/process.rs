@@ -117,7 +117,7 @@ fn unsupported_coturn_options_exit_64_naming_them() {
     let conf = dir.path().join("turnserver.conf");
     std::fs::write(
         &conf,
-        "realm=example.org\nuse-auth-secret\nstatic-auth-secret=x\nuserdb=/var/lib/turn/turndb\nfrobnicate=1\n",
+        "realm=example.org\nuse-auth-secret\nstatic-auth-secret=x\nmysql-userdb=host=db dbname=coturn\nfrobnicate=1\n",
     )
     .expect("write conf");
     let out = bin()
@@ -129,7 +129,7 @@ fn unsupported_coturn_options_exit_64_naming_them() {
     assert_eq!(out.status.code(), Some(64));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("turnserver.conf:4: unsupported coturn option userdb"),
+        err.contains("turnserver.conf:4: unsupported coturn option mysql-userdb"),
         "{err}"
     );
     assert!(

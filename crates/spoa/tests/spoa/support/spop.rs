@@ -1,6 +1,6 @@
 //! A raw SPOP peer for the tests that talk to the agent without HAProxy (hostile peers,
-//! malformed frames), and what they measure of the agent process (RSS, descriptors, how
-//! fast `/livez` answers).
+//! malformed frames), and how fast `/livez` answers (the agent's RSS and descriptors:
+//! `lastcall_testkit::procfs`).
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -129,59 +129,12 @@ pub(crate) fn failed_closed(vars: &[(String, TypedData)]) -> bool {
     var(vars, "error") == Some(&TypedData::Int64(99))
 }
 
-/// A process's resident memory in bytes.
-pub(crate) fn rss(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .map_or(0, |kb| kb * 1024)
-}
-
-/// A process's open file descriptors.
-pub(crate) fn fds(pid: u32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
-}
-
 /// How long `GET /livez` takes (a 200 is required).
 pub(crate) fn livez(admin: SocketAddr) -> Duration {
     let started = Instant::now();
     let (status, _) = lastcall_testkit::http_get(admin, "/livez");
     assert_eq!(status, 200, "/livez");
     started.elapsed()
-}
-
-/// Samples the largest RSS of `pid` every 20 ms until the returned guard is finished.
-pub(crate) struct PeakRss {
-    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    thread: Option<std::thread::JoinHandle<u64>>,
-}
-
-impl PeakRss {
-    /// Starts sampling.
-    pub(crate) fn start(pid: u32) -> PeakRss {
-        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let s = stop.clone();
-        let thread = std::thread::spawn(move || {
-            let mut peak = 0;
-            while !s.load(std::sync::atomic::Ordering::SeqCst) {
-                peak = peak.max(rss(pid));
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            peak.max(rss(pid))
-        });
-        PeakRss {
-            stop,
-            thread: Some(thread),
-        }
-    }
-
-    /// The largest RSS seen.
-    pub(crate) fn finish(mut self) -> u64 {
-        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
-        self.thread.take().map_or(0, |t| t.join().unwrap_or(0))
-    }
 }
 
 /// Raises this process's soft limit on open files to its hard limit (children inherit it),
@@ -220,9 +173,4 @@ pub(crate) fn raise_nofile() -> u64 {
         })
         .and_then(|v| v.parse().ok())
         .unwrap_or(1024)
-}
-
-/// MiB, for messages.
-pub(crate) fn mib(bytes: u64) -> f64 {
-    bytes as f64 / (1024.0 * 1024.0)
 }

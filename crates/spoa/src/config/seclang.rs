@@ -9,13 +9,17 @@
 //! - `Include @crs-setup.conf.example`: the CRS setup file of the configured CRS;
 //! - `Include @owasp_crs/FILE-OR-GLOB`: the same name in the configured CRS's rules.
 //!
-//! Any other `@` name is a problem that names the line and what to write instead. After the
-//! application's own text come `SecRuleEngine DetectionOnly` for `detect_only`, and the
-//! score rules that let `anomaly_score` be CRS's own total ([`crs::score_rules_text`]).
+//! Any other `@` name is a problem that names the line and what to write instead. Before the
+//! application's own text come the engine's limits ([`crs::ENGINE_LIMITS`]: what one request
+//! may cost), each unless the text sets its own (the same directive, or a rule with the same
+//! id) or the application says `engine_limits: false`; after it `SecRuleEngine
+//! DetectionOnly` for `detect_only`, and the score rules that let `anomaly_score` be CRS's
+//! own total ([`crs::score_rules_text`]), unless the text has them already (what
+//! `show-config` prints reads back unchanged).
 
 use lastcall_modsec::crs;
 
-use crate::config::{Application, Directives};
+use super::{Application, Directives};
 
 /// Where a line of the compiled text came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,6 +28,8 @@ enum Origin {
     Line(usize),
     /// The text `Include @coraza.conf-recommended` on that line stands for.
     Recommended(usize),
+    /// A line the agent adds before the application's text (the engine's limits).
+    AddedBefore,
     /// A line the agent adds after the application's text.
     Added,
 }
@@ -81,8 +87,17 @@ impl RuleText {
             text: String::with_capacity(d.text.len() + 1024),
             origins: Vec::new(),
         };
+        if a.engine_limits {
+            for l in crs::ENGINE_LIMITS.lines() {
+                if !sets_its_own(&d.text, l) {
+                    out.push(l, Origin::AddedBefore);
+                }
+            }
+        }
         let mut problems = Vec::new();
-        for (i, line) in d.text.split('\n').enumerate() {
+        // A block's last newline ends its last line; it starts no other.
+        let own = d.text.strip_suffix('\n').unwrap_or(&d.text);
+        for (i, line) in own.split('\n').enumerate() {
             let at = d.lines.get(i).copied().unwrap_or(0);
             match coraza_include(line) {
                 None => out.push(line, Origin::Line(at)),
@@ -106,11 +121,13 @@ impl RuleText {
         if !problems.is_empty() {
             return Err(problems);
         }
-        if a.detect_only {
+        if a.detect_only && last_engine_mode(&out.text) != Some("detectiononly") {
             out.push("SecRuleEngine DetectionOnly", Origin::Added);
         }
         for l in crs::score_rules_text().lines() {
-            out.push(l, Origin::Added);
+            if !sets_its_own(&d.text, l) {
+                out.push(l, Origin::Added);
+            }
         }
         Ok(out)
     }
@@ -136,6 +153,9 @@ impl RuleText {
             }
             (Some(NO_FILE), _, Some(Origin::Added)) => {
                 format!("in the rules lastcall-spoa adds after yours: {rest}")
+            }
+            (Some(NO_FILE), _, Some(Origin::AddedBefore)) => {
+                format!("in the engine limits lastcall-spoa adds before yours (engine_limits: false leaves them out): {rest}")
             }
             (Some(NO_FILE), _, _) => rest.to_owned(),
             (Some(path), Some(n), _) => format!("{path}:{n}: {rest}"),
@@ -165,6 +185,52 @@ impl RuleText {
             })
             .map(|(_, o)| o)
     }
+}
+
+/// Whether `text` sets what `line` (one of the lines the agent adds) sets: the same
+/// directive for a setting (`SecPcreMatchLimit`), a rule with the same id for a rule.
+fn sets_its_own(text: &str, line: &str) -> bool {
+    match rule_id(line) {
+        Some(id) => text
+            .match_indices("id:")
+            .any(|(at, _)| rule_id(&text[at..]) == Some(id)),
+        None => {
+            let directive = line.split_whitespace().next().unwrap_or_default();
+            text.lines().any(|l| {
+                l.split_whitespace()
+                    .next()
+                    .is_some_and(|w| w.eq_ignore_ascii_case(directive))
+            })
+        }
+    }
+}
+
+/// The id of a rule's `id:N` action (the first in `text`), quoted or not.
+fn rule_id(text: &str) -> Option<u64> {
+    let (_, after) = text.split_once("id:")?;
+    let digits: String = after
+        .trim_start_matches([' ', '\'', '"'])
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    digits.parse().ok()
+}
+
+/// The mode of the last `SecRuleEngine` line of `text`, lower-case.
+fn last_engine_mode(text: &str) -> Option<&'static str> {
+    text.lines().rev().find_map(|l| {
+        let mut words = l.split_whitespace();
+        let directive = words.next()?;
+        if !directive.eq_ignore_ascii_case("SecRuleEngine") {
+            return None;
+        }
+        match words.next()?.to_ascii_lowercase().as_str() {
+            "on" => Some("on"),
+            "off" => Some("off"),
+            "detectiononly" => Some("detectiononly"),
+            _ => None,
+        }
+    })
 }
 
 /// What a Coraza name stands for.
@@ -279,8 +345,12 @@ mod tests {
             10,
         );
         let t = RuleText::for_application(&a, &loc).unwrap();
-        assert!(t
-            .text
+        let limits = crs::ENGINE_LIMITS.lines().count();
+        assert!(
+            t.text.starts_with(crs::ENGINE_LIMITS),
+            "the engine's limits first"
+        );
+        assert!(t.text[crs::ENGINE_LIMITS.len()..]
             .starts_with("# Engine settings recommended by lastcall"));
         assert!(t
             .text
@@ -289,10 +359,56 @@ mod tests {
             .text
             .contains("\nInclude /usr/share/modsecurity-crs/rules/*.conf\nSecRuleEngine On\n"));
         assert!(t.text.contains("id:9990110"), "the score rules follow");
-        assert_eq!(t.origins[0], Origin::Recommended(10));
-        let n = crs::RECOMMENDED_ENGINE_SETTINGS.lines().count();
+        assert_eq!(t.origins[0], Origin::AddedBefore);
+        assert_eq!(t.origins[limits], Origin::Recommended(10));
+        let n = limits + crs::RECOMMENDED_ENGINE_SETTINGS.lines().count();
         assert_eq!(t.origins[n], Origin::Line(11));
         assert_eq!(t.origins[n + 2], Origin::Line(13));
+    }
+
+    /// Directives a user writes get the engine's limits, except those they set themselves;
+    /// `engine_limits: false` leaves them all out. The score rules are added once.
+    #[test]
+    fn user_directives_get_the_engine_limits_unless_they_set_their_own() {
+        let loc = crs::Location::debian();
+        let a = app("SecRuleEngine On\nInclude @owasp_crs/*.conf", 1);
+        let t = RuleText::for_application(&a, &loc).unwrap().text;
+        for l in crs::ENGINE_LIMITS.lines() {
+            assert_eq!(t.matches(l).count(), 1, "{l}");
+        }
+        let own = app(
+            "SecPcreMatchLimit 1000000\nSecRule &ARGS \"@ge 5000\" \"id:200007,phase:2,deny\"\nSecRuleEngine On",
+            1,
+        );
+        let t = RuleText::for_application(&own, &loc).unwrap().text;
+        assert!(!t.contains("SecPcreMatchLimit 50000"), "{t}");
+        assert!(!t.contains("@ge 1000"), "{t}");
+        assert!(
+            t.contains("SecArgumentsLimit 1000\n") && t.contains("id:9990130"),
+            "{t}"
+        );
+        let mut off = app("SecRuleEngine On", 1);
+        off.engine_limits = false;
+        let t = RuleText::for_application(&off, &loc).unwrap().text;
+        assert!(
+            !t.contains("SecPcreMatchLimit") && !t.contains("id:9990130"),
+            "{t}"
+        );
+        assert_eq!(t.matches("id:9990110").count(), 1);
+        // The text of an application that has them all (what show-config prints) is left
+        // as it is, DetectionOnly included.
+        let mut again = app(&RuleText::for_application(&a, &loc).unwrap().text, 1);
+        again.detect_only = true;
+        let t2 = RuleText::for_application(&again, &loc).unwrap().text;
+        assert_eq!(
+            t2,
+            format!(
+                "{}SecRuleEngine DetectionOnly\n",
+                RuleText::for_application(&a, &loc).unwrap().text
+            )
+        );
+        again.directives = Some(Directives::inline(&t2));
+        assert_eq!(RuleText::for_application(&again, &loc).unwrap().text, t2);
     }
 
     #[test]
@@ -331,7 +447,8 @@ mod tests {
             20,
         );
         let t = RuleText::for_application(&a, &loc).unwrap();
-        let n = crs::RECOMMENDED_ENGINE_SETTINGS.lines().count();
+        let n =
+            crs::ENGINE_LIMITS.lines().count() + crs::RECOMMENDED_ENGINE_SETTINGS.lines().count();
         let err = format!(
             "Rules error. File: {NO_FILE}. Line: {}. Column: 11. Invalid input:  SecFoo bar",
             n + 2

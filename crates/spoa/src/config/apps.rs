@@ -6,12 +6,13 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use lastcall::{LogArgs, LogFormat, Problem, Problems};
+use lastcall::{LogArgs, Problem, Problems};
 use lastcall_modsec::RuleSet;
 use tracing_subscriber::fmt::writer::BoxMakeWriter;
 
 use super::seclang::RuleText;
-use crate::config::{Application, Config, LogFile, LogSettings};
+use super::{Application, Config, LogFile, LogSettings};
+use crate::log::{FileFormat, RuleLines};
 
 /// One compiled application.
 pub struct App {
@@ -19,8 +20,9 @@ pub struct App {
     pub config: Application,
     /// Its compiled rules.
     pub rules: Arc<RuleSet>,
-    /// Its own log, when its configuration has `log_*` keys.
-    log: Option<tracing::Dispatch>,
+    /// Its own log, when its configuration has `log_*` keys, and how that log writes
+    /// matched rules.
+    log: Option<(tracing::Dispatch, RuleLines)>,
 }
 
 impl std::fmt::Debug for App {
@@ -38,9 +40,16 @@ impl App {
     /// there), or the process log when it has none of its own.
     pub fn in_log<R>(&self, f: impl FnOnce() -> R) -> R {
         match &self.log {
-            Some(d) => tracing::dispatcher::with_default(d, f),
+            Some((d, _)) => tracing::dispatcher::with_default(d, f),
             None => f(),
         }
+    }
+
+    /// How the log [`in_log`](Self::in_log) writes to writes matched rules.
+    pub fn rule_lines(&self) -> RuleLines {
+        self.log
+            .as_ref()
+            .map_or_else(crate::log::process_rule_lines, |(_, r)| *r)
     }
 }
 
@@ -134,7 +143,7 @@ impl Apps {
         Some(Ok(apps))
     }
 
-    pub(super) fn find(&self, name: &str) -> Option<Arc<App>> {
+    pub(crate) fn find(&self, name: &str) -> Option<Arc<App>> {
         self.by_name.get(name).or(self.default.as_ref()).cloned()
     }
 
@@ -151,16 +160,13 @@ pub fn directives_for(cfg: &Config, a: &Application) -> String {
 
 /// An application's own log, when its settings ask for one (file opened for appending,
 /// created if missing). The error is the `log_file` line and why it cannot be opened.
-fn open_log(log: &LogSettings) -> Result<Option<tracing::Dispatch>, (usize, String)> {
+fn open_log(log: &LogSettings) -> Result<Option<(tracing::Dispatch, RuleLines)>, (usize, String)> {
     if !log.is_set() {
         return Ok(None);
     }
+    let (log_format, rules) = log.format.unwrap_or(FileFormat::Text).split();
     let args = LogArgs {
-        log_format: if log.json == Some(true) {
-            LogFormat::Json
-        } else {
-            LogFormat::Text
-        },
+        log_format,
         log_level: log.level.clone().unwrap_or_else(|| "info".into()),
     };
     let writer = match &log.file {
@@ -171,7 +177,7 @@ fn open_log(log: &LogSettings) -> Result<Option<tracing::Dispatch>, (usize, Stri
             append(path).map_err(|e| (*line, format!("cannot open {}: {e}", path.display())))?,
         )),
     };
-    Ok(Some(lastcall::logging::dispatch(&args, writer)))
+    Ok(Some((crate::log::dispatch(&args, rules, writer), rules)))
 }
 
 /// Opens `path` for appending, creating it (mode 0666 less the umask, as coraza-spoa).

@@ -1,0 +1,48 @@
+"""bench/spoa/soak.py's arithmetic, and the hour's figure in docs/benchmarks.md against the
+committed samples it came from (no agent is started here)."""
+
+import importlib.util
+import os
+import shutil
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+HOUR = os.path.join(ROOT, "bench/spoa/results/2026-12-01-soak-3.0.9-mimalloc")
+
+
+def load_soak():
+    spec = importlib.util.spec_from_file_location("soak", os.path.join(ROOT, "bench/spoa/soak.py"))
+    soak = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(soak)
+    return soak
+
+
+def test_fit_recovers_a_linear_growth():
+    soak = load_soak()
+    slope, intercept = soak.fit([(t, 1000 + 0.5 * t) for t in range(0, 3600, 10)])
+    assert abs(slope - 0.5) < 1e-9 and abs(intercept - 1000) < 1e-6
+
+
+def test_window_medians_ignore_single_spikes():
+    soak = load_soak()
+    # Flat at 100 with a spike of +50 every 7th sample: every median stays 100.
+    points = [(t, 150 if (t // 10) % 7 == 0 else 100) for t in range(0, 3000, 10)]
+    windows = soak.medians(points, 300)
+    assert len(windows) == 10
+    assert {v for _, v in windows} == {100}
+    assert soak.fit(windows)[0] == 0
+
+
+def test_the_hour_in_the_docs_is_the_committed_run(tmp_path):
+    soak = load_soak()
+    out = tmp_path / "hour"
+    shutil.copytree(HOUR, out)
+    assert soak.report_again(str(out)) == 0, "the committed hour held its bound"
+    import json
+
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["requests"] == 633155
+    assert round(summary["slope_mb_per_h"], 2) == 0.43
+    medians = [k / 1024 for _, k in summary["window_medians_kib"]]
+    assert (round(min(medians), 1), round(max(medians), 1)) == (91.7, 99.6)
+    docs = open(os.path.join(ROOT, "docs/benchmarks.md")).read()
+    assert "+0.43 MB/h" in docs and "91.7-99.6 MiB" in docs and "633,155 requests" in docs
