@@ -148,7 +148,10 @@ fn a_low_port_is_bound_as_uid_65534_with_the_file_capability_raised_alone() {
         assert_eq!(field(&status, "CapEff:"), "0000000000000400", "{status}");
         assert_eq!(field(&status, "CapPrm:"), "0000000000000400", "{status}");
     }
-    assert_eq!(testkit::http_get(admin.as_str(), "/readyz").0, 200);
+    // Readiness follows the listening line through the lifecycle's task: awaited.
+    testkit::wait_for("/readyz 200", WAIT, || {
+        testkit::try_http(admin.as_str(), "GET", "/readyz", None).is_ok_and(|(code, _)| code == 200)
+    });
     // The low port is really served: an Allocate over UDP on it succeeds.
     let server = std::net::SocketAddr::from(([127, 0, 0, 1], port));
     let mut client = testkit::turn::TurnClient::new(server, crate::common::SECRET, "alice");
