@@ -9,6 +9,9 @@ PACKAGES=(
   haproxy coturn libmodsecurity-dev libmodsecurity3 modsecurity-crs
   nginx libnginx-mod-http-modsecurity
   iproute2 procps util-linux psmisc openssl wrk
+  # setcap/getcap: tests/turn/privileged.rs gives a copy of lastcall-turn the image's file
+  # capability (setpriv and runuser come with util-linux).
+  libcap2-bin
   # The container tests (scripts/test_containers.sh): they start their own dockerd and
   # containerds (own roots and sockets), never the system's services.
   docker.io containerd runc containernetworking-plugins debootstrap binutils

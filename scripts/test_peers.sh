@@ -17,7 +17,7 @@ cargo build --workspace --bins --locked --features lastcall-turn/kernel-relay
 
 # The modules of the spoa tests that talk to HAProxy and nginx, and of the TURN tests that
 # drive coturn's uclient (each crate has one test binary, a module per subject).
-SPOA_TESTS='haproxy|drain|rollout|coraza_spoa|differential|bodies|request_bodies'
+SPOA_TESTS='haproxy|drain|rollout|spread|hung|coraza_spoa|differential|bodies|request_bodies'
 TURN_TESTS='interop|coturn_configs|termination'
 spoa_filter="test(/^($SPOA_TESTS)::/) | test(=cli::engine_version_is_the_loaded_library)"
 # and the SQLite user database written by that release's turnadmin (coturn 4.6.1 and 4.18

@@ -302,6 +302,8 @@ def test_standalone_objects(case: Any) -> None:
     for h in headless:
         assert h["spec"]["clusterIP"] == "None" and h["spec"]["publishNotReadyAddresses"] is False
     assert "option spop-check" in rendered.notes and "check inter 1s fall 2" in rendered.notes
+    assert "fall 2 rise 1 on-marked-down shutdown-sessions\n" in rendered.notes
+    assert "`max-waiting-frames 1`" in rendered.notes
     if values["metrics"]["serviceMonitor"]["enabled"]:
         sm = rendered.one("ServiceMonitor")
         assert sm["spec"]["endpoints"][0]["port"] == "admin"
@@ -327,7 +329,9 @@ def test_sidecar_haproxy_config(case: Any, tmp_path: Path) -> None:
     haproxy_cfg, spoe_cfg = _haproxy_configs(rendered)
     # The agent backend: health-checked SPOP, one agent on loopback.
     assert "option spop-check" in haproxy_cfg
-    assert re.search(rf"server agent 127\.0\.0\.1:{values['agent']['port']} check inter 1s fall 2\b", haproxy_cfg)
+    assert re.search(rf"server agent 127\.0\.0\.1:{values['agent']['port']} check inter 1s fall 2\b.* on-marked-down shutdown-sessions\n",
+                     haproxy_cfg)
+    assert "\n  max-waiting-frames 1\n" in spoe_cfg
     # Readiness, in one probe: not stopping, the agent's check UP, the agent's own /readyz.
     assert 'string "stopping" if { stopping }' in haproxy_cfg
     assert "if { nbsrv(coraza-spoa) lt 1 }" in haproxy_cfg
@@ -345,17 +349,26 @@ def test_sidecar_haproxy_config(case: Any, tmp_path: Path) -> None:
     # Bodies reach the agent whole: HAProxy waits for them, with room for the configured size.
     assert "option http-buffer-request" in haproxy_cfg
     assert f"tune.bufsize {values['sidecar']['haproxy'].get('bufsize', 1114112)}\n" in haproxy_cfg
-    # And the agent's own reader of HAProxy files finds nothing to add about bodies (when it
-    # is built); it would without the line. (It does ask a sidecar for a second agent server
-    # and the retry lines: one agent per pod is the sidecar's design.)
+    # And the agent's own reader of HAProxy files finds nothing to add about bodies, a hung
+    # agent or one message at a time (when it is built); it would without each line. (It
+    # does ask a sidecar for a second agent server and the retry lines: one agent per pod is
+    # the sidecar's design.)
     binary = built_binary("lastcall-spoa")
     if binary is not None:
-        (tmp_path / "spoe.cfg").write_text(spoe_cfg)
-        for cfg, flagged in ((haproxy_cfg, False), (haproxy_cfg.replace("option http-buffer-request", ""), True)):
+        without_shutdown = haproxy_cfg.replace(" on-marked-down shutdown-sessions", "")
+        without_frames = spoe_cfg.replace("  max-waiting-frames 1\n", "")
+        for cfg, spoe, flagged in (
+            (haproxy_cfg, spoe_cfg, ""),
+            (haproxy_cfg.replace("option http-buffer-request", ""), spoe_cfg, "option http-buffer-request"),
+            (without_shutdown, spoe_cfg, "on-marked-down shutdown-sessions"),
+            (haproxy_cfg, without_frames, "max-waiting-frames 1"),
+        ):
+            (tmp_path / "spoe.cfg").write_text(spoe)
             (tmp_path / "haproxy.cfg").write_text(cfg.replace("/usr/local/etc/haproxy/spoe.cfg", str(tmp_path / "spoe.cfg")))
             checked = subprocess.run([binary, "check-haproxy", str(tmp_path / "haproxy.cfg")],
                                      capture_output=True, text=True, timeout=30)
-            assert ("option http-buffer-request" in checked.stdout) == flagged, checked.stdout + checked.stderr
+            for line in ("option http-buffer-request", "on-marked-down shutdown-sessions", "max-waiting-frames 1"):
+                assert (line in checked.stdout) == (line == flagged), (line, checked.stdout + checked.stderr)
     haproxy = container(rendered.pod_spec(), "haproxy")
     assert probe_path(haproxy, "readinessProbe") == "/healthz"
     assert "command" not in haproxy, "the haproxy image's STOPSIGNAL (SIGUSR1) and entrypoint are kept"

@@ -87,6 +87,12 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "networkPolicy": {"enabled": True, "ingressFrom": [{"ipBlock": {"cidr": "0.0.0.0/0"}}],
                           "metricsFrom": [{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}]},
     },
+    # Relay ports below 1024 with the user's own added capability kept beside the chart's.
+    "low-relay-ports": {
+        "turn": {"minPort": 900, "maxPort": 1100},
+        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                            "capabilities": {"drop": ["ALL"], "add": ["NET_RAW"]}},
+    },
     # The node's ExternalIP from the Kubernetes API, as wire's chart did; a StatefulSet with
     # its PDB.
     "node-lookup-statefulset": {
@@ -388,19 +394,21 @@ def _caps(c: dict[str, Any]) -> tuple[list[str], list[str]]:
 def test_a_port_below_1024_adds_net_bind_service_and_nothing_else(case: Any) -> None:
     _, values, rendered = case
     t = values["turn"]
-    ports = [t["listeningPort"], values["admin"]["port"]] + ([t["tlsListeningPort"]] if values["tls"]["enabled"] else [])
+    ports = [t["listeningPort"], values["admin"]["port"], t["minPort"]] + (
+        [t["tlsListeningPort"]] if values["tls"]["enabled"] else [])
     privileged = any(p < 1024 for p in ports)
     turn = _turn(rendered)
     add, drop = _caps(turn)
     assert drop == ["ALL"]
-    assert add == (["NET_BIND_SERVICE"] if privileged else []), add
+    own = values["securityContext"].get("capabilities", {}).get("add", [])
+    assert add == own + (["NET_BIND_SERVICE"] if privileged else []), add
     sc = turn["securityContext"]
     assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True
-    if privileged:
-        # The capability reaches the process only as uid 0 (no file capabilities).
-        assert sc["runAsUser"] == 0 and sc["runAsNonRoot"] is False
-    else:
-        assert "runAsUser" not in sc and rendered.pod_spec()["securityContext"]["runAsNonRoot"] is True
+    # Root never: the pod's non-root user, also with the capability (the image's binary has
+    # it as the file capability cap_net_bind_service=p; tests/images and tests/cri run it).
+    assert "runAsUser" not in sc and "runAsNonRoot" not in sc, sc
+    pod_sc = rendered.pod_spec()["securityContext"]
+    assert pod_sc["runAsNonRoot"] is True and pod_sc["runAsUser"] == 65532, pod_sc
     for c in rendered.pod_spec().get("initContainers", []):
         if c["name"] == "node-external-ip":
             assert _caps(c) == ([], ["ALL"])

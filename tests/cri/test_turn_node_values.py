@@ -1,6 +1,8 @@
 """lastcall-turn's pod with the chart's per-node and privileged-port values, through
 containerd's CRI on the two test hosts (kubelet.py): TURNS on port 443 (the chart adds
-NET_BIND_SERVICE, its one capability, checked on the process), a relay address per node from
+NET_BIND_SERVICE, its one capability, and keeps the pod's uid 65532 and
+allowPrivilegeEscalation false: the image's binary has the file capability
+cap_net_bind_service=p, raised by the daemon; checked on the process), a relay address per node from
 `turn.externalIPs` (a ConfigMap volume read through `fieldRef: spec.nodeName` and
 `--external-ip-file=.../$(NODE_NAME)`: each node's Allocate hands out its own external
 address), and the shared values (a rendered ServiceAccount's name, automountServiceAccountToken
@@ -69,11 +71,15 @@ def test_turn_pod_on_443_with_one_capability_and_its_nodes_external_ip(cluster: 
     report = []
     for node, pod in ds.pods.items():
         st = process_status(pod.pid("turn"))
-        # uid 0 with NET_BIND_SERVICE alone, in every set that matters; nothing else.
-        assert st["Uid"].split() == ["0"] * 4, st["Uid"]
+        # The pod's non-root uid with NET_BIND_SERVICE alone, in every set that matters, under
+        # no_new_privs (allowPrivilegeEscalation: false): runc's permitted set before the exec
+        # holds the added capability, so the file capability's =p is granted; nothing else.
+        assert st["Uid"].split() == ["65532"] * 4, st["Uid"]
         for key in ("CapEff", "CapPrm", "CapBnd"):
             assert int(st[key], 16) == NET_BIND_SERVICE, f"{node} {key} {st[key]}"
         assert int(st["CapAmb"], 16) == 0 and st["NoNewPrivs"] == "1"
+        assert "CAP_NET_BIND_SERVICE raised from the permitted set for tls-listening-port 443" in \
+            pod.logs("turn", tail=200), pod.logs("turn")
         env = Path(f"/proc/{pod.pid('turn')}/environ").read_bytes().split(b"\0")
         assert b"LASTCALL_TEST_EXTRA=from-extraEnv" in env
         assert b"NODE_NAME=" + node.encode() in env
@@ -91,7 +97,8 @@ def test_turn_pod_on_443_with_one_capability_and_its_nodes_external_ip(cluster: 
             assert relayed(client) == EXTERNAL[node], f"{node} hands out {relayed(client)}"
         finally:
             client.close()
-        report.append(f"{node}: 443 bound as uid 0 with CapEff {st['CapEff']}, relay address {EXTERNAL[node]}")
+        report.append(f"{node}: 443 bound as uid {st['Uid'].split()[0]} with CapEff {st['CapEff']} "
+                      f"NoNewPrivs {st['NoNewPrivs']}, relay address {EXTERNAL[node]}")
 
     # A call in flight across the drain of node a's pod: nothing lost, exit 0.
     peer = Peer(Cluster.EDGE, edge)

@@ -66,10 +66,11 @@ is off.
 {{- end }}
 {{- end }}
 
-{{/* "true" when a port the container binds is below 1024: it then gets NET_BIND_SERVICE. */}}
+{{/* "true" when a port the container binds is below 1024 (a listener, the admin port, the
+first relay port): it then gets NET_BIND_SERVICE. */}}
 {{- define "lastcall-turn.privilegedPort" -}}
 {{- $t := .Values.turn }}
-{{- if or (lt (int $t.listeningPort) 1024) (and .Values.tls.enabled (lt (int $t.tlsListeningPort) 1024)) (lt (int .Values.admin.port) 1024) }}true{{ end }}
+{{- if or (lt (int $t.listeningPort) 1024) (and .Values.tls.enabled (lt (int $t.tlsListeningPort) 1024)) (lt (int .Values.admin.port) 1024) (lt (int $t.minPort) 1024) }}true{{ end }}
 {{- end }}
 
 {{/* Where the daemon reads its node's external-ip: the map's file, the lookup's, or none. */}}
@@ -311,10 +312,9 @@ spec:
       {{- $caps := deepCopy (default dict $sc.capabilities) }}
       {{- $_ := set $caps "add" (append (without (default list $caps.add) "NET_BIND_SERVICE") "NET_BIND_SERVICE") }}
       {{- $_ := set $sc "capabilities" $caps }}
-      {{- /* An added capability reaches a non-root process only through file capabilities. */}}
-      {{- $_ := set $sc "runAsUser" 0 }}
-      {{- $_ := set $sc "runAsNonRoot" false }}
-      # A port below 1024: NET_BIND_SERVICE, the one capability, as uid 0 (see values.yaml).
+      # A port below 1024: NET_BIND_SERVICE, the one capability, still as the pod's non-root
+      # user: the image's binary has it as a file capability (=p), raised by the daemon only
+      # for a port below net.ipv4.ip_unprivileged_port_start (see values.yaml).
       securityContext:
         {{- toYaml $sc | nindent 8 }}
       {{- else }}

@@ -34,6 +34,7 @@ mod metrics;
 mod notify;
 pub mod problem;
 mod process;
+pub mod rfc3339;
 pub mod watch;
 
 pub use config::{

@@ -9,7 +9,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use futures::{Stream, StreamExt};
 use parking_lot::{Mutex, MutexGuard};
@@ -566,8 +566,8 @@ impl Handle {
             exiting: state.exiting,
             policy: config.on_sigterm,
             trigger: drain.map(|d| d.trigger),
-            started_at: drain.map(|d| rfc3339(d.started_at)),
-            deadline: drain.map(|d| rfc3339(d.deadline_at)),
+            started_at: drain.map(|d| crate::rfc3339::millis(d.started_at)),
+            deadline: drain.map(|d| crate::rfc3339::millis(d.deadline_at)),
             seconds_since_trigger: drain
                 .map(|d| now.saturating_duration_since(d.started).as_secs_f64()),
             seconds_to_deadline: drain
@@ -687,49 +687,9 @@ impl Drop for SessionGuard {
     }
 }
 
-/// `2026-11-29T17:50:54.123Z`.
-fn rfc3339(t: SystemTime) -> String {
-    let d = t
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .unwrap_or(Duration::ZERO);
-    let secs = d.as_secs();
-    let (days, rem) = (secs / 86_400, secs % 86_400);
-    let (y, m, day) = civil_from_days(i64::try_from(days).unwrap_or(0));
-    format!(
-        "{y:04}-{m:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60,
-        d.subsec_millis()
-    )
-}
-
-/// Days since 1970-01-01 to (year, month, day), proleptic Gregorian (H. Hinnant's method).
-fn civil_from_days(days: i64) -> (i64, u32, u32) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    (year, month, day)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn rfc3339_dates() {
-        assert_eq!(rfc3339(SystemTime::UNIX_EPOCH), "1970-01-01T00:00:00.000Z");
-        let t = SystemTime::UNIX_EPOCH + Duration::from_millis(1_795_974_654_123);
-        assert_eq!(rfc3339(t), "2026-11-29T17:50:54.123Z");
-        let leap = SystemTime::UNIX_EPOCH + Duration::from_secs(951_782_400); // 2000-02-29
-        assert_eq!(rfc3339(leap), "2000-02-29T00:00:00.000Z");
-    }
 
     #[test]
     fn peers_are_hosts() {

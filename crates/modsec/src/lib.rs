@@ -156,14 +156,15 @@ pub struct Intervention {
     pub log: Option<String>,
     /// Always true for interventions returned by this crate (kept for completeness).
     pub disruptive: bool,
+    /// The rule id of `log`, read knowing the transaction (see [`RuleMatch::ambiguous`]).
+    rule: Option<u32>,
 }
 
 impl Intervention {
-    /// The rule id in the intervention's log line (`[id "…"]`), if any.
+    /// The rule id in the intervention's log line (`[id "…"]`), if any: the reading
+    /// libmodsecurity wrote, whatever the request imitated (see [`RuleMatch::ambiguous`]).
     pub fn rule_id(&self) -> Option<u32> {
-        let log = self.log.as_deref()?;
-        let id = report::parse_line(log, true).id;
-        (id != 0).then_some(id)
+        self.rule
     }
 }
 
@@ -515,13 +516,17 @@ impl Transaction {
             free_report(report);
             return Err(Error::Transaction);
         };
-        Ok(Transaction {
+        let mut tx = Transaction {
             ptr,
             report,
             id: id.map(str::to_owned),
             _engine: Arc::clone(engine),
             _rules: Arc::clone(rules),
-        })
+        };
+        if let Some(id) = id {
+            tx.report_mut().know_id(id);
+        }
+        Ok(tx)
     }
 
     /// The id given to [`Transaction::new`], if any.
@@ -544,6 +549,7 @@ impl Transaction {
     ) -> Result<Option<Intervention>> {
         let c = cstring(client_ip, "client address")?;
         let s = cstring(server_ip, "server address")?;
+        self.report_mut().know_server(server_ip);
         // SAFETY: live transaction, exclusive (&mut); strings are copied by the callee.
         let rc = unsafe {
             ffi::msc_process_connection(
@@ -568,6 +574,7 @@ impl Transaction {
         let u = cstring(uri, "uri")?;
         let m = cstring(method, "method")?;
         let v = cstring(http_version, "http version")?;
+        self.report_mut().know_uri(uri);
         // SAFETY: live transaction, exclusive; strings are copied by the callee.
         let rc =
             unsafe { ffi::msc_process_uri(self.ptr.as_ptr(), u.as_ptr(), m.as_ptr(), v.as_ptr()) };
@@ -706,14 +713,16 @@ impl Transaction {
         if disruptive == 0 && it.disruptive == 0 {
             return None;
         }
-        if let Some(line) = &log {
+        let rule = log.as_deref().map(|line| {
             self.report_mut().record_line(line, true);
-        }
+            self.report().parse(line, true).id
+        });
         Some(Intervention {
             status: u16::try_from(it.status).unwrap_or(403),
             url,
             log,
             disruptive: true,
+            rule: rule.filter(|&id| id != 0),
         })
     }
 

@@ -10,7 +10,7 @@
 
 use bytes::BytesMut;
 
-use crate::engine::conn::{Conn, Drain, Input, Settings};
+use crate::engine::conn::{Conn, Input, Rebalance, Settings};
 use crate::protocol::coraza::{self, Request, Response};
 use crate::protocol::{frame, hdrs, payload};
 
@@ -35,17 +35,19 @@ pub fn frames(data: &[u8]) {
             }
         }
     }
-    let now = tokio::time::Instant::now();
+    let now = std::time::Instant::now();
     let settings = Settings {
         max_frame_size: 1 << 20,
         pipelining: true,
         max_inflight: 1 << 20,
+        max_unsent: 1 << 16,
         drain_quiet: std::time::Duration::ZERO,
+        rebalance: Rebalance::OFF,
         partial_frame_timeout: std::time::Duration::from_secs(30),
         hello_timeout: std::time::Duration::from_secs(10),
         idle_timeout: std::time::Duration::from_secs(600),
     };
-    let mut conn = Conn::new(settings, Drain::SERVING, now);
+    let mut conn = Conn::new(settings, lastcall::Seen::SERVING, now);
     let mut hello = Vec::new();
     frame::encode_haproxy_hello(16380, false, &mut hello);
     conn.buffer().extend_from_slice(&hello);

@@ -17,7 +17,7 @@
 
 use std::fmt;
 use std::sync::OnceLock;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::SystemTime;
 
 use lastcall::{LogArgs, LogFormat};
 use lastcall_modsec::RuleMatch;
@@ -198,7 +198,7 @@ fn coraza_line(level: Level, object: &str, now: SystemTime) -> String {
     };
     format!(
         "{{\"level\":\"{level}\",\"match\":{object},\"time\":\"{}\"}}",
-        rfc3339_seconds(now)
+        lastcall::rfc3339::seconds(now)
     )
 }
 
@@ -224,6 +224,14 @@ struct CorazaMatch<'a> {
     disruptive: bool,
     phase_id: u8,
     phase: &'static str,
+    /// Ours, only when true: request bytes in libmodsecurity's line imitated its rule fields
+    /// ([`RuleMatch::ambiguous`]).
+    #[serde(skip_serializing_if = "is_false")]
+    ambiguous: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 /// What a matched-rule line says about its request, beside the rule.
@@ -261,6 +269,7 @@ pub fn coraza_match(m: &RuleMatch, phase: Option<u8>, req: &Request<'_>) -> Stri
         disruptive: m.disruptive,
         phase_id: phase,
         phase: phase_name(phase),
+        ambiguous: m.ambiguous,
     };
     // Serializing borrowed strings, numbers and a slice of strings cannot fail.
     serde_json::to_string(&object).unwrap_or_default()
@@ -293,53 +302,11 @@ fn phase_name(phase: u8) -> &'static str {
     }
 }
 
-/// `t` as RFC 3339 in UTC, to the second (`2026-12-01T11:56:52Z`): zerolog's default
-/// `time.RFC3339` in a container's time zone.
-fn rfc3339_seconds(t: SystemTime) -> String {
-    let secs = t
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
-        .min(253_402_300_799); // 9999-12-31T23:59:59Z
-    let days = (secs / 86_400) as i64;
-    let rem = secs % 86_400;
-    let (y, m, d) = civil_from_days(days);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
-}
-
-/// The proleptic Gregorian date of `days` since 1970-01-01 (Howard Hinnant's algorithm).
-fn civil_from_days(days: i64) -> (i64, u32, u32) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    (y, m, d)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::sync::{Arc, Mutex};
     use std::time::Duration;
-
-    #[test]
-    fn dates() {
-        let at = |s: u64| rfc3339_seconds(UNIX_EPOCH + Duration::from_secs(s));
-        assert_eq!(at(0), "1970-01-01T00:00:00Z");
-        assert_eq!(at(951_782_400), "2000-02-29T00:00:00Z");
-        assert_eq!(at(1_796_125_012), "2026-12-01T11:36:52Z");
-        assert_eq!(at(4_107_542_399), "2100-02-28T23:59:59Z");
-        assert_eq!(at(300_000_000_000), "9999-12-31T23:59:59Z");
-    }
 
     #[test]
     fn formats() {
@@ -435,6 +402,7 @@ mod tests {
             unique_id: "x".into(),
             phase: Some(2),
             disruptive: true,
+            ambiguous: false,
             line: String::new(),
         };
         let req = Request {
@@ -459,6 +427,7 @@ mod tests {
         let unknown = RuleMatch {
             severity: None,
             phase: None,
+            ambiguous: true,
             ..m
         };
         let v: serde_json::Value =
@@ -477,5 +446,6 @@ mod tests {
                 &serde_json::json!("unknown")
             )
         );
+        assert_eq!(v["ambiguous"], true, "{v}");
     }
 }

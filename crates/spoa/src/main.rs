@@ -14,7 +14,7 @@ use std::time::Duration;
 use lastcall::{exit, AcceptUntil, Daemon};
 use lastcall_modsec::ModSecurity;
 use lastcall_spoa::config::{self, Apps, Config, Parsed, Settings};
-use lastcall_spoa::engine::{self, Listener, Shared};
+use lastcall_spoa::engine::{self, Engine, Listener};
 use lastcall_spoa::metrics::Metrics;
 use lastcall_spoa::waf::Waf;
 use lastcall_spoa::{autoreload, haproxy_check};
@@ -213,7 +213,7 @@ async fn serve(s: Serving) -> ! {
     };
     let addr = listener.local_addr();
     let handler: Arc<dyn engine::Handler> = waf.clone();
-    let shared = Shared::new(
+    let engine = Engine::new(
         handler,
         Arc::clone(&metrics),
         handle.clone(),
@@ -222,13 +222,13 @@ async fn serve(s: Serving) -> ! {
     );
     // New connections are accepted to the end, so that the drain refuses their HELLO with
     // AGENT-DISCONNECT instead of a refused TCP connection.
-    let conns = Arc::clone(&shared);
+    let conns = Arc::clone(&engine);
     daemon.accept(listener, AcceptUntil::Exiting, move |conn, watch| {
         engine::serve_accepted(conn, Arc::clone(&conns), watch)
     });
     // After the connections: running evaluations finish (libmodsecurity must not run while
     // the process exits), within what is left of the deadline.
-    daemon.on_exit("evaluations", move |left| shared.stop_workers(left));
+    daemon.on_exit("evaluations", move |left| engine.stop_workers(left));
     if let Some(path) = &watched {
         if let Err(e) = autoreload::follow(path, handle.clone()) {
             fail(exit::OS_ERROR, &format!("-autoreload: {e}"));

@@ -44,6 +44,8 @@ pub struct Metrics {
     pub connections: Gauge,
     /// SPOP connections accepted, health checks included.
     pub connections_total: Counter,
+    /// Connections that said a rebalancing goodbye (so that HAProxy places a new one).
+    pub rebalanced: Counter,
     /// NOTIFY frames being evaluated.
     pub inflight: Gauge,
     rejected: Family<Labels, Counter>,
@@ -125,6 +127,7 @@ impl Metrics {
             evaluation: Histogram::new(buckets),
             connections: Gauge::default(),
             connections_total: Counter::default(),
+            rebalanced: Counter::default(),
             inflight: Gauge::default(),
             rejected: Family::default(),
             reloads: Family::default(),
@@ -176,6 +179,11 @@ impl Metrics {
             "connections_accepted",
             "SPOP connections accepted, health checks included",
             self.connections_total.clone(),
+        );
+        r.register(
+            "connections_rebalanced",
+            "SPOP connections closed with a rebalancing goodbye on the ACK of their only NOTIFY, so that HAProxy's balance places a new one",
+            self.rebalanced.clone(),
         );
         r.register(
             "inflight",

@@ -18,6 +18,7 @@
 //!   descriptors, from `/proc`.
 //! - [`peers`]: where the peer programs (HAProxy, nginx, coturn's tools) come from.
 //! - [`cargo`]: workspace programs a test runs but cargo does not build for it.
+//! - [`layering`]: import cycles between a crate's modules (`tests/layering.rs`).
 //!
 //! Everything is blocking (std threads), bounded by a timeout, on loopback, and panics on
 //! failure: a panic is how a test reports it.
@@ -31,6 +32,7 @@
 pub mod cargo;
 pub mod coturn;
 pub mod http;
+pub mod layering;
 pub mod metrics;
 pub mod monitoring;
 pub mod net;

@@ -23,10 +23,15 @@ pub(crate) fn alternates(
         .collect()
 }
 
-/// Waits for Refusing, then makes the core refuse new Allocates.
+/// Waits for Refusing, then makes the core refuse new Allocates. The lifecycle is read
+/// through a [`Watch`](lastcall::Watch), as every connection of both daemons reads it.
 pub(crate) async fn refuse_when_refusing(shared: Arc<Shared>, alternates: Vec<SocketAddr>) {
-    shared.handle().refusing().await;
-    if shared.handle().is_exiting() {
+    let mut watch = shared.handle().watch();
+    let mut seen = watch.now();
+    while !seen.is_refusing() {
+        seen = watch.changed().await;
+    }
+    if seen.is_exiting() {
         return;
     }
     let n = alternates.len();

@@ -7,6 +7,7 @@ use lastcall::Daemon;
 use lastcall_turn::config::{self, Parsed, Settings};
 use lastcall_turn::listen;
 use lastcall_turn::metrics::Metrics;
+use lastcall_turn::privileged;
 use lastcall_turn::server;
 use lastcall_turn::tls::Certs;
 
@@ -24,6 +25,23 @@ fn main() {
         }
         Err(problems) => problems.exit("lastcall-turn"),
     };
+    // Before any thread: the capability sets are per thread, and threads inherit them.
+    let port_start = privileged::unprivileged_port_start();
+    let low = privileged::low_ports(
+        &settings,
+        port_start.unwrap_or(privileged::DEFAULT_PORT_START),
+    );
+    let caps = privileged::apply(low);
+    if let (privileged::Outcome::Missing(low), Some(start)) = (&caps, port_start) {
+        // Reported before anything is bound, as a configuration error is; the status is the
+        // one the refused bind would give (the same file runs where the capability is given).
+        let uid = rustix::process::getuid().as_raw();
+        eprintln!(
+            "lastcall-turn: {}",
+            privileged::missing_message(low, start, uid, privileged::Why::of_this_process())
+        );
+        std::process::exit(lastcall::exit::OS_ERROR);
+    }
     let raised = raise_open_file_limit();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -35,7 +53,7 @@ fn main() {
             std::process::exit(lastcall::exit::OS_ERROR);
         }
     };
-    let code = runtime.block_on(run(settings, raised));
+    let code = runtime.block_on(run(settings, raised, (caps, port_start)));
     std::process::exit(code);
 }
 
@@ -79,6 +97,17 @@ fn validated(s: &Settings) -> ! {
     let turn = &s.turn;
     for w in &s.warnings {
         println!("warning: {w}");
+    }
+    // The capability is the environment's, not the file's: a warning here, exit 71 at start.
+    let port_start = privileged::unprivileged_port_start();
+    let start = port_start.unwrap_or(privileged::DEFAULT_PORT_START);
+    if let privileged::Outcome::Missing(low) = privileged::check(privileged::low_ports(s, start)) {
+        let uid = rustix::process::getuid().as_raw();
+        println!(
+            "warning: {} (start-up here would exit {})",
+            privileged::missing_message(&low, start, uid, privileged::Why::of_this_process()),
+            lastcall::exit::OS_ERROR
+        );
     }
     match listen::listening_addresses(turn) {
         Ok(ips) => {
@@ -135,7 +164,11 @@ fn raise_open_file_limit() -> Option<(u64, u64)> {
 }
 
 /// Serves until the lifecycle says to leave; returns the exit status.
-async fn run(settings: Settings, raised: Option<(u64, u64)>) -> i32 {
+async fn run(
+    settings: Settings,
+    raised: Option<(u64, u64)>,
+    caps: (privileged::Outcome, Option<u16>),
+) -> i32 {
     let Settings {
         turn,
         certs,
@@ -151,6 +184,7 @@ async fn run(settings: Settings, raised: Option<(u64, u64)>) -> i32 {
     if let Some((from, to)) = raised {
         tracing::info!("open-file limit raised from {from} to {to} (as coturn does)");
     }
+    privileged::report(&caps.0, caps.1);
     if turn.tls.is_none() {
         tracing::info!("the TLS listener is off (no cert and pkey, or no-tls)");
     }

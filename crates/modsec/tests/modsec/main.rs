@@ -4,6 +4,7 @@
 //! - `engine`: rules, phases, interventions, the CRS options.
 //! - `resources`: threads, memory and the one engine per process.
 //! - `accounting`: the bytes malloc holds after N transactions of each kind of traffic.
+//! - `forged`: request bytes imitating libmodsecurity's log fields are not read as rule fields.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -13,4 +14,5 @@
 mod accounting;
 mod common;
 mod engine;
+mod forged;
 mod resources;

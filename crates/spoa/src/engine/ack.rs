@@ -3,7 +3,7 @@
 //! through it (the verdict, or the error variable if the evaluation panicked or was dropped
 //! unrun).
 //!
-//! What the sink does with an ACK depends on the connection ([`super::conn::Conn::direct_acks`]):
+//! What the sink does with an ACK depends on the connection ([`super::conn::Wait::direct_acks`]):
 //!
 //! - **direct** (serving, on a socket): whoever has the ACK writes it to the socket at once,
 //!   the evaluation thread that finished it included, and the sink counts it for the
@@ -11,9 +11,10 @@
 //!   instead costs a wake of its I/O thread per NOTIFY (an `eventfd` write and an
 //!   `epoll_wait` return when that thread was parked), which the agent's profile put among
 //!   its largest costs outside libmodsecurity (docs/benchmarks.md).
-//! - **held** (draining, or a stream that is not a socket): the sink keeps the ACKs, in
-//!   order, and wakes the task, which places them ([`super::conn::Input::HeldAcks`]): the
-//!   last one of an idle connection carries the goodbye in the same write.
+//! - **held** (draining, a goodbye due, or a stream that is not a socket): the sink keeps
+//!   the ACKs, in order, and wakes the task, which places them
+//!   ([`super::conn::Input::HeldAcks`]): the last one of a connection whose goodbye is due
+//!   carries it in the same write.
 //!
 //! Every frame is written whole and frames never interleave: all writes, the task's and the
 //! threads', go through one mutex, and bytes a full socket buffer would not take wait in
@@ -160,6 +161,10 @@ impl AckSink {
             self.wake.notify_one();
             return;
         }
+        // Counted before the write: HAProxy may answer an ACK with the next NOTIFY at once,
+        // and the connection must not read that NOTIFY while this ACK still looks owed
+        // (it would take the connection for one HAProxy pipelines).
+        self.written.fetch_add(1, Ordering::SeqCst);
         let mut wake = false;
         if st.broken {
             // The connection is failing: the task sees it on its side and closes.
@@ -178,7 +183,6 @@ impl AckSink {
             st.pending.extend_from_slice(ack);
         }
         drop(st);
-        self.written.fetch_add(1, Ordering::SeqCst);
         if wake || self.interest.load(Ordering::SeqCst) {
             self.wake.notify_one();
         }
@@ -196,7 +200,7 @@ impl AckSink {
         self.interest.store(on, Ordering::SeqCst);
     }
 
-    /// ACKs written directly since the last call.
+    /// ACKs written directly since the last call (counted before each is written).
     pub fn take_written(&self) -> usize {
         self.written.swap(0, Ordering::SeqCst)
     }

@@ -1,37 +1,58 @@
-//! One SPOP connection, sans-IO: the handshake, the NOTIFYs it owes an ACK for, and the drain
-//! recipe of `docs/spoa.md` (when a connection says goodbye, and with what).
+//! One SPOP connection, sans-IO, deciding everything about it: the handshake, the NOTIFYs it
+//! owes an ACK for, when to read and how much, who writes the ACKs, and the goodbye (when a
+//! connection says AGENT-DISCONNECT, and with what), as quinn-proto's `Connection` does for
+//! QUIC.
 //!
-//! The connection task ([`super::task`]) reads bytes into [`Conn::buffer`], takes protocol
-//! events from [`Conn::poll`] (a handshake, a NOTIFY to evaluate, a frame that ends the
-//! connection), and feeds every other thing that happens as an [`Input`] to
-//! [`Conn::handle`], which answers with the one [`Action`] to take next. `now` is passed in;
-//! there is no clock, socket or thread here, so every decision is tested without them
-//! (the table tests at the bottom).
+//! The connection task ([`super::task`]) is a plain executor: it reads bytes into
+//! [`Conn::buffer`], takes protocol events from [`Conn::poll`] (a handshake, a NOTIFY to
+//! evaluate, a frame that ends the connection), feeds everything else that happens as an
+//! [`Input`] to [`Conn::handle`] (ACKs written or handed over, the lifecycle, evaluations
+//! ended, bytes not yet taken by the socket, room refused under `max_buffered_bytes`, a
+//! timer), and carries out the one [`Action`] it gets back. `now` is passed in; there is no
+//! clock, socket, runtime or thread here, so every decision is table-tested without them
+//! (`conn/tests.rs`).
 //!
-//! The drain, by phase ([`Drain`], read from the lifecycle's watch):
+//! ## The goodbye
 //!
-//! | phase | HELLO | health-check HELLO | an idle connection | ACKs |
+//! SPOP has no "stop sending me work" frame, and HAProxy fails every NOTIFY it has sent on a
+//! connection that says AGENT-DISCONNECT (`st=256` in its log). A goodbye is therefore only
+//! lossless when HAProxy cannot be sending on that connection while the DISCONNECT is on its
+//! way: when it waits for the ACK of the one NOTIFY it sent there, and reads that ACK and the
+//! DISCONNECT in one go. That holds on a connection that carries one NOTIFY at a time
+//! ([`Conn::one_at_a_time`]): HAProxy 2.6 and 3.0 with `max-waiting-frames 1` in the SPOE
+//! file (their applet neither sends nor is woken for new work while it waits), and 3.1+
+//! when `pipelining` is not agreed (its multiplexer then allows one stream per connection).
+//! So the goodbye rides on the ACK of the connection's only NOTIFY, in one write, once the
+//! socket says nothing more is unread. It is used:
+//!
+//! - while refusing (the drain): at the next ACK; a connection with nothing owed says it
+//!   after `drain_quiet` of silence (under load HAProxy hands it a NOTIFY before that, and the
+//!   goodbye rides on its ACK);
+//! - while serving or announcing, to rebalance ([`Rebalance`]): after so many NOTIFYs or so
+//!   long, so that HAProxy places a new connection (its `balance` only places new ones);
+//! - at the exit decision: at once, whatever is owed.
+//!
+//! | phase | HELLO | health-check HELLO | goodbye | ACKs |
 //! |---|---|---|---|---|
-//! | serving | served | answered | kept | written by whoever has them |
-//! | announcing | served | refused | kept | handed to the connection |
-//! | refusing | refused | refused | goodbye, after the quiet period and a look at the socket | handed to the connection; the last one carries the goodbye |
-//! | lingering | served | served | kept; when it closes, its session is held a moment | handed to the connection |
-//! | exiting | refused | refused | goodbye at once, whatever it owes | cut |
+//! | serving | served | answered | rebalancing, on an ACK | written by whoever has them (handed to the connection once a rebalance is due) |
+//! | announcing | served | answered | rebalancing, on an ACK | handed to the connection |
+//! | refusing | refused | refused | on the next ACK, or after `drain_quiet` of silence | handed to the connection |
+//! | lingering | served | served | none; when it closes, its session is held a moment | handed to the connection |
+//! | exiting | refused | refused | at once, whatever it owes | cut |
 //!
-//! "Idle" is the handshake done, no NOTIFY owed, nothing buffered, the peer not at EOF, and
-//! nothing unread on the socket: the kernel's receive buffer is asked ([`Input::Probed`]),
-//! because the reactor's readiness can lag behind it, and closing on that stale "nothing to
-//! read" fails the NOTIFYs already sitting there.
+//! "Nothing unread" is asked of the kernel's receive buffer ([`Action::Probe`],
+//! [`Input::Probed`]): the reactor's readiness can lag behind it, and a goodbye on that
+//! stale "nothing to read" fails the NOTIFYs already sitting there.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
-use lastcall::Phase;
+use lastcall::{Phase, Seen};
 use spop::frame::Message;
 use spop::StatusCode;
-use tokio::time::Instant;
 
-use crate::protocol::frame::{self, kind, ProtocolError};
+use crate::protocol::error::ProtocolError;
+use crate::protocol::frame::{self, kind};
 use crate::protocol::payload::{self, Negotiated};
 
 /// How long a connection closed while lingering still counts as a session: HAProxy 2.6
@@ -39,74 +60,6 @@ use crate::protocol::payload::{self, Negotiated};
 /// and a lingering agent that saw no session in between would leave and fail that message
 /// (measured in tests/spoa/rollout.rs's sidecar test).
 pub const LINGER_HOLD: Duration = Duration::from_millis(250);
-
-/// The lifecycle as one connection sees it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Drain {
-    /// The lifecycle's phase.
-    pub phase: Phase,
-    /// Whether the lifecycle has decided to exit (idle, threshold, deadline, forced).
-    pub exiting: bool,
-}
-
-impl From<lastcall::Seen> for Drain {
-    fn from(seen: lastcall::Seen) -> Drain {
-        Drain {
-            phase: seen.phase,
-            exiting: seen.exiting,
-        }
-    }
-}
-
-impl Drain {
-    /// Serving, not exiting.
-    pub const SERVING: Drain = Drain {
-        phase: Phase::Serving,
-        exiting: false,
-    };
-
-    /// Serving normally: ACKs may be written by whoever has them, answers need no hand-off.
-    pub fn serving(self) -> bool {
-        self.phase == Phase::Serving && !self.exiting
-    }
-
-    fn refuses_healthchecks(self) -> bool {
-        matches!(self.phase, Phase::Announcing | Phase::Refusing) || self.exiting
-    }
-
-    fn refuses_hellos(self) -> bool {
-        self.phase == Phase::Refusing || self.exiting
-    }
-
-    fn closes_idle(self) -> bool {
-        self.phase == Phase::Refusing && !self.exiting
-    }
-
-    fn lingering(self) -> bool {
-        self.phase == Phase::Lingering && !self.exiting
-    }
-}
-
-/// A connection's fixed settings.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Settings {
-    /// Largest frame accepted before the handshake (then min'd with HAProxy's).
-    pub max_frame_size: u32,
-    /// Announce `pipelining` when HAProxy offers it.
-    pub pipelining: bool,
-    /// NOTIFYs owed at most; decoding (and reading) pauses at the bound.
-    pub max_inflight: usize,
-    /// While refusing, an idle connection says goodbye only after nothing came or went on it
-    /// for this long.
-    pub drain_quiet: Duration,
-    /// A frame started but not finished within this time closes the connection (status 2).
-    pub partial_frame_timeout: Duration,
-    /// A connection that has not completed its HELLO within this time is closed (status 2).
-    pub hello_timeout: Duration,
-    /// A connection with nothing owed, nothing buffered and nothing received or sent for
-    /// this long is closed (AGENT-DISCONNECT status 0).
-    pub idle_timeout: Duration,
-}
 
 /// The largest frame accepted before the handshake: a HAPROXY-HELLO is a few hundred bytes
 /// (its KV-LIST names a version list, `max-frame-size`, `capabilities`, `healthcheck` and
@@ -122,6 +75,55 @@ pub const READ_ROOM: usize = 8 * 1024;
 /// The most one read asks room for at once: a 1 MiB frame arrives in pieces of this size,
 /// each taken from `max_buffered_bytes` as it comes.
 pub const READ_ROOM_MAX: usize = 64 * 1024;
+
+/// When a connection says goodbye to be placed again by HAProxy's `balance` (serving or
+/// announcing; never while lingering). Zero turns a bound off; with both off, connections
+/// stay until HAProxy or the drain closes them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rebalance {
+    /// After this many NOTIFYs.
+    pub after_messages: u64,
+    /// After this long since the handshake.
+    pub after: Duration,
+}
+
+impl Rebalance {
+    /// Never.
+    pub const OFF: Rebalance = Rebalance {
+        after_messages: 0,
+        after: Duration::ZERO,
+    };
+}
+
+/// A connection's fixed settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Settings {
+    /// Largest frame accepted before the handshake (then min'd with HAProxy's).
+    pub max_frame_size: u32,
+    /// Agree to `pipelining` when HAProxy's SPOE applet (2.6, 3.0: it offers `async` too)
+    /// offers it. Never with the multiplexer of 3.1+ (it offers `pipelining` alone): without
+    /// it, the multiplexer sends one NOTIFY at a time on a connection, so a goodbye can ride
+    /// on its ACK. (2.6.12 and 3.0 need it: without it their applet leaves NOTIFYs queued
+    /// after an ACK, HAProxy bc9fb6462, measured as 5 s `timeout processing` failures.)
+    pub pipelining: bool,
+    /// NOTIFYs owed at most, and evaluations running at most; decoding (and reading) pause at
+    /// the bound.
+    pub max_inflight: usize,
+    /// ACK bytes waiting for a peer that does not read them, above which reading pauses.
+    pub max_unsent: usize,
+    /// While refusing, a connection with nothing owed says goodbye after nothing came or went
+    /// on it for this long.
+    pub drain_quiet: Duration,
+    /// When a connection says goodbye to be placed again.
+    pub rebalance: Rebalance,
+    /// A frame started but not finished within this time closes the connection (status 2).
+    pub partial_frame_timeout: Duration,
+    /// A connection that has not completed its HELLO within this time is closed (status 2).
+    pub hello_timeout: Duration,
+    /// A connection with nothing owed, nothing buffered and nothing received or sent for
+    /// this long is closed (AGENT-DISCONNECT status 0).
+    pub idle_timeout: Duration,
+}
 
 /// A protocol event taken from the buffer.
 #[derive(Debug)]
@@ -145,6 +147,11 @@ pub enum Event {
         /// About what its decoded messages hold in memory (their bytes, plus what each
         /// argument costs beside them).
         size: usize,
+        /// Whether it may be answered on the connection task when it needs no engine work
+        /// (only while serving: answered at once during a drain, a request waited for
+        /// HAProxy's `timeout processing` in 3 of 4 sidecar rollouts, measured without
+        /// [`LINGER_HOLD`]).
+        inline: bool,
     },
     /// Write `reply` whole and close.
     Close {
@@ -166,8 +173,10 @@ pub enum CloseReason {
     PeerDisconnect(u32),
     /// HAProxy closed its side with nothing owed and nothing half-sent.
     PeerClosed,
-    /// The drain: the connection was idle while refusing.
+    /// The drain: the goodbye while refusing.
     Drained,
+    /// A rebalancing goodbye ([`Rebalance`]).
+    Rebalanced,
     /// The lifecycle is exiting.
     Exiting,
     /// Nothing came or went for `idle_timeout`.
@@ -187,23 +196,42 @@ pub enum Input {
     Read,
     /// The peer closed its side.
     Eof,
-    /// The lifecycle's phase changed.
-    Drain(Drain),
+    /// The lifecycle changed.
+    Drain(Seen),
     /// This many ACKs were written to the socket by whoever had them.
     AcksWritten(usize),
-    /// ACKs handed to the connection to write (outside [`Drain::serving`]): `count` whole
-    /// frames in `bytes`.
+    /// ACKs handed to the connection to write (whenever [`Wait::direct_acks`] is false):
+    /// `count` whole frames in `bytes`.
     HeldAcks {
         /// The frames, back to back.
         bytes: Vec<u8>,
         /// How many.
         count: usize,
     },
+    /// This connection's evaluations, queued or running, now number this many (one started
+    /// or ended). An evaluation answered at its deadline still runs, and still counts.
+    Evaluations(usize),
+    /// This many bytes of what was written wait for the socket to take them.
+    Unsent(usize),
+    /// The room [`Wait::read`] asked for is not available under `max_buffered_bytes`.
+    NoRoom(Pressure),
+    /// Bytes held for frames were released somewhere (room may be available again).
+    Released,
     /// What [`Action::Probe`] found.
     Probed(Probe),
-    /// The time of [`Action::Wait`]'s `until` has come.
+    /// The time of [`Wait::until`] has come.
     Timeout,
     /// The connection's unfinished frame is dropped to make room under `max_buffered_bytes`.
+    Evicted,
+}
+
+/// Why room for a read was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pressure {
+    /// Wait for bytes to be released, or until this instant (when the oldest unfinished
+    /// frame elsewhere may be dropped), then ask again.
+    Wait(Option<Instant>),
+    /// A frame was dropped elsewhere to make room: ask again at once.
     Evicted,
 }
 
@@ -221,14 +249,8 @@ pub enum Probe {
 /// What the connection task must do next.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Action {
-    /// Wait for the next input: read more bytes if `read`, feed [`Input::Timeout`] at
-    /// `until`.
-    Wait {
-        /// Whether to read (there is room for more NOTIFYs and the peer is not at EOF).
-        read: bool,
-        /// When to wake up without any other input.
-        until: Option<Instant>,
-    },
+    /// Wait for the next input, as [`Wait`] says.
+    Wait(Wait),
     /// Look for bytes not yet read (move what the socket has into the buffer, else ask the
     /// kernel) and feed [`Input::Probed`].
     Probe,
@@ -243,11 +265,53 @@ pub enum Action {
     },
 }
 
+/// How to wait: what to read, until when, and what else ends the wait.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Wait {
+    /// Read into [`Conn::buffer`] with this much free room in it (taken from
+    /// `max_buffered_bytes` first; when that is refused, feed [`Input::NoRoom`]), or do not
+    /// read.
+    pub read: Option<usize>,
+    /// When to feed [`Input::Timeout`] without any other input.
+    pub until: Option<Instant>,
+    /// Whether the evaluation threads write ACKs to the socket themselves (only while
+    /// serving and no goodbye is due); otherwise they hand them to the connection
+    /// ([`Input::HeldAcks`]).
+    pub direct_acks: bool,
+    /// Wake for every ACK written directly ([`Input::AcksWritten`]): the connection waits
+    /// for owed NOTIFYs.
+    pub ack_wakes: bool,
+    /// Wake when one of its evaluations ends ([`Input::Evaluations`]): reading waits for one.
+    pub evaluation_wakes: bool,
+    /// Wake when bytes are released ([`Input::Released`]): reading waits for room.
+    pub memory_wakes: bool,
+    /// What the buffer holds, for `max_buffered_bytes`.
+    pub holding: Holding,
+}
+
+/// What a connection's read buffer holds, as `max_buffered_bytes` counts it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Holding {
+    /// The buffer's capacity.
+    pub capacity: usize,
+    /// Since when it has held an unfinished frame (not a whole one waiting to be decoded).
+    pub unfinished_since: Option<Instant>,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
     AwaitHello,
     Ready,
     Closed,
+}
+
+/// Why a look at the socket was asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Probing {
+    /// Whether an idle connection may say goodbye (drain or `idle_timeout`).
+    Idle,
+    /// Whether the goodbye rides on the held ACKs.
+    Acks,
 }
 
 /// One SPOP connection's state.
@@ -256,13 +320,23 @@ pub struct Conn {
     settings: Settings,
     state: State,
     max_frame_size: u32,
-    pipelined: bool,
+    /// Whether HAProxy has never had more than one NOTIFY owed here.
+    one_at_a_time: bool,
     /// Whether a handshake completed (a session was opened).
     had_session: bool,
     buf: BytesMut,
-    drain: Drain,
-    /// NOTIFYs handed out by [`Conn::poll`] whose ACK has not been written.
+    drain: Seen,
+    /// NOTIFYs handed out by [`Conn::poll`] whose ACK has not been written: the one count
+    /// of owed ACKs.
     owed: usize,
+    /// NOTIFYs since the handshake.
+    messages: u64,
+    /// This connection's evaluations queued or running, as last fed.
+    evaluations: usize,
+    /// ACK bytes waiting for the socket, as last fed.
+    unsent: usize,
+    /// Room for a read was refused: wait for released bytes or this instant (if any).
+    no_room: Option<Option<Instant>>,
     /// Last NOTIFY received or ACK written.
     last_activity: Instant,
     /// Since when the buffer has held an unfinished (or not yet decoded) frame.
@@ -270,80 +344,49 @@ pub struct Conn {
     eof: bool,
     /// A look at the socket said bytes are waiting: no new look before the next read.
     unread_waiting: bool,
-    /// ACKs kept while [`Action::Probe`] decides whether the goodbye rides on them.
+    /// ACKs kept while [`Action::Probe`] decides whether the goodbye rides on them (and how
+    /// many: HAProxy still counts them as owed).
     held: Option<Vec<u8>>,
+    held_count: usize,
     /// When the connection was accepted (for `hello_timeout`).
     accepted: Instant,
-    /// The look at the socket in progress is for `idle_timeout`.
-    probing_idle: bool,
+    /// When the handshake completed (for [`Rebalance::after`]).
+    ready_at: Instant,
+    /// What the look at the socket in progress is for.
+    probing: Option<Probing>,
 }
 
 impl Conn {
     /// A new connection, accepted at `now`, in the lifecycle's `drain`.
-    pub fn new(settings: Settings, drain: Drain, now: Instant) -> Self {
+    pub fn new(settings: Settings, drain: Seen, now: Instant) -> Self {
         Conn {
             settings,
             state: State::AwaitHello,
             max_frame_size: settings.max_frame_size,
-            pipelined: false,
+            one_at_a_time: true,
             had_session: false,
             buf: BytesMut::new(),
             drain,
             owed: 0,
+            messages: 0,
+            evaluations: 0,
+            unsent: 0,
+            no_room: None,
             last_activity: now,
             partial_since: None,
             eof: false,
             unread_waiting: false,
             held: None,
+            held_count: 0,
             accepted: now,
-            probing_idle: false,
+            ready_at: now,
+            probing: None,
         }
     }
 
     /// Where the task reads bytes into (then feeds [`Input::Read`]).
     pub fn buffer(&mut self) -> &mut BytesMut {
         &mut self.buf
-    }
-
-    /// How many free bytes the buffer should have for the next read: what is missing of the
-    /// frame being read (at least [`READ_ROOM`], at most [`READ_ROOM_MAX`] at once), or
-    /// enough for a HELLO before the handshake.
-    pub fn read_room(&self) -> usize {
-        let limit = self.frame_limit() as usize + 4;
-        match self.buf.get(..4) {
-            Some(&[a, b, c, d]) => {
-                let total = (u32::from_be_bytes([a, b, c, d]) as usize).saturating_add(4);
-                let missing = total.saturating_sub(self.buf.len()).min(limit);
-                missing.clamp(READ_ROOM.min(limit), READ_ROOM_MAX)
-            }
-            _ => READ_ROOM.min(limit),
-        }
-    }
-
-    /// Since when the buffer has held an unfinished frame (not a whole one waiting to be
-    /// decoded), as of the last action.
-    pub fn unfinished_since(&self) -> Option<Instant> {
-        if self.frame_waiting() {
-            None
-        } else {
-            self.partial_since
-        }
-    }
-
-    /// Gives the buffer's memory back when it is empty and larger than a read needs (after
-    /// a large frame).
-    pub fn shrink_buffer(&mut self) {
-        if self.buf.is_empty() && self.buf.capacity() > READ_ROOM_MAX {
-            self.buf = BytesMut::new();
-        }
-    }
-
-    /// The largest frame accepted now: [`HELLO_FRAME_LIMIT`] before the handshake.
-    fn frame_limit(&self) -> u32 {
-        match self.state {
-            State::AwaitHello => HELLO_FRAME_LIMIT.min(self.settings.max_frame_size),
-            _ => self.max_frame_size,
-        }
     }
 
     /// The negotiated (or, before HELLO, our own) maximum frame size.
@@ -356,49 +399,17 @@ impl Conn {
         self.owed
     }
 
-    /// The lifecycle as last fed.
-    pub fn drain(&self) -> Drain {
-        self.drain
-    }
-
-    /// Whether ACKs may be written straight to the socket by whoever has them: only while
-    /// serving. Otherwise they are handed to the connection, which decides whether the goodbye
-    /// rides on the last one.
-    pub fn direct_acks(&self) -> bool {
-        self.drain.serving()
-    }
-
-    /// Whether the task wants a wake for every ACK written: it waits for owed NOTIFYs
-    /// (decoding paused at the bound, end of input, or a drain).
-    pub fn wants_ack_wakes(&self) -> bool {
-        !self.drain.serving() || self.eof || self.owed >= self.max_inflight()
-    }
-
-    /// Whether [`Conn::poll`] has a frame to give now (a whole one is buffered and the bound
-    /// of NOTIFYs owed allows it): the task polls again before it waits.
-    pub fn decodable(&self) -> bool {
-        self.state != State::Closed && self.owed < self.max_inflight() && self.frame_waiting()
-    }
-
-    /// Whether another whole frame is already buffered (HAProxy pipelined a burst).
-    pub fn frame_waiting(&self) -> bool {
-        match self.buf.get(..4) {
-            Some(&[a, b, c, d]) => {
-                let len = u32::from_be_bytes([a, b, c, d]) as usize;
-                self.buf.len() >= len.saturating_add(4)
-            }
-            _ => false,
-        }
+    /// Whether HAProxy has never had more than one NOTIFY owed on this connection: a
+    /// goodbye riding on the ACK of its only NOTIFY then crosses nothing (see the module's
+    /// doc).
+    pub fn one_at_a_time(&self) -> bool {
+        self.one_at_a_time
     }
 
     /// How long the session of this connection, now closed, must still be held given the
     /// lifecycle `now` (lingering), if at all.
-    pub fn linger_hold(&self, now: Drain) -> Option<Duration> {
-        (self.had_session && now.lingering()).then_some(LINGER_HOLD)
-    }
-
-    fn max_inflight(&self) -> usize {
-        self.settings.max_inflight.max(1)
+    pub fn linger_hold(&self, now: Seen) -> Option<Duration> {
+        (self.had_session && lingering(now)).then_some(LINGER_HOLD)
     }
 
     /// Takes the next protocol event from the buffer, while fewer than the bound of NOTIFYs
@@ -421,9 +432,16 @@ impl Conn {
         match event {
             Event::Notify { .. } => {
                 self.owed += 1;
+                self.messages += 1;
+                if self.owed + self.held_count > 1 {
+                    self.one_at_a_time = false;
+                }
                 self.last_activity = now;
             }
-            Event::Ready { .. } => self.last_activity = now,
+            Event::Ready { .. } => {
+                self.last_activity = now;
+                self.ready_at = now;
+            }
             Event::Close { .. } => {}
         }
         Some(event)
@@ -450,40 +468,20 @@ impl Conn {
             Input::Eof => self.eof = true,
             Input::Drain(drain) => {
                 self.drain = drain;
-                if drain.exiting {
+                if drain.is_exiting() {
                     return self.goodbye(Vec::new(), CloseReason::Exiting, "shutting down");
                 }
             }
             Input::AcksWritten(n) => self.acked(now, n),
             Input::HeldAcks { bytes, count } => {
                 self.acked(now, count);
-                return self.place_acks(bytes);
+                return self.place_acks(now, bytes, count);
             }
-            Input::Probed(probe) => {
-                if probe == Probe::Waiting {
-                    self.unread_waiting = true;
-                }
-                if std::mem::take(&mut self.probing_idle) {
-                    if probe == Probe::Idle
-                        && self.quiet()
-                        && self.idle_at().is_some_and(|at| now >= at)
-                    {
-                        return self.goodbye(Vec::new(), CloseReason::Idle, "idle");
-                    }
-                    return self.next(now);
-                }
-                if let Some(acks) = self.held.take() {
-                    return match probe {
-                        Probe::Idle if self.idle() => {
-                            self.goodbye(acks, CloseReason::Drained, "draining")
-                        }
-                        _ => Action::Write(acks),
-                    };
-                }
-                if probe == Probe::Idle && self.idle() {
-                    return self.goodbye(Vec::new(), CloseReason::Drained, "draining");
-                }
-            }
+            Input::Evaluations(n) => self.evaluations = n,
+            Input::Unsent(n) => self.unsent = n,
+            Input::NoRoom(Pressure::Wait(at)) => self.no_room = Some(at),
+            Input::NoRoom(Pressure::Evicted) | Input::Released => self.no_room = None,
+            Input::Probed(probe) => return self.probed(now, probe),
         }
         self.next(now)
     }
@@ -496,25 +494,97 @@ impl Conn {
         }
     }
 
-    /// Held ACKs: the last one of a connection that is idle while refusing carries the
-    /// goodbye in the same write, once the socket says nothing is unread.
-    ///
-    /// Without pipelining this is race-free: HAProxy sends nothing on the connection while
-    /// it waits for the ACK, and reads the ACK and the DISCONNECT together. With pipelining
-    /// HAProxy may already have sent the next NOTIFY, so the goodbye waits for `drain_quiet`
-    /// like any idle connection (unless that is zero).
-    fn place_acks(&mut self, bytes: Vec<u8>) -> Action {
-        let rides = !self.pipelined || self.settings.drain_quiet.is_zero();
-        if rides && self.idle() {
+    fn probed(&mut self, now: Instant, probe: Probe) -> Action {
+        if probe == Probe::Waiting {
+            self.unread_waiting = true;
+        }
+        let held = self.held.take();
+        self.held_count = 0;
+        match (self.probing.take(), held) {
+            (Some(Probing::Acks), Some(acks)) => match self.goodbye_reason(now) {
+                Some((reason, message)) if probe == Probe::Idle && self.quiet() => {
+                    self.goodbye(acks, reason, message)
+                }
+                _ => Action::Write(acks),
+            },
+            (_, Some(acks)) => Action::Write(acks),
+            (Some(Probing::Idle) | None, None) if probe == Probe::Idle && self.quiet() => {
+                if self.idle_at().is_some_and(|at| now >= at) {
+                    return self.goodbye(Vec::new(), CloseReason::Idle, "idle");
+                }
+                if self.refusing() && now >= self.quiet_at() {
+                    return self.goodbye(Vec::new(), CloseReason::Drained, "draining");
+                }
+                self.next(now)
+            }
+            _ => self.next(now),
+        }
+    }
+
+    /// Held ACKs: the last ones of a connection whose goodbye is due carry it in the same
+    /// write, once the socket says nothing is unread.
+    fn place_acks(&mut self, now: Instant, bytes: Vec<u8>, count: usize) -> Action {
+        if self.rides(now) && self.quiet() {
             self.held = Some(bytes);
+            self.held_count = count;
+            self.probing = Some(Probing::Acks);
             return Action::Probe;
         }
         Action::Write(bytes)
     }
 
-    /// Nothing owed, nothing buffered, the peer still there, while refusing.
-    fn idle(&self) -> bool {
-        self.drain.closes_idle() && self.quiet()
+    /// Whether a goodbye may ride on the ACKs being placed now: one is due, and HAProxy
+    /// waits for them before it sends anything more here (it never had more than one NOTIFY
+    /// owed on this connection). On a connection HAProxy pipelines, the drain's goodbye
+    /// still rides on the last ACK when `drain_quiet` is zero (nothing makes it lossless
+    /// there: it only saves a write).
+    fn rides(&self, now: Instant) -> bool {
+        match self.goodbye_reason(now) {
+            Some((CloseReason::Drained, _)) => {
+                self.one_at_a_time || self.settings.drain_quiet.is_zero()
+            }
+            Some(_) => self.one_at_a_time,
+            None => false,
+        }
+    }
+
+    /// The goodbye due now, if any: the drain's, or a rebalancing one.
+    fn goodbye_reason(&self, now: Instant) -> Option<(CloseReason, &'static str)> {
+        if self.refusing() {
+            return Some((CloseReason::Drained, "draining"));
+        }
+        self.rebalance_due(now)
+            .then_some((CloseReason::Rebalanced, "rebalancing"))
+    }
+
+    /// While serving or announcing, after [`Rebalance`]'s bounds, on a connection a goodbye
+    /// can ride on.
+    fn rebalance_due(&self, now: Instant) -> bool {
+        let r = self.settings.rebalance;
+        let by_count = r.after_messages > 0 && self.messages >= r.after_messages;
+        let by_age = !r.after.is_zero()
+            && self
+                .ready_at
+                .checked_add(r.after)
+                .is_some_and(|at| now >= at);
+        self.state == State::Ready
+            && self.one_at_a_time
+            && matches!(self.drain.phase, Phase::Serving | Phase::Announcing)
+            && !self.drain.is_exiting()
+            && (by_count || by_age)
+    }
+
+    /// When [`Rebalance::after`] makes a goodbye due, if that is still to come.
+    fn rebalance_at(&self) -> Option<Instant> {
+        let after = self.settings.rebalance.after;
+        (!after.is_zero() && self.state == State::Ready && self.one_at_a_time)
+            .then(|| self.ready_at.checked_add(after))
+            .flatten()
+    }
+
+    /// Refusing, the exit not decided: the drain's goodbye.
+    fn refusing(&self) -> bool {
+        self.drain.phase == Phase::Refusing && !self.drain.is_exiting()
     }
 
     /// After the handshake, nothing owed, nothing buffered, the peer still there.
@@ -527,8 +597,60 @@ impl Conn {
         self.last_activity.checked_add(self.settings.idle_timeout)
     }
 
-    /// The next action when nothing needs an answer: close at EOF, on a stalled frame, or
-    /// when idle while refusing (after a look at the socket); otherwise wait.
+    /// When a quiet connection says the drain's goodbye.
+    fn quiet_at(&self) -> Instant {
+        self.last_activity
+            .checked_add(self.settings.drain_quiet)
+            .unwrap_or(self.last_activity)
+    }
+
+    /// Whether ACKs may be written straight to the socket by whoever has them: only while
+    /// serving, and until a goodbye is due. Otherwise they are handed to the connection,
+    /// which decides whether the goodbye rides on the last one.
+    fn direct_acks(&self, now: Instant) -> bool {
+        self.drain.is_serving() && !self.rebalance_due(now)
+    }
+
+    fn max_inflight(&self) -> usize {
+        self.settings.max_inflight.max(1)
+    }
+
+    /// The largest frame accepted now: [`HELLO_FRAME_LIMIT`] before the handshake.
+    fn frame_limit(&self) -> u32 {
+        match self.state {
+            State::AwaitHello => HELLO_FRAME_LIMIT.min(self.settings.max_frame_size),
+            _ => self.max_frame_size,
+        }
+    }
+
+    /// Whether another whole frame is already buffered (HAProxy pipelined a burst).
+    fn frame_waiting(&self) -> bool {
+        match self.buf.get(..4) {
+            Some(&[a, b, c, d]) => {
+                let len = u32::from_be_bytes([a, b, c, d]) as usize;
+                self.buf.len() >= len.saturating_add(4)
+            }
+            _ => false,
+        }
+    }
+
+    /// How many free bytes the buffer should have for the next read: what is missing of the
+    /// frame being read (at least [`READ_ROOM`], at most [`READ_ROOM_MAX`] at once), or
+    /// enough for a HELLO before the handshake.
+    fn read_room(&self) -> usize {
+        let limit = self.frame_limit() as usize + 4;
+        match self.buf.get(..4) {
+            Some(&[a, b, c, d]) => {
+                let total = (u32::from_be_bytes([a, b, c, d]) as usize).saturating_add(4);
+                let missing = total.saturating_sub(self.buf.len()).min(limit);
+                missing.clamp(READ_ROOM.min(limit), READ_ROOM_MAX)
+            }
+            _ => READ_ROOM.min(limit),
+        }
+    }
+
+    /// The next action when nothing needs an answer: close at EOF, on a stalled frame or a
+    /// missing HELLO, look at the socket when a goodbye may be due, otherwise wait.
     fn next(&mut self, now: Instant) -> Action {
         if self.eof && self.owed == 0 {
             return self.on_eof();
@@ -547,13 +669,11 @@ impl Conn {
                 "frame not completed in time",
             ));
         }
-        let mut until = stalled_at;
-        let hello_at = match self.state {
-            State::AwaitHello => self.accepted.checked_add(self.settings.hello_timeout),
-            _ => None,
-        };
-        if let Some(hello_at) = hello_at {
-            if now >= hello_at {
+        let mut timers = Timers::default();
+        timers.add(stalled_at);
+        if self.state == State::AwaitHello {
+            let hello_at = self.accepted.checked_add(self.settings.hello_timeout);
+            if hello_at.is_some_and(|at| now >= at) {
                 self.state = State::Closed;
                 let mut bytes = Vec::new();
                 frame::encode_agent_disconnect(
@@ -566,31 +686,59 @@ impl Conn {
                     reason: CloseReason::HelloTimeout,
                 };
             }
-            until = Some(until.map_or(hello_at, |u| u.min(hello_at)));
+            timers.add(hello_at);
         }
-        if let Some(idle_at) = self
-            .idle_at()
-            .filter(|_| self.quiet() && !self.unread_waiting)
-        {
-            if now >= idle_at {
-                self.probing_idle = true;
+        if self.quiet() && !self.unread_waiting {
+            let idle_at = self.idle_at();
+            let drain_at = self.refusing().then(|| self.quiet_at());
+            if [idle_at, drain_at].iter().flatten().any(|at| now >= *at) {
+                self.probing = Some(Probing::Idle);
                 return Action::Probe;
             }
-            until = Some(until.map_or(idle_at, |u| u.min(idle_at)));
+            timers.add(idle_at);
+            timers.add(drain_at);
         }
-        if self.idle() && !self.unread_waiting {
-            let quiet_at = self.last_activity + self.settings.drain_quiet;
-            if now >= quiet_at {
-                return Action::Probe;
-            }
-            until = Some(until.map_or(quiet_at, |u| u.min(quiet_at)));
+        if !self.rebalance_due(now) && self.drain.is_serving() {
+            // The goodbye's due time turns the ACKs over to the connection.
+            timers.add(self.rebalance_at());
         }
-        Action::Wait {
-            // Not while a whole frame waits to be decoded: a peer that pipelines faster than
-            // its ACKs are taken would otherwise fill the buffer (measured: 64 MiB from one
-            // connection that never read, 8 KiB per ACK).
-            read: !self.eof && self.owed < self.max_inflight() && !self.frame_waiting(),
+        if self.no_room.flatten().is_some_and(|at| now >= at) {
+            self.no_room = None;
+        }
+        if self.no_room.is_some() {
+            timers.add(self.no_room.flatten());
+        }
+        if self.buf.is_empty() && self.buf.capacity() > READ_ROOM_MAX {
+            // Give a large frame's memory back.
+            self.buf = BytesMut::new();
+        }
+        Action::Wait(self.wait(now, timers.first))
+    }
+
+    fn wait(&self, now: Instant, until: Option<Instant>) -> Wait {
+        let bound = self.max_inflight();
+        let evaluations_full = self.evaluations >= bound;
+        // Not while a whole frame waits to be decoded: a peer that pipelines faster than its
+        // ACKs are taken would otherwise fill the buffer (measured: 64 MiB from one
+        // connection that never read, 8 KiB per ACK).
+        let read = !self.eof
+            && self.owed < bound
+            && !evaluations_full
+            && self.unsent <= self.settings.max_unsent
+            && !self.frame_waiting()
+            && self.no_room.is_none();
+        let direct_acks = self.direct_acks(now);
+        Wait {
+            read: read.then(|| self.read_room()),
             until,
+            direct_acks,
+            ack_wakes: !direct_acks || self.eof || self.owed >= bound,
+            evaluation_wakes: evaluations_full,
+            memory_wakes: self.no_room.is_some(),
+            holding: Holding {
+                capacity: self.buf.capacity(),
+                unfinished_since: self.partial_since.filter(|_| !self.frame_waiting()),
+            },
         }
     }
 
@@ -683,6 +831,7 @@ impl Conn {
                     frame_id: f.frame_id,
                     size: held_size(wire, &messages),
                     messages,
+                    inline: self.drain.is_serving(),
                 },
                 Err(e) => self.fail(e),
             },
@@ -698,9 +847,11 @@ impl Conn {
             Ok(n) => n,
             Err(e) => return self.fail(e),
         };
-        negotiated.pipelining &= self.settings.pipelining;
-        let refuse = self.drain.refuses_hellos()
-            || (negotiated.healthcheck && self.drain.refuses_healthchecks());
+        negotiated.pipelining &= self.settings.pipelining && negotiated.offered_async;
+        // Health checks are answered until the drain refuses work, like HELLOs: HAProxy
+        // then marks the agent DOWN only after its connections have said goodbye, so that
+        // `on-marked-down shutdown-sessions` (which contains a hung agent) finds none to cut.
+        let refuse = self.drain.is_refusing();
         if refuse {
             self.state = State::Closed;
             let mut reply = Vec::new();
@@ -722,8 +873,25 @@ impl Conn {
         self.state = State::Ready;
         self.had_session = true;
         self.max_frame_size = negotiated.max_frame_size;
-        self.pipelined = negotiated.pipelining;
         Event::Ready { reply, negotiated }
+    }
+}
+
+fn lingering(drain: Seen) -> bool {
+    drain.phase == Phase::Lingering && !drain.is_exiting()
+}
+
+/// The earliest of a few optional instants.
+#[derive(Debug, Default)]
+struct Timers {
+    first: Option<Instant>,
+}
+
+impl Timers {
+    fn add(&mut self, at: Option<Instant>) {
+        if let Some(at) = at {
+            self.first = Some(self.first.map_or(at, |f| f.min(at)));
+        }
     }
 }
 

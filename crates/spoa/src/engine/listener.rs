@@ -13,7 +13,7 @@ use tokio::net::{TcpListener, UnixListener};
 use super::ack::AckSink;
 use super::task::serve_split;
 use super::Bind;
-use super::Shared;
+use super::Engine;
 
 /// A bound listener.
 #[derive(Debug)]
@@ -92,21 +92,21 @@ pub enum Accepted {
 /// evaluation threads share its write half, to write their ACKs themselves.
 pub async fn serve_accepted(
     (io, peer): (Accepted, Option<IpAddr>),
-    shared: Arc<Shared>,
+    engine: Arc<Engine>,
     watch: Watch,
 ) {
-    shared.metrics.connections_total.inc();
+    engine.metrics.connections_total.inc();
     match io {
         Accepted::Tcp(s) => {
             let _ = s.set_nodelay(true);
             let (rd, wr) = s.into_split();
             let sink = AckSink::for_socket(wr);
-            serve_split(rd, sink.writer(), sink, peer, shared, watch).await;
+            serve_split(rd, sink.writer(), sink, peer, engine, watch).await;
         }
         Accepted::Unix(s) => {
             let (rd, wr) = s.into_split();
             let sink = AckSink::for_socket(wr);
-            serve_split(rd, sink.writer(), sink, peer, shared, watch).await;
+            serve_split(rd, sink.writer(), sink, peer, engine, watch).await;
         }
     }
 }

@@ -64,9 +64,9 @@ pub struct Memory {
     gauge: Gauge,
 }
 
-/// What a connection under pressure may do.
+/// What a connection under pressure may do ([`Memory::relieve`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Pressure {
+pub enum Relief {
     /// A frame was dropped somewhere: try again.
     Evicted,
     /// Wait for bytes to be released, or until this instant (when the oldest unfinished
@@ -167,26 +167,26 @@ impl Memory {
     /// Under pressure, connection `me` (unfinished since `mine`, if at all) asks for room:
     /// the oldest unfinished frame elsewhere is dropped if it has been unfinished for
     /// [`EVICT_AGE`] and is older than `me`'s own.
-    pub fn relieve(&self, me: u64, mine: Option<Instant>, now: Instant) -> Pressure {
+    pub fn relieve(&self, me: u64, mine: Option<Instant>, now: Instant) -> Relief {
         let mut partials = self.partials();
         let oldest = partials
             .iter()
             .find(|((_, id), _)| *id != me)
             .map(|(k, v)| (*k, Arc::clone(v)));
         let Some(((since, id), evict)) = oldest else {
-            return Pressure::Wait(None);
+            return Relief::Wait(None);
         };
         if mine.is_some_and(|m| m <= since) {
             // Ours is the oldest: wait for the others to finish or be released.
-            return Pressure::Wait(None);
+            return Relief::Wait(None);
         }
         if now.saturating_duration_since(since) < EVICT_AGE {
-            return Pressure::Wait(Some(since + EVICT_AGE));
+            return Relief::Wait(Some(since + EVICT_AGE));
         }
         partials.remove(&(since, id));
         drop(partials);
         evict.set();
-        Pressure::Evicted
+        Relief::Evicted
     }
 }
 
@@ -309,23 +309,20 @@ mod tests {
         young.set_partial(Some(t0 + Duration::from_millis(500)));
         assert_eq!(
             mem.relieve(me.id(), None, t0 + Duration::from_millis(100)),
-            Pressure::Wait(Some(t0 + EVICT_AGE))
+            Relief::Wait(Some(t0 + EVICT_AGE))
         );
         // The oldest asking for room waits for the others.
         assert_eq!(
             mem.relieve(old.id(), old.partial(), t0 + EVICT_AGE * 2),
-            Pressure::Wait(None)
+            Relief::Wait(None)
         );
-        assert_eq!(
-            mem.relieve(me.id(), None, t0 + EVICT_AGE),
-            Pressure::Evicted
-        );
+        assert_eq!(mem.relieve(me.id(), None, t0 + EVICT_AGE), Relief::Evicted);
         assert!(old.evict().is_set());
         assert!(!young.evict().is_set());
         young.set_partial(None);
         assert_eq!(
             mem.relieve(me.id(), None, t0 + EVICT_AGE * 3),
-            Pressure::Wait(None)
+            Relief::Wait(None)
         );
     }
 }

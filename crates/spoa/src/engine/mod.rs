@@ -1,10 +1,11 @@
 //! The SPOP connection engine: listeners (TCP, `unix://`), one task per connection,
 //! pipelined NOTIFYs evaluated concurrently (bounded per connection, and globally by the
 //! evaluation threads of [`pool`]), every NOTIFY ACKed exactly once, every frame written
-//! whole, and the drain recipe of `docs/spoa.md`.
+//! whole, the drain recipe of `docs/spoa.md`, and the goodbye that rebalances HAProxy's
+//! connections.
 //!
-//! - [`conn`]: one connection's decisions, sans-IO (handshake, what is owed, when to say
-//!   goodbye and with what);
+//! - [`conn`]: one connection's decisions, sans-IO (handshake, what is owed, what to read and
+//!   when, who writes the ACKs, when to say goodbye and with what);
 //! - [`task`]: the tokio task that carries them out (reads, writes, evaluations, timers);
 //! - [`ack`]: the one way an ACK leaves (written by whoever has it while serving, handed to
 //!   the connection while draining);
@@ -33,7 +34,7 @@ use prometheus_client::metrics::gauge::Gauge;
 pub use bind::Bind;
 pub use handler::{error_vars, Answer, Handler, Later, Vars, AGENT_ERROR};
 pub use listener::{serve_accepted, Accepted, Listener};
-pub use task::{serve_conn, Unread};
+pub use task::{serve_conn, Unread, MAX_UNSENT};
 
 use crate::metrics::Metrics;
 use budget::Budget;
@@ -49,15 +50,21 @@ pub struct Limits {
     pub max_inflight_per_connection: usize,
     /// A frame started but not finished within this time closes the connection (status 2).
     pub partial_frame_timeout: Duration,
-    /// Announce `pipelining` when HAProxy offers it (default true). Measured on HAProxy 2.6
-    /// (docs/termination.md): without it the drain is race-free (ACK + DISCONNECT on the
-    /// connection's only NOTIFY) and fast, but one request in a plain 8,000-request run
-    /// then waited 30 s (cause not established), so it stays on.
+    /// Agree to `pipelining` when HAProxy's SPOE applet (2.6, 3.0) offers it (default true);
+    /// never with the multiplexer of 3.1+ ([`conn::Settings::pipelining`]). Without it,
+    /// HAProxy 2.6.12 leaves NOTIFYs queued after an ACK (its sync mode looks at the queue
+    /// only when a new message comes: HAProxy bc9fb6462, fixed in 2.8; measured: 17 of
+    /// 5,213 requests failed `timeout processing` with 0/-1/-1/-1/5000 queue timers).
     pub pipelining: bool,
-    /// While refusing, an idle connection is closed only once nothing has come or gone on
-    /// it for this long (default zero: at once). Measured only together with
-    /// `pipelining: false` (1 s); with pipelining it would only make drains longer.
+    /// While refusing, a connection with nothing owed says goodbye after nothing came or went
+    /// on it for this long ([`DRAIN_QUIET`]); a busy one says it on the ACK of its next
+    /// NOTIFY.
     pub drain_quiet: Duration,
+    /// A rebalancing goodbye after this many NOTIFYs on a connection (0: never).
+    pub rebalance_after_messages: u64,
+    /// A rebalancing goodbye on a connection at most this long after its handshake (each
+    /// connection's age is between half of it and all of it; zero: never).
+    pub rebalance_after: Duration,
     /// Every NOTIFY is answered within this time of its arrival; at the deadline with the
     /// failure verdict ([`budget`]).
     pub evaluation_timeout: Duration,
@@ -89,6 +96,12 @@ pub const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(600);
 /// Default `max_buffered_bytes`: 64 frames of the largest size.
 pub const MAX_BUFFERED_BYTES: usize = 64 << 20;
+/// Default `drain_quiet`.
+pub const DRAIN_QUIET: Duration = Duration::from_millis(500);
+/// Default `rebalance_after_messages`.
+pub const REBALANCE_AFTER_MESSAGES: u64 = 0;
+/// Default `rebalance_after`.
+pub const REBALANCE_AFTER: Duration = Duration::from_secs(1);
 
 impl Default for Limits {
     fn default() -> Self {
@@ -97,7 +110,9 @@ impl Default for Limits {
             max_inflight_per_connection: 64,
             partial_frame_timeout: Duration::from_secs(30),
             pipelining: true,
-            drain_quiet: Duration::ZERO,
+            drain_quiet: DRAIN_QUIET,
+            rebalance_after_messages: REBALANCE_AFTER_MESSAGES,
+            rebalance_after: REBALANCE_AFTER,
             evaluation_timeout: EVALUATION_TIMEOUT,
             max_overruns: 0,
             hello_timeout: HELLO_TIMEOUT,
@@ -108,12 +123,24 @@ impl Default for Limits {
 }
 
 impl Limits {
-    fn conn_settings(&self) -> conn::Settings {
+    /// The settings of the `n`th connection. Its rebalancing age is spread over
+    /// [`rebalance_after`](Self::rebalance_after) x [1/2, 1) along a low-discrepancy sequence,
+    /// so that connections HAProxy opened together do not say goodbye together (measured
+    /// behind HAProxy 3.0 with one age for all: the three agents' shares were 14/49/36 % in
+    /// the first rounds, while connections came and went in bursts).
+    fn conn_settings(&self, n: u64) -> conn::Settings {
+        // The fractional part of n times the golden ratio's conjugate: evenly spread.
+        let spread = (n as f64 * 0.618_033_988_749_894_9).fract();
         conn::Settings {
             max_frame_size: self.max_frame_size,
             pipelining: self.pipelining,
             max_inflight: self.max_inflight_per_connection,
+            max_unsent: MAX_UNSENT,
             drain_quiet: self.drain_quiet,
+            rebalance: conn::Rebalance {
+                after_messages: self.rebalance_after_messages,
+                after: self.rebalance_after.mul_f64(0.5 + spread / 2.0),
+            },
             partial_frame_timeout: self.partial_frame_timeout,
             hello_timeout: self.hello_timeout,
             idle_timeout: self.idle_timeout,
@@ -121,8 +148,11 @@ impl Limits {
     }
 }
 
-/// What every connection task shares.
-pub struct Shared {
+/// The engine: what every connection task shares (the handler, the evaluation threads and
+/// their budget, the memory cap, the limits, the lifecycle and the metrics).
+pub struct Engine {
+    /// Connections served so far (each gets its settings from [`Limits::conn_settings`]).
+    connections: std::sync::atomic::AtomicU64,
     handler: Arc<dyn Handler>,
     metrics: Arc<Metrics>,
     handle: Handle,
@@ -132,7 +162,7 @@ pub struct Shared {
     limits: Limits,
 }
 
-impl Shared {
+impl Engine {
     /// `workers` evaluation threads (started here) bound concurrent evaluations across all
     /// connections; `limits.max_overruns` zero means as many as `workers`.
     pub fn new(
@@ -158,7 +188,8 @@ impl Shared {
             Arc::clone(&metrics),
         );
         let memory = Memory::new(limits.max_buffered_bytes, metrics.buffered_bytes.clone());
-        Arc::new(Shared {
+        Arc::new(Engine {
+            connections: std::sync::atomic::AtomicU64::new(0),
             handler,
             metrics,
             handle,
@@ -167,6 +198,14 @@ impl Shared {
             memory,
             limits,
         })
+    }
+
+    /// The settings of a new connection.
+    fn conn_settings(&self) -> conn::Settings {
+        let n = self
+            .connections
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.limits.conn_settings(n)
     }
 
     /// Stops the evaluation threads: what is queued is dropped, and what is running is
@@ -190,5 +229,34 @@ impl GaugeGuard {
 impl Drop for GaugeGuard {
     fn drop(&mut self) {
         self.0.dec();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each connection's rebalancing age lies in [rebalance_after / 2, rebalance_after), and
+    /// connections opened together get ages spread over that range (no two of the first ten
+    /// within a fortieth of it).
+    #[test]
+    fn rebalancing_ages_are_spread_over_half_to_all_of_rebalance_after() {
+        let limits = Limits::default();
+        let ages: Vec<Duration> = (0..10)
+            .map(|n| limits.conn_settings(n).rebalance.after)
+            .collect();
+        for a in &ages {
+            assert!(*a >= REBALANCE_AFTER / 2 && *a < REBALANCE_AFTER, "{a:?}");
+        }
+        let mut sorted = ages.clone();
+        sorted.sort();
+        for w in sorted.windows(2) {
+            assert!(w[1] - w[0] >= REBALANCE_AFTER / 40, "{sorted:?}");
+        }
+        let off = Limits {
+            rebalance_after: Duration::ZERO,
+            ..Limits::default()
+        };
+        assert!(off.conn_settings(7).rebalance.after.is_zero());
     }
 }

@@ -7,7 +7,12 @@
 //!   `var(txn.<prefix>.action)`; the same for responses when they are sent;
 //! - **lossless rollouts**: the agents' backend has two or more servers, `option
 //!   spop-check` and `check` on each (a draining agent refuses health checks; with one
-//!   server, DOWN means every request fails);
+//!   server, DOWN means every request fails); the SPOE agent has `max-waiting-frames 1`
+//!   (HAProxy then waits for each ACK on a connection, and an agent's goodbye rides on it
+//!   without failing a message);
+//! - **a hung agent**: `on-marked-down shutdown-sessions` on each agent server (or its
+//!   `default-server`): HAProxy closes a stopped agent's connections when it marks it DOWN,
+//!   and the retry asks another agent, instead of waiting `timeout processing` on each;
 //! - **notes**: `option continue-on-error` with a second send (a connection closed under a
 //!   request), `timeout processing` below 1s, `timeout hello`/`timeout idle` (ignored by
 //!   HAProxy 3.1+, where the backend's `timeout connect`/`timeout server` apply), a request
@@ -267,6 +272,7 @@ impl Frontend<'_> {
         }
 
         self.request_body(&sends, &req_event, out);
+        self.one_at_a_time(agent, spoe_file, out);
         self.backend(agent, spoe_file, out);
         self.notes(agent, spoe_file, &prefix, error_var.as_ref(), &sends, out);
     }
@@ -469,6 +475,61 @@ impl Frontend<'_> {
         }
     }
 
+    /// One NOTIFY at a time per agent connection (`max-waiting-frames 1`), pipelining and
+    /// `async` as HAProxy 2.6 and 3.0 offer them.
+    fn one_at_a_time(&self, agent: &Section, spoe_file: &Path, out: &mut Vec<Finding>) {
+        let frames = agent.find(&["max-waiting-frames"]);
+        if frames.and_then(|l| l.words.get(1)).map(String::as_str) != Some("1") {
+            out.push(self.finding(
+                spoe_file,
+                frames.map_or(agent.line, |l| l.no),
+                Level::Fix,
+                format!(
+                    "spoe-agent `{}` lets HAProxy 2.6 and 3.0 send up to {} NOTIFYs on an agent \
+                     connection before the first ACK: an agent's goodbye (a drain, a \
+                     rebalancing) can cross one, which HAProxy fails (`st=256` in its log, then \
+                     the retry), and a hung agent's connections hold that many messages each; \
+                     with 1, HAProxy waits for each ACK and the goodbye rides on it (3.1 and \
+                     later ignore the line)",
+                    agent.name,
+                    frames
+                        .and_then(|l| l.words.get(1))
+                        .map_or("20 (the default)", String::as_str)
+                ),
+                Some("max-waiting-frames 1".into()),
+            ));
+        }
+        if let Some(l) = agent.find(&["no", "option", "pipelining"]) {
+            out.push(
+                self.finding(
+                    spoe_file,
+                    l.no,
+                    Level::Note,
+                    "without pipelining HAProxy before 2.6.14 and 2.8 (Debian 12's 2.6.12) leaves \
+                     messages queued after an ACK until another one comes (HAProxy bc9fb6462): \
+                     requests wait `timeout processing`; `max-waiting-frames 1` gives one message \
+                     at a time without it"
+                        .into(),
+                    Some("max-waiting-frames 1   (in place of this line)".into()),
+                ),
+            );
+        }
+        if let Some(l) = agent.find(&["no", "option", "async"]) {
+            out.push(
+                self.finding(
+                    spoe_file,
+                    l.no,
+                    Level::Note,
+                    "HAProxy 2.6 and 3.0 then offer `pipelining` alone, as the multiplexer of 3.1 \
+                     and later does, and lastcall-spoa declines it (see the note on `no option \
+                     pipelining`)"
+                        .into(),
+                    Some("remove this line".into()),
+                ),
+            );
+        }
+    }
+
     /// The agents' backend.
     fn backend(&self, agent: &Section, spoe_file: &Path, out: &mut Vec<Finding>) {
         let Some(use_backend) = agent.find(&["use-backend"]) else {
@@ -534,6 +595,31 @@ impl Frontend<'_> {
                 "this agent server is not health-checked: a draining agent is never marked DOWN".into(),
                 Some("check inter 1s fall 2 rise 1 (on this line)".into()),
             ));
+        }
+        let shuts = |l: &Line| {
+            l.words
+                .windows(2)
+                .any(|w| w[0] == "on-marked-down" && w[1] == "shutdown-sessions")
+        };
+        let by_default = backend.all(&["default-server"]).any(shuts)
+            || self
+                .defaults_line(backend.line, file, &["default-server"])
+                .is_some_and(shuts);
+        for s in servers.iter().filter(|s| !by_default && !shuts(s)) {
+            out.push(
+                self.finding(
+                    file,
+                    s.no,
+                    Level::Fix,
+                    "a hung agent (a stopped process, a frozen node) keeps this server's \
+                 connections after HAProxy marks it DOWN: the messages on them wait `timeout \
+                 processing` (and on HAProxy 3.1+ some fail); with this, HAProxy closes them at \
+                 DOWN and the retry asks another agent (a draining agent has said goodbye on \
+                 every connection before then)"
+                        .into(),
+                    Some("on-marked-down shutdown-sessions (on this line)".into()),
+                ),
+            );
         }
         let mode = backend
             .find(&["mode"])
@@ -660,6 +746,7 @@ spoe-agent coraza-agent
     option set-on-error error
     option continue-on-error
     timeout processing 2s
+    max-waiting-frames 1
     use-backend coraza-spoa
 spoe-message coraza-req
     args app=str(a) method=method path=path body=req.body
@@ -683,8 +770,8 @@ frontend web
 backend coraza-spoa
     mode tcp
     option spop-check
-    server s1 127.0.0.1:9000 check
-    server s2 127.0.0.1:9001 check
+    server s1 127.0.0.1:9000 check on-marked-down shutdown-sessions
+    server s2 127.0.0.1:9001 check on-marked-down shutdown-sessions
 ";
 
     /// Without `option http-buffer-request` (here, or in the defaults) or a `wait-for-body`
@@ -726,6 +813,65 @@ backend coraza-spoa
         assert!(f.iter().all(|f| f.level == Level::Note), "{:#?}", shown(&f));
     }
 
+    /// A goodbye that crosses nothing needs one NOTIFY at a time (`max-waiting-frames 1`); a
+    /// hung agent's connections are closed at DOWN with `on-marked-down shutdown-sessions`
+    /// (on each server, or on a `default-server` of the backend or of the defaults).
+    #[test]
+    fn one_message_at_a_time_and_the_hung_agent() {
+        let table: Vec<(String, String, Vec<&str>)> = vec![
+            (
+                GOOD_HAPROXY.to_string(),
+                GOOD_SPOE.replace("    max-waiting-frames 1\n", ""),
+                vec!["coraza.cfg:2 Fix spoe-agent `coraza-agent` lets HAProxy 2.6 and 3.0 send up to 20 (the default) NOTIFYs on an agent connection before the first ACK: an agent's goodbye (a drain, a rebalancing) can cross one, which HAProxy fails (`st=256` in its log, then the retry), and a hung agent's connections hold that many messages each; with 1, HAProxy waits for each ACK and the goodbye rides on it (3.1 and later ignore the line)"],
+            ),
+            (
+                GOOD_HAPROXY.to_string(),
+                GOOD_SPOE.replace("max-waiting-frames 1", "max-waiting-frames 5"),
+                vec!["coraza.cfg:8 Fix spoe-agent `coraza-agent` lets HAProxy 2.6 and 3.0 send up to 5 NOTIFYs on an agent connection before the first ACK: an agent's goodbye (a drain, a rebalancing) can cross one, which HAProxy fails (`st=256` in its log, then the retry), and a hung agent's connections hold that many messages each; with 1, HAProxy waits for each ACK and the goodbye rides on it (3.1 and later ignore the line)"],
+            ),
+            (
+                GOOD_HAPROXY.to_string(),
+                GOOD_SPOE.replace("    max-waiting-frames 1\n", "    max-waiting-frames 1\n    no option pipelining\n    no option async\n"),
+                vec![
+                    "coraza.cfg:9 Note without pipelining HAProxy before 2.6.14 and 2.8 (Debian 12's 2.6.12) leaves messages queued after an ACK until another one comes (HAProxy bc9fb6462): requests wait `timeout processing`; `max-waiting-frames 1` gives one message at a time without it",
+                    "coraza.cfg:10 Note HAProxy 2.6 and 3.0 then offer `pipelining` alone, as the multiplexer of 3.1 and later does, and lastcall-spoa declines it (see the note on `no option pipelining`)",
+                ],
+            ),
+            (
+                GOOD_HAPROXY.replace(" on-marked-down shutdown-sessions", ""),
+                GOOD_SPOE.to_string(),
+                vec![
+                    "haproxy.cfg:16 Fix a hung agent (a stopped process, a frozen node) keeps this server's connections after HAProxy marks it DOWN: the messages on them wait `timeout processing` (and on HAProxy 3.1+ some fail); with this, HAProxy closes them at DOWN and the retry asks another agent (a draining agent has said goodbye on every connection before then)",
+                    "haproxy.cfg:17 Fix a hung agent (a stopped process, a frozen node) keeps this server's connections after HAProxy marks it DOWN: the messages on them wait `timeout processing` (and on HAProxy 3.1+ some fail); with this, HAProxy closes them at DOWN and the retry asks another agent (a draining agent has said goodbye on every connection before then)",
+                ],
+            ),
+            (
+                GOOD_HAPROXY.replace(" on-marked-down shutdown-sessions", "").replace(
+                    "    option spop-check\n",
+                    "    option spop-check\n    default-server inter 1s on-marked-down shutdown-sessions\n",
+                ),
+                GOOD_SPOE.to_string(),
+                vec![],
+            ),
+            (
+                GOOD_HAPROXY
+                    .replace(" on-marked-down shutdown-sessions", "")
+                    .replace("    mode http\n", "    mode http\n    default-server on-marked-down shutdown-sessions\n"),
+                GOOD_SPOE.to_string(),
+                vec![],
+            ),
+        ];
+        for (haproxy, spoe, want) in table {
+            let f = check(&files(&haproxy, &spoe));
+            assert_eq!(shown(&f), want, "{haproxy}\n{spoe}");
+        }
+        let f = check(&files(
+            GOOD_HAPROXY,
+            &GOOD_SPOE.replace("    max-waiting-frames 1\n", ""),
+        ));
+        assert_eq!(f[0].add.as_deref(), Some("max-waiting-frames 1"));
+    }
+
     #[test]
     fn the_recommended_setup_has_nothing_to_fix() {
         let f = check(&files(GOOD_HAPROXY, GOOD_SPOE));
@@ -737,7 +883,10 @@ backend coraza-spoa
     #[test]
     fn coraza_spoa_example_shape() {
         let haproxy = GOOD_HAPROXY
-            .replace("    server s2 127.0.0.1:9001 check\n", "")
+            .replace(
+                "    server s2 127.0.0.1:9001 check on-marked-down shutdown-sessions\n",
+                "",
+            )
             .replace("    option spop-check\n", "");
         let spoe = GOOD_SPOE
             .replace("    option continue-on-error\n", "")

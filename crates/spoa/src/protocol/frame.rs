@@ -12,6 +12,7 @@ use spop::frame::Message;
 use spop::frames::{Ack, AgentDisconnect, AgentHello, FrameCapabilities};
 use spop::{SpopFrame, StatusCode, TypedData, VarScope};
 
+use super::error::ProtocolError;
 use super::payload::{parse_kv_list, put_kv, put_string, string, typed, varint, Negotiated};
 
 /// Frame type bytes (SPOE.txt 3.2).
@@ -26,47 +27,6 @@ pub mod kind {
 
 const FLAG_FIN: u32 = 0x1;
 const FLAG_ABORT: u32 = 0x2;
-
-/// A protocol violation by the peer: the status code to put in AGENT-DISCONNECT and why.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{reason} (status {})", status.to_u32())]
-pub struct ProtocolError {
-    /// Status code for the AGENT-DISCONNECT frame.
-    pub status: StatusCode,
-    /// Human-readable reason, sent as the DISCONNECT message.
-    pub reason: String,
-}
-
-impl ProtocolError {
-    /// Builds an error with the given status.
-    pub fn new(status: StatusCode, reason: impl Into<String>) -> Self {
-        Self {
-            status,
-            reason: reason.into(),
-        }
-    }
-
-    pub(crate) fn invalid(reason: impl Into<String>) -> Self {
-        Self::new(StatusCode::Invalid, reason)
-    }
-
-    /// A short label for metrics (`spoa_frames_rejected_total{reason}`).
-    pub fn metric_reason(&self) -> &'static str {
-        match self.status {
-            StatusCode::TooBig => "too_big",
-            StatusCode::Invalid => "invalid",
-            StatusCode::NoVersion
-            | StatusCode::NoFrameSize
-            | StatusCode::NoCapabilities
-            | StatusCode::BadVersion
-            | StatusCode::BadFrameSize => "bad_hello",
-            StatusCode::FragmentationNotSupported => "fragmented",
-            StatusCode::Timeout => "timeout",
-            StatusCode::Resource => "resource",
-            _ => "other",
-        }
-    }
-}
 
 /// One frame as read off the wire, header decoded, payload not yet interpreted.
 #[derive(Debug, Clone, PartialEq, Eq)]

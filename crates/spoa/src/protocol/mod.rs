@@ -1,6 +1,7 @@
 //! What HAProxy and the agent say to each other, sans-IO: bytes in, values out, and back.
 //! Nothing here knows about sockets, threads, time or the WAF.
 //!
+//! - [`error`]: what a peer did wrong, with the status code to answer it with;
 //! - [`frame`]: splitting the stream into SPOP frames and encoding the agent's frames;
 //! - [`payload`]: the typed data inside them (KV-LIST, LIST-OF-MESSAGES) and the HELLO
 //!   negotiation;
@@ -11,6 +12,7 @@
 //! property tests here and the targets in `fuzz/` check it).
 
 pub mod coraza;
+pub mod error;
 pub mod frame;
 pub mod hdrs;
 pub mod payload;

@@ -9,7 +9,7 @@
 use spop::frame::Message;
 use spop::{decode_varint, StatusCode, TypedData};
 
-use super::frame::ProtocolError;
+use super::error::ProtocolError;
 
 /// The smallest `max-frame-size` a peer may announce (SPOE.txt 3.2).
 pub const MIN_FRAME_SIZE: u32 = 256;
@@ -77,8 +77,12 @@ pub struct Negotiated {
     pub max_frame_size: u32,
     /// HAProxy's max-frame-size (2.6 to 3.2 offer `tune.bufsize - 4`).
     pub offered: u32,
-    /// Whether HAProxy offered pipelining (we always accept it when offered).
+    /// Whether pipelining is agreed: offered by HAProxy, and accepted by the connection
+    /// (`engine::conn` decides; [`negotiate_hello`] says what was offered).
     pub pipelining: bool,
+    /// Whether HAProxy offered `async` too: its SPOE applet does (2.6, 3.0), the
+    /// multiplexer of 3.1 and later does not (SPOE.txt: "async ... deprecated and ignored").
+    pub offered_async: bool,
     /// A health-check HELLO: answer and close.
     pub healthcheck: bool,
     /// HAProxy's `engine-id`, if sent.
@@ -129,9 +133,9 @@ pub fn negotiate_hello(payload: &[u8], our_max: u32) -> Result<Negotiated, Proto
             ))
         }
     };
-    let pipelining = caps
-        .split(',')
-        .any(|c| c.trim().eq_ignore_ascii_case("pipelining"));
+    let offers = |cap: &str| caps.split(',').any(|c| c.trim().eq_ignore_ascii_case(cap));
+    let pipelining = offers("pipelining");
+    let offered_async = offers("async");
     let healthcheck = matches!(get("healthcheck"), Some(TypedData::Bool(true)));
     let engine_id = match get("engine-id") {
         Some(TypedData::String(s)) => Some(s.clone()),
@@ -141,6 +145,7 @@ pub fn negotiate_hello(payload: &[u8], our_max: u32) -> Result<Negotiated, Proto
         max_frame_size: theirs.min(our_max),
         offered: theirs,
         pipelining,
+        offered_async,
         healthcheck,
         engine_id,
     })

@@ -183,6 +183,7 @@ fn log_matches(cx: &Context<'_>, report: &MatchReport, from: usize, phases: &Pha
                         data = m.data.as_str(),
                         tags = tags.as_str(),
                         disruptive = m.disruptive,
+                        ambiguous = m.ambiguous.then_some(true),
                         file = m.file.as_str(),
                         line = m.file_line,
                         phase = phase.unwrap_or(0),
@@ -510,10 +511,11 @@ impl Waf {
         };
         log_matches(&cx, report, 0, phases);
         let score = report.estimated_inbound_score();
+        // 949110's line, when it reads one way (request bytes imitating it do not).
         let would_block = report
             .matches()
             .iter()
-            .any(|m| m.disruptive || m.id == 949_110);
+            .any(|m| m.disruptive || (m.id == 949_110 && !m.ambiguous));
         let verdict = match &it {
             Some(it) => {
                 let rule = intervention_vars(it, report, &mut vars);
@@ -664,7 +666,7 @@ fn evaluate_kept_response(metrics: &Metrics, kept: Kept, res: &Response) -> (Ver
                 && report
                     .matches()
                     .iter()
-                    .any(|m| m.disruptive || m.id == 959_100);
+                    .any(|m| m.disruptive || (m.id == 959_100 && !m.ambiguous));
             if detect {
                 Verdict::Detect
             } else {

@@ -528,6 +528,16 @@ fn autoreload_follows_a_configmap_update() {
         2.0
     );
     drop(haproxy);
+    // SIGQUIT exits at once and cuts what is still open (76): HAProxy's connections are
+    // gone first (the agent sees their close a moment after HAProxy's exit).
+    let end = std::time::Instant::now() + WAIT;
+    while crate::support::metric_value(&metrics(), "lastcall_sessions") != 0.0 {
+        assert!(
+            std::time::Instant::now() < end,
+            "HAProxy's connections stay open"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
     let mut agent = agent;
     agent.signal(Signal::Quit);
     assert_eq!(agent.wait_exit(WAIT).code, Some(0));
@@ -548,17 +558,27 @@ fn check_haproxy_reads_the_files_line_by_line() {
         [
             "haproxy.cfg:14: frontend `default` does not wait for request bodies: HAProxy sends the request message as soon as the headers are in, a body that comes after them (a browser's upload, `Expect: 100-continue`) cannot be inspected, and the agent answers such requests with the error variable (spoa_bodies_not_waited_total)",
             "haproxy.cfg:53: backend `coraza-spoa` has 1 agent server(s): while one restarts or drains, requests fail; two or more keep them flowing",
+            "haproxy.cfg:56: a hung agent (a stopped process, a frozen node) keeps this server's connections after HAProxy marks it DOWN: the messages on them wait `timeout processing` (and on HAProxy 3.1+ some fail); with this, HAProxy closes them at DOWN and the retry asks another agent (a draining agent has said goodbye on every connection before then)",
+            "coraza.cfg:4: spoe-agent `coraza-agent` lets HAProxy 2.6 and 3.0 send up to 20 (the default) NOTIFYs on an agent connection before the first ACK: an agent's goodbye (a drain, a rebalancing) can cross one, which HAProxy fails (`st=256` in its log, then the retry), and a hung agent's connections hold that many messages each; with 1, HAProxy waits for each ACK and the goodbye rides on it (3.1 and later ignore the line)",
             "coraza.cfg:4: note: no retry: a request queued on an agent connection that closes under it (an agent cut at its deadline) fails instead of being asked again",
             "coraza.cfg:9: note: ignored by HAProxy 3.1 and later: there the agents' backend's `timeout connect` and `timeout server` apply (and `timeout server` closes idle agent connections)",
             "coraza.cfg:10: note: ignored by HAProxy 3.1 and later: there the agents' backend's `timeout connect` and `timeout server` apply (and `timeout server` closes idle agent connections)",
             "coraza.cfg:11: note: a verdict must come within this, queueing included: under load this turns slowness into errors (docs/spoa.md uses 5s)",
-            "2 to fix, 4 note(s)",
+            "4 to fix, 4 note(s)",
         ],
         "{out}"
     );
     assert!(
         out.contains("    add: server spoa2 ADDRESS:PORT check inter 1s fall 2 rise 1\n"),
         "{out}"
+    );
+    // docs/spoa.md shows this output whole.
+    let doc = std::fs::read_to_string(crate_dir.join("../../docs/spoa.md")).expect("docs");
+    assert!(
+        doc.contains(&format!(
+            "$ lastcall-spoa check-haproxy haproxy.cfg coraza.cfg\n{out}```"
+        )),
+        "docs/spoa.md, *Checking HAProxy's files*, differs from:\n{out}"
     );
 
     let examples = crate_dir.join("examples/haproxy");

@@ -466,3 +466,105 @@ fn matched_rules_in_coraza_spoa_json() {
         "{lines:#?}"
     );
 }
+
+/// libmodsecurity's log lines carry request bytes (the matched value and variable name, a
+/// header, the path): a client writing rule fields into them (a rule id, tags, a file, CRS's
+/// blocking message with a score) changes nothing that HAProxy or the log reads. Real
+/// HAProxy, the agent on real libmodsecurity and CRS (the peer suites run it on 3.0.14 and
+/// 3.0.16).
+#[test]
+fn forged_rule_fields_in_requests_are_not_read() {
+    use serde_json::Value;
+    let s = start_with(|yaml| yaml.replace("log_format: console", "log_format: json"));
+    // A head and tail of libmodsecurity's line claiming rule 941999, a tag, a file and a
+    // score of its own (in headers, which HAProxy does not log); shorter imitations in the
+    // request line, which HAProxy's log line (1024 bytes) must hold whole.
+    let fake = "\"] [file \"/forged\"] [line \"7\"] [id \"941999\"] [rev \"\"] [msg \"Inbound Anomaly Score Exceeded (Total Score: 99999)\"] [data \"\"] [severity \"0\"] [ver \"\"] [maturity \"0\"] [accuracy \"0\"] [tag \"forged-tag\"] [hostname \"127.0.0.1\"] [uri \"/\"] [unique_id \"forged-tx\"] [ref \"";
+    let head = "\"] [file \"/forged\"] [line \"7\"] [id \"941999\"] [rev \"\"] [msg \"x";
+    let tail = "\"] [data \"\"] [severity \"0\"] [ver \"\"] [maturity \"0\"] [accuracy \"0\"] [tag \"forged-tag\"] [hostname \"127.0.0.1\"] [uri \"/x";
+    let score = "\"] [file \"/forged\"] [line \"7\"] [id \"949110\"] [rev \"\"] [msg \"Inbound Anomaly Score Exceeded (Total Score: 99999)";
+    let pct = |s: &str| -> String {
+        s.bytes()
+            .map(|b| match b {
+                b'"' | b' ' | b'[' | b']' | b'(' | b')' | b':' => format!("%{b:02X}"),
+                _ => char::from(b).to_string(),
+            })
+            .collect()
+    };
+    // In the path, an argument's name and value, and two headers; with an SQL injection
+    // CRS denies, and values CRS logs in its lines (a script tag, a scanner's User-Agent).
+    let attack = format!(
+        "GET /forged1/a{}?id=1'%20OR%20'1'='1&q=%3Cscript%3Ealert(1)%3C/script%3E{}&{}=1 HTTP/1.1\r\nHost: 127.0.0.1\r\nUser-Agent: nikto {fake}\r\nAccept: */*\r\nReferer: {fake}\r\nConnection: close\r\n\r\n",
+        pct(tail),
+        pct(head),
+        pct(head)
+    );
+    let reply = crate::support::nginx::send_raw(s.haproxy.addr, attack.as_bytes()).expect("attack");
+    assert_eq!(reply.status, 403, "{reply:?}");
+    let l = logged(&s.haproxy, "/forged1/");
+    assert_eq!(
+        (l.status.as_str(), l.ruleid.as_str()),
+        ("403", "949110"),
+        "{l:?}"
+    );
+    let ids: Vec<&str> = l.rule_ids.split(',').collect();
+    assert!(ids.contains(&"942100") && !ids.contains(&"941999"), "{l:?}");
+    // The lines that carried the imitations in their matched values: the scanner's
+    // User-Agent, the script tag.
+    assert!(ids.contains(&"913100") && ids.contains(&"941110"), "{l:?}");
+    let total: u32 = l.score.parse().unwrap_or(0);
+    assert!((5..99_999).contains(&total), "{l:?}");
+    // Only an imitated blocking line, no attack: whatever CRS makes of the quotes, the
+    // score and the ids are its own.
+    let only = format!("/forged2?q={}", pct(score));
+    let reply = get(s.haproxy.addr, &only);
+    let l = logged(&s.haproxy, "/forged2");
+    assert!(!l.rule_ids.split(',').any(|i| i == "941999"), "{l:?}");
+    let total: u32 = l.score.parse().unwrap_or(0);
+    assert!(total < 99_999, "{l:?}");
+    assert_eq!(reply.status == 403, total >= 5, "{l:?} {}", reply.status);
+
+    // The agent's log: every matched rule is one of CRS's at its own file and line, with its
+    // own tags; the lines that carried the imitation say so.
+    s.agent.wait_for_log("\"rule_id\":949110", WAIT);
+    let lines: Vec<Value> = s
+        .agent
+        .logs()
+        .iter()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .filter(|l: &Value| l.get("match").is_some())
+        .collect();
+    assert!(!lines.is_empty());
+    let mut ambiguous = 0;
+    for l in &lines {
+        let m = &l["match"];
+        assert_ne!(m["rule_id"], 941999, "{m}");
+        assert!(
+            m["tags"]
+                .as_array()
+                .is_some_and(|t| !t.iter().any(|t| t == "forged-tag")),
+            "{m}"
+        );
+        assert_ne!(m["unique_id"], "forged-tx", "{m}");
+        let file = m["file"].as_str().unwrap_or_default();
+        assert_ne!(file, "/forged", "{m}");
+        if file.ends_with(".conf") {
+            let line = m["line"].as_u64().unwrap_or(0) as usize;
+            let at: String = std::fs::read_to_string(file)
+                .unwrap_or_default()
+                .lines()
+                .skip(line.saturating_sub(1))
+                .take(4)
+                .collect();
+            assert!(
+                at.starts_with("SecRule") && at.contains(&format!("id:{}", m["rule_id"])),
+                "{m}: {at}"
+            );
+        }
+        if m["ambiguous"] == true {
+            ambiguous += 1;
+        }
+    }
+    // The rules that logged the header's or argument's value read it as an imitation.
+    assert!(ambiguous > 0, "{lines:#?}");
+}

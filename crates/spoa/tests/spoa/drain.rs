@@ -1,6 +1,6 @@
 //! The drain recipe through a real HAProxy with two agents: SIGTERM one agent while requests
-//! flow; its health checks are refused (HAProxy marks it DOWN), its connections close when
-//! idle, it exits 0 well before its deadline, and no request fails.
+//! flow; once it refuses work its connections say goodbye and its health checks are refused,
+//! it exits 0 well before its deadline, HAProxy marks it DOWN, and no request fails.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -80,7 +80,16 @@ fn sigterm_drains_one_agent_without_failing_requests() {
         "left {:?} after SIGTERM",
         report.elapsed_since_signal
     );
-    let status = stack.haproxy.agent_server_status("spoa1");
+    // Its health checks were refused from the refusing phase on, and fail now that it is
+    // gone: HAProxy marks it DOWN within fall x inter (2 s) and a check.
+    let end = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        let status = stack.haproxy.agent_server_status("spoa1");
+        if status.starts_with("DOWN") || Instant::now() > end {
+            break status;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
     assert!(status.starts_with("DOWN"), "spoa1 is {status}");
 
     wait_some(100);

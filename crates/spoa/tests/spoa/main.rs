@@ -9,11 +9,13 @@
 //! - `drain`: the drain recipe with two agents under load.
 //! - `haproxy`: acceptance: benign traffic passes, attacks are denied.
 //! - `hostile`: hostile peers: costly evaluations, strangers' memory, idle connections.
+//! - `hung`: a hung (SIGSTOPped) agent fails no request.
 //! - `load`: the load measurement (ignored by default).
 //! - `protocol`: a raw SPOP client: malformed frames, health checks, pipelining.
 //! - `request_bodies`: bodies however HAProxy hands them over: late, chunked, large, HTTP/2.
 //! - `rollout`: rolling restarts without a failed request.
 //! - `signals`: signals and deadlines.
+//! - `spread`: N agents share the load; a drain moves one share and its successor gets it back.
 //!
 //! The tests that saturate the CPU run one at a time: the `spoa-heavy` group of
 //! `.config/nextest.toml`.
@@ -31,9 +33,11 @@ mod docs;
 mod drain;
 mod haproxy;
 mod hostile;
+mod hung;
 mod load;
 mod protocol;
 mod request_bodies;
 mod rollout;
 mod signals;
+mod spread;
 mod support;

@@ -1,9 +1,9 @@
 //! Signals and deadlines, through a real HAProxy 2.6 (the documented configuration) and the
 //! real CRS, and with a raw SPOP client where HAProxy's own timeouts would get in the way:
 //!
-//! - the deadline: connections that never go idle (one agent with one evaluation worker,
-//!   saturated by 32 clients) are cut at `--drain-timeout`, the agent exits 75 and logs how
-//!   many sessions it cut;
+//! - the deadline: connections that never go quiet (peers that pipeline as HAProxy does
+//!   without `max-waiting-frames 1`, so that no goodbye can ride on an ACK) are cut at
+//!   `--drain-timeout`, the agent exits 75 and logs how many sessions it cut;
 //! - the deadline is the deadline: an evaluation still running then does not hold the exit;
 //! - a second SIGTERM exits within 1 s;
 //! - `--on-sigterm ignore` survives SIGTERM (still serving, still ready) and drains on
@@ -13,7 +13,6 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use crate::support::traffic::Load;
 use crate::support::{Agent, Stack, StackOptions, WAIT};
 use bytes::BytesMut;
 use lastcall_spoa::protocol::frame::{self, AgentFrame};
@@ -41,7 +40,11 @@ fn one_agent(config: Option<&str>, args: &[&str]) -> Stack {
 
 #[test]
 fn deadline_cuts_busy_connections_with_status_75() {
-    let mut stack = one_agent(
+    // HAProxy without `max-waiting-frames 1` pipelines, and under load a connection it keeps
+    // busy never goes quiet: with `max-waiting-frames 1` every busy connection says goodbye on
+    // its next ACK instead (the drain ends in about a second). Four raw peers pipeline as
+    // HAProxy does, two NOTIFYs in flight each, a new one for every ACK, until the end.
+    let mut agent = Agent::start(
         Some(ONE_WORKER),
         &[
             "--shutdown-delay",
@@ -52,15 +55,50 @@ fn deadline_cuts_busy_connections_with_status_75() {
             "info,lastcall_spoa::waf=warn",
         ],
     );
-    let load = Load::start(stack.http(), 32);
-    load.wait_until(500, Duration::from_secs(120));
-    let agent = &mut stack.agents[0];
-    assert!(agent.metric("spoa_connections") >= 1.0);
+    let addr = agent.addr;
+    let peers: Vec<_> = (0..4)
+        .map(|_| {
+            std::thread::spawn(move || {
+                let mut raw = crate::support::spop::Raw::connect(addr, Duration::from_secs(30));
+                raw.hello(16380);
+                let mut sid = 0u64;
+                let mut send = |raw: &mut crate::support::spop::Raw| {
+                    sid += 1;
+                    raw.send(&crate::support::spop::request(
+                        sid,
+                        "/busy",
+                        Some("q=1"),
+                        None,
+                    ))
+                };
+                for _ in 0..2 {
+                    send(&mut raw).expect("notify");
+                }
+                let mut acks = 0u64;
+                loop {
+                    match raw.next() {
+                        Some(AgentFrame::Ack(..)) => {
+                            acks += 1;
+                            if send(&mut raw).is_err() {
+                                return (acks, None);
+                            }
+                        }
+                        other => return (acks, other),
+                    }
+                }
+            })
+        })
+        .collect();
+    let end = Instant::now() + WAIT;
+    while agent.metric("spoa_connections") < 4.0 {
+        assert!(Instant::now() < end, "the peers never connected");
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let mark = agent.pod.log_len();
     agent.pod.signal(Signal::Term);
     let report = agent.pod.wait_exit(Duration::from_secs(30));
-    let totals = load.stop();
-    eprintln!("DEADLINE: {report:?}; load: {totals}");
+    let ends: Vec<_> = peers.into_iter().map(|p| p.join().expect("peer")).collect();
+    eprintln!("DEADLINE: {report:?}; peers (ACKs, last frame): {ends:?}");
     assert_eq!(report.code, Some(lastcall::exit::DEADLINE), "{report:?}");
     assert!(
         report.elapsed_since_signal >= Duration::from_millis(3900)
@@ -68,7 +106,15 @@ fn deadline_cuts_busy_connections_with_status_75() {
         "left {:?} after SIGTERM, deadline 4s",
         report.elapsed_since_signal
     );
-    let logs = stack.agents[0].pod.logs();
+    for (acks, last) in &ends {
+        assert!(*acks > 0, "a peer got no ACK");
+        // Cut at the deadline: AGENT-DISCONNECT status 0, or the close itself.
+        assert!(
+            matches!(last, Some(AgentFrame::Disconnect(0, _)) | None),
+            "{last:?}"
+        );
+    }
+    let logs = agent.pod.logs();
     let line = logs
         .iter()
         .skip(mark)

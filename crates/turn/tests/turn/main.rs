@@ -17,6 +17,7 @@
 //! - `kernel`: the kernel fast path (`--kernel-relay`) with uclient's flag sets, IPv4 and IPv6.
 //! - `node_ip`: the chart's node ExternalIP lookup against recorded Kubernetes API answers.
 //! - `operations`: `GET /`, coturn's metric types (promtool), the Prometheus port, `--validate`.
+//! - `privileged`: a port below 1024 as uid 65534 with the file capability; refused without it.
 //! - `process`: turnserver.conf, flags, `--help`, TLS reload, the drain's answers.
 //! - `signals`: every signal coturn handles, sent during a live call.
 //! - `systemd`: Debian's coturn.service (Type=notify, `--pidfile=`) with a real notify socket.
@@ -47,6 +48,7 @@ mod interop;
 mod kernel;
 mod node_ip;
 mod operations;
+mod privileged;
 mod process;
 mod signals;
 mod systemd;

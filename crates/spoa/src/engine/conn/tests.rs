@@ -4,27 +4,27 @@
 use std::time::Duration;
 
 use bytes::BytesMut;
-use lastcall::Phase;
+use lastcall::{Phase, Seen};
 use spop::frame::Message;
-use tokio::time::Instant;
+use std::time::Instant;
 
 use super::*;
 use crate::protocol::frame::{decode_agent_frame, AgentFrame};
 
-const SERVING: Drain = Drain::SERVING;
-const ANNOUNCING: Drain = Drain {
+const SERVING: Seen = Seen::SERVING;
+const ANNOUNCING: Seen = Seen {
     phase: Phase::Announcing,
     exiting: false,
 };
-const REFUSING: Drain = Drain {
+const REFUSING: Seen = Seen {
     phase: Phase::Refusing,
     exiting: false,
 };
-const LINGERING: Drain = Drain {
+const LINGERING: Seen = Seen {
     phase: Phase::Lingering,
     exiting: false,
 };
-const EXITING: Drain = Drain {
+const EXITING: Seen = Seen {
     phase: Phase::Refusing,
     exiting: true,
 };
@@ -34,7 +34,9 @@ fn settings() -> Settings {
         max_frame_size: 1 << 20,
         pipelining: true,
         max_inflight: 4,
+        max_unsent: 64 * 1024,
         drain_quiet: Duration::ZERO,
+        rebalance: Rebalance::OFF,
         partial_frame_timeout: Duration::from_secs(30),
         // Off in the tables (tested on their own in `timeouts`).
         hello_timeout: Duration::MAX,
@@ -89,6 +91,14 @@ fn notify(sid: u64) -> Vec<u8> {
     };
     frame::encode_notify(sid, 1, &msg, &mut v);
     v
+}
+
+/// A wait, reduced to whether it reads and until when.
+fn waits(action: Action) -> (bool, Option<Instant>) {
+    match action {
+        Action::Wait(w) => (w.read.is_some(), w.until),
+        other => panic!("not a wait: {other:?}"),
+    }
 }
 
 fn feed(c: &mut Conn, bytes: &[u8]) {
@@ -234,11 +244,8 @@ fn timeouts() {
     };
     let mut c = Conn::new(s, SERVING, t0);
     assert_eq!(
-        c.handle(t0, Input::Nothing),
-        Action::Wait {
-            read: true,
-            until: Some(t0 + Duration::from_secs(10))
-        }
+        waits(c.handle(t0, Input::Nothing)),
+        (true, Some(t0 + Duration::from_secs(10)))
     );
     match c.handle(t0 + Duration::from_secs(10), Input::Timeout) {
         Action::Close {
@@ -256,31 +263,22 @@ fn timeouts() {
     feed(&mut c, &hello(false));
     assert!(matches!(c.poll(t1), Some(Event::Ready { .. })));
     let idle_at = t1 + Duration::from_secs(600);
-    assert_eq!(
-        c.handle(t1, Input::Nothing),
-        Action::Wait {
-            read: true,
-            until: Some(idle_at)
-        }
-    );
+    assert_eq!(waits(c.handle(t1, Input::Nothing)), (true, Some(idle_at)));
     // A NOTIFY and its ACK push the deadline on.
     let t2 = t1 + Duration::from_secs(100);
     feed(&mut c, &notify(1));
     assert!(matches!(c.poll(t2), Some(Event::Notify { .. })));
     let t3 = t2 + Duration::from_secs(1);
     assert_eq!(
-        c.handle(t3, Input::AcksWritten(1)),
-        Action::Wait {
-            read: true,
-            until: Some(t3 + Duration::from_secs(600))
-        }
+        waits(c.handle(t3, Input::AcksWritten(1))),
+        (true, Some(t3 + Duration::from_secs(600)))
     );
     let idle_at = t3 + Duration::from_secs(600);
     assert_eq!(c.handle(idle_at, Input::Timeout), Action::Probe);
     // Bytes waiting on the socket: no goodbye.
     assert!(matches!(
         c.handle(idle_at, Input::Probed(Probe::Waiting)),
-        Action::Wait { .. }
+        Action::Wait(_)
     ));
     assert!(matches!(c.handle(idle_at, Input::Read), Action::Probe));
     match act(c.handle(idle_at, Input::Probed(Probe::Idle))) {
@@ -328,7 +326,7 @@ fn hellos_by_phase() {
     use Got::*;
     let table = [
         (SERVING, Served, Answered),
-        (ANNOUNCING, Served, Refused),
+        (ANNOUNCING, Served, Answered),
         (REFUSING, Refused, Refused),
         (LINGERING, Served, Answered),
         (EXITING, Refused, Refused),
@@ -417,9 +415,9 @@ enum Act {
 
 fn act(action: Action) -> Act {
     match action {
-        Action::Wait { read, until } => Act::Wait {
-            read,
-            timer: until.is_some(),
+        Action::Wait(w) => Act::Wait {
+            read: w.read.is_some(),
+            timer: w.until.is_some(),
         },
         Action::Probe => Act::Probe,
         Action::Write(bytes) => {
@@ -445,7 +443,7 @@ fn act(action: Action) -> Act {
 }
 
 /// A connection in `drain` brought to `setup` at `t0`.
-fn conn(drain: Drain, setup: Setup, t0: Instant) -> Conn {
+fn conn(drain: Seen, setup: Setup, t0: Instant) -> Conn {
     let mut c = Conn::new(
         Settings {
             drain_quiet: setup.quiet,
@@ -509,7 +507,7 @@ fn drain_policy() {
         ..READY
     };
     let owed = |n| Setup { owed: n, ..READY };
-    let table: Vec<(Drain, Setup, Vec<Input>, Act)> = vec![
+    let table: Vec<(Seen, Setup, Vec<Input>, Act)> = vec![
         // An idle connection: kept, except while refusing, where a look at the socket comes
         // first and an empty socket gets the goodbye.
         (SERVING, READY, vec![Input::Nothing], WAIT),
@@ -606,18 +604,49 @@ fn drain_policy() {
         // is idle after it, and looks.
         (REFUSING, owed(1), vec![Input::AcksWritten(1)], Act::Probe),
         (SERVING, owed(1), vec![Input::AcksWritten(1)], WAIT),
-        // With pipelining and a quiet period, HAProxy may have sent the next NOTIFY: the
-        // goodbye waits for the quiet period instead of riding on the ACK.
+        // Where HAProxy pipelines (two owed at once) and with a quiet period, HAProxy may have
+        // sent the next NOTIFY: the goodbye waits for the quiet period instead of riding on
+        // the ACK.
+        (
+            REFUSING,
+            Setup { quiet, ..owed(2) },
+            vec![held(2)],
+            Act::Write(2),
+        ),
+        (
+            REFUSING,
+            Setup { quiet, ..owed(2) },
+            vec![held(2), Input::Nothing],
+            Act::Wait {
+                read: true,
+                timer: true,
+            },
+        ),
+        // One NOTIFY at a time (HAProxy's `max-waiting-frames 1`, or no pipelining): HAProxy
+        // waits for the ACK, so the goodbye rides on it even with a quiet period.
         (
             REFUSING,
             Setup { quiet, ..owed(1) },
             vec![held(1)],
-            Act::Write(1),
+            Act::Probe,
         ),
         (
             REFUSING,
             Setup { quiet, ..owed(1) },
-            vec![held(1), Input::Nothing],
+            vec![held(1), Input::Probed(Probe::Idle)],
+            goodbye(1, Drained),
+        ),
+        (
+            REFUSING,
+            Setup { quiet, ..owed(1) },
+            vec![held(1), Input::Probed(Probe::Read)],
+            Act::Write(1),
+        ),
+        // Nothing owed and a quiet period: no goodbye before it has passed.
+        (
+            REFUSING,
+            Setup { quiet, ..READY },
+            vec![Input::Nothing],
             Act::Wait {
                 read: true,
                 timer: true,
@@ -741,28 +770,27 @@ fn drain_policy() {
 fn timers() {
     let t0 = Instant::now();
     let quiet = Duration::from_secs(1);
+    // HAProxy pipelines here (two NOTIFYs owed at once): no goodbye rides on an ACK.
     let mut c = conn(
         REFUSING,
         Setup {
             quiet,
-            owed: 1,
+            owed: 2,
             ..READY
         },
         t0,
     );
     let t1 = t0 + Duration::from_millis(300);
-    assert_eq!(act(c.handle(t1, held(1))), Act::Write(1));
+    assert_eq!(act(c.handle(t1, held(2))), Act::Write(2));
+    assert!(!c.one_at_a_time());
     // Quiet since the ACK at t1: the look comes at t1 + 1 s, not before.
     assert_eq!(
-        c.handle(t1, Input::Nothing),
-        Action::Wait {
-            read: true,
-            until: Some(t1 + quiet)
-        }
+        waits(c.handle(t1, Input::Nothing)),
+        (true, Some(t1 + quiet))
     );
     assert!(matches!(
         c.handle(t1 + Duration::from_millis(999), Input::Timeout),
-        Action::Wait { .. }
+        Action::Wait(_)
     ));
     assert_eq!(c.handle(t1 + quiet, Input::Timeout), Action::Probe);
 
@@ -776,15 +804,12 @@ fn timers() {
         t0,
     );
     assert_eq!(
-        c.handle(t0, Input::Read),
-        Action::Wait {
-            read: true,
-            until: Some(t0 + Duration::from_secs(30))
-        }
+        waits(c.handle(t0, Input::Read)),
+        (true, Some(t0 + Duration::from_secs(30)))
     );
     assert!(matches!(
         c.handle(t0 + Duration::from_secs(29), Input::Timeout),
-        Action::Wait { .. }
+        Action::Wait(_)
     ));
     match act(c.handle(t0 + Duration::from_secs(30), Input::Timeout)) {
         Act::Goodbye {
@@ -828,7 +853,7 @@ fn ack_routing_and_linger_hold() {
         (REFUSING, false, true, None),
         (LINGERING, false, true, Some(LINGER_HOLD)),
         (
-            Drain {
+            Seen {
                 phase: Phase::Lingering,
                 exiting: true,
             },
@@ -839,8 +864,8 @@ fn ack_routing_and_linger_hold() {
     ];
     for (drain, direct, wakes, hold) in table {
         let c = conn(drain, READY, t0);
-        assert_eq!(c.direct_acks(), direct, "{drain:?}");
-        assert_eq!(c.wants_ack_wakes(), wakes, "{drain:?}");
+        assert_eq!(c.wait(t0, None).direct_acks, direct, "{drain:?}");
+        assert_eq!(c.wait(t0, None).ack_wakes, wakes, "{drain:?}");
         assert_eq!(c.linger_hold(drain), hold, "{drain:?}");
         let before_hello = conn(
             drain,
@@ -857,8 +882,16 @@ fn ack_routing_and_linger_hold() {
         );
     }
     // Serving, the task is woken for ACKs only when it waits for them.
-    assert!(conn(SERVING, Setup { owed: 4, ..READY }, t0).wants_ack_wakes());
-    assert!(conn(SERVING, Setup { eof: true, ..READY }, t0).wants_ack_wakes());
+    assert!(
+        conn(SERVING, Setup { owed: 4, ..READY }, t0)
+            .wait(t0, None)
+            .ack_wakes
+    );
+    assert!(
+        conn(SERVING, Setup { eof: true, ..READY }, t0)
+            .wait(t0, None)
+            .ack_wakes
+    );
 }
 
 proptest::proptest! {
@@ -895,27 +928,351 @@ fn no_read_while_a_whole_frame_waits() {
         assert!(matches!(c.poll(t0), Some(Event::Notify { .. })));
     }
     assert!(c.poll(t0).is_none(), "at the bound of 4 owed");
-    assert!(!c.decodable());
     assert!(matches!(
         c.handle(t0, Input::Read),
-        Action::Wait { read: false, .. }
+        Action::Wait(Wait { read: None, .. })
     ));
     // One ACK out: a frame may be decoded, and still no read before it is.
     assert!(matches!(
         c.handle(t0, Input::AcksWritten(1)),
-        Action::Wait { read: false, .. }
+        Action::Wait(Wait { read: None, .. })
     ));
-    assert!(c.decodable());
     assert!(matches!(c.poll(t0), Some(Event::Notify { .. })));
-    assert!(!c.decodable());
+    assert!(c.poll(t0).is_none(), "at the bound again");
     assert!(matches!(
         c.handle(t0, Input::AcksWritten(2)),
-        Action::Wait { read: false, .. }
+        Action::Wait(Wait { read: None, .. })
     ));
     assert!(matches!(c.poll(t0), Some(Event::Notify { .. })));
     // Nothing whole left: read again.
     assert!(matches!(
         c.handle(t0, Input::Nothing),
-        Action::Wait { read: true, .. }
+        Action::Wait(Wait { read: Some(_), .. })
     ));
+}
+
+/// When the connection reads, and what else wakes it: one row per (state, inputs fed in
+/// order) → the wait's read, wake flags and timer. These are the limits the task used to
+/// decide itself: the bound of evaluations running, ACK bytes the peer has not taken, and
+/// room refused under `max_buffered_bytes`.
+#[test]
+fn reading() {
+    #[derive(Debug, PartialEq, Eq)]
+    struct Got {
+        read: bool,
+        ack_wakes: bool,
+        evaluation_wakes: bool,
+        memory_wakes: bool,
+        timer: bool,
+    }
+    const READS: Got = Got {
+        read: true,
+        ack_wakes: false,
+        evaluation_wakes: false,
+        memory_wakes: false,
+        timer: false,
+    };
+    let t0 = Instant::now();
+    let retry = t0 + Duration::from_millis(700);
+    let table: Vec<(Setup, Vec<Input>, Got)> = vec![
+        (READY, vec![Input::Nothing], READS),
+        // Evaluations at the bound (4): no read until one ends; woken when one does.
+        (
+            READY,
+            vec![Input::Evaluations(4)],
+            Got {
+                read: false,
+                evaluation_wakes: true,
+                ..READS
+            },
+        ),
+        (
+            READY,
+            vec![Input::Evaluations(4), Input::Evaluations(3)],
+            READS,
+        ),
+        // More ACK bytes than `max_unsent` wait for the socket: no read.
+        (
+            READY,
+            vec![Input::Unsent(64 * 1024 + 1)],
+            Got {
+                read: false,
+                ..READS
+            },
+        ),
+        (
+            READY,
+            vec![Input::Unsent(64 * 1024 + 1), Input::Unsent(0)],
+            READS,
+        ),
+        // Room refused: no read; woken when bytes are released, or at the retry instant.
+        (
+            READY,
+            vec![Input::NoRoom(Pressure::Wait(None))],
+            Got {
+                read: false,
+                memory_wakes: true,
+                ..READS
+            },
+        ),
+        (
+            READY,
+            vec![Input::NoRoom(Pressure::Wait(Some(retry)))],
+            Got {
+                read: false,
+                memory_wakes: true,
+                timer: true,
+                ..READS
+            },
+        ),
+        (
+            READY,
+            vec![Input::NoRoom(Pressure::Wait(None)), Input::Released],
+            READS,
+        ),
+        (READY, vec![Input::NoRoom(Pressure::Evicted)], READS),
+        // Owed NOTIFYs at the bound: no read, woken for ACKs.
+        (
+            Setup { owed: 4, ..READY },
+            vec![Input::Nothing],
+            Got {
+                read: false,
+                ack_wakes: true,
+                ..READS
+            },
+        ),
+    ];
+    for (i, (setup, inputs, want)) in table.into_iter().enumerate() {
+        let mut c = conn(SERVING, setup, t0);
+        let mut last = None;
+        for input in inputs.clone() {
+            last = Some(c.handle(t0, input));
+        }
+        let Some(Action::Wait(w)) = last else {
+            panic!("row {i}: {last:?}");
+        };
+        let got = Got {
+            read: w.read.is_some(),
+            ack_wakes: w.ack_wakes,
+            evaluation_wakes: w.evaluation_wakes,
+            memory_wakes: w.memory_wakes,
+            timer: w.until.is_some(),
+        };
+        assert_eq!(got, want, "row {i}: {setup:?} after {inputs:?}");
+    }
+    // At the retry instant the room is asked for again.
+    let mut c = conn(SERVING, READY, t0);
+    let _ = c.handle(t0, Input::NoRoom(Pressure::Wait(Some(retry))));
+    assert_eq!(waits(c.handle(retry, Input::Timeout)), (true, None));
+}
+
+/// How much room a read asks for, and what the buffer holds for `max_buffered_bytes`.
+#[test]
+fn read_room_and_holding() {
+    let t0 = Instant::now();
+    let mut c = Conn::new(settings(), SERVING, t0);
+    // Before the handshake: enough for a HELLO, no more.
+    let Action::Wait(w) = c.handle(t0, Input::Nothing) else {
+        panic!()
+    };
+    assert_eq!(w.read, Some((HELLO_FRAME_LIMIT + 4) as usize));
+    feed(&mut c, &hello(false));
+    assert!(matches!(c.poll(t0), Some(Event::Ready { .. })));
+    let Action::Wait(w) = c.handle(t0, Input::Nothing) else {
+        panic!()
+    };
+    assert_eq!(w.read, Some(READ_ROOM));
+    assert_eq!(w.holding.unfinished_since, None);
+    // A 12 KiB frame begun: what is missing of it (more than READ_ROOM); the buffer holds
+    // an unfinished frame since t1.
+    let t1 = t0 + Duration::from_millis(5);
+    feed(&mut c, &(12u32 << 10).to_be_bytes());
+    feed(&mut c, &[kind::NOTIFY]);
+    let Action::Wait(w) = c.handle(t1, Input::Read) else {
+        panic!()
+    };
+    assert_eq!(w.read, Some((12 << 10) + 4 - 5));
+    assert_eq!(w.holding.unfinished_since, Some(t1));
+    assert!(w.holding.capacity >= 5);
+}
+
+/// Rebalancing goodbyes: after `after_messages` NOTIFYs or `after` since the handshake, on a
+/// connection that carries one NOTIFY at a time, while serving or announcing. From then on
+/// the ACKs are handed to the connection, and the next one carries the goodbye (after a
+/// look at the socket). Never while lingering, and never where HAProxy pipelines.
+#[test]
+fn rebalancing() {
+    let t0 = Instant::now();
+    let by_count = Rebalance {
+        after_messages: 3,
+        after: Duration::ZERO,
+    };
+    let by_age = Rebalance {
+        after_messages: 0,
+        after: Duration::from_secs(5),
+    };
+    let make = |drain: Seen, rebalance: Rebalance| {
+        let mut c = Conn::new(
+            Settings {
+                rebalance,
+                ..settings()
+            },
+            drain,
+            t0,
+        );
+        feed(&mut c, &hello(false));
+        assert!(matches!(c.poll(t0), Some(Event::Ready { .. })));
+        c
+    };
+    let one = |c: &mut Conn, sid: u64, now: Instant| {
+        feed(c, &notify(sid));
+        assert!(matches!(c.poll(now), Some(Event::Notify { .. })));
+    };
+
+    // By count: the first two ACKs go direct; with the third NOTIFY the goodbye is due.
+    let mut c = make(SERVING, by_count);
+    for sid in 1..=2 {
+        one(&mut c, sid, t0);
+        let Action::Wait(w) = c.handle(t0, Input::Nothing) else {
+            panic!()
+        };
+        assert!(w.direct_acks, "NOTIFY {sid}");
+        assert!(matches!(
+            c.handle(t0, Input::AcksWritten(1)),
+            Action::Wait(_)
+        ));
+    }
+    one(&mut c, 3, t0);
+    let Action::Wait(w) = c.handle(t0, Input::Nothing) else {
+        panic!()
+    };
+    assert!(!w.direct_acks && w.ack_wakes);
+    assert_eq!(c.handle(t0, held(1)), Action::Probe);
+    assert_eq!(
+        act(c.handle(t0, Input::Probed(Probe::Idle))),
+        goodbye(1, CloseReason::Rebalanced)
+    );
+
+    // Bytes unread at the look: the ACK goes out alone, and the next one tries again.
+    let mut c = make(SERVING, by_count);
+    for sid in 1..=3 {
+        one(&mut c, sid, t0);
+        let _ = c.handle(t0, Input::AcksWritten(1));
+    }
+    one(&mut c, 4, t0);
+    assert_eq!(c.handle(t0, held(1)), Action::Probe);
+    assert_eq!(
+        act(c.handle(t0, Input::Probed(Probe::Waiting))),
+        Act::Write(1)
+    );
+
+    // By age: the timer of the wait is the due time; then the ACKs are held.
+    let mut c = make(SERVING, by_age);
+    assert_eq!(
+        waits(c.handle(t0, Input::Nothing)),
+        (true, Some(t0 + Duration::from_secs(5)))
+    );
+    let due = t0 + Duration::from_secs(5);
+    let Action::Wait(w) = c.handle(due, Input::Timeout) else {
+        panic!()
+    };
+    assert!(!w.direct_acks);
+    // An idle connection with its goodbye due waits for the next NOTIFY (no goodbye that
+    // could cross one).
+    assert!(w.until.is_none() || w.until > Some(due));
+    one(&mut c, 1, due);
+    assert_eq!(c.handle(due, held(1)), Action::Probe);
+    assert_eq!(
+        act(c.handle(due, Input::Probed(Probe::Idle))),
+        goodbye(1, CloseReason::Rebalanced)
+    );
+
+    // Announcing too; never while lingering.
+    for (drain, goes) in [(ANNOUNCING, true), (LINGERING, false)] {
+        let mut c = make(drain, by_count);
+        for sid in 1..=2 {
+            one(&mut c, sid, t0);
+            let _ = c.handle(t0, held(1));
+        }
+        one(&mut c, 3, t0);
+        let got = c.handle(t0, held(1));
+        assert_eq!(got == Action::Probe, goes, "{drain:?}: {got:?}");
+    }
+
+    // Where HAProxy pipelines (two owed at once), no rebalancing goodbye: ACKs stay direct.
+    let mut c = make(SERVING, by_count);
+    one(&mut c, 1, t0);
+    one(&mut c, 2, t0);
+    let _ = c.handle(t0, Input::AcksWritten(2));
+    one(&mut c, 3, t0);
+    assert!(!c.one_at_a_time());
+    let Action::Wait(w) = c.handle(t0, Input::Nothing) else {
+        panic!()
+    };
+    assert!(w.direct_acks);
+}
+
+/// Pipelining is agreed with HAProxy's SPOE applet (it offers `async` too: 2.6, 3.0), never
+/// with the multiplexer of 3.1+ (it offers `pipelining` alone), and never when the
+/// settings say no; a NOTIFY may be answered inline only while serving.
+#[test]
+fn what_is_agreed_and_answered_inline() {
+    let t0 = Instant::now();
+    let hello_offering = |caps: &str| {
+        let mut payload = Vec::new();
+        payload::put_kv(
+            &mut payload,
+            "supported-versions",
+            &spop::TypedData::String("2.0".into()),
+        );
+        payload::put_kv(
+            &mut payload,
+            "max-frame-size",
+            &spop::TypedData::UInt32(16380),
+        );
+        payload::put_kv(
+            &mut payload,
+            "capabilities",
+            &spop::TypedData::String(caps.into()),
+        );
+        let mut v = Vec::new();
+        frame::put_frame(kind::HAPROXY_HELLO, 0, 0, &payload, &mut v);
+        v
+    };
+    for (caps, ours, agreed) in [
+        ("pipelining,async", true, true),
+        ("pipelining", true, false),
+        ("pipelining,async", false, false),
+        ("", true, false),
+    ] {
+        let mut c = Conn::new(
+            Settings {
+                pipelining: ours,
+                ..settings()
+            },
+            SERVING,
+            t0,
+        );
+        feed(&mut c, &hello_offering(caps));
+        let Some(Event::Ready { negotiated, reply }) = c.poll(t0) else {
+            panic!("{caps}")
+        };
+        assert_eq!(negotiated.pipelining, agreed, "{caps} {ours}");
+        let announced = match &agent_frames(&reply)[..] {
+            [AgentFrame::Hello(kv)] => kv.iter().any(|(k, v)| {
+                k == "capabilities"
+                    && matches!(v, spop::TypedData::String(s) if s.contains("pipelining"))
+            }),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(announced, agreed, "{caps} {ours}");
+    }
+    for (drain, inline) in [(SERVING, true), (ANNOUNCING, false), (LINGERING, false)] {
+        let mut c = conn(drain, READY, t0);
+        feed(&mut c, &notify(1));
+        let Some(Event::Notify { inline: got, .. }) = c.poll(t0) else {
+            panic!()
+        };
+        assert_eq!(got, inline, "{drain:?}");
+    }
 }

@@ -43,6 +43,30 @@ pub(crate) struct Variant {
     /// 1 s of CPU to inspect, several on a machine other builds load (the agent's
     /// `evaluation_timeout` must be raised with it).
     pub slow_bodies: bool,
+    /// Without `max-waiting-frames 1` (HAProxy's default, 20 NOTIFYs in flight per
+    /// connection on 2.6 and 3.0): what the line saves.
+    pub pipelined: bool,
+    /// Words added to each agent `server` line (e.g. `on-marked-down shutdown-sessions`).
+    pub server_options: &'static str,
+}
+
+/// The SPOE log lines among `lines` (`SPOE: [coraza-agent] <GROUP:...> sid=.. st=N ...`,
+/// one per message HAProxy processed, with `log global`): how many, and those whose status
+/// is not 0 (an error: 256 + N for an AGENT-DISCONNECT with status N crossing the message, 1
+/// for `timeout processing`, ...).
+pub(crate) fn spoe_statuses(lines: &[String]) -> (usize, Vec<String>) {
+    let mut n = 0;
+    let mut bad = Vec::new();
+    for l in lines.iter().filter(|l| l.contains("SPOE: [")) {
+        let Some(st) = l.split_whitespace().find_map(|w| w.strip_prefix("st=")) else {
+            continue;
+        };
+        n += 1;
+        if st != "0" {
+            bad.push(l.clone());
+        }
+    }
+    (n, bad)
 }
 
 /// A running HAProxy.
@@ -76,36 +100,76 @@ impl Haproxy {
         spoa2: SocketAddr,
         variant: &Variant,
     ) -> Haproxy {
+        Self::start_agents(origin, &[spoa1, spoa2], variant)
+    }
+
+    /// [`Haproxy::start_variant`] with the agent servers `spoa1`, `spoa2`, ... at `agents`
+    /// (two or more: the documented file's `spoa2` line is repeated for each one beyond it).
+    pub(crate) fn start_agents(
+        origin: SocketAddr,
+        agents: &[SocketAddr],
+        variant: &Variant,
+    ) -> Haproxy {
+        assert!(
+            agents.len() >= 2,
+            "the documented file has two agent servers"
+        );
         let dir = tempfile::tempdir().expect("tempdir");
-        let config = if variant.quiet || variant.no_retry {
+        let edited = variant.quiet
+            || variant.no_retry
+            || !variant.server_options.is_empty()
+            || agents.len() > 2;
+        let config = if edited {
             let text = std::fs::read_to_string(config_path()).expect("read haproxy.cfg");
-            let edited: String = text
-                .lines()
-                .filter(|l| !(variant.quiet && l.trim_start().starts_with("log stdout")))
-                .filter(|l| !(variant.no_retry && l.contains("retried")))
-                .map(|l| format!("{l}\n"))
-                .collect();
+            let mut out = String::new();
+            for l in text.lines() {
+                if variant.quiet && l.trim_start().starts_with("log stdout") {
+                    continue;
+                }
+                if variant.no_retry && l.contains("retried") {
+                    continue;
+                }
+                let server = l.trim_start().starts_with("server spoa");
+                let extra = if server && !variant.server_options.is_empty() {
+                    format!(" {}", variant.server_options)
+                } else {
+                    String::new()
+                };
+                out.push_str(&format!("{l}{extra}\n"));
+                if l.trim_start().starts_with("server spoa2 ") {
+                    for n in 3..=agents.len() {
+                        let more = l
+                            .replace("spoa2", &format!("spoa{n}"))
+                            .replace("SPOA2", &format!("SPOA{n}"));
+                        out.push_str(&format!("{more}{extra}\n"));
+                    }
+                }
+            }
             let path = dir.path().join("haproxy.cfg");
-            std::fs::write(&path, edited).expect("write haproxy.cfg");
+            std::fs::write(&path, out).expect("write haproxy.cfg");
             path
         } else {
             config_path()
         };
-        let spoe = if variant.slow_bodies {
-            let text = std::fs::read_to_string(spoe_path()).expect("read coraza.cfg");
-            let line = "    timeout         processing      5s\n";
-            assert!(text.contains(line), "coraza.cfg's timeout processing");
+        let spoe = if variant.slow_bodies || variant.pipelined {
+            let mut text = std::fs::read_to_string(spoe_path()).expect("read coraza.cfg");
+            if variant.slow_bodies {
+                let line = "    timeout         processing      5s\n";
+                assert!(text.contains(line), "coraza.cfg's timeout processing");
+                text = text.replace(line, "    timeout         processing      30s\n");
+            }
+            if variant.pipelined {
+                let line = "    max-waiting-frames 1\n";
+                assert!(text.contains(line), "coraza.cfg's max-waiting-frames");
+                text = text.replace(line, "");
+            }
             let path = dir.path().join("coraza.cfg");
-            std::fs::write(
-                &path,
-                text.replace(line, "    timeout         processing      30s\n"),
-            )
-            .expect("write coraza.cfg");
+            std::fs::write(&path, text).expect("write coraza.cfg");
             path
         } else {
             spoe_path()
         };
-        Self::start_files(dir, &config, &spoe, origin, spoa1, spoa2)
+        Self::start_files_with(dir, &config, &spoe, origin, agents)
     }
 
     /// Starts HAProxy with the configuration `config` and the SPOE file `spoe`, which read
@@ -120,6 +184,16 @@ impl Haproxy {
         spoa1: SocketAddr,
         spoa2: SocketAddr,
     ) -> Haproxy {
+        Self::start_files_with(dir, config, spoe, origin, &[spoa1, spoa2])
+    }
+
+    fn start_files_with(
+        dir: tempfile::TempDir,
+        config: &std::path::Path,
+        spoe: &std::path::Path,
+        origin: SocketAddr,
+        agents: &[SocketAddr],
+    ) -> Haproxy {
         let stats = dir.path().join("admin.sock");
         let addr: SocketAddr = format!("127.0.0.1:{}", testkit::free_port())
             .parse()
@@ -130,10 +204,11 @@ impl Haproxy {
             .arg(config)
             .env("FRONTEND_ADDR", addr.to_string())
             .env("ORIGIN_ADDR", origin.to_string())
-            .env("SPOA1_ADDR", spoa1.to_string())
-            .env("SPOA2_ADDR", spoa2.to_string())
             .env("CORAZA_SPOE_CFG", spoe)
             .env("STATS_SOCKET", &stats);
+        for (i, agent) in agents.iter().enumerate() {
+            cmd.env(format!("SPOA{}_ADDR", i + 1), agent.to_string());
+        }
         let pod = Pod::spawn(cmd);
         testkit::wait_for_tcp(addr, WAIT);
         let h = Haproxy {

@@ -115,7 +115,8 @@ impl Agent {
 pub(crate) struct StackOptions {
     /// Agent configuration (YAML); `None` = the built-in CRS application.
     pub agent_config: Option<String>,
-    /// How many agent processes (1 or 2; with 1, both HAProxy servers point at it).
+    /// How many agent processes (with 1, both HAProxy servers point at it; beyond 2, the
+    /// documented file gets a server line for each).
     pub agents: usize,
     /// Extra agent arguments.
     pub agent_args: Vec<String>,
@@ -127,6 +128,10 @@ pub(crate) struct StackOptions {
     /// the agent's `evaluation_timeout: 25s` (before `agent_config`, else with the built-in
     /// application).
     pub slow_bodies: bool,
+    /// The SPOE file without `max-waiting-frames 1` (see [`haproxy::Variant::pipelined`]).
+    pub pipelined: bool,
+    /// Words added to each agent `server` line.
+    pub server_options: &'static str,
 }
 
 /// Origin + agent(s) + HAProxy, all on loopback.
@@ -155,16 +160,19 @@ impl Stack {
         let agents: Vec<Agent> = (0..opts.agents.max(1))
             .map(|_| Agent::start(config, &args))
             .collect();
-        let a1 = agents[0].addr;
-        let a2 = agents.get(1).map_or(a1, |a| a.addr);
-        let haproxy = Haproxy::start_variant(
+        let mut addrs: Vec<SocketAddr> = agents.iter().map(|a| a.addr).collect();
+        if addrs.len() == 1 {
+            addrs.push(addrs[0]);
+        }
+        let haproxy = Haproxy::start_agents(
             origin.addr,
-            a1,
-            a2,
+            &addrs,
             &haproxy::Variant {
                 quiet: opts.quiet_haproxy,
                 no_retry: opts.no_retry,
                 slow_bodies: opts.slow_bodies,
+                pipelined: opts.pipelined,
+                server_options: opts.server_options,
             },
         );
         Stack {

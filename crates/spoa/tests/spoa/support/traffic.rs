@@ -29,6 +29,8 @@ pub(crate) struct Counters {
     pub other: AtomicU64,
     /// Attacks answered 403 (part of `ok`).
     pub blocked: AtomicU64,
+    /// The longest a request took (sent to answered, or to its failure), in microseconds.
+    pub slowest_us: AtomicU64,
 }
 
 /// What a load run saw.
@@ -130,6 +132,16 @@ impl Load {
     /// Waits for `n` more requests.
     pub(crate) fn wait_more(&self, n: u64, timeout: Duration) {
         self.wait_until(self.done() + n, timeout);
+    }
+
+    /// The longest a request has taken so far (sent to answered, or to its failure).
+    pub(crate) fn slowest(&self) -> Duration {
+        Duration::from_micros(self.counters.slowest_us.load(Ordering::SeqCst))
+    }
+
+    /// Forgets the longest request so far (to measure a window of the run).
+    pub(crate) fn reset_slowest(&self) {
+        self.counters.slowest_us.store(0, Ordering::SeqCst);
     }
 
     /// The totals so far (the clients keep running).
@@ -236,6 +248,7 @@ fn client(
         // A keep-alive connection HAProxy closed between two requests fails on first use:
         // like a browser, retry that once on a fresh connection.
         let mut result = Err(std::io::Error::other("not sent"));
+        let sent = Instant::now();
         for attempt in 0..2 {
             let fresh = conn.is_none();
             if conn.is_none() {
@@ -261,6 +274,8 @@ fn client(
                 }
             }
         }
+        let took = u64::try_from(sent.elapsed().as_micros()).unwrap_or(u64::MAX);
+        counters.slowest_us.fetch_max(took, Ordering::SeqCst);
         match result {
             Ok((status, _)) if status == want => {
                 counters.ok.fetch_add(1, Ordering::SeqCst);
