@@ -167,14 +167,15 @@ def spoe_config(processing: str = PROCESSING) -> str:
 def haproxy_config(bind: str, origin: str, agents: list[str], spoe_path: str, stats_socket: str | None = None,
                    template: int = 0) -> str:
     """HAProxy in front of standalone agents, as the chart's NOTES tell users to set it up:
-    one server per agent with `option spop-check`, `check inter 1s fall 2 rise 1`, fail
+    one server per agent with `option spop-check`, `check inter 1s fall 2 rise 1
+    on-marked-down shutdown-sessions`, fail
     closed (500 when the agent gives no verdict), 403 for what the WAF denies. With
     `template`, `template` disabled servers (agent1..) that a discovery fills in through
     the runtime API at `stats_socket` (what HAProxy's DNS resolution does by itself)."""
-    servers = "\n".join(f"  server agent{i + 1} {a} check inter 1s fall 2 rise 1" for i, a in enumerate(agents))
+    servers = "\n".join(f"  server agent{i + 1} {a} check inter 1s fall 2 rise 1 on-marked-down shutdown-sessions" for i, a in enumerate(agents))
     servers = servers.strip("\n")
     for i in range(len(agents), len(agents) + template):
-        servers += f"\n  server agent{i + 1} 127.0.0.1:9 check inter 1s fall 2 rise 1 disabled"
+        servers += f"\n  server agent{i + 1} 127.0.0.1:9 check inter 1s fall 2 rise 1 on-marked-down shutdown-sessions disabled"
     stats = f"  stats socket {stats_socket} mode 600 level admin\n" if stats_socket else ""
     return f"""global
   log stdout format raw local0 info
@@ -189,6 +190,7 @@ defaults
 
 frontend http
   bind {bind}
+  option http-buffer-request
   unique-id-format %[uuid()]
   unique-id-header X-Unique-ID
   filter spoe engine coraza config {spoe_path}

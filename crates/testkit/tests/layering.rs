@@ -5,14 +5,7 @@ use std::path::Path;
 
 /// Cycles known and owned elsewhere, each with why it may stay for now. An entry that no
 /// longer matches a cycle fails the test, so the list only shrinks.
-const KNOWN: &[(&str, &str)] = &[(
-    "turn-proto",
-    "server: dispatch -> userdb -> dispatch",
-    // Came with the user database's lookups (server::dispatch uses userdb::Resolved,
-    // server::userdb answers with dispatch::Reply), merged from integration after this test
-    // existed; the userdb work owns it. (The spoa `config -> engine -> config` cycle is gone:
-    // the engine owns Bind and its defaults, and the configuration reads them.)
-)];
+const KNOWN: &[(&str, &str)] = &[];
 
 #[test]
 fn no_module_depends_on_itself() {

@@ -45,11 +45,27 @@ mod userdb;
 
 use allocate::{Pending, Reservation};
 use data::{Bucket, Buckets};
-use dispatch::{Attrs, Authed, Ctx, Reply, SourceBudget};
+use dispatch::{Attrs, Authed, Ctx, SourceBudget};
 
 /// After a channel binding expires, its number and peer stay reserved this long
 /// (RFC 8656 §12: no rebinding to another peer/channel for 5 minutes).
 const CHANNEL_QUARANTINE: Duration = Duration::from_secs(300);
+
+/// What a request handler produced.
+enum Reply {
+    /// A response in `out`, subject to the amplification guard.
+    Normal,
+    /// A response in `out` exempt from the guard (Binding success, 401/438 challenge).
+    Exempt,
+    /// A response in `out` to an authenticated request (not limited: a spoofed source cannot
+    /// produce one, nonces being bound to the client's IP address).
+    Authenticated,
+    /// No response yet: the Allocate waits for these relay sockets.
+    Bind(crate::RelayRequest),
+    /// No response: a retransmitted Allocate whose relay sockets are being bound (the answer
+    /// to the first one answers both).
+    Silent,
+}
 
 /// Address family codes of REQUESTED-ADDRESS-FAMILY and friends.
 const FAMILY_V4: u8 = 0x01;

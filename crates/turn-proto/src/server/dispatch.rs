@@ -6,7 +6,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use super::userdb::Resolved;
-use super::{canonical_origin, Server};
+use super::{canonical_origin, Reply, Server};
 use crate::auth::{check_nonce_with, make_nonce, NonceCheck};
 use crate::config::Service;
 use crate::hash::Seeded;
@@ -193,22 +193,6 @@ impl Ctx {
             Reply::Normal
         }
     }
-}
-
-/// What a request handler produced.
-pub(super) enum Reply {
-    /// A response in `out`, subject to the amplification guard.
-    Normal,
-    /// A response in `out` exempt from the guard (Binding success, 401/438 challenge).
-    Exempt,
-    /// A response in `out` to an authenticated request (not limited: a spoofed source cannot
-    /// produce one, nonces being bound to the client's IP address).
-    Authenticated,
-    /// No response yet: the Allocate waits for these relay sockets.
-    Bind(crate::RelayRequest),
-    /// No response: a retransmitted Allocate whose relay sockets are being bound (the answer
-    /// to the first one answers both).
-    Silent,
 }
 
 impl Server {

@@ -4,7 +4,8 @@
 use std::net::{IpAddr, SocketAddr};
 use std::time::Instant;
 
-use super::dispatch::{Attrs, Authed, Ctx, Reply};
+use super::dispatch::{Attrs, Authed, Ctx};
+use super::Reply;
 use super::{Allocation, Channel, Server, FAMILY_V4, FAMILY_V6};
 use crate::frame::channel_in_range;
 use crate::stun::{attr, decode_address, Message};

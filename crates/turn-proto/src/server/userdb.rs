@@ -4,8 +4,7 @@
 
 use std::time::Instant;
 
-use super::dispatch::Reply;
-use super::Server;
+use super::{Reply, Server};
 use crate::auth::{keys_for, rest_expiry, rest_password, Keys};
 use crate::config::DatabaseKeys;
 use crate::credentials::{Answer, Lookup, Query, Replay, Wait};

@@ -161,6 +161,15 @@ impl Load {
         }
     }
 
+    /// [`Load::stop`], and the longest a request took (since the last reset), the requests
+    /// that were in flight when it was called included.
+    pub(crate) fn stop_with_slowest(self) -> (Totals, Duration) {
+        let counters = self.counters.clone();
+        let totals = self.stop();
+        let slowest = Duration::from_micros(counters.slowest_us.load(Ordering::SeqCst));
+        (totals, slowest)
+    }
+
     /// Stops the clients (each finishes its request) and returns the totals.
     pub(crate) fn stop(mut self) -> Totals {
         self.stop.store(true, Ordering::SeqCst);
