@@ -306,7 +306,6 @@ fn phase_name(phase: u8) -> &'static str {
 mod tests {
     use super::*;
     use std::sync::{Arc, Mutex};
-    use std::time::Duration;
 
     #[test]
     fn formats() {
