@@ -12,7 +12,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use crate::common::{uclient, Peer, Turn, SECRET, WAIT};
+use crate::common::{Peer, Turn, Uclient, SECRET, WAIT};
 use lastcall_testkit::turn::{TurnClient, TurnError};
 
 #[test]
@@ -50,38 +50,20 @@ fn an_allocate_with_coturns_zero_reservation_token_is_allocated() {
 fn uclient_churn_over_udp_and_tcp_gets_no_508() {
     let turn = Turn::start(&[]);
     let peer = Peer::start();
-    let (port, peer_port) = (turn.port.to_string(), peer.port.to_string());
+    let (port, peer_port) = (turn.port, peer.port);
     // One UDP and one TCP run at once, as the churn interleaves them (the minutes-long form
     // is bench/turn/churn.sh).
     let runs: Vec<_> = [false, true]
         .into_iter()
         .map(|tcp| {
-            let (port, peer_port) = (port.clone(), peer_port.clone());
             std::thread::spawn(move || {
-                let mut args = vec![
-                    "-e",
-                    "127.0.0.1",
-                    "-r",
-                    &peer_port,
-                    "-X",
-                    "-g",
-                    "-u",
-                    "churn",
-                    "-W",
-                    SECRET,
-                    "-n",
-                    "5",
-                    "-m",
-                    "4",
-                    "-z",
-                    "5",
-                    "-p",
-                    &port,
-                ];
-                if tcp {
-                    args.insert(0, "-t");
-                }
-                let report = uclient(&args, Duration::from_secs(60));
+                let flags: &[&str] = if tcp { &["-t", "-g"] } else { &["-g"] };
+                let call = Uclient::call(port, peer_port, "churn")
+                    .flags(flags)
+                    .messages(5)
+                    .clients(4)
+                    .gap_ms(5);
+                let report = call.run(Duration::from_secs(60));
                 report
                     .output
                     .lines()

@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use lastcall_testkit::turn::{TurnClient, TurnError};
 
-use super::common::{free_udp_tcp_port, uclient, Peer, Turn, WAIT};
+use super::common::{free_udp_tcp_port, Peer, Turn, Uclient, WAIT};
 use super::userdb_servers::{turnadmin, Postgres, Redis, SqliteLock};
 
 const REALM: &str = "example.org";
@@ -169,26 +169,13 @@ fn server(turn: &Turn) -> SocketAddr {
 /// A short call of uclient's with long-term credentials (its default mode: an RTP and an
 /// RTCP allocation, so twice the messages).
 fn uclient_long_term(turn: &Turn, peer: &Peer, user: &str, password: &str) {
-    let (port, peer_port) = (turn.port.to_string(), peer.port.to_string());
-    let args = [
-        "-u",
-        user,
-        "-w",
-        password,
-        "-p",
-        &port,
-        "-e",
-        "127.0.0.1",
-        "-r",
-        &peer_port,
-        "-n",
-        "20",
-        "-m",
-        "1",
-        "-z",
-        "5",
-    ];
-    uclient(&args, UCLIENT_LIMIT).assert_all_echoed(40);
+    Uclient::new(turn.port)
+        .peer(peer.port)
+        .credentials(&["-u", user, "-w", password])
+        .messages(20)
+        .gap_ms(5)
+        .run(UCLIENT_LIMIT)
+        .assert_all_echoed(40);
 }
 
 fn code(r: Result<SocketAddr, TurnError>) -> Option<u16> {
@@ -305,27 +292,12 @@ fn a_rest_secret_rotates_in_the_database(db: &Db) {
     db.admin(&["-s", "old-secret", "-r", REALM]);
     let peer = Peer::start();
     let turn = start(&[db.server_arg(), "--use-auth-secret".into()]);
-    let (port, peer_port) = (turn.port.to_string(), peer.port.to_string());
     let rest = |secret: &str| {
-        let args = [
-            "-W",
-            secret,
-            "-u",
-            "restuser",
-            "-p",
-            &port,
-            "-e",
-            "127.0.0.1",
-            "-r",
-            &peer_port,
-            "-n",
-            "10",
-            "-m",
-            "1",
-            "-z",
-            "5",
-        ];
-        uclient(&args, UCLIENT_LIMIT)
+        Uclient::new(turn.port)
+            .peer(peer.port)
+            .credentials(&["-W", secret, "-u", "restuser"])
+            .gap_ms(5)
+            .run(UCLIENT_LIMIT)
     };
     rest("old-secret").assert_all_echoed(20);
     db.admin(&["-s", "new-secret", "-r", REALM]);
