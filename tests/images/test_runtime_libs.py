@@ -214,7 +214,10 @@ def test_the_default_rule_set_is_in_the_spoa_stage(engine: Engine) -> None:
 def test_entrypoint_is_the_copied_binary(engine: Engine, target: str) -> None:
     st = stages()[target]
     copies = [a.split() for i, a in st if i == "COPY"]
-    dests = [words[-1] for words in copies if any(w.startswith("--from=binaries") for w in words)]
+    # Straight from the build, or through turn-caps (which copies it from the build and sets
+    # its file capability).
+    built = ("--from=binaries", "--from=turn-caps")
+    dests = [words[-1] for words in copies if any(w.startswith(built) for w in words)]
     config = engine.inspect(IMAGES[target])["Config"]
     assert config["Entrypoint"] == [BINARY[target]] and BINARY[target] in dests, (config["Entrypoint"], dests)
     assert config["User"] == "65532:65532" and config["StopSignal"] == "SIGTERM", config

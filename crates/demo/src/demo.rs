@@ -23,8 +23,9 @@ const CORAZA_CFG: &str = include_str!("../../spoa/examples/haproxy/coraza.cfg");
 
 /// The TURN REST API secret shared by lastcall-turn and the clients.
 const SECRET: &str = "demo-secret-not-for-production";
-/// How long the agents announce before refusing: HAProxy's `check inter 1s fall 2` needs
-/// about 2 s to mark a draining agent DOWN; 3 s leaves room on a busy machine.
+/// How long the agents announce before refusing (readiness 503, everything served: in
+/// Kubernetes, the time for the pod to leave its Service's endpoints). Then each connection
+/// says goodbye on its next ACK and health checks are refused (docs/spoa.md, *Drain*).
 const AGENT_SHUTDOWN_DELAY: &str = "3s";
 /// How long lastcall-turn announces before refusing new allocations.
 const TURN_SHUTDOWN_DELAY: &str = "1s";
@@ -814,7 +815,7 @@ impl Demo<'_> {
         }
         let signalled = Instant::now();
         self.event(&format!(
-            "SIGTERM -> {old} (pid {pid}): readiness 503, health checks refused for {AGENT_SHUTDOWN_DELAY}, then idle connections closed"
+            "SIGTERM -> {old} (pid {pid}): readiness 503, everything served for {AGENT_SHUTDOWN_DELAY}; then each connection says goodbye on its next ACK, health checks refused"
         ));
         let mut tracker = SessionTracker::new(signalled);
         let mut state = serde_json::Value::Null;
@@ -870,7 +871,7 @@ impl Demo<'_> {
         }
         if !seen_down {
             self.event(&format!(
-                "(HAProxy had not marked {server} DOWN yet when {old} left: the busy host delayed its checks; requests on refused connections are retried on the other agent)"
+                "{old} left before HAProxy marked {server} DOWN: its connections said goodbye as it began refusing, and HAProxy opened new ones on the other agent"
             ));
         }
         let (after_last, exact) = tracker.after_last(exit.at);
@@ -1188,8 +1189,8 @@ impl Demo<'_> {
             );
         }
         say!("");
-        say!("  (SIGTERM->exit includes the announce delay: {AGENT_SHUTDOWN_DELAY} for the agents, {TURN_SHUTDOWN_DELAY} for lastcall-turn, during which HAProxy and");
-        say!("   load balancers stop sending new work; 'last session' = last SPOP connection / TURN allocation, seen from /drain)");
+        say!("  (SIGTERM->exit includes the announce delay: {AGENT_SHUTDOWN_DELAY} for the agents, {TURN_SHUTDOWN_DELAY} for lastcall-turn, during which load");
+        say!("   balancers take them out of rotation; 'last session' = last SPOP connection / TURN allocation, seen from /drain)");
         for d in &t.drained {
             if !d.last_line.is_empty() {
                 say!("  {}: {}", d.what, d.last_line.trim());

@@ -95,7 +95,9 @@ enum Event {
     Ready,
 }
 
-struct Shared {
+/// What the driver, every handle and every watch share: the configuration, the published
+/// state and counts, the sessions per peer, the driver's inbox and the metrics.
+struct Hub {
     config: TerminationConfig,
     state: watch::Sender<State>,
     counts: watch::Sender<Counts>,
@@ -110,7 +112,7 @@ struct Shared {
     admin_drain_requests: watch::Sender<usize>,
 }
 
-impl Shared {
+impl Hub {
     fn peers(&self) -> MutexGuard<'_, HashMap<PeerId, u64>> {
         self.peers.lock()
     }
@@ -147,7 +149,7 @@ pub(crate) struct Decision {
 /// A daemon uses [`Daemon`](crate::Daemon), which drives a `Lifecycle` itself on the real
 /// signals, with the Starting phase, accept loops and a bounded exit.
 pub struct Lifecycle {
-    shared: Arc<Shared>,
+    shared: Arc<Hub>,
     events: mpsc::UnboundedReceiver<Event>,
     initial: Phase,
     /// Tell systemd (`NOTIFY_SOCKET`) what happens: the real daemon's lifecycle only.
@@ -163,7 +165,7 @@ impl Lifecycle {
         metrics
             .drain_timeout
             .set(config.drain_timeout.as_secs_f64());
-        let shared = Arc::new(Shared {
+        let shared = Arc::new(Hub {
             config,
             state: watch::Sender::new(State {
                 phase: initial,
@@ -369,13 +371,13 @@ impl Lifecycle {
 /// Lets the answers to `POST /drain` requests reach their clients (at most [`EXIT_GRACE`],
 /// never past the decision's `leave_by`), so that a drain that ends at once does not leave
 /// the caller without a response.
-async fn flush_admin(shared: &Shared, decision: Decision) {
+async fn flush_admin(shared: &Hub, decision: Decision) {
     let until = decision.leave_by.min(Instant::now() + EXIT_GRACE);
     wait_admin_answers(shared, until).await;
 }
 
 /// Waits until no accepted `POST /drain` connection is open, or `until`.
-async fn wait_admin_answers(shared: &Shared, until: Instant) {
+async fn wait_admin_answers(shared: &Hub, until: Instant) {
     let mut inflight = shared.admin_drain_requests.subscribe();
     let _ = tokio::time::timeout_at(until, inflight.wait_for(|n| *n == 0)).await;
 }
@@ -415,7 +417,7 @@ pub(crate) fn signal_stream() -> TriggerStream {
 /// A cheap, cloneable view of the lifecycle for connection tasks and the admin listener.
 #[derive(Clone)]
 pub struct Handle {
-    shared: Arc<Shared>,
+    shared: Arc<Hub>,
 }
 
 impl std::fmt::Debug for Handle {
@@ -655,7 +657,7 @@ pub struct DrainStatus {
 /// An open session; dropping it ends the session (RAII, so a count cannot leak).
 #[must_use = "the session ends when the guard is dropped"]
 pub struct SessionGuard {
-    shared: Arc<Shared>,
+    shared: Arc<Hub>,
     peer: PeerId,
 }
 

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use lastcall_turn_proto::DrainMode;
 
-use crate::shared::Shared;
+use crate::shared::ServerState;
 
 /// The alternates a server may send new clients to: one list serves every pod (a chart
 /// renders one configuration), so a server skips its own addresses (listening or external)
@@ -25,7 +25,7 @@ pub(crate) fn alternates(
 
 /// Waits for Refusing, then makes the core refuse new Allocates. The lifecycle is read
 /// through a [`Watch`](lastcall::Watch), as every connection of both daemons reads it.
-pub(crate) async fn refuse_when_refusing(shared: Arc<Shared>, alternates: Vec<SocketAddr>) {
+pub(crate) async fn refuse_when_refusing(shared: Arc<ServerState>, alternates: Vec<SocketAddr>) {
     let mut watch = shared.handle().watch();
     let mut seen = watch.now();
     while !seen.is_refusing() {

@@ -2,7 +2,7 @@
 //! and the tokio tasks (TCP/TLS through the lifecycle's accept loops, timers, the drain); and
 //! its end, within the time the lifecycle gives after the exit decision.
 //!
-//! One [`Server`](lastcall_turn_proto::Server) sits behind one mutex ([`Shared`]). UDP
+//! One [`Server`](lastcall_turn_proto::Server) sits behind one mutex ([`ServerState`]). UDP
 //! (client listeners and every relay socket) is served by `relay-threads` I/O threads
 //! ([`crate::udp`]), which take the lock once per batch of datagrams; TCP/TLS clients, timers
 //! and the drain run on tokio and take it per frame or event. No system call runs under the
@@ -22,7 +22,7 @@ use crate::listen::{self, ListenError};
 use crate::mailbox::{Cmd, Mailbox};
 use crate::metrics::Metrics;
 use crate::relay::RelaySockets;
-pub use crate::shared::Shared;
+pub use crate::shared::ServerState;
 use crate::tls::Certs;
 use crate::udp::Worker;
 use crate::{drain, stream, timers};
@@ -46,7 +46,7 @@ pub enum StartError {
 /// A running server: its bound addresses, for logs and tests.
 pub struct Running {
     /// The state every task shares.
-    pub shared: Arc<Shared>,
+    pub shared: Arc<ServerState>,
     /// Bound UDP listeners.
     pub udp: Vec<SocketAddr>,
     /// Bound TCP listeners.
@@ -121,7 +121,7 @@ fn shared(
     handle: Handle,
     workers: usize,
     kernel: Option<crate::kernel::Kernel>,
-) -> Result<Arc<Shared>, StartError> {
+) -> Result<Arc<ServerState>, StartError> {
     let mailboxes = (0..workers)
         .map(|worker| {
             Mailbox::new(worker)
@@ -139,7 +139,7 @@ fn shared(
     };
     let server = Server::new(core, Instant::now(), SystemTime::now());
     let relays = RelaySockets::new(config.min_port, config.max_port, mailboxes);
-    let mut shared = Shared::new(server, relays, metrics, handle).with_kernel(kernel);
+    let mut shared = ServerState::new(server, relays, metrics, handle).with_kernel(kernel);
     let Some(userdb) = &config.userdb else {
         return Ok(Arc::new(shared));
     };
@@ -222,7 +222,7 @@ pub fn start(
 /// Starts accepting on `listeners` (TLS with `certs`) until the exit decision: while
 /// refusing, new clients still get their 300/403; returns the listeners' addresses.
 fn serve_streams(
-    shared: &Arc<Shared>,
+    shared: &Arc<ServerState>,
     daemon: &Daemon,
     listeners: Vec<std::net::TcpListener>,
     certs: Option<Arc<Certs>>,
@@ -255,7 +255,7 @@ fn serve_streams(
 /// Starts UDP I/O thread `worker` on `listeners`; returns once it is ready. `ended` is
 /// dropped when the thread ends.
 fn spawn_worker(
-    shared: &Arc<Shared>,
+    shared: &Arc<ServerState>,
     worker: usize,
     listeners: Vec<(SocketAddr, std::net::UdpSocket)>,
     ended: Ended,

@@ -1,10 +1,10 @@
 //! The protocol core behind its one lock, and what is done once the lock is released.
 //!
-//! Every call into the [`Server`] runs through [`Shared::with_core`], which moves the core's
+//! Every call into the [`Server`] runs through [`ServerState::with_core`], which moves the core's
 //! events and relay-socket releases into the caller's [`Effects`] before unlocking; the caller
-//! then [`apply`](Shared::apply)s them: session guards, relay sockets closed, TCP/TLS
+//! then [`apply`](ServerState::apply)s them: session guards, relay sockets closed, TCP/TLS
 //! connections whose allocation expired closed, logs. No system call runs under the lock:
-//! relay sockets are bound between two calls ([`Shared::bind_relays`]), sends happen after.
+//! relay sockets are bound between two calls ([`ServerState::bind_relays`]), sends happen after.
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
@@ -28,8 +28,9 @@ const AUTH_LOG_PER_SECOND: u32 = 10;
 /// Capacity refusals (486, 508) logged a second (at warn); the rest are counted likewise.
 const CAPACITY_LOG_PER_SECOND: u32 = 10;
 
-/// State shared by every thread and task.
-pub struct Shared {
+/// The server's state, shared by every thread and task: the protocol core behind its lock,
+/// the session guards, relay sockets, TCP/TLS streams and metrics.
+pub struct ServerState {
     auth_log: LogBudget,
     /// Capacity refusals: clients can cause them at will too (quotas, tokens).
     capacity_log: LogBudget,
@@ -87,15 +88,15 @@ fn guard_key(relays: &RelayAddrs) -> Option<SocketAddr> {
     relays.iter().next()
 }
 
-impl Shared {
+impl ServerState {
     /// The core, its relay sockets and metrics, and the lifecycle's handle.
     pub(crate) fn new(
         server: Server,
         relays: RelaySockets,
         metrics: Metrics,
         handle: Handle,
-    ) -> Shared {
-        Shared {
+    ) -> ServerState {
+        ServerState {
             auth_log: LogBudget::new(AUTH_LOG_PER_SECOND, std::time::Duration::from_secs(1)),
             capacity_log: LogBudget::new(
                 CAPACITY_LOG_PER_SECOND,
@@ -119,7 +120,7 @@ impl Shared {
     }
 
     /// With the kernel fast path `kernel`: the core's route changes go to it.
-    pub(crate) fn with_kernel(mut self, kernel: Option<Kernel>) -> Shared {
+    pub(crate) fn with_kernel(mut self, kernel: Option<Kernel>) -> ServerState {
         if kernel.is_some() {
             self.core.get_mut().set_route_output(true);
         }
@@ -358,7 +359,7 @@ impl Shared {
     }
 }
 
-impl CoreCounters for Shared {
+impl CoreCounters for ServerState {
     fn snapshot(&self) -> (Counters, (usize, usize, usize)) {
         let (mut counters, live) = {
             let server = self.core.lock();
@@ -371,9 +372,9 @@ impl CoreCounters for Shared {
     }
 }
 
-impl std::fmt::Debug for Shared {
+impl std::fmt::Debug for ServerState {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Shared").finish_non_exhaustive()
+        f.debug_struct("ServerState").finish_non_exhaustive()
     }
 }
 
@@ -385,14 +386,14 @@ fn is_session_event(ev: &Event) -> bool {
 }
 
 #[cfg(test)]
-impl Shared {
+impl ServerState {
     /// A core with `workers` mailboxes and neither threads nor listeners, for tests that
     /// drive a UDP I/O thread by hand.
     pub(crate) fn for_tests(
         config: &crate::config::TurnConfig,
         handle: Handle,
         workers: usize,
-    ) -> std::sync::Arc<Shared> {
+    ) -> std::sync::Arc<ServerState> {
         use crate::mailbox::Mailbox;
         let mailboxes = (0..workers)
             .map(|w| match Mailbox::new(w) {
@@ -403,7 +404,7 @@ impl Shared {
         let now = Instant::now();
         let server = Server::new(config.core_config(), now, std::time::SystemTime::now());
         let relays = RelaySockets::new(config.min_port, config.max_port, mailboxes);
-        std::sync::Arc::new(Shared::new(server, relays, Metrics::default(), handle))
+        std::sync::Arc::new(ServerState::new(server, relays, Metrics::default(), handle))
     }
 
     pub(crate) fn mailbox(&self, worker: usize) -> std::sync::Arc<crate::mailbox::Mailbox> {

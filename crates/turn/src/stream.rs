@@ -13,7 +13,7 @@ use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
 use crate::route::{LocalSockets, StreamHandle, TxQueue};
-use crate::shared::{Effects, Shared};
+use crate::shared::{Effects, ServerState};
 use crate::sockets::MAX_DATAGRAM;
 use crate::tls::Certs;
 
@@ -31,7 +31,7 @@ const STREAM_FLUSH: Duration = Duration::from_secs(1);
 
 /// Serves one accepted TCP connection (a tracked task of the lifecycle's accept loop).
 pub(crate) async fn serve_tcp(
-    shared: Arc<Shared>,
+    shared: Arc<ServerState>,
     (stream, client): (TcpStream, SocketAddr),
     watch: Watch,
 ) {
@@ -50,7 +50,7 @@ pub(crate) async fn serve_tcp(
 /// Serves one accepted TLS connection: the handshake (at most 10 s, and not past the exit
 /// decision), then its frames.
 pub(crate) async fn serve_tls(
-    shared: Arc<Shared>,
+    shared: Arc<ServerState>,
     certs: Arc<Certs>,
     (stream, client): (TcpStream, SocketAddr),
     mut watch: Watch,
@@ -94,7 +94,7 @@ pub(crate) async fn serve_tls(
 
 /// A connection's way to the core and back.
 struct Frames {
-    shared: Arc<Shared>,
+    shared: Arc<ServerState>,
     addr: ClientAddr,
     out: Vec<u8>,
     tx: TxQueue,
@@ -135,7 +135,7 @@ impl Frames {
 /// Serves one TCP/TLS client connection: frames in, frames out, allocation deleted at close.
 /// At the exit decision the connection closes and leaves its allocation to the exit hook,
 /// which ends every allocation at once.
-async fn connection<S>(shared: Arc<Shared>, stream: S, addr: ClientAddr, mut watch: Watch)
+async fn connection<S>(shared: Arc<ServerState>, stream: S, addr: ClientAddr, mut watch: Watch)
 where
     S: AsyncRead + AsyncWrite + Send + 'static,
 {

@@ -4,13 +4,13 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::shared::Shared;
+use crate::shared::ServerState;
 
 /// Timers are checked at least this often.
 const TIMER_TICK: Duration = Duration::from_millis(500);
 
 /// Expires what is due, forever.
-pub(crate) async fn timer_loop(shared: Arc<Shared>) {
+pub(crate) async fn timer_loop(shared: Arc<ServerState>) {
     loop {
         let next = shared.run(|server| server.poll_timeout());
         let now = Instant::now();

@@ -38,7 +38,7 @@ use crate::mailbox::{enter_worker, Cmd, Mailbox};
 use crate::metrics::WorkerLabel;
 use crate::mmsg::{recv_batch, RecvHeaders, SendHeaders, BATCH};
 use crate::route::{LocalSockets, TxQueue};
-use crate::shared::{Effects, Shared};
+use crate::shared::{Effects, ServerState};
 use crate::sockets::MAX_DATAGRAM;
 
 /// Datagrams held (and run through the core under one lock) before they are processed.
@@ -84,7 +84,7 @@ pub(crate) struct WorkerStats {
 /// One UDP I/O thread's state.
 pub(crate) struct Worker {
     id: usize,
-    shared: Arc<Shared>,
+    shared: Arc<ServerState>,
     mailbox: Arc<Mailbox>,
     epoll: Epoll,
     sockets: LocalSockets,
@@ -112,7 +112,7 @@ fn nix_err(e: Errno) -> io::Error {
 impl Worker {
     /// A worker reading `listeners` (their local addresses given), reached through `mailbox`.
     pub(crate) fn new(
-        shared: Arc<Shared>,
+        shared: Arc<ServerState>,
         mailbox: Arc<Mailbox>,
         listeners: Vec<(SocketAddr, UdpSocket)>,
     ) -> io::Result<Worker> {
@@ -431,7 +431,7 @@ mod tests {
     use crate::metrics::CoreCounters;
     use std::time::Duration;
 
-    fn shared() -> Arc<Shared> {
+    fn shared() -> Arc<ServerState> {
         let args = [
             "lastcall-turn",
             "-n",
@@ -443,7 +443,7 @@ mod tests {
             panic!("test configuration")
         };
         let lifecycle = lastcall::Lifecycle::without_signals(s.term);
-        Shared::for_tests(&s.turn, lifecycle.handle(), 1)
+        ServerState::for_tests(&s.turn, lifecycle.handle(), 1)
     }
 
     /// A STUN Binding request with transaction id `i`.

@@ -29,7 +29,7 @@ use parking_lot::Mutex;
 use tokio::sync::mpsc;
 
 use crate::config::userdb::{Source, UserDbConfig};
-use crate::shared::Shared;
+use crate::shared::ServerState;
 
 pub(crate) mod postgres;
 pub(crate) mod redis;
@@ -135,7 +135,7 @@ pub(crate) struct Static {
 /// The user database's task: lookups from the core, and the 5-second reread.
 pub(crate) struct UserDb {
     backend: Backend,
-    shared: Arc<Shared>,
+    shared: Arc<ServerState>,
     fixed: Static,
     reread: Reread,
     health: Arc<Health>,
@@ -189,11 +189,11 @@ impl Health {
 
 impl UserDb {
     /// Starts the task for `config` (inside a tokio runtime): it takes the core's lookups
-    /// from `lookups` (the other end is the [`Shared`]'s) and answers into `shared`.
+    /// from `lookups` (the other end is the [`ServerState`]'s) and answers into `shared`.
     pub(crate) fn spawn(
         config: &UserDbConfig,
         fixed: Static,
-        shared: &Arc<Shared>,
+        shared: &Arc<ServerState>,
         lookups: mpsc::UnboundedReceiver<Lookup>,
     ) {
         let db = UserDb {
