@@ -64,15 +64,6 @@ impl FileFormat {
         }
     }
 
-    /// The name `show-config` writes.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            FileFormat::Text => "console",
-            FileFormat::Json => "json",
-            FileFormat::JsonFlat => "json-flat",
-        }
-    }
-
     /// tracing's format, and how matched rules are written in it.
     pub fn split(self) -> (LogFormat, RuleLines) {
         match self {

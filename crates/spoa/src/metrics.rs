@@ -267,6 +267,7 @@ impl Metrics {
     }
 
     /// Current count of [`failed_closed`](Self::failed_closed) (tests).
+    #[cfg(test)]
     pub fn failed_closed_with(&self, reason: &'static str) -> u64 {
         self.budget.get_or_create(&vec![("reason", reason)]).get()
     }
@@ -290,14 +291,8 @@ impl Metrics {
             .inc();
     }
 
-    /// Current count of a request verdict (tests, logs).
-    pub fn requests_with(&self, v: Verdict) -> u64 {
-        self.requests
-            .get_or_create(&vec![("verdict", v.as_str())])
-            .get()
-    }
-
     /// Current count of a response verdict (tests, logs).
+    #[cfg(test)]
     pub fn responses_with(&self, v: Verdict) -> u64 {
         self.responses
             .get_or_create(&vec![("verdict", v.as_str())])

@@ -66,6 +66,7 @@ pub struct Directives {
 
 impl Directives {
     /// Text with no file behind it (tests, the chart's rendered values): every line at 1.
+    #[cfg(test)]
     pub fn inline(text: &str) -> Directives {
         Directives {
             text: text.to_owned(),
@@ -215,16 +216,6 @@ pub enum Evaluation {
     /// On `workers` dedicated evaluation threads fed by one queue: a slow evaluation never
     /// holds up another connection's I/O.
     Pool,
-}
-
-impl Evaluation {
-    /// The file's spelling.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Evaluation::Inline => "inline",
-            Evaluation::Pool => "pool",
-        }
-    }
 }
 
 /// Default listener when neither the file nor `--bind` says.

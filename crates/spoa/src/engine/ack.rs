@@ -97,6 +97,7 @@ impl AckSink {
     }
 
     /// A sink for a stream that is not a socket: every ACK is held for the task.
+    #[cfg(test)]
     pub fn held_only() -> Arc<Self> {
         Self::build(None)
     }
@@ -216,6 +217,7 @@ impl AckSink {
     }
 
     /// Whether bytes wait for the socket.
+    #[cfg(test)]
     pub fn has_pending(&self) -> bool {
         !self.lock().pending.is_empty()
     }

@@ -152,11 +152,6 @@ impl Budget {
         Budget { inner }
     }
 
-    /// The budget.
-    pub fn timeout(&self) -> Duration {
-        self.inner.timeout
-    }
-
     /// Starts the clock for one NOTIFY's answer (`id`: its transaction id, for the log).
     pub fn owe(&self, ticket: Ticket, id: Option<String>, received: Instant) -> Arc<Owed> {
         let owed = Arc::new(Owed {

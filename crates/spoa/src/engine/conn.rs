@@ -395,6 +395,7 @@ impl Conn {
     }
 
     /// NOTIFYs whose ACK is owed.
+    #[cfg(test)]
     pub fn owed(&self) -> usize {
         self.owed
     }

@@ -34,7 +34,7 @@ use prometheus_client::metrics::gauge::Gauge;
 pub use bind::Bind;
 pub use handler::{error_vars, Answer, Handler, Later, Vars, AGENT_ERROR};
 pub use listener::{serve_accepted, Accepted, Listener};
-pub use task::{serve_conn, Unread, MAX_UNSENT};
+pub use task::{Unread, MAX_UNSENT};
 
 use crate::metrics::Metrics;
 use budget::Budget;

@@ -41,6 +41,7 @@ pub struct Work {
 
 impl Work {
     /// Work the budget does not follow.
+    #[cfg(test)]
     pub fn new(run: impl FnOnce() + Send + 'static) -> Work {
         Work {
             run: Box::new(run),
@@ -223,6 +224,7 @@ impl Pool {
     }
 
     /// Threads started.
+    #[cfg(test)]
     pub fn workers(&self) -> usize {
         self.workers
     }

@@ -42,6 +42,7 @@ pub const MAX_UNSENT: usize = 64 * 1024;
 /// Serves one connection to its end, over any stream (tests): its ACKs are all written by
 /// the task, and without a socket to peek at, "nothing unread" relies on the reactor's
 /// readiness alone.
+#[cfg(test)]
 pub async fn serve_conn<S>(io: S, peer: Option<IpAddr>, engine: Arc<Engine>)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,

@@ -244,11 +244,13 @@ impl Request {
     }
 
     /// The size the body should have: `body_size` if HAProxy sent it, else `Content-Length`.
+    #[cfg(test)]
     pub fn declared_body_size(&self) -> Option<u64> {
         self.body_size.or_else(|| content_length(&self.headers))
     }
 
     /// Whether HAProxy handed us less body than the request carries.
+    #[cfg(test)]
     pub fn body_truncated(&self) -> bool {
         self.declared_body_size()
             .is_some_and(|n| n > self.body.len() as u64)

@@ -271,11 +271,6 @@ impl Waf {
         }
     }
 
-    /// The engine (to compile rules for a reload).
-    pub fn engine(&self) -> &Arc<ModSecurity> {
-        &self.engine
-    }
-
     /// Replaces all applications at once. Evaluations in progress finish with the rules
     /// they started with; kept transactions keep theirs.
     pub fn swap(&self, apps: Apps) {
@@ -343,6 +338,7 @@ impl Waf {
 
     /// Evaluates a request and runs its logging phase at once; returns the verdict and the
     /// variables.
+    #[cfg(test)]
     pub fn evaluate_request(&self, req: &Request) -> (Verdict, Vars) {
         let mut done = Vec::new();
         let result = self.request(req, None, &mut done);
