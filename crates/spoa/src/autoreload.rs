@@ -7,7 +7,7 @@
 //! The file's directory is watched (inotify), not the file: editors replace files by
 //! renaming, and Kubernetes updates a mounted ConfigMap by swapping the `..data` symlink the
 //! file's own symlink points through, so the file's inode never changes. After a burst of
-//! events has been quiet for [`SETTLE`], the file is read again through its symlinks; a
+//! events has been quiet for `SETTLE`, the file is read again through its symlinks; a
 //! reload is asked for only when its bytes differ from the last ones seen (an unrelated file
 //! in the directory, or a save that changed nothing, reloads nothing).
 
@@ -25,11 +25,11 @@ use crate::waf::Waf;
 
 /// How long a burst of events must be quiet before the file is read: a ConfigMap swap is a
 /// few events within a millisecond, an editor's save a few within some.
-pub const SETTLE: Duration = Duration::from_millis(200);
+pub(crate) const SETTLE: Duration = Duration::from_millis(200);
 
 /// Watches `path`; each message on the returned channel asks for one reload. The watcher
 /// lives as long as the receiver. The error says why the directory cannot be watched.
-pub fn watch(path: &Path) -> Result<mpsc::Receiver<()>, String> {
+pub(crate) fn watch(path: &Path) -> Result<mpsc::Receiver<()>, String> {
     let path = path.to_path_buf();
     let dir = path
         .parent()
@@ -53,7 +53,7 @@ pub fn watch(path: &Path) -> Result<mpsc::Receiver<()>, String> {
     Ok(reload_rx)
 }
 
-/// `-autoreload`: watches `path` ([`watch`]) and asks the lifecycle for a reload, as a
+/// `-autoreload`: watches `path` (`watch`) and asks the lifecycle for a reload, as a
 /// SIGHUP does, at each change.
 pub fn follow(path: &Path, handle: lastcall::Handle) -> Result<(), String> {
     let mut rx = watch(path)?;

@@ -2,31 +2,31 @@
 //! line by line, what differs from the fail-closed, lossless setup of `docs/spoa.md`, and
 //! what to add.
 //!
-//! - [`parse`]: HAProxy's syntax (sections, words);
-//! - [`rules`]: what is checked, on parsed files (sans-IO, table-tested);
+//! - `parse`: HAProxy's syntax (sections, words);
+//! - `rules`: what is checked, on parsed files (sans-IO, table-tested);
 //! - here: reading the files (and the SPOE files their `filter spoe` lines name) and
 //!   printing the findings.
 
-pub mod parse;
-pub mod rules;
+mod parse;
+mod rules;
 
 use std::path::{Path, PathBuf};
 
-pub use rules::{check, Finding, Level};
+pub(crate) use rules::{check, Finding, Level};
 
 /// A configuration file, read and parsed.
 #[derive(Debug, Clone)]
-pub struct File {
+pub(crate) struct File {
     /// Its path, as given or as a `filter spoe` line named it.
-    pub path: PathBuf,
+    pub(crate) path: PathBuf,
     /// Its sections.
-    pub sections: Vec<parse::Section>,
+    pub(crate) sections: Vec<parse::Section>,
 }
 
 /// Exit status: nothing to add.
-pub const OK: i32 = 0;
+pub(crate) const OK: i32 = 0;
 /// Exit status: findings that change what HAProxy does (fail-closed or lossless).
-pub const FINDINGS: i32 = 1;
+pub(crate) const FINDINGS: i32 = 1;
 
 /// Runs the check on `files`, prints the findings, returns the exit status (64 when a file
 /// cannot be read).
@@ -72,7 +72,7 @@ pub fn run(paths: &[PathBuf]) -> i32 {
 }
 
 /// The findings as printed: `FILE:LINE: what`, then `    add: ...`, then a summary.
-pub fn report(findings: &[Finding]) -> String {
+pub(crate) fn report(findings: &[Finding]) -> String {
     let mut out = String::new();
     for f in findings {
         let level = match f.level {

@@ -6,48 +6,48 @@
 
 /// One configuration line, split into words.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Line {
+pub(crate) struct Line {
     /// 1-based line number.
-    pub no: usize,
+    pub(crate) no: usize,
     /// The words, quotes and escapes removed.
-    pub words: Vec<String>,
+    pub(crate) words: Vec<String>,
 }
 
 impl Line {
     /// Whether the words start with `prefix` (case-sensitive, as HAProxy's keywords are).
-    pub fn starts(&self, prefix: &[&str]) -> bool {
+    pub(crate) fn starts(&self, prefix: &[&str]) -> bool {
         self.words.len() >= prefix.len() && self.words.iter().zip(prefix).all(|(w, p)| w == p)
     }
 
     /// The words joined by one space (for looking into conditions).
-    pub fn text(&self) -> String {
+    pub(crate) fn text(&self) -> String {
         self.words.join(" ")
     }
 }
 
 /// One section and the lines in it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Section {
+pub(crate) struct Section {
     /// `frontend`, `backend`, `spoe-agent`, ...
-    pub kind: String,
+    pub(crate) kind: String,
     /// Its name (empty for `global`, or an unnamed `defaults`).
-    pub name: String,
+    pub(crate) name: String,
     /// The SPOE scope it is in (`[coraza]`), if any.
-    pub scope: Option<String>,
+    pub(crate) scope: Option<String>,
     /// The line that opens it.
-    pub line: usize,
+    pub(crate) line: usize,
     /// Its lines.
-    pub lines: Vec<Line>,
+    pub(crate) lines: Vec<Line>,
 }
 
 impl Section {
     /// The first line starting with `prefix`.
-    pub fn find(&self, prefix: &[&str]) -> Option<&Line> {
+    pub(crate) fn find(&self, prefix: &[&str]) -> Option<&Line> {
         self.lines.iter().find(|l| l.starts(prefix))
     }
 
     /// Every line starting with `prefix`.
-    pub fn all(&self, prefix: &[&str]) -> std::vec::IntoIter<&Line> {
+    pub(crate) fn all(&self, prefix: &[&str]) -> std::vec::IntoIter<&Line> {
         self.lines
             .iter()
             .filter(|l| l.starts(prefix))
@@ -79,7 +79,7 @@ const SECTIONS: &[&str] = &[
 ];
 
 /// Splits a file into sections. Lines before the first section are left out.
-pub fn sections(text: &str) -> Vec<Section> {
+pub(crate) fn sections(text: &str) -> Vec<Section> {
     let mut out: Vec<Section> = Vec::new();
     let mut scope = None;
     for (i, raw) in text.lines().enumerate() {
@@ -110,7 +110,7 @@ pub fn sections(text: &str) -> Vec<Section> {
 
 /// Splits one line into words as HAProxy does: whitespace separates, `#` outside quotes
 /// starts a comment, `"..."` and `'...'` quote, a backslash escapes the next character.
-pub fn words(line: &str) -> Vec<String> {
+pub(crate) fn words(line: &str) -> Vec<String> {
     let mut out = Vec::new();
     let mut word = String::new();
     let mut in_word = false;

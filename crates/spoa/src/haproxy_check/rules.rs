@@ -30,7 +30,7 @@ use super::File;
 
 /// How much a finding matters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Level {
+pub(crate) enum Level {
     /// Differs from the fail-closed, lossless setup: the check exits 1.
     Fix,
     /// Worth knowing; the setup is still fail-closed and lossless.
@@ -39,22 +39,22 @@ pub enum Level {
 
 /// One finding.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Finding {
+pub(crate) struct Finding {
     /// The file.
-    pub file: PathBuf,
+    pub(crate) file: PathBuf,
     /// The line (the section's, when the problem is a missing line).
-    pub line: usize,
+    pub(crate) line: usize,
     /// Fix or note.
-    pub level: Level,
+    pub(crate) level: Level,
     /// What is the matter.
-    pub what: String,
+    pub(crate) what: String,
     /// The lines to add, if any.
-    pub add: Option<String>,
+    pub(crate) add: Option<String>,
 }
 
 /// The SPOE file paths that `filter spoe ... config PATH` lines of `file` name (`${VAR}`
 /// taken from the environment, as HAProxy does).
-pub fn spoe_paths(file: &File) -> Vec<PathBuf> {
+pub(crate) fn spoe_paths(file: &File) -> Vec<PathBuf> {
     file.sections
         .iter()
         .flat_map(|s| s.all(&["filter", "spoe"]))
@@ -108,7 +108,7 @@ struct Frontend<'a> {
 }
 
 /// Checks every frontend with a `filter spoe` line in `files`.
-pub fn check(files: &[File]) -> Vec<Finding> {
+pub(crate) fn check(files: &[File]) -> Vec<Finding> {
     let haproxy: Vec<(&Path, &Section)> = files
         .iter()
         .flat_map(|f| f.sections.iter().map(move |s| (f.path.as_path(), s)))
