@@ -40,14 +40,14 @@ use crate::protocol::coraza::{content_length, is_chunked, Request};
 /// What HAProxy's buffer keeps free of data (`tune.maxrewrite`, 1024 by default) plus room
 /// for its own block headers: an HTTP/1 body within this of the frame size is taken for cut
 /// (measured: HAProxy stopped 1,287 bytes short of a 16 KB buffer, headers included).
-pub const BUFFER_MARGIN: u64 = 2560;
+pub(crate) const BUFFER_MARGIN: u64 = 2560;
 /// The same for HTTP/2 and later: HAProxy stopped 1,755 bytes short of a 1 MiB buffer
 /// (headers included), more than over HTTP/1, so the margin is wider.
-pub const H2_BUFFER_MARGIN: u64 = 4096;
+pub(crate) const H2_BUFFER_MARGIN: u64 = 4096;
 
 /// What the agent can say about a request's body.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BodyState {
+pub(crate) enum BodyState {
     /// Everything that reaches the origin was inspected.
     Whole,
     /// HAProxy's buffer was full: the rest of the body reaches the origin unseen.
@@ -82,7 +82,7 @@ fn filled(received: u64, header_bytes: u64, margin: u64, frame_size: Option<u32>
 }
 
 /// The state of `req`'s body, received on a connection whose frame size is `frame_size`.
-pub fn body_state(req: &Request, frame_size: Option<u32>) -> BodyState {
+pub(crate) fn body_state(req: &Request, frame_size: Option<u32>) -> BodyState {
     let received = req.body.len() as u64;
     let header_bytes: u64 = req
         .headers

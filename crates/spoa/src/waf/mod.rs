@@ -5,20 +5,20 @@
 //! [`Handler::handle`] on an evaluation thread, never on an async worker, and asks
 //! [`Handler::answer_inline`] first, on the connection task, whether the engine is needed at
 //! all. The logging phase (phase 5) and a transaction's cleanup come back with the answer as
-//! a [`Later`], which the engine runs once the ACK is written, as nginx runs ModSecurity's log
+//! a `Later`, which the engine runs once the ACK is written, as nginx runs ModSecurity's log
 //! phase after the response; so does the whole evaluation of a `detect-only` response.
 //!
 //! Each matched rule is one log line (the application's log, else the process log): its id,
 //! message, matched data, severity, file, line and phase, with the transaction id; in a
 //! JSON log in coraza-spoa's shape ([`crate::log`]).
 //!
-//! - the applications' compiled rules ([`Apps`], from [`crate::config::apps`]) are swapped
-//!   all at once by a reload ([`Waf::swap`]; evaluations already running keep the rules they
+//! - the applications' compiled rules ([`Apps`], from `crate::config::apps`) are swapped
+//!   all at once by a reload (`Waf::swap`; evaluations already running keep the rules they
 //!   started with);
-//! - [`body`]: whether HAProxy handed over the whole request body;
-//! - [`cache`]: request transactions kept for their response check.
+//! - `body`: whether HAProxy handed over the whole request body;
+//! - `cache`: request transactions kept for their response check.
 
-pub mod body;
+mod body;
 mod cache;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -29,7 +29,8 @@ use lastcall_modsec::{Intervention, MatchReport, ModSecurity, Transaction};
 use spop::frame::Message;
 use spop::TypedData;
 
-pub use crate::config::apps::{directives_for, App, Apps};
+pub use crate::config::apps::directives_for;
+pub(crate) use crate::config::apps::{App, Apps};
 use cache::{Kept, TxCache};
 
 use crate::config::BodyLimitAction;
@@ -273,7 +274,7 @@ impl Waf {
 
     /// Replaces all applications at once. Evaluations in progress finish with the rules
     /// they started with; kept transactions keep theirs.
-    pub fn swap(&self, apps: Apps) {
+    pub(crate) fn swap(&self, apps: Apps) {
         let new = Arc::new(apps);
         match self.apps.write() {
             Ok(mut g) => *g = new,
@@ -339,7 +340,7 @@ impl Waf {
     /// Evaluates a request and runs its logging phase at once; returns the verdict and the
     /// variables.
     #[cfg(test)]
-    pub fn evaluate_request(&self, req: &Request) -> (Verdict, Vars) {
+    pub(crate) fn evaluate_request(&self, req: &Request) -> (Verdict, Vars) {
         let mut done = Vec::new();
         let result = self.request(req, None, &mut done);
         finish(done);
@@ -548,7 +549,7 @@ impl Waf {
     ///
     /// `None` when the response's application does not inspect responses (`response_check:
     /// false`): nothing to decide, nothing counted.
-    pub fn evaluate_response(&self, res: &Response) -> Option<(Verdict, Vars)> {
+    pub(crate) fn evaluate_response(&self, res: &Response) -> Option<(Verdict, Vars)> {
         let apps = self.current();
         if let Some(app) = apps.find(&res.app) {
             if !app.config.response_check {
