@@ -25,10 +25,10 @@ use lastcall_modsec::ModSecurity;
 /// -validate, -metrics-addr ADDR, -autoreload, -version.
 #[derive(Debug, Parser)]
 #[command(name = "lastcall-spoa", version, about)]
-pub struct Cli {
+pub(crate) struct Cli {
     /// A subcommand instead of serving.
     #[command(subcommand)]
-    pub command: Option<Command>,
+    pub(crate) command: Option<Command>,
 
     /// coraza-spoa YAML configuration; without it, one application (`default`) runs the
     /// OWASP CRS at paranoia level 1
@@ -39,52 +39,52 @@ pub struct Cli {
         value_name = "FILE",
         global = true
     )]
-    pub config: Option<PathBuf>,
+    pub(crate) config: Option<PathBuf>,
 
     /// Load the configuration and compile the rules, then exit 0 (valid) or 64 (errors)
     #[arg(long)]
-    pub validate: bool,
+    pub(crate) validate: bool,
 
     /// Listen here instead of the file's `bind` (host:port or unix:///path)
     #[arg(long, env = "LASTCALL_SPOA_BIND", value_name = "ADDR")]
-    pub bind: Option<String>,
+    pub(crate) bind: Option<String>,
 
     /// The OWASP CRS to use: a CRS release unpacked here (crs-setup.conf or
     /// crs-setup.conf.example beside rules/); overrides the file's `crs_dir`; empty: not
     /// given [default: Debian's modsecurity-crs]
     #[arg(long, env = "LASTCALL_SPOA_CRS_DIR", value_name = "DIR", global = true)]
-    pub crs_dir: Option<String>,
+    pub(crate) crs_dir: Option<String>,
 
     /// coraza-spoa's name for --admin-addr (/metrics, /livez, /readyz, /drain); `:PORT`
     /// listens on every address
     #[arg(long, value_name = "ADDR")]
-    pub metrics_addr: Option<String>,
+    pub(crate) metrics_addr: Option<String>,
 
     /// Reload when the configuration file changes, as SIGHUP does (a Kubernetes ConfigMap
     /// update included)
     #[arg(long)]
-    pub autoreload: bool,
+    pub(crate) autoreload: bool,
 
     /// coraza-spoa's Go CPU profile: accepted and ignored, with a warning
     #[arg(long, hide = true, value_name = "FILE")]
-    pub cpuprofile: Option<String>,
+    pub(crate) cpuprofile: Option<String>,
 
     /// coraza-spoa's Go heap profile: accepted and ignored, with a warning
     #[arg(long, hide = true, value_name = "FILE")]
-    pub memprofile: Option<String>,
+    pub(crate) memprofile: Option<String>,
 
     /// The termination options (`--on-sigterm`, `--drain-timeout`, ...).
     #[command(flatten)]
-    pub term: TerminationArgs,
+    pub(crate) term: TerminationArgs,
 
     /// `--log-level`, `--log-format`.
     #[command(flatten)]
-    pub log: LogArgs,
+    pub(crate) log: LogArgs,
 }
 
 /// The subcommands.
 #[derive(Debug, Clone, PartialEq, Eq, Subcommand)]
-pub enum Command {
+pub(crate) enum Command {
     /// Read HAProxy and SPOE configuration files and say, line by line, what differs from
     /// the fail-closed, lossless setup of docs/spoa.md and what to add (exit 0: nothing to
     /// add; 1: findings; 64: a file cannot be read)
@@ -110,7 +110,7 @@ pub enum Command {
 /// first refused health check to mark this agent DOWN, so Announcing lasts 5s; SPOE
 /// evaluations take milliseconds and idle connections are closed as soon as Refusing starts,
 /// so 25s to the deadline is plenty and ends inside Kubernetes' default 30s grace period.
-pub fn defaults() -> Defaults {
+pub(crate) fn defaults() -> Defaults {
     Defaults {
         shutdown_delay: Duration::from_secs(5),
         drain_timeout: Duration::from_secs(25),
@@ -123,7 +123,7 @@ pub fn defaults() -> Defaults {
 
 /// `--version`'s text: ours, and the libmodsecurity this process loaded (its own version
 /// string, so a newer shared library under the same binary shows as itself).
-pub fn version_line() -> String {
+pub(crate) fn version_line() -> String {
     let engine = match ModSecurity::new() {
         Ok(engine) => format!("ModSecurity {}", engine.version()),
         Err(e) => format!("libmodsecurity failed to start: {e}"),
@@ -133,16 +133,16 @@ pub fn version_line() -> String {
 
 /// A long option of the command: its name, and whether it takes a value.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LongOption {
+pub(crate) struct LongOption {
     /// The name, without dashes.
-    pub name: String,
+    pub(crate) name: String,
     /// Whether it takes a value (`false`: a switch).
-    pub takes_value: bool,
+    pub(crate) takes_value: bool,
 }
 
 /// The long options of `cmd` (aliases included) and of its subcommands' names are left
 /// alone: those are words, not options.
-pub fn long_options(cmd: &clap::Command) -> Vec<LongOption> {
+pub(crate) fn long_options(cmd: &clap::Command) -> Vec<LongOption> {
     let mut out = vec![
         LongOption {
             name: "help".into(),
@@ -172,7 +172,10 @@ pub fn long_options(cmd: &clap::Command) -> Vec<LongOption> {
 /// The arguments with Go's single-dash long options written as clap's (see the module
 /// docs). The program name, values, words that are no known option and everything after
 /// `--` are left as they are.
-pub fn go_style(args: impl IntoIterator<Item = OsString>, longs: &[LongOption]) -> Vec<OsString> {
+pub(crate) fn go_style(
+    args: impl IntoIterator<Item = OsString>,
+    longs: &[LongOption],
+) -> Vec<OsString> {
     let mut out = Vec::new();
     let mut rest_verbatim = false;
     let mut value_next = false;
@@ -221,7 +224,7 @@ pub fn go_style(args: impl IntoIterator<Item = OsString>, longs: &[LongOption]) 
 /// provided but not defined: -confg`), as coraza-spoa users know them. One letter after the
 /// dash is a short option (`-c FILE`); values of options that take one are skipped, and so is
 /// everything after `--`.
-pub fn go_unknown(args: &[OsString], longs: &[LongOption]) -> Option<String> {
+pub(crate) fn go_unknown(args: &[OsString], longs: &[LongOption]) -> Option<String> {
     let mut value_next = false;
     for arg in args.iter().skip(1) {
         if std::mem::take(&mut value_next) {
@@ -254,7 +257,7 @@ pub fn go_unknown(args: &[OsString], longs: &[LongOption]) -> Option<String> {
 
 /// An address to listen on, as Go writes it: `HOST:PORT`, `[V6]:PORT`, or `:PORT` for every
 /// address.
-pub fn listen_addr(text: &str) -> Option<SocketAddr> {
+pub(crate) fn listen_addr(text: &str) -> Option<SocketAddr> {
     let text = text.trim();
     match text.strip_prefix(':') {
         Some(port) => port

@@ -11,7 +11,7 @@
 //! - [`waf`]: the evaluation itself, with libmodsecurity.
 //!
 //! Beside them: [`config`] reads the command line, the environment and coraza-spoa's YAML
-//! in one pass ([`config::parse`]) and compiles the applications, [`cli`] declares the
+//! in one pass ([`config::parse`]) and compiles the applications, `cli` declares the
 //! options and reads Go-style flags, [`autoreload`] reloads on SIGHUP and when the file
 //! changes, [`haproxy_check`] reads a user's HAProxy files (`lastcall-spoa check-haproxy`),
 //! [`log`] writes the logs (matched rules in coraza-spoa's JSON shape), [`metrics`] holds
@@ -21,7 +21,7 @@
 #![forbid(unsafe_code)]
 
 pub mod autoreload;
-pub mod cli;
+mod cli;
 pub mod config;
 pub mod engine;
 pub mod haproxy_check;

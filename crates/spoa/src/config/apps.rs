@@ -15,11 +15,11 @@ use super::{Application, Config, LogFile, LogSettings};
 use crate::log::{FileFormat, RuleLines};
 
 /// One compiled application.
-pub struct App {
+pub(crate) struct App {
     /// Its configuration.
-    pub config: Application,
+    pub(crate) config: Application,
     /// Its compiled rules.
-    pub rules: Arc<RuleSet>,
+    pub(crate) rules: Arc<RuleSet>,
     /// Its own log, when its configuration has `log_*` keys, and how that log writes
     /// matched rules.
     log: Option<(tracing::Dispatch, RuleLines)>,
@@ -38,7 +38,7 @@ impl std::fmt::Debug for App {
 impl App {
     /// Runs `f` with this application's log as the current one (tracing's events in `f` go
     /// there), or the process log when it has none of its own.
-    pub fn in_log<R>(&self, f: impl FnOnce() -> R) -> R {
+    pub(crate) fn in_log<R>(&self, f: impl FnOnce() -> R) -> R {
         match &self.log {
             Some((d, _)) => tracing::dispatcher::with_default(d, f),
             None => f(),
@@ -46,7 +46,7 @@ impl App {
     }
 
     /// How the log [`in_log`](Self::in_log) writes to writes matched rules.
-    pub fn rule_lines(&self) -> RuleLines {
+    pub(crate) fn rule_lines(&self) -> RuleLines {
         self.log
             .as_ref()
             .map_or_else(crate::log::process_rule_lines, |(_, r)| *r)
@@ -63,12 +63,12 @@ pub struct Apps {
 impl Apps {
     /// Compiles every application of `cfg`; all problems are returned together, each on
     /// the line of the file it is about.
-    pub fn compile(cfg: &Config) -> Result<Apps, Problems> {
+    pub(crate) fn compile(cfg: &Config) -> Result<Apps, Problems> {
         Self::compile_unless(cfg, &AtomicBool::new(false))
             .unwrap_or_else(|| Err(Problems::from(Problem::new("", "compilation cancelled"))))
     }
 
-    /// Like [`compile`](Self::compile), but checks `cancel` before each application and
+    /// Like `compile`, but checks `cancel` before each application and
     /// returns `None` once it is set (a signal during start-up: the process then exits
     /// normally, never while libmodsecurity is compiling on another thread).
     pub fn compile_unless(cfg: &Config, cancel: &AtomicBool) -> Option<Result<Apps, Problems>> {
@@ -181,7 +181,7 @@ fn open_log(log: &LogSettings) -> Result<Option<(tracing::Dispatch, RuleLines)>,
 }
 
 /// Opens `path` for appending, creating it (mode 0666 less the umask, as coraza-spoa).
-pub fn append(path: &std::path::Path) -> std::io::Result<std::fs::File> {
+pub(crate) fn append(path: &std::path::Path) -> std::io::Result<std::fs::File> {
     std::fs::OpenOptions::new()
         .create(true)
         .append(true)

@@ -4,26 +4,26 @@
 //! would be valid, before any port is bound. Unknown keys are errors (coraza-spoa also
 //! decodes with known fields only).
 //!
-//! - [`yaml`]: the document as a tree of nodes that know their line;
+//! - `yaml`: the document as a tree of nodes that know their line;
 //! - `file`: that tree walked key by key into a [`Config`];
-//! - [`seclang`]: an application's rule text (Coraza's `@` names resolved, the engine's
+//! - `seclang`: an application's rule text (Coraza's `@` names resolved, the engine's
 //!   limits and the score rules added) and libmodsecurity's errors placed on the file's
 //!   lines;
-//! - [`apps`]: the applications compiled, as the WAF runs them and a reload swaps them;
-//! - [`settings`]: the command line, the environment and the file read in one pass
+//! - `apps`: the applications compiled, as the WAF runs them and a reload swaps them;
+//! - `settings`: the command line, the environment and the file read in one pass
 //!   ([`parse`]);
 //! - `show`: the effective configuration printed (`show-config`, `show-rules`).
 //!
 //! The file's problems name the file and the line (`/etc/coraza-spoa/config.yaml:12: ...`).
 
-pub mod apps;
+pub(crate) mod apps;
 mod file;
-pub mod seclang;
-pub mod settings;
+mod seclang;
+mod settings;
 mod show;
-pub mod yaml;
+mod yaml;
 
-pub use crate::engine::{Bind, DEFAULT_MAX_FRAME_SIZE};
+pub(crate) use crate::engine::{Bind, DEFAULT_MAX_FRAME_SIZE};
 pub use apps::Apps;
 pub use settings::{parse, FileSource, Parsed, Settings};
 
@@ -35,7 +35,7 @@ use lastcall_modsec::crs;
 
 /// What to do when HAProxy hands the agent a truncated body.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum BodyLimitAction {
+pub(crate) enum BodyLimitAction {
     /// Deny with status 413 (never a silent fail-open). The default.
     #[default]
     Reject,
@@ -45,7 +45,7 @@ pub enum BodyLimitAction {
 
 impl BodyLimitAction {
     /// The name the configuration file uses.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             BodyLimitAction::Reject => "reject",
             BodyLimitAction::ProcessPartial => "process_partial",
@@ -55,19 +55,19 @@ impl BodyLimitAction {
 
 /// An application's SecLang text as the file wrote it, and where.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Directives {
+pub(crate) struct Directives {
     /// The text.
-    pub text: String,
+    pub(crate) text: String,
     /// The file's line for each line of `text` (1-based).
-    pub lines: Vec<usize>,
+    pub(crate) lines: Vec<usize>,
     /// Where it is in the file: `applications[0].directives`.
-    pub key: String,
+    pub(crate) key: String,
 }
 
 impl Directives {
     /// Text with no file behind it (tests, the chart's rendered values): every line at 1.
     #[cfg(test)]
-    pub fn inline(text: &str) -> Directives {
+    pub(crate) fn inline(text: &str) -> Directives {
         Directives {
             text: text.to_owned(),
             lines: vec![1; text.split('\n').count()],
@@ -79,7 +79,7 @@ impl Directives {
 /// Where log lines go (`log_file`): coraza-spoa's names for the standard streams, or a
 /// file (appended to, created if missing).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum LogFile {
+pub(crate) enum LogFile {
     /// `/dev/stdout`.
     Stdout,
     /// `/dev/stderr`.
@@ -93,7 +93,7 @@ pub enum LogFile {
 impl LogFile {
     /// Reads `log_file` as coraza-spoa does (an empty value is standard output there; here
     /// it means "not set").
-    pub fn parse(s: &str) -> Option<LogFile> {
+    pub(crate) fn parse(s: &str) -> Option<LogFile> {
         match s.trim() {
             "" => None,
             "/dev/stdout" => Some(LogFile::Stdout),
@@ -107,18 +107,18 @@ impl LogFile {
 /// Log settings (`log_level`, `log_format`, `log_file`), at the top of the file or of one
 /// application. Unset fields follow the process log.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct LogSettings {
+pub(crate) struct LogSettings {
     /// `debug`, `info`, `warn`, `error` or `off` (coraza-spoa's other names mapped).
-    pub level: Option<String>,
+    pub(crate) level: Option<String>,
     /// `console`/`text`, `json` (matched rules in coraza-spoa's shape) or `json-flat`.
-    pub format: Option<crate::log::FileFormat>,
+    pub(crate) format: Option<crate::log::FileFormat>,
     /// Where, and the line that said so.
-    pub file: Option<(LogFile, usize)>,
+    pub(crate) file: Option<(LogFile, usize)>,
 }
 
 impl LogSettings {
     /// Whether any of the three was given.
-    pub fn is_set(&self) -> bool {
+    pub(crate) fn is_set(&self) -> bool {
         self.level.is_some() || self.format.is_some() || self.file.is_some()
     }
 }
@@ -129,31 +129,31 @@ pub struct Application {
     /// Name.
     pub name: String,
     /// The line of its `name` (0 for the built-in application).
-    pub line: usize,
+    pub(crate) line: usize,
     /// Directives, or `None` for the CRS with our engine settings.
-    pub directives: Option<Directives>,
+    pub(crate) directives: Option<Directives>,
     /// Where its matched rules are logged.
-    pub log: LogSettings,
+    pub(crate) log: LogSettings,
     /// Inspect responses.
-    pub response_check: bool,
+    pub(crate) response_check: bool,
     /// Transaction TTL in milliseconds.
-    pub transaction_ttl_ms: u64,
+    pub(crate) transaction_ttl_ms: u64,
     /// Bound on kept transactions.
-    pub transaction_active_limit: usize,
+    pub(crate) transaction_active_limit: usize,
     /// DetectionOnly.
-    pub detect_only: bool,
+    pub(crate) detect_only: bool,
     /// Truncated-body policy.
-    pub body_limit_action: BodyLimitAction,
+    pub(crate) body_limit_action: BodyLimitAction,
     /// Paranoia level when using the default CRS.
-    pub paranoia_level: u8,
+    pub(crate) paranoia_level: u8,
     /// The engine's limits before the application's own directives (`engine_limits`;
     /// default true; the built-in rules always have them).
-    pub engine_limits: bool,
+    pub(crate) engine_limits: bool,
 }
 
 impl Application {
     /// An application with every option at its default.
-    pub fn new(name: &str) -> Application {
+    pub(crate) fn new(name: &str) -> Application {
         Application {
             name: name.to_owned(),
             line: 0,
@@ -174,16 +174,16 @@ impl Application {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
     /// The file it was read from (`None`: no file, the built-in application).
-    pub path: Option<PathBuf>,
+    pub(crate) path: Option<PathBuf>,
     /// Listener.
     pub bind: Bind,
     /// The process log's settings from the file (top-level `log_level`, `log_format`,
     /// `log_file`); the command line's `--log-level` and `--log-format` win.
-    pub log: LogSettings,
+    pub(crate) log: LogSettings,
     /// Where the CRS is (`crs_dir`, `--crs-dir`; Debian's packages by default): what
     /// `@crs-setup.conf.example` and `@owasp_crs/...` name, and what the built-in
     /// application runs.
-    pub crs: crs::Location,
+    pub(crate) crs: crs::Location,
     /// Default application name.
     pub default_application: Option<String>,
     /// Applications.
@@ -193,22 +193,22 @@ pub struct Config {
     /// Global evaluation bound.
     pub workers: usize,
     /// Per-connection evaluation bound.
-    pub max_inflight_per_connection: usize,
+    pub(crate) max_inflight_per_connection: usize,
     /// Where requests are evaluated (only `pool` is left; `inline` is read, and ignored).
-    pub evaluation: Evaluation,
+    pub(crate) evaluation: Evaluation,
     /// Every NOTIFY is answered within this time (`evaluation_timeout`).
     pub evaluation_timeout: Duration,
     /// A connection without HELLO for this long is closed (`hello_timeout`).
-    pub hello_timeout: Duration,
+    pub(crate) hello_timeout: Duration,
     /// A connection with nothing to do for this long is closed (`idle_timeout`).
-    pub idle_timeout: Duration,
+    pub(crate) idle_timeout: Duration,
     /// Bytes held for frames, all connections together (`max_buffered_bytes`).
-    pub max_buffered_bytes: usize,
+    pub(crate) max_buffered_bytes: usize,
 }
 
 /// Where the engine runs a request (`evaluation` in the file).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Evaluation {
+pub(crate) enum Evaluation {
     /// Asked for evaluations on the I/O threads; no longer done (one slow evaluation held
     /// up every connection and the probes): read so that older files load, then ignored
     /// with a warning.
@@ -219,15 +219,15 @@ pub enum Evaluation {
 }
 
 /// Default listener when neither the file nor `--bind` says.
-pub const DEFAULT_BIND: &str = "127.0.0.1:9000";
+pub(crate) const DEFAULT_BIND: &str = "127.0.0.1:9000";
 /// Largest `max_frame_size` accepted (what `max_buffered_bytes` holds by default).
-pub const MAX_FRAME_SIZE_CAP: u32 = 64 * 1024 * 1024;
+pub(crate) const MAX_FRAME_SIZE_CAP: u32 = 64 * 1024 * 1024;
 /// Default transaction TTL (coraza-spoa's example value).
-pub const DEFAULT_TTL_MS: u64 = 60_000;
+pub(crate) const DEFAULT_TTL_MS: u64 = 60_000;
 /// Default bound on transactions waiting for a response.
-pub const DEFAULT_ACTIVE_LIMIT: usize = 100_000;
+pub(crate) const DEFAULT_ACTIVE_LIMIT: usize = 100_000;
 /// Name of the built-in application used when no file is given.
-pub const DEFAULT_APP: &str = "default";
+pub(crate) const DEFAULT_APP: &str = "default";
 
 fn cpus() -> usize {
     std::thread::available_parallelism().map_or(2, |n| n.get())
@@ -257,7 +257,7 @@ impl Config {
 
     /// Reads and checks a file. Its problems name the file and the line
     /// (`/etc/lastcall-spoa.yaml:6: ...`).
-    pub fn load(path: &Path) -> Result<Self, Problems> {
+    pub(crate) fn load(path: &Path) -> Result<Self, Problems> {
         let text = std::fs::read_to_string(path).map_err(|e| {
             Problems::from(
                 Problem::new("", format!("cannot read: {e}")).at(Source::File {
@@ -277,7 +277,7 @@ impl Config {
 
     /// Uses the CRS in `dir` (a release unpacked there, or laid out like one) instead of
     /// the file's `crs_dir` or Debian's packages.
-    pub fn use_crs_dir(&mut self, dir: &Path) -> Result<(), String> {
+    pub(crate) fn use_crs_dir(&mut self, dir: &Path) -> Result<(), String> {
         self.crs = crs::Location::from_dir(dir)?;
         Ok(())
     }
@@ -296,7 +296,7 @@ impl Config {
     }
 
     /// Where a problem on `line` of this configuration's file is.
-    pub fn source(&self, line: usize) -> Source {
+    pub(crate) fn source(&self, line: usize) -> Source {
         Source::File {
             path: self.path.clone(),
             line: Some(line).filter(|l| *l > 0),
@@ -305,7 +305,7 @@ impl Config {
 
     /// Parses and checks YAML text, returning every problem found, in the order of their
     /// lines.
-    pub fn parse(text: &str) -> Result<Self, Problems> {
+    pub(crate) fn parse(text: &str) -> Result<Self, Problems> {
         file::read(text)
     }
 }
@@ -315,7 +315,7 @@ impl Config {
 /// variables they set (which change nothing there) and coraza-spoa's `@owasp_crs` and
 /// `@crs-setup.conf.example` names (CRS 4.25.0 in coraza-spoa 0.7.2, CRS 3 here), each
 /// naming the fix.
-pub fn crs_notes(cfg: &Config) -> Vec<String> {
+pub(crate) fn crs_notes(cfg: &Config) -> Vec<String> {
     let crs = &cfg.crs;
     if crs.major() != Some(3) {
         return Vec::new();

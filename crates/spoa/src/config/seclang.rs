@@ -36,22 +36,22 @@ enum Origin {
 
 /// The text to compile, with the origin of each of its lines.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RuleText {
+pub(crate) struct RuleText {
     /// SecLang text.
-    pub text: String,
+    pub(crate) text: String,
     origins: Vec<Origin>,
 }
 
 /// A problem with an application's rules: the file line it is on (0 when there is no
 /// file), what is wrong, and what would be valid.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RuleProblem {
+pub(crate) struct RuleProblem {
     /// The configuration file's line.
-    pub line: usize,
+    pub(crate) line: usize,
     /// What is wrong.
-    pub message: String,
+    pub(crate) message: String,
     /// What would be valid, when it can be said.
-    pub expected: Option<String>,
+    pub(crate) expected: Option<String>,
 }
 
 /// What libmodsecurity names a text that came from no file.
@@ -61,14 +61,14 @@ const NO_FILE: &str = "<<reference missing or not informed>>";
 /// `SecRequestBodyNoFilesLimit` of the built-in application: the documented `tune.bufsize`
 /// (1114112), so that a 1 MiB form, JSON or XML body HAProxy hands over whole is inspected,
 /// not refused with 400 by ModSecurity's usual 128 KiB (docs/spoa.md, *Request bodies*).
-pub const BUILTIN_NO_FILES_LIMIT: usize = 1_114_112;
+pub(crate) const BUILTIN_NO_FILES_LIMIT: usize = 1_114_112;
 
 const CORAZA_NAMES: &str = "@coraza.conf-recommended, @crs-setup.conf.example or \
                             @owasp_crs/<file or glob> (or a path)";
 
 impl RuleText {
     /// The text application `a` runs, with `loc` as its CRS.
-    pub fn for_application(
+    pub(crate) fn for_application(
         a: &Application,
         loc: &crs::Location,
     ) -> Result<RuleText, Vec<RuleProblem>> {
@@ -140,7 +140,12 @@ impl RuleText {
 
     /// libmodsecurity's compile error placed on the configuration file's line, with the
     /// position in the text it compiled left out (that text is not what the operator wrote).
-    pub fn place(&self, error: &str, d: Option<&Directives>, fallback: usize) -> RuleProblem {
+    pub(crate) fn place(
+        &self,
+        error: &str,
+        d: Option<&Directives>,
+        fallback: usize,
+    ) -> RuleProblem {
         let (file, line, rest) = parse_error(error);
         let origin = match (file, line) {
             (Some(NO_FILE), Some(n)) => n.checked_sub(1).and_then(|i| self.origins.get(i)),

@@ -78,14 +78,14 @@ impl std::fmt::Debug for Settings {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FileSource {
     /// `--config`.
-    pub path: Option<PathBuf>,
+    pub(crate) path: Option<PathBuf>,
     /// `--crs-dir` (or `LASTCALL_SPOA_CRS_DIR`), and where it was given.
-    pub crs_dir: Option<(PathBuf, Source)>,
+    pub(crate) crs_dir: Option<(PathBuf, Source)>,
 }
 
 impl FileSource {
     /// Reads the file (or takes the built-in configuration) and applies `--crs-dir`.
-    pub fn load(&self) -> Result<Config, Problems> {
+    pub(crate) fn load(&self) -> Result<Config, Problems> {
         let mut cfg = match &self.path {
             None => Config::builtin(),
             Some(path) => Config::load(path)?,

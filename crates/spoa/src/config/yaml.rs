@@ -7,16 +7,16 @@ use saphyr_parser::{Event, Parser, ScalarStyle};
 
 /// One node of the document.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Node {
+pub(crate) struct Node {
     /// 1-based line where the node starts.
-    pub line: usize,
+    pub(crate) line: usize,
     /// What it holds.
-    pub value: Value,
+    pub(crate) value: Value,
 }
 
 /// A node's content.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Value {
+pub(crate) enum Value {
     /// `~`, `null`, or nothing at all.
     Null,
     /// A scalar: its text, and whether it was written plain (unquoted, not a block), which
@@ -37,7 +37,7 @@ pub enum Value {
 
 /// A scalar as YAML's core schema reads it.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Typed<'a> {
+pub(crate) enum Typed<'a> {
     /// Null.
     Null,
     /// `true`/`false` (any capitalisation YAML allows).
@@ -52,7 +52,7 @@ pub enum Typed<'a> {
 
 impl Node {
     /// The scalar typed by YAML's core schema; `None` for a sequence or mapping.
-    pub fn typed(&self) -> Option<Typed<'_>> {
+    pub(crate) fn typed(&self) -> Option<Typed<'_>> {
         match &self.value {
             Value::Null => Some(Typed::Null),
             Value::Scalar {
@@ -67,7 +67,7 @@ impl Node {
 
     /// The scalar's text whatever its type (`9000` and `true` read as text, as serde_yaml
     /// reads them into a string); `None` for null, a sequence or a mapping.
-    pub fn text(&self) -> Option<&str> {
+    pub(crate) fn text(&self) -> Option<&str> {
         match &self.value {
             Value::Scalar { text, .. } if self.typed() != Some(Typed::Null) => Some(text),
             _ => None,
@@ -78,7 +78,7 @@ impl Node {
     /// (saphyr places the node at its first non-blank line; leading blank lines are lines
     /// of the text too), every line at the node's own line otherwise (folded and quoted
     /// scalars join the file's lines).
-    pub fn text_lines(&self) -> Vec<usize> {
+    pub(crate) fn text_lines(&self) -> Vec<usize> {
         let Value::Scalar { text, literal, .. } = &self.value else {
             return Vec::new();
         };
@@ -93,7 +93,7 @@ impl Node {
 
     /// What the node is, for "invalid type" messages, in serde's words: `string "yes"`,
     /// ``integer `-1` ``, `sequence`, `map`, ...
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         match self.typed() {
             None if matches!(self.value, Value::Seq(_)) => "sequence".into(),
             None => "map".into(),
@@ -154,16 +154,16 @@ fn int(text: &str) -> Option<i128> {
 
 /// A syntax error, with its line.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SyntaxError {
+pub(crate) struct SyntaxError {
     /// 1-based line.
-    pub line: usize,
+    pub(crate) line: usize,
     /// What the parser said.
-    pub message: String,
+    pub(crate) message: String,
 }
 
 /// Parses the first document of `text` (`Ok(None)` for an empty stream); a second document
 /// is an error.
-pub fn parse(text: &str) -> Result<Option<Node>, SyntaxError> {
+pub(crate) fn parse(text: &str) -> Result<Option<Node>, SyntaxError> {
     let mut builder = Builder::default();
     for event in Parser::new_from_str(text) {
         let (event, span) = event.map_err(|e| SyntaxError {
