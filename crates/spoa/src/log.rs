@@ -11,7 +11,7 @@
 //! ```
 //!
 //! tracing's JSON formatter cannot nest an object, so that line is written here with
-//! serde_json ([`CorazaRules`]), from one event whose `coraza_match` field carries the
+//! serde_json (`CorazaRules`), from one event whose `coraza_match` field carries the
 //! object; `log_format: json-flat` keeps the rule's fields at the top level like every
 //! other event.
 
@@ -33,14 +33,14 @@ use tracing_subscriber::EnvFilter;
 /// The target of matched-rule events (under `lastcall_spoa::waf`, so filters written for
 /// that module keep applying): `log_level: info,lastcall_spoa::waf::rule=off` silences
 /// them.
-pub const RULE_TARGET: &str = "lastcall_spoa::waf::rule";
+pub(crate) const RULE_TARGET: &str = "lastcall_spoa::waf::rule";
 
 /// The field of a matched-rule event that carries coraza-spoa's `match` object (JSON text).
-pub const MATCH_FIELD: &str = "coraza_match";
+pub(crate) const MATCH_FIELD: &str = "coraza_match";
 
 /// A `log_format` of the file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FileFormat {
+pub(crate) enum FileFormat {
     /// `console` (coraza-spoa's) or `text`: human-readable lines.
     Text,
     /// `json`: one object per line; matched rules in coraza-spoa's shape.
@@ -51,11 +51,11 @@ pub enum FileFormat {
 }
 
 /// The values `log_format` takes, for error messages.
-pub const FORMATS: &str = "console, text, json or json-flat";
+pub(crate) const FORMATS: &str = "console, text, json or json-flat";
 
 impl FileFormat {
     /// Reads a `log_format` value.
-    pub fn parse(s: &str) -> Option<FileFormat> {
+    pub(crate) fn parse(s: &str) -> Option<FileFormat> {
         match s {
             "console" | "text" => Some(FileFormat::Text),
             "json" => Some(FileFormat::Json),
@@ -65,7 +65,7 @@ impl FileFormat {
     }
 
     /// tracing's format, and how matched rules are written in it.
-    pub fn split(self) -> (LogFormat, RuleLines) {
+    pub(crate) fn split(self) -> (LogFormat, RuleLines) {
         match self {
             FileFormat::Text => (LogFormat::Text, RuleLines::Fields),
             FileFormat::Json => (LogFormat::Json, RuleLines::Coraza),
@@ -87,7 +87,7 @@ pub enum RuleLines {
 impl RuleLines {
     /// How a log in tracing's `format` writes matched rules: coraza-spoa's shape in JSON
     /// unless `json-flat` was asked for.
-    pub fn of(format: LogFormat, flat: bool) -> RuleLines {
+    pub(crate) fn of(format: LogFormat, flat: bool) -> RuleLines {
         match format {
             LogFormat::Json if !flat => RuleLines::Coraza,
             _ => RuleLines::Fields,
@@ -99,7 +99,7 @@ static PROCESS_RULE_LINES: OnceLock<RuleLines> = OnceLock::new();
 
 /// How the process log writes matched rules (once [`init`] has installed it; before,
 /// and in tests that install none, as fields).
-pub fn process_rule_lines() -> RuleLines {
+pub(crate) fn process_rule_lines() -> RuleLines {
     PROCESS_RULE_LINES.get().copied().unwrap_or_default()
 }
 
@@ -117,7 +117,11 @@ pub fn init(args: &LogArgs, rules: RuleLines, writer: BoxMakeWriter) {
 
 /// A log at `args`' level and format, writing to `writer`; in JSON, matched rules are
 /// written as `rules` says (in text always as fields).
-pub fn dispatch(args: &LogArgs, rules: RuleLines, writer: BoxMakeWriter) -> tracing::Dispatch {
+pub(crate) fn dispatch(
+    args: &LogArgs,
+    rules: RuleLines,
+    writer: BoxMakeWriter,
+) -> tracing::Dispatch {
     if args.log_format == LogFormat::Text || rules == RuleLines::Fields {
         return lastcall::logging::dispatch(args, writer);
     }
@@ -137,7 +141,7 @@ pub fn dispatch(args: &LogArgs, rules: RuleLines, writer: BoxMakeWriter) -> trac
 
 /// tracing's JSON formatter, except for matched-rule events carrying [`MATCH_FIELD`], which
 /// are written in coraza-spoa's shape.
-pub struct CorazaRules {
+pub(crate) struct CorazaRules {
     inner: Format<Json>,
 }
 
@@ -227,18 +231,18 @@ fn is_false(b: &bool) -> bool {
 
 /// What a matched-rule line says about its request, beside the rule.
 #[derive(Debug, Clone, Copy)]
-pub struct Request<'a> {
+pub(crate) struct Request<'a> {
     /// The transaction id (coraza-spoa's `unique_id`).
-    pub tx: &'a str,
+    pub(crate) tx: &'a str,
     /// The client's address.
-    pub client: &'a str,
+    pub(crate) client: &'a str,
     /// The request's URI, with its query (coraza-spoa's `uri`).
-    pub uri: &'a str,
+    pub(crate) uri: &'a str,
 }
 
 /// coraza-spoa's `match` object for `m`, which matched in SecLang `phase` (1-5; a
 /// disruptive line's own phase wins), as JSON text.
-pub fn coraza_match(m: &RuleMatch, phase: Option<u8>, req: &Request<'_>) -> String {
+pub(crate) fn coraza_match(m: &RuleMatch, phase: Option<u8>, req: &Request<'_>) -> String {
     let phase = m.phase.or(phase).unwrap_or(0);
     let object = CorazaMatch {
         client: req.client,
@@ -267,7 +271,7 @@ pub fn coraza_match(m: &RuleMatch, phase: Option<u8>, req: &Request<'_>) -> Stri
 }
 
 /// coraza's names of the severities (`types.RuleSeverity.String`).
-pub fn severity_name(s: u8) -> &'static str {
+pub(crate) fn severity_name(s: u8) -> &'static str {
     match s {
         0 => "emergency",
         1 => "alert",

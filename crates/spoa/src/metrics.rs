@@ -11,7 +11,7 @@ type Labels = Vec<(&'static str, &'static str)>;
 
 /// How a request (or response) was decided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verdict {
+pub(crate) enum Verdict {
     /// Passed.
     Allow,
     /// Denied (or redirected/dropped).
@@ -24,7 +24,7 @@ pub enum Verdict {
 
 impl Verdict {
     /// Label value.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Verdict::Allow => "allow",
             Verdict::Deny => "deny",
@@ -41,28 +41,28 @@ pub struct Metrics {
     responses: Family<Labels, Counter>,
     evaluation: Histogram,
     /// Open SPOP connections (after HELLO; health checks excluded).
-    pub connections: Gauge,
+    pub(crate) connections: Gauge,
     /// SPOP connections accepted, health checks included.
-    pub connections_total: Counter,
+    pub(crate) connections_total: Counter,
     /// Connections that said a rebalancing goodbye (so that HAProxy places a new one).
-    pub rebalanced: Counter,
+    pub(crate) rebalanced: Counter,
     /// NOTIFY frames being evaluated.
-    pub inflight: Gauge,
+    pub(crate) inflight: Gauge,
     rejected: Family<Labels, Counter>,
     reloads: Family<Labels, Counter>,
     truncated: Family<Labels, Counter>,
     not_waited: Family<Labels, Counter>,
     /// Transactions kept for a response check.
-    pub transactions_cached: Gauge,
+    pub(crate) transactions_cached: Gauge,
     /// Transactions dropped because their TTL ran out or the bound was reached.
-    pub transactions_expired: Counter,
+    pub(crate) transactions_expired: Counter,
     /// coraza-spoa's `coraza_handle_spoe_duration_seconds`: one observation per message.
     handle_spoe: Histogram,
     budget: Family<Labels, Counter>,
     /// Evaluations still running past their budget (answered already).
-    pub overrunning: Gauge,
+    pub(crate) overrunning: Gauge,
     /// Bytes held for frames: read buffers and NOTIFYs waiting for or in evaluation.
-    pub buffered_bytes: Gauge,
+    pub(crate) buffered_bytes: Gauge,
     /// Connections closed for idleness (no HELLO in time, or idle after it), by when.
     timeouts: Family<Labels, Counter>,
     /// `spoa_engine_info`: the WAF library this process loaded, and its release.
@@ -262,30 +262,30 @@ impl Metrics {
 
     /// Counts a NOTIFY answered with the error variable for lack of time (`deadline` or
     /// `overloaded`).
-    pub fn failed_closed(&self, reason: &'static str) {
+    pub(crate) fn failed_closed(&self, reason: &'static str) {
         self.budget.get_or_create(&vec![("reason", reason)]).inc();
     }
 
     /// Current count of [`failed_closed`](Self::failed_closed) (tests).
     #[cfg(test)]
-    pub fn failed_closed_with(&self, reason: &'static str) -> u64 {
+    pub(crate) fn failed_closed_with(&self, reason: &'static str) -> u64 {
         self.budget.get_or_create(&vec![("reason", reason)]).get()
     }
 
     /// Counts a connection closed for idleness (`hello` or `idle`).
-    pub fn timed_out(&self, when: &'static str) {
+    pub(crate) fn timed_out(&self, when: &'static str) {
         self.timeouts.get_or_create(&vec![("when", when)]).inc();
     }
 
     /// Counts a request verdict.
-    pub fn request(&self, v: Verdict) {
+    pub(crate) fn request(&self, v: Verdict) {
         self.requests
             .get_or_create(&vec![("verdict", v.as_str())])
             .inc();
     }
 
     /// Counts a response verdict.
-    pub fn response(&self, v: Verdict) {
+    pub(crate) fn response(&self, v: Verdict) {
         self.responses
             .get_or_create(&vec![("verdict", v.as_str())])
             .inc();
@@ -293,42 +293,42 @@ impl Metrics {
 
     /// Current count of a response verdict (tests, logs).
     #[cfg(test)]
-    pub fn responses_with(&self, v: Verdict) -> u64 {
+    pub(crate) fn responses_with(&self, v: Verdict) -> u64 {
         self.responses
             .get_or_create(&vec![("verdict", v.as_str())])
             .get()
     }
 
     /// Observes one evaluation's latency.
-    pub fn observe(&self, seconds: f64) {
+    pub(crate) fn observe(&self, seconds: f64) {
         self.evaluation.observe(seconds);
     }
 
     /// Observes how long one message took to handle (coraza-spoa's histogram).
-    pub fn observe_message(&self, seconds: f64) {
+    pub(crate) fn observe_message(&self, seconds: f64) {
         self.handle_spoe.observe(seconds);
     }
 
     /// Counts a rejected frame.
-    pub fn rejected(&self, reason: &'static str) {
+    pub(crate) fn rejected(&self, reason: &'static str) {
         self.rejected.get_or_create(&vec![("reason", reason)]).inc();
     }
 
     /// Counts a reload.
-    pub fn reload(&self, ok: bool) {
+    pub(crate) fn reload(&self, ok: bool) {
         let result = if ok { "ok" } else { "error" };
         self.reloads.get_or_create(&vec![("result", result)]).inc();
     }
 
     /// Counts a request sent before its body arrived.
-    pub fn not_waited(&self, policy: &'static str) {
+    pub(crate) fn not_waited(&self, policy: &'static str) {
         self.not_waited
             .get_or_create(&vec![("policy", policy)])
             .inc();
     }
 
     /// Counts a truncated body.
-    pub fn truncated(&self, policy: &'static str) {
+    pub(crate) fn truncated(&self, policy: &'static str) {
         self.truncated
             .get_or_create(&vec![("policy", policy)])
             .inc();
