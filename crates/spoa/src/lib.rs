@@ -7,7 +7,7 @@
 //!   messages, HAProxy's header blocks), sans-IO;
 //! - [`engine`]: the connections (handshake, pipelining, bounded evaluation, one ACK per
 //!   NOTIFY, the drain recipe), with each connection's decisions sans-IO in
-//!   [`engine::conn`];
+//!   `engine::conn`;
 //! - [`waf`]: the evaluation itself, with libmodsecurity.
 //!
 //! Beside them: [`config`] reads the command line, the environment and coraza-spoa's YAML

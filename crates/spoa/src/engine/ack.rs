@@ -36,7 +36,7 @@ use crate::protocol::frame;
 
 /// A socket's write half that can also be written without a task: a non-blocking write, and
 /// the readiness to wait on when that would block.
-pub trait WriteHalf: AsyncWrite + Unpin + Send + 'static {
+pub(crate) trait WriteHalf: AsyncWrite + Unpin + Send + 'static {
     /// Writes what the socket takes now (`WouldBlock` when it takes nothing).
     fn try_write(&self, buf: &[u8]) -> io::Result<usize>;
     /// Ready when the socket may take more.
@@ -78,7 +78,7 @@ struct State {
 }
 
 /// Where a connection's ACKs go (see the module's doc).
-pub struct AckSink {
+pub(crate) struct AckSink {
     state: Mutex<State>,
     /// Wakes the connection task: ACKs are held for it, bytes are pending, or an ACK it
     /// waits for was written.
@@ -92,13 +92,13 @@ pub struct AckSink {
 impl AckSink {
     /// A sink over a socket's write half: ACKs are written directly until
     /// [`set_direct`](Self::set_direct) says otherwise.
-    pub fn for_socket(wr: impl WriteHalf) -> Arc<Self> {
+    pub(crate) fn for_socket(wr: impl WriteHalf) -> Arc<Self> {
         Self::build(Some(Box::new(wr)))
     }
 
     /// A sink for a stream that is not a socket: every ACK is held for the task.
     #[cfg(test)]
-    pub fn held_only() -> Arc<Self> {
+    pub(crate) fn held_only() -> Arc<Self> {
         Self::build(None)
     }
 
@@ -131,7 +131,7 @@ impl AckSink {
 
     /// A ticket for one NOTIFY's ACK; `inflight` is held one higher until the ACK is
     /// delivered (the `spoa_inflight` gauge).
-    pub fn ticket(
+    pub(crate) fn ticket(
         self: &Arc<Self>,
         stream_id: u64,
         frame_id: u64,
@@ -191,23 +191,23 @@ impl AckSink {
 
     /// Whether ACKs are written at once (only on a socket). Returns at once; a direct write
     /// in progress has finished (it held the lock).
-    pub fn set_direct(&self, on: bool) {
+    pub(crate) fn set_direct(&self, on: bool) {
         let mut st = self.lock();
         st.direct = on && st.wr.is_some();
     }
 
     /// Sets whether the task wants a wake for every ACK written directly.
-    pub fn set_interest(&self, on: bool) {
+    pub(crate) fn set_interest(&self, on: bool) {
         self.interest.store(on, Ordering::SeqCst);
     }
 
     /// ACKs written directly since the last call (counted before each is written).
-    pub fn take_written(&self) -> usize {
+    pub(crate) fn take_written(&self) -> usize {
         self.written.swap(0, Ordering::SeqCst)
     }
 
     /// The ACKs held for the task, back to back, and how many.
-    pub fn take_held(&self) -> Option<(Vec<u8>, usize)> {
+    pub(crate) fn take_held(&self) -> Option<(Vec<u8>, usize)> {
         let mut st = self.lock();
         if st.held_count == 0 {
             return None;
@@ -218,17 +218,17 @@ impl AckSink {
 
     /// Whether bytes wait for the socket.
     #[cfg(test)]
-    pub fn has_pending(&self) -> bool {
+    pub(crate) fn has_pending(&self) -> bool {
         !self.lock().pending.is_empty()
     }
 
     /// How many bytes wait for the socket (a peer that does not read its ACKs).
-    pub fn pending_len(&self) -> usize {
+    pub(crate) fn pending_len(&self) -> usize {
         self.lock().pending.len()
     }
 
     /// The connection is gone: ACKs delivered from now on are dropped.
-    pub fn close(&self) {
+    pub(crate) fn close(&self) {
         let mut st = self.lock();
         st.closed = true;
         st.held.clear();
@@ -236,18 +236,18 @@ impl AckSink {
     }
 
     /// Whether [`close`](Self::close) was called.
-    pub fn is_closed(&self) -> bool {
+    pub(crate) fn is_closed(&self) -> bool {
         self.lock().closed
     }
 
     /// Resolves when the task has something to do (see [`AckSink::wake`]'s uses).
-    pub async fn woken(&self) {
+    pub(crate) async fn woken(&self) {
         self.wake.notified().await;
     }
 
     /// The connection task's writer (sockets only): an [`AsyncWrite`] through the same lock
     /// and the same pending bytes as the direct ACKs.
-    pub fn writer(self: &Arc<Self>) -> Writer {
+    pub(crate) fn writer(self: &Arc<Self>) -> Writer {
         Writer(Arc::clone(self))
     }
 }
@@ -269,7 +269,7 @@ fn write_some(wr: &dyn WriteHalf, buf: &[u8]) -> io::Result<usize> {
 
 /// One NOTIFY's claim on an ACK: [`send`](Self::send) delivers the verdict; dropping it
 /// unsent delivers the error variable, so HAProxy never waits for `timeout processing`.
-pub struct Ticket {
+pub(crate) struct Ticket {
     sink: Arc<AckSink>,
     stream_id: u64,
     frame_id: u64,
@@ -279,12 +279,12 @@ pub struct Ticket {
 
 impl Ticket {
     /// Whether the connection is gone (closed at the deadline): nobody waits for this ACK.
-    pub fn abandoned(&self) -> bool {
+    pub(crate) fn abandoned(&self) -> bool {
         self.sink.is_closed()
     }
 
     /// Encodes and delivers the ACK.
-    pub fn send(mut self, vars: &Vars) {
+    pub(crate) fn send(mut self, vars: &Vars) {
         self.deliver(vars);
     }
 
@@ -317,7 +317,7 @@ impl Drop for Ticket {
 /// The connection task's writer: an [`AsyncWrite`] over the sink's socket. A write is
 /// accepted whole (what the socket does not take now is queued), so frames never interleave
 /// with the evaluation threads' ACKs; `flush` waits until the socket has taken everything.
-pub struct Writer(Arc<AckSink>);
+pub(crate) struct Writer(Arc<AckSink>);
 
 impl Writer {
     fn poll_pending(st: &mut State, cx: &mut Context<'_>) -> Poll<io::Result<()>> {

@@ -13,7 +13,7 @@ pub enum Bind {
 
 impl Bind {
     /// Parses `host:port`, `tcp://host:port` or `unix://path`.
-    pub fn parse(s: &str) -> Result<Self, String> {
+    pub(crate) fn parse(s: &str) -> Result<Self, String> {
         let s = s.trim();
         if let Some(path) = s.strip_prefix("unix://") {
             if path.is_empty() {

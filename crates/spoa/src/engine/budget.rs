@@ -26,7 +26,7 @@ use super::pool::{Overran, Pool, Tracked};
 use crate::metrics::Metrics;
 
 /// The failure verdict: the `error` variable, and the transaction id when known.
-pub fn failure_vars(id: Option<&str>) -> Vars {
+pub(crate) fn failure_vars(id: Option<&str>) -> Vars {
     let mut vars = Vars::new();
     if let Some(id) = id {
         vars.push(("id", TypedData::String(id.to_owned())));
@@ -36,7 +36,7 @@ pub fn failure_vars(id: Option<&str>) -> Vars {
 }
 
 /// One NOTIFY's answer, owed once: by its evaluation, or at the deadline by the watchdog.
-pub struct Owed {
+pub(crate) struct Owed {
     ticket: Mutex<Option<Ticket>>,
     tracked: Arc<Tracked>,
     id: Option<String>,
@@ -61,12 +61,12 @@ impl Owed {
     }
 
     /// Whether the answer went out already (or nobody waits for it any more).
-    pub fn answered(&self) -> bool {
+    pub(crate) fn answered(&self) -> bool {
         self.ticket().as_ref().is_none_or(Ticket::abandoned)
     }
 
     /// Sends the answer; false if it was sent already (the deadline passed).
-    pub fn send(&self, vars: &Vars) -> bool {
+    pub(crate) fn send(&self, vars: &Vars) -> bool {
         let ticket = self.ticket().take();
         match ticket {
             Some(t) => {
@@ -78,17 +78,17 @@ impl Owed {
     }
 
     /// The state the pool and the watchdog share.
-    pub fn tracked(&self) -> Arc<Tracked> {
+    pub(crate) fn tracked(&self) -> Arc<Tracked> {
         Arc::clone(&self.tracked)
     }
 
     /// The transaction id, if the handler named one.
-    pub fn id(&self) -> Option<&str> {
+    pub(crate) fn id(&self) -> Option<&str> {
         self.id.as_deref()
     }
 
     /// When the NOTIFY was decoded.
-    pub fn received(&self) -> Instant {
+    pub(crate) fn received(&self) -> Instant {
         self.received
     }
 }
@@ -116,7 +116,7 @@ impl Inner {
 }
 
 /// The budget and its watchdog thread (stopped when this is dropped).
-pub struct Budget {
+pub(crate) struct Budget {
     inner: Arc<Inner>,
 }
 
@@ -130,7 +130,7 @@ impl std::fmt::Debug for Budget {
 
 impl Budget {
     /// A budget of `timeout` per NOTIFY over `pool`'s evaluations.
-    pub fn new(timeout: Duration, pool: Arc<Pool>, metrics: Arc<Metrics>) -> Budget {
+    pub(crate) fn new(timeout: Duration, pool: Arc<Pool>, metrics: Arc<Metrics>) -> Budget {
         let inner = Arc::new(Inner {
             timeout,
             queue: Mutex::new(Queue {
@@ -153,7 +153,7 @@ impl Budget {
     }
 
     /// Starts the clock for one NOTIFY's answer (`id`: its transaction id, for the log).
-    pub fn owe(&self, ticket: Ticket, id: Option<String>, received: Instant) -> Arc<Owed> {
+    pub(crate) fn owe(&self, ticket: Ticket, id: Option<String>, received: Instant) -> Arc<Owed> {
         let owed = Arc::new(Owed {
             ticket: Mutex::new(Some(ticket)),
             tracked: Arc::new(Tracked::default()),

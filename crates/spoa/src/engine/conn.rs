@@ -59,37 +59,37 @@ use crate::protocol::payload::{self, Negotiated};
 /// soft-stopping closes every idle SPOE connection and opens a new one for the next message,
 /// and a lingering agent that saw no session in between would leave and fail that message
 /// (measured in tests/spoa/rollout.rs's sidecar test).
-pub const LINGER_HOLD: Duration = Duration::from_millis(250);
+pub(crate) const LINGER_HOLD: Duration = Duration::from_millis(250);
 
 /// The largest frame accepted before the handshake: a HAPROXY-HELLO is a few hundred bytes
 /// (its KV-LIST names a version list, `max-frame-size`, `capabilities`, `healthcheck` and
 /// `engine-id`), and a stranger's bytes must not be held up to `max_frame_size` before anyone
 /// knows it speaks SPOP.
-pub const HELLO_FRAME_LIMIT: u32 = 4096;
+pub(crate) const HELLO_FRAME_LIMIT: u32 = 4096;
 
 /// How much room a read asks for when no frame length is known yet (after the handshake):
 /// most NOTIFYs of HAProxy's default 16 KB buffer fit, and a connection waiting for its next
 /// frame holds no more.
-pub const READ_ROOM: usize = 8 * 1024;
+pub(crate) const READ_ROOM: usize = 8 * 1024;
 
 /// The most one read asks room for at once: a 1 MiB frame arrives in pieces of this size,
 /// each taken from `max_buffered_bytes` as it comes.
-pub const READ_ROOM_MAX: usize = 64 * 1024;
+pub(crate) const READ_ROOM_MAX: usize = 64 * 1024;
 
 /// When a connection says goodbye to be placed again by HAProxy's `balance` (serving or
 /// announcing; never while lingering). Zero turns a bound off; with both off, connections
 /// stay until HAProxy or the drain closes them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Rebalance {
+pub(crate) struct Rebalance {
     /// After this many NOTIFYs.
-    pub after_messages: u64,
+    pub(crate) after_messages: u64,
     /// After this long since the handshake.
-    pub after: Duration,
+    pub(crate) after: Duration,
 }
 
 impl Rebalance {
     /// Never.
-    pub const OFF: Rebalance = Rebalance {
+    pub(crate) const OFF: Rebalance = Rebalance {
         after_messages: 0,
         after: Duration::ZERO,
     };
@@ -97,37 +97,37 @@ impl Rebalance {
 
 /// A connection's fixed settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Settings {
+pub(crate) struct Settings {
     /// Largest frame accepted before the handshake (then min'd with HAProxy's).
-    pub max_frame_size: u32,
+    pub(crate) max_frame_size: u32,
     /// Agree to `pipelining` when HAProxy's SPOE applet (2.6, 3.0: it offers `async` too)
     /// offers it. Never with the multiplexer of 3.1+ (it offers `pipelining` alone): without
     /// it, the multiplexer sends one NOTIFY at a time on a connection, so a goodbye can ride
     /// on its ACK. (2.6.12 and 3.0 need it: without it their applet leaves NOTIFYs queued
     /// after an ACK, HAProxy bc9fb6462, measured as 5 s `timeout processing` failures.)
-    pub pipelining: bool,
+    pub(crate) pipelining: bool,
     /// NOTIFYs owed at most, and evaluations running at most; decoding (and reading) pause at
     /// the bound.
-    pub max_inflight: usize,
+    pub(crate) max_inflight: usize,
     /// ACK bytes waiting for a peer that does not read them, above which reading pauses.
-    pub max_unsent: usize,
+    pub(crate) max_unsent: usize,
     /// While refusing, a connection with nothing owed says goodbye after nothing came or went
     /// on it for this long.
-    pub drain_quiet: Duration,
+    pub(crate) drain_quiet: Duration,
     /// When a connection says goodbye to be placed again.
-    pub rebalance: Rebalance,
+    pub(crate) rebalance: Rebalance,
     /// A frame started but not finished within this time closes the connection (status 2).
-    pub partial_frame_timeout: Duration,
+    pub(crate) partial_frame_timeout: Duration,
     /// A connection that has not completed its HELLO within this time is closed (status 2).
-    pub hello_timeout: Duration,
+    pub(crate) hello_timeout: Duration,
     /// A connection with nothing owed, nothing buffered and nothing received or sent for
     /// this long is closed (AGENT-DISCONNECT status 0).
-    pub idle_timeout: Duration,
+    pub(crate) idle_timeout: Duration,
 }
 
 /// A protocol event taken from the buffer.
 #[derive(Debug)]
-pub enum Event {
+pub(crate) enum Event {
     /// Handshake done: write `reply` (AGENT-HELLO); a session begins.
     Ready {
         /// The AGENT-HELLO frame.
@@ -164,7 +164,7 @@ pub enum Event {
 
 /// Why a connection ends.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum CloseReason {
+pub(crate) enum CloseReason {
     /// A health check was answered.
     HealthCheck,
     /// A HELLO was refused because we are draining.
@@ -189,7 +189,7 @@ pub enum CloseReason {
 
 /// Something that happened, for [`Conn::handle`].
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Input {
+pub(crate) enum Input {
     /// Nothing new: the events of [`Conn::poll`] were handled, or an action was carried out.
     Nothing,
     /// Bytes were read into [`Conn::buffer`].
@@ -227,7 +227,7 @@ pub enum Input {
 
 /// Why room for a read was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Pressure {
+pub(crate) enum Pressure {
     /// Wait for bytes to be released, or until this instant (when the oldest unfinished
     /// frame elsewhere may be dropped), then ask again.
     Wait(Option<Instant>),
@@ -237,7 +237,7 @@ pub enum Pressure {
 
 /// What a look at the socket found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Probe {
+pub(crate) enum Probe {
     /// Nothing waiting.
     Idle,
     /// Bytes were moved into [`Conn::buffer`].
@@ -248,7 +248,7 @@ pub enum Probe {
 
 /// What the connection task must do next.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Action {
+pub(crate) enum Action {
     /// Wait for the next input, as [`Wait`] says.
     Wait(Wait),
     /// Look for bytes not yet read (move what the socket has into the buffer, else ask the
@@ -267,35 +267,35 @@ pub enum Action {
 
 /// How to wait: what to read, until when, and what else ends the wait.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Wait {
+pub(crate) struct Wait {
     /// Read into [`Conn::buffer`] with this much free room in it (taken from
     /// `max_buffered_bytes` first; when that is refused, feed [`Input::NoRoom`]), or do not
     /// read.
-    pub read: Option<usize>,
+    pub(crate) read: Option<usize>,
     /// When to feed [`Input::Timeout`] without any other input.
-    pub until: Option<Instant>,
+    pub(crate) until: Option<Instant>,
     /// Whether the evaluation threads write ACKs to the socket themselves (only while
     /// serving and no goodbye is due); otherwise they hand them to the connection
     /// ([`Input::HeldAcks`]).
-    pub direct_acks: bool,
+    pub(crate) direct_acks: bool,
     /// Wake for every ACK written directly ([`Input::AcksWritten`]): the connection waits
     /// for owed NOTIFYs.
-    pub ack_wakes: bool,
+    pub(crate) ack_wakes: bool,
     /// Wake when one of its evaluations ends ([`Input::Evaluations`]): reading waits for one.
-    pub evaluation_wakes: bool,
+    pub(crate) evaluation_wakes: bool,
     /// Wake when bytes are released ([`Input::Released`]): reading waits for room.
-    pub memory_wakes: bool,
+    pub(crate) memory_wakes: bool,
     /// What the buffer holds, for `max_buffered_bytes`.
-    pub holding: Holding,
+    pub(crate) holding: Holding,
 }
 
 /// What a connection's read buffer holds, as `max_buffered_bytes` counts it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Holding {
+pub(crate) struct Holding {
     /// The buffer's capacity.
-    pub capacity: usize,
+    pub(crate) capacity: usize,
     /// Since when it has held an unfinished frame (not a whole one waiting to be decoded).
-    pub unfinished_since: Option<Instant>,
+    pub(crate) unfinished_since: Option<Instant>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -316,7 +316,7 @@ enum Probing {
 
 /// One SPOP connection's state.
 #[derive(Debug)]
-pub struct Conn {
+pub(crate) struct Conn {
     settings: Settings,
     state: State,
     max_frame_size: u32,
@@ -358,7 +358,7 @@ pub struct Conn {
 
 impl Conn {
     /// A new connection, accepted at `now`, in the lifecycle's `drain`.
-    pub fn new(settings: Settings, drain: Seen, now: Instant) -> Self {
+    pub(crate) fn new(settings: Settings, drain: Seen, now: Instant) -> Self {
         Conn {
             settings,
             state: State::AwaitHello,
@@ -385,37 +385,37 @@ impl Conn {
     }
 
     /// Where the task reads bytes into (then feeds [`Input::Read`]).
-    pub fn buffer(&mut self) -> &mut BytesMut {
+    pub(crate) fn buffer(&mut self) -> &mut BytesMut {
         &mut self.buf
     }
 
     /// The negotiated (or, before HELLO, our own) maximum frame size.
-    pub fn max_frame_size(&self) -> u32 {
+    pub(crate) fn max_frame_size(&self) -> u32 {
         self.max_frame_size
     }
 
     /// NOTIFYs whose ACK is owed.
     #[cfg(test)]
-    pub fn owed(&self) -> usize {
+    pub(crate) fn owed(&self) -> usize {
         self.owed
     }
 
     /// Whether HAProxy has never had more than one NOTIFY owed on this connection: a
     /// goodbye riding on the ACK of its only NOTIFY then crosses nothing (see the module's
     /// doc).
-    pub fn one_at_a_time(&self) -> bool {
+    pub(crate) fn one_at_a_time(&self) -> bool {
         self.one_at_a_time
     }
 
     /// How long the session of this connection, now closed, must still be held given the
     /// lifecycle `now` (lingering), if at all.
-    pub fn linger_hold(&self, now: Seen) -> Option<Duration> {
+    pub(crate) fn linger_hold(&self, now: Seen) -> Option<Duration> {
         (self.had_session && lingering(now)).then_some(LINGER_HOLD)
     }
 
     /// Takes the next protocol event from the buffer, while fewer than the bound of NOTIFYs
     /// are owed; `None` when more bytes (or room) are needed.
-    pub fn poll(&mut self, now: Instant) -> Option<Event> {
+    pub(crate) fn poll(&mut self, now: Instant) -> Option<Event> {
         if self.state == State::Closed || self.owed >= self.max_inflight() {
             return None;
         }
@@ -449,7 +449,7 @@ impl Conn {
     }
 
     /// Feeds one input at `now` (never earlier than a previous `now`); returns what to do.
-    pub fn handle(&mut self, now: Instant, input: Input) -> Action {
+    pub(crate) fn handle(&mut self, now: Instant, input: Input) -> Action {
         if self.state == State::Closed && self.held.is_none() {
             // Only reachable if the task goes on after a close: nothing more to say.
             return Action::Close {

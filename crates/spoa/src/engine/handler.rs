@@ -8,13 +8,13 @@ use spop::TypedData;
 /// Value of `txn.<prefix>.error` when the agent itself could not evaluate (the spec's
 /// "unknown error"). HAProxy sets the same variable for its own SPOE errors, so one
 /// `deny if { var(txn.coraza.error) -m int gt 0 }` covers both.
-pub const AGENT_ERROR: i64 = 99;
+pub(crate) const AGENT_ERROR: i64 = 99;
 
 /// The variables to set in HAProxy's transaction scope.
-pub type Vars = Vec<(&'static str, TypedData)>;
+pub(crate) type Vars = Vec<(&'static str, TypedData)>;
 
 /// The error answer: `error` set to [`AGENT_ERROR`].
-pub fn error_vars() -> Vars {
+pub(crate) fn error_vars() -> Vars {
     vec![("error", TypedData::Int64(AGENT_ERROR))]
 }
 
@@ -22,26 +22,26 @@ pub fn error_vars() -> Vars {
 /// cleanup): whoever holds it runs it once the ACK is written, by [`Later::run`] or by
 /// dropping it. Held by value, so it cannot be lost, forgotten, or run on the wrong thread.
 #[must_use = "run it (or drop it) after the ACK is written"]
-pub struct Later(Option<Box<dyn FnOnce() + Send>>);
+pub(crate) struct Later(Option<Box<dyn FnOnce() + Send>>);
 
 impl Later {
     /// Nothing left to do.
-    pub fn none() -> Later {
+    pub(crate) fn none() -> Later {
         Later(None)
     }
 
     /// `work`, to run after the ACK.
-    pub fn new(work: impl FnOnce() + Send + 'static) -> Later {
+    pub(crate) fn new(work: impl FnOnce() + Send + 'static) -> Later {
         Later(Some(Box::new(work)))
     }
 
     /// Whether there is work to run.
-    pub fn is_pending(&self) -> bool {
+    pub(crate) fn is_pending(&self) -> bool {
         self.0.is_some()
     }
 
     /// Runs the work now.
-    pub fn run(mut self) {
+    pub(crate) fn run(mut self) {
         if let Some(work) = self.0.take() {
             work();
         }
@@ -66,9 +66,9 @@ impl std::fmt::Debug for Later {
 #[derive(Debug)]
 pub struct Answer {
     /// The variables to set.
-    pub vars: Vars,
+    pub(crate) vars: Vars,
     /// Deferred work.
-    pub later: Later,
+    pub(crate) later: Later,
 }
 
 impl From<Vars> for Answer {

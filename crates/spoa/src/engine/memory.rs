@@ -20,23 +20,23 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 /// How long a frame must have been unfinished before it may be dropped to make room.
-pub const EVICT_AGE: Duration = Duration::from_secs(1);
+pub(crate) const EVICT_AGE: Duration = Duration::from_secs(1);
 
 /// Told to a connection whose unfinished frame is dropped.
 #[derive(Debug, Default)]
-pub struct Evict {
+pub(crate) struct Evict {
     flag: AtomicBool,
     notify: Notify,
 }
 
 impl Evict {
     /// Whether the connection was told to drop its frame.
-    pub fn is_set(&self) -> bool {
+    pub(crate) fn is_set(&self) -> bool {
         self.flag.load(Ordering::SeqCst)
     }
 
     /// Resolves once the connection is told to drop its frame.
-    pub async fn wait(&self) {
+    pub(crate) async fn wait(&self) {
         loop {
             let notified = self.notify.notified();
             if self.is_set() {
@@ -54,7 +54,7 @@ impl Evict {
 
 /// The shared cap.
 #[derive(Debug)]
-pub struct Memory {
+pub(crate) struct Memory {
     cap: usize,
     used: AtomicUsize,
     released: Notify,
@@ -66,7 +66,7 @@ pub struct Memory {
 
 /// What a connection under pressure may do ([`Memory::relieve`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Relief {
+pub(crate) enum Relief {
     /// A frame was dropped somewhere: try again.
     Evicted,
     /// Wait for bytes to be released, or until this instant (when the oldest unfinished
@@ -76,7 +76,7 @@ pub enum Relief {
 
 impl Memory {
     /// A cap of `cap` bytes; `gauge` shows the bytes held (`spoa_buffered_bytes`).
-    pub fn new(cap: usize, gauge: Gauge) -> Arc<Memory> {
+    pub(crate) fn new(cap: usize, gauge: Gauge) -> Arc<Memory> {
         Arc::new(Memory {
             cap,
             used: AtomicUsize::new(0),
@@ -88,12 +88,12 @@ impl Memory {
     }
 
     /// Bytes held now.
-    pub fn used(&self) -> usize {
+    pub(crate) fn used(&self) -> usize {
         self.used.load(Ordering::SeqCst)
     }
 
     /// The cap.
-    pub fn cap(&self) -> usize {
+    pub(crate) fn cap(&self) -> usize {
         self.cap
     }
 
@@ -139,7 +139,7 @@ impl Memory {
     }
 
     /// A new connection's account.
-    pub fn account(self: &Arc<Self>) -> Account {
+    pub(crate) fn account(self: &Arc<Self>) -> Account {
         Account {
             mem: Arc::clone(self),
             held: 0,
@@ -151,7 +151,7 @@ impl Memory {
 
     /// Bytes of a decoded NOTIFY, held until the charge is dropped (not checked against
     /// the cap: they were in a read buffer a moment ago).
-    pub fn charge(self: &Arc<Self>, bytes: usize) -> Charge {
+    pub(crate) fn charge(self: &Arc<Self>, bytes: usize) -> Charge {
         self.add(bytes);
         Charge {
             mem: Arc::clone(self),
@@ -160,14 +160,14 @@ impl Memory {
     }
 
     /// Resolves when bytes are released.
-    pub async fn released(&self) {
+    pub(crate) async fn released(&self) {
         self.released.notified().await;
     }
 
     /// Under pressure, connection `me` (unfinished since `mine`, if at all) asks for room:
     /// the oldest unfinished frame elsewhere is dropped if it has been unfinished for
     /// [`EVICT_AGE`] and is older than `me`'s own.
-    pub fn relieve(&self, me: u64, mine: Option<Instant>, now: Instant) -> Relief {
+    pub(crate) fn relieve(&self, me: u64, mine: Option<Instant>, now: Instant) -> Relief {
         let mut partials = self.partials();
         let oldest = partials
             .iter()
@@ -192,7 +192,7 @@ impl Memory {
 
 /// One connection's read buffer, as the cap counts it. Released when dropped.
 #[derive(Debug)]
-pub struct Account {
+pub(crate) struct Account {
     mem: Arc<Memory>,
     held: usize,
     id: u64,
@@ -202,22 +202,22 @@ pub struct Account {
 
 impl Account {
     /// This connection's id among the accounts.
-    pub fn id(&self) -> u64 {
+    pub(crate) fn id(&self) -> u64 {
         self.id
     }
 
     /// Since when its buffer has held an unfinished frame, as last told.
-    pub fn partial(&self) -> Option<Instant> {
+    pub(crate) fn partial(&self) -> Option<Instant> {
         self.partial
     }
 
     /// Its eviction flag.
-    pub fn evict(&self) -> &Arc<Evict> {
+    pub(crate) fn evict(&self) -> &Arc<Evict> {
         &self.evict
     }
 
     /// Whether the buffer may grow to `bytes` (taken from the cap if so).
-    pub fn try_grow(&mut self, bytes: usize) -> bool {
+    pub(crate) fn try_grow(&mut self, bytes: usize) -> bool {
         if bytes <= self.held {
             return true;
         }
@@ -231,7 +231,7 @@ impl Account {
 
     /// The buffer now holds `bytes` (its capacity): counted as is, even above the cap (a
     /// reservation may round up).
-    pub fn set(&mut self, bytes: usize) {
+    pub(crate) fn set(&mut self, bytes: usize) {
         match bytes.cmp(&self.held) {
             std::cmp::Ordering::Greater => self.mem.add(bytes - self.held),
             std::cmp::Ordering::Less => self.mem.sub(self.held - bytes),
@@ -241,7 +241,7 @@ impl Account {
     }
 
     /// The buffer holds an unfinished frame since `since` (or none).
-    pub fn set_partial(&mut self, since: Option<Instant>) {
+    pub(crate) fn set_partial(&mut self, since: Option<Instant>) {
         if since == self.partial {
             return;
         }
@@ -265,7 +265,7 @@ impl Drop for Account {
 
 /// A decoded NOTIFY's bytes, released when dropped (its evaluation ended or was skipped).
 #[derive(Debug)]
-pub struct Charge {
+pub(crate) struct Charge {
     mem: Arc<Memory>,
     bytes: usize,
 }

@@ -1,29 +1,29 @@
 //! The SPOP connection engine: listeners (TCP, `unix://`), one task per connection,
 //! pipelined NOTIFYs evaluated concurrently (bounded per connection, and globally by the
-//! evaluation threads of [`pool`]), every NOTIFY ACKed exactly once, every frame written
+//! evaluation threads of `pool`), every NOTIFY ACKed exactly once, every frame written
 //! whole, the drain recipe of `docs/spoa.md`, and the goodbye that rebalances HAProxy's
 //! connections.
 //!
-//! - [`conn`]: one connection's decisions, sans-IO (handshake, what is owed, what to read and
+//! - `conn`: one connection's decisions, sans-IO (handshake, what is owed, what to read and
 //!   when, who writes the ACKs, when to say goodbye and with what);
-//! - [`task`]: the tokio task that carries them out (reads, writes, evaluations, timers);
-//! - [`ack`]: the one way an ACK leaves (written by whoever has it while serving, handed to
+//! - `task`: the tokio task that carries them out (reads, writes, evaluations, timers);
+//! - `ack`: the one way an ACK leaves (written by whoever has it while serving, handed to
 //!   the connection while draining);
-//! - [`pool`]: the evaluation threads and their queue;
-//! - [`budget`]: `evaluation_timeout`, and the watchdog that answers for a runaway;
-//! - [`memory`]: the cap on bytes held for frames, all connections together;
-//! - [`handler`]: what the engine asks of the WAF;
-//! - [`listener`]: binding, and what lastcall's accept loop runs for each connection.
+//! - `pool`: the evaluation threads and their queue;
+//! - `budget`: `evaluation_timeout`, and the watchdog that answers for a runaway;
+//! - `memory`: the cap on bytes held for frames, all connections together;
+//! - `handler`: what the engine asks of the WAF;
+//! - `listener`: binding, and what lastcall's accept loop runs for each connection.
 
-pub mod ack;
+mod ack;
 mod bind;
-pub mod budget;
-pub mod conn;
-pub mod handler;
-pub mod listener;
-pub mod memory;
-pub mod pool;
-pub mod task;
+mod budget;
+pub(crate) mod conn;
+mod handler;
+mod listener;
+mod memory;
+mod pool;
+mod task;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,10 +31,11 @@ use std::time::Duration;
 use lastcall::Handle;
 use prometheus_client::metrics::gauge::Gauge;
 
-pub use bind::Bind;
-pub use handler::{error_vars, Answer, Handler, Later, Vars, AGENT_ERROR};
-pub use listener::{serve_accepted, Accepted, Listener};
-pub use task::{Unread, MAX_UNSENT};
+pub(crate) use bind::Bind;
+pub use handler::Handler;
+pub(crate) use handler::{Answer, Later, Vars, AGENT_ERROR};
+pub use listener::{serve_accepted, Listener};
+pub(crate) use task::MAX_UNSENT;
 
 use crate::metrics::Metrics;
 use budget::Budget;
@@ -45,61 +46,61 @@ use pool::Pool;
 #[derive(Debug, Clone)]
 pub struct Limits {
     /// Largest frame we accept (min'd with HAProxy's in the HELLO).
-    pub max_frame_size: u32,
+    pub(crate) max_frame_size: u32,
     /// Concurrent evaluations per connection; reading pauses at the bound.
-    pub max_inflight_per_connection: usize,
+    pub(crate) max_inflight_per_connection: usize,
     /// A frame started but not finished within this time closes the connection (status 2).
-    pub partial_frame_timeout: Duration,
+    pub(crate) partial_frame_timeout: Duration,
     /// Agree to `pipelining` when HAProxy's SPOE applet (2.6, 3.0) offers it (default true);
     /// never with the multiplexer of 3.1+ ([`conn::Settings::pipelining`]). Without it,
     /// HAProxy 2.6.12 leaves NOTIFYs queued after an ACK (its sync mode looks at the queue
     /// only when a new message comes: HAProxy bc9fb6462, fixed in 2.8; measured: 17 of
     /// 5,213 requests failed `timeout processing` with 0/-1/-1/-1/5000 queue timers).
-    pub pipelining: bool,
+    pub(crate) pipelining: bool,
     /// While refusing, a connection with nothing owed says goodbye after nothing came or went
     /// on it for this long ([`DRAIN_QUIET`]); a busy one says it on the ACK of its next
     /// NOTIFY.
-    pub drain_quiet: Duration,
+    pub(crate) drain_quiet: Duration,
     /// A rebalancing goodbye after this many NOTIFYs on a connection (0: never).
-    pub rebalance_after_messages: u64,
+    pub(crate) rebalance_after_messages: u64,
     /// A rebalancing goodbye on a connection at most this long after its handshake (each
     /// connection's age is between half of it and all of it; zero: never).
-    pub rebalance_after: Duration,
+    pub(crate) rebalance_after: Duration,
     /// Every NOTIFY is answered within this time of its arrival; at the deadline with the
     /// failure verdict ([`budget`]).
-    pub evaluation_timeout: Duration,
+    pub(crate) evaluation_timeout: Duration,
     /// Runaways (evaluations past their budget) that get a thread in their place; with that
     /// many running, new NOTIFYs are answered at once with the failure verdict.
-    pub max_overruns: usize,
+    pub(crate) max_overruns: usize,
     /// A connection without HELLO after this long is closed.
-    pub hello_timeout: Duration,
+    pub(crate) hello_timeout: Duration,
     /// A connection with nothing to do for this long is closed.
-    pub idle_timeout: Duration,
+    pub(crate) idle_timeout: Duration,
     /// Bytes held for frames, all connections together ([`memory`]).
-    pub max_buffered_bytes: usize,
+    pub(crate) max_buffered_bytes: usize,
 }
 
 /// Default `max_frame_size`: 4 MiB, above what HAProxy offers for any `tune.bufsize` up to
 /// 4 MiB (it offers `tune.bufsize - 4`), so that the documented `tune.bufsize 1114112` (a
 /// 1 MiB body whole) is HAProxy's to choose. The agent announces `min(HAProxy's, this)`.
-pub const DEFAULT_MAX_FRAME_SIZE: u32 = 4 * 1024 * 1024;
+pub(crate) const DEFAULT_MAX_FRAME_SIZE: u32 = 4 * 1024 * 1024;
 /// Default `evaluation_timeout`: above the slowest ordinary evaluation measured (0.93 s of CPU
 /// for a benign 1 MiB form body on libmodsecurity 3.0.9, the documented `tune.bufsize` full)
 /// by four times, below the documented HAProxy `timeout processing` (5 s). Figures in
 /// docs/spoa.md, *Limits* and *Request bodies*.
-pub const EVALUATION_TIMEOUT: Duration = Duration::from_secs(4);
+pub(crate) const EVALUATION_TIMEOUT: Duration = Duration::from_secs(4);
 /// Default `hello_timeout`: HAProxy sends its HELLO as soon as it connects.
-pub const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 /// Default `idle_timeout`: longer than HAProxy's own (`timeout idle` 2m in the documented
 /// SPOE file and coraza-spoa's; SPOE.txt's example has `timeout server 3m`), so that HAProxy
 /// closes an idle connection first.
-pub const IDLE_TIMEOUT: Duration = Duration::from_secs(600);
+pub(crate) const IDLE_TIMEOUT: Duration = Duration::from_secs(600);
 /// Default `max_buffered_bytes`: 64 frames of the largest size.
-pub const MAX_BUFFERED_BYTES: usize = 64 << 20;
+pub(crate) const MAX_BUFFERED_BYTES: usize = 64 << 20;
 /// Default `drain_quiet`.
-pub const DRAIN_QUIET: Duration = Duration::from_millis(500);
+pub(crate) const DRAIN_QUIET: Duration = Duration::from_millis(500);
 /// Default `rebalance_after_messages`.
-pub const REBALANCE_AFTER_MESSAGES: u64 = 0;
+pub(crate) const REBALANCE_AFTER_MESSAGES: u64 = 0;
 /// Default `rebalance_after`.
 pub const REBALANCE_AFTER: Duration = Duration::from_secs(1);
 

@@ -34,7 +34,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 const QUEUE_PER_WORKER: usize = 256;
 
 /// One unit of work: runs once on a pool thread.
-pub struct Work {
+pub(crate) struct Work {
     run: Box<dyn FnOnce() + Send + 'static>,
     tracked: Option<Arc<Tracked>>,
 }
@@ -42,7 +42,7 @@ pub struct Work {
 impl Work {
     /// Work the budget does not follow.
     #[cfg(test)]
-    pub fn new(run: impl FnOnce() + Send + 'static) -> Work {
+    pub(crate) fn new(run: impl FnOnce() + Send + 'static) -> Work {
         Work {
             run: Box::new(run),
             tracked: None,
@@ -50,7 +50,7 @@ impl Work {
     }
 
     /// Work whose state the budget's watchdog follows (see [`Pool::overran`]).
-    pub fn tracked(run: impl FnOnce() + Send + 'static, tracked: Arc<Tracked>) -> Work {
+    pub(crate) fn tracked(run: impl FnOnce() + Send + 'static, tracked: Arc<Tracked>) -> Work {
         Work {
             run: Box::new(run),
             tracked: Some(tracked),
@@ -78,7 +78,7 @@ enum JobState {
 
 /// A job's state as the pool and the watchdog share it.
 #[derive(Debug)]
-pub struct Tracked(Mutex<JobState>);
+pub(crate) struct Tracked(Mutex<JobState>);
 
 impl Default for Tracked {
     fn default() -> Self {
@@ -98,7 +98,7 @@ impl Tracked {
 
 /// What [`Pool::overran`] did with a job past its budget.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Overran {
+pub(crate) enum Overran {
     /// It was not running (still queued, or finished).
     NotRunning,
     /// A thread was started in its place.
@@ -109,10 +109,10 @@ pub enum Overran {
 
 /// Room for one job in the queue, reserved while the queue was full.
 #[derive(Debug)]
-pub struct Slot(OwnedSemaphorePermit);
+pub(crate) struct Slot(OwnedSemaphorePermit);
 
 /// Waits (in order with every other waiter) for a [`Slot`]; `None` if the pool is gone.
-pub type SlotFuture = Pin<Box<dyn Future<Output = Option<Slot>> + Send>>;
+pub(crate) type SlotFuture = Pin<Box<dyn Future<Output = Option<Slot>> + Send>>;
 
 struct Job {
     work: Work,
@@ -171,7 +171,7 @@ impl Inner {
 
 /// The pool. Dropping it closes the queue (threads finish their job and exit; what was
 /// queued is dropped).
-pub struct Pool {
+pub(crate) struct Pool {
     inner: Arc<Inner>,
     slots: Arc<Semaphore>,
     workers: usize,
@@ -188,7 +188,7 @@ impl std::fmt::Debug for Pool {
 impl Pool {
     /// Starts `workers` threads (at least one) named `name-N`; at most `max_overruns`
     /// runaways get a thread in their place; `overrunning` counts the runaways.
-    pub fn new(workers: usize, max_overruns: usize, name: &str, overrunning: Gauge) -> Pool {
+    pub(crate) fn new(workers: usize, max_overruns: usize, name: &str, overrunning: Gauge) -> Pool {
         let workers = workers.max(1);
         let inner = Arc::new(Inner {
             state: Mutex::new(State {
@@ -225,26 +225,26 @@ impl Pool {
 
     /// Threads started.
     #[cfg(test)]
-    pub fn workers(&self) -> usize {
+    pub(crate) fn workers(&self) -> usize {
         self.workers
     }
 
     /// Whether `max_overruns` runaways (at least one) are running: new jobs should not be
     /// queued.
-    pub fn saturated(&self) -> bool {
+    pub(crate) fn saturated(&self) -> bool {
         let st = self.inner.lock();
         let runaways = st.overruns + st.stuck;
         runaways > 0 && runaways >= st.max_overruns
     }
 
     /// Runaways running (replaced or not).
-    pub fn overrunning(&self) -> usize {
+    pub(crate) fn overrunning(&self) -> usize {
         let st = self.inner.lock();
         st.overruns + st.stuck
     }
 
     /// Queues `work` if there is room; gives it back otherwise.
-    pub fn try_submit(&self, work: Work) -> Result<(), Work> {
+    pub(crate) fn try_submit(&self, work: Work) -> Result<(), Work> {
         match Arc::clone(&self.slots).try_acquire_owned() {
             Ok(slot) => {
                 self.push(Job { work, _slot: slot });
@@ -255,13 +255,13 @@ impl Pool {
     }
 
     /// Waits for room in the queue (keep the future to keep the place in line).
-    pub fn slot(&self) -> SlotFuture {
+    pub(crate) fn slot(&self) -> SlotFuture {
         let slots = Arc::clone(&self.slots);
         Box::pin(async move { slots.acquire_owned().await.ok().map(Slot) })
     }
 
     /// Queues `work` in a reserved slot.
-    pub fn submit(&self, slot: Slot, work: Work) {
+    pub(crate) fn submit(&self, slot: Slot, work: Work) {
         self.push(Job {
             work,
             _slot: slot.0,
@@ -286,7 +286,7 @@ impl Pool {
     /// A job's budget ran out (its answer is sent): if it is running, it stops counting
     /// against `workers` and a thread is started in its place, unless `max_overruns` are
     /// running already.
-    pub fn overran(&self, job: &Tracked) -> Overran {
+    pub(crate) fn overran(&self, job: &Tracked) -> Overran {
         let mut st = self.inner.lock();
         if job.get() != JobState::Running {
             return Overran::NotRunning;
@@ -328,7 +328,7 @@ impl Pool {
     /// Closes the queue (queued jobs are dropped) and waits up to `within` for the threads
     /// to finish the jobs they are running; runaways (answered already) are not waited for.
     /// True when all threads have exited.
-    pub fn shutdown(&self, within: Duration) -> bool {
+    pub(crate) fn shutdown(&self, within: Duration) -> bool {
         let mut st = self.inner.lock();
         st.closed = true;
         st.jobs.clear();

@@ -37,13 +37,13 @@ use super::pool::{Slot, SlotFuture, Work};
 use super::{Engine, GaugeGuard};
 
 /// ACK bytes waiting for a peer that does not read them, above which reading pauses.
-pub const MAX_UNSENT: usize = 64 * 1024;
+pub(crate) const MAX_UNSENT: usize = 64 * 1024;
 
 /// Serves one connection to its end, over any stream (tests): its ACKs are all written by
 /// the task, and without a socket to peek at, "nothing unread" relies on the reactor's
 /// readiness alone.
 #[cfg(test)]
-pub async fn serve_conn<S>(io: S, peer: Option<IpAddr>, engine: Arc<Engine>)
+pub(crate) async fn serve_conn<S>(io: S, peer: Option<IpAddr>, engine: Arc<Engine>)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -104,7 +104,7 @@ fn now() -> Instant {
 /// Whether bytes are waiting in the kernel's receive buffer, asked of the socket itself
 /// (`recv(MSG_PEEK | MSG_DONTWAIT)`). tokio's readiness can lag behind the socket on a busy
 /// runtime (the reactor has not yet processed the event).
-pub trait Unread {
+pub(crate) trait Unread {
     /// `Some(true)`: bytes are waiting; `Some(false)`: none; `None`: cannot tell.
     fn unread(&self) -> Option<bool>;
 }
