@@ -10,14 +10,14 @@ use spop::StatusCode;
 #[error("{reason} (status {})", status.to_u32())]
 pub struct ProtocolError {
     /// Status code for the AGENT-DISCONNECT frame.
-    pub status: StatusCode,
+    pub(crate) status: StatusCode,
     /// Human-readable reason, sent as the DISCONNECT message.
-    pub reason: String,
+    pub(crate) reason: String,
 }
 
 impl ProtocolError {
     /// Builds an error with the given status.
-    pub fn new(status: StatusCode, reason: impl Into<String>) -> Self {
+    pub(crate) fn new(status: StatusCode, reason: impl Into<String>) -> Self {
         Self {
             status,
             reason: reason.into(),
@@ -29,7 +29,7 @@ impl ProtocolError {
     }
 
     /// A short label for metrics (`spoa_frames_rejected_total{reason}`).
-    pub fn metric_reason(&self) -> &'static str {
+    pub(crate) fn metric_reason(&self) -> &'static str {
         match self.status {
             StatusCode::TooBig => "too_big",
             StatusCode::Invalid => "invalid",

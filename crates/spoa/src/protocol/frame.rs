@@ -5,7 +5,7 @@
 //! problem maps to the status code SPOE.txt (section 3.5) assigns to it, which the crate's own
 //! parser cannot express (it reports one opaque `InvalidData` error for all of them, and it
 //! rejects a missing `version` and a missing `max-frame-size` the same way). The payloads are
-//! read by [`super::payload`].
+//! read by `super::payload`.
 
 use bytes::{Buf, BytesMut};
 use spop::frame::Message;
@@ -30,22 +30,22 @@ const FLAG_ABORT: u32 = 0x2;
 
 /// One frame as read off the wire, header decoded, payload not yet interpreted.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RawFrame {
+pub(crate) struct RawFrame {
     /// Frame type byte.
-    pub kind: u8,
+    pub(crate) kind: u8,
     /// Stream identifier.
-    pub stream_id: u64,
+    pub(crate) stream_id: u64,
     /// Frame identifier.
-    pub frame_id: u64,
+    pub(crate) frame_id: u64,
     /// Payload bytes.
-    pub payload: bytes::Bytes,
+    pub(crate) payload: bytes::Bytes,
 }
 
 /// Takes one complete frame off the front of `buf`.
 ///
 /// `Ok(None)` means more bytes are needed ("need more bytes" is not "invalid"). A frame whose
 /// length prefix exceeds `max_frame_size` is refused before its body arrives.
-pub fn decode_frame(
+pub(crate) fn decode_frame(
     buf: &mut BytesMut,
     max_frame_size: u32,
 ) -> Result<Option<RawFrame>, ProtocolError> {
@@ -105,7 +105,7 @@ fn parse_header(mut frame: bytes::Bytes) -> Result<RawFrame, ProtocolError> {
 
 /// Encodes AGENT-HELLO. We announce `pipelining` only when HAProxy offered it, and never
 /// `async` or fragmentation.
-pub fn encode_agent_hello(n: &Negotiated, out: &mut Vec<u8>) {
+pub(crate) fn encode_agent_hello(n: &Negotiated, out: &mut Vec<u8>) {
     let capabilities = if n.pipelining {
         vec![FrameCapabilities::Pipelining]
     } else {
@@ -121,7 +121,7 @@ pub fn encode_agent_hello(n: &Negotiated, out: &mut Vec<u8>) {
 }
 
 /// Encodes AGENT-DISCONNECT.
-pub fn encode_agent_disconnect(status: StatusCode, message: &str, out: &mut Vec<u8>) {
+pub(crate) fn encode_agent_disconnect(status: StatusCode, message: &str, out: &mut Vec<u8>) {
     let frame = AgentDisconnect {
         status_code: status.to_u32(),
         message: message.to_owned(),
@@ -133,7 +133,7 @@ pub fn encode_agent_disconnect(status: StatusCode, message: &str, out: &mut Vec<
 ///
 /// If the frame would exceed `max_frame_size`, the longest string values are cut until it fits
 /// (a long `rules_hit` list is the usual cause); the ACK itself is never dropped.
-pub fn encode_ack(
+pub(crate) fn encode_ack(
     stream_id: u64,
     frame_id: u64,
     vars: &[(&str, TypedData)],
