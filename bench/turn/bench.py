@@ -450,7 +450,9 @@ def plot(rounds, table, cfg, path):
 # generator straight to a user-space echo, and to a kernel echo (a tc reflector).
 RATE_SERVERS = ["direct-echo", "kernel-echo", "coturn-4.18", "lastcall-turn-1w", "lastcall-turn-2w",
                 "lastcall-turn+kernel"]
-REFERENCES = ("direct-echo", "kernel-echo")
+# `--also generator-sink`: the generator into a tc drop (nothing comes back), what it offers
+# from its one core; its "whole" is the generator's CPU per datagram sent.
+REFERENCES = ("direct-echo", "kernel-echo", "generator-sink")
 RATE = dict(rounds=3, fixed=[10000, 50000, 100000], ladder=[150000, 200000, 250000, 300000, 350000, 400000],
             search_steps=3, duration=1.5, clients=32, size=160)
 RATE_SMOKE = dict(rounds=1, fixed=[2000], ladder=[], search_steps=0, duration=1.0, clients=8, size=160)
@@ -480,6 +482,16 @@ def rate_round(name, cfg, bin_dir, logdir, rates=None, search=True):
         with Reflector(bin_dir) as refl:
             out = turnload(bin_dir, None, ["direct", "--peer", refl.addr] + load_args(cfg, rates) + search_args,
                            timeout=900)
+    elif name == "generator-sink":
+        # Nothing comes back (a tc drop on lo): the generator's CPU per datagram sent, and
+        # its maximum the highest rate it offered (≥ 97 %); nothing is lost that was expected.
+        out = turnload(bin_dir, None, ["sink"] + load_args(cfg, rates) + search_args, timeout=900)
+        for o in out:
+            if o["kind"] == "summary":
+                o["max_rate_under_threshold"] = o["max_rate_offered"]
+            else:
+                o.update(whole_us_per_datagram=o["generator_and_softirq_us_per_datagram"], loss_pct=0.0,
+                         p50_us=None, p99_us=None)
     else:
         with Server(name, bin_dir, logdir) as s, Echo(bin_dir) as echo:
             out = turnload(bin_dir, s, ["relay", "--peer", echo.addr] + load_args(cfg, rates) + search_args,
@@ -492,7 +504,7 @@ def rate_round(name, cfg, bin_dir, logdir, rates=None, search=True):
                 log = f.read()
         if name.endswith("+kernel") and "fast path is off" in log:
             raise RuntimeError(f"{name}: the kernel fast path did not run: {log[-2000:]}")
-    r["phases"] = [o for o in out if o["kind"] in ("relay", "direct", "search")]
+    r["phases"] = [o for o in out if o["kind"] in ("relay", "direct", "sink", "search")]
     r["summary"] = [o for o in out if o["kind"] == "summary"][0]
     r["load_after"] = loadavg()
     return r
@@ -903,7 +915,8 @@ def main():
     ap.add_argument("--echo-poll-us", type=int,
                     help="the echo reads every N µs instead of blocking while idle (default 0: it blocks)")
     ap.add_argument("--also", action="append", default=[],
-                    help="with --rate: add this design (coturn: Debian 12's 4.6.1)")
+                    help="with --rate: add this design (coturn: Debian 12's 4.6.1; generator-sink: the generator alone "
+                         "into a tc drop on lo, what it offers from one core)")
     args = ap.parse_args()
     global REALTIME, ECHO_POLL_US
     REALTIME = args.realtime

@@ -103,6 +103,8 @@ pub(crate) struct Engine {
     send_hdrs: MultiHeaders<SockaddrStorage>,
     next_lane: usize,
     phase: u32,
+    /// Whether anything comes back (false: a sink; the phase neither reads nor waits).
+    echoes: bool,
 }
 
 fn realtime_ns() -> u64 {
@@ -179,7 +181,15 @@ impl Engine {
             send_hdrs: MultiHeaders::preallocate(MAX_BURST, None),
             next_lane: 0,
             phase: 0,
+            echoes: true,
         })
+    }
+
+    /// Nothing comes back (the far end drops everything): the phases only send, so the
+    /// generator's CPU is the sending alone.
+    pub(crate) fn without_echoes(mut self) -> Engine {
+        self.echoes = false;
+        self
     }
 
     /// The lanes' local addresses (the clients' 5-tuples).
@@ -342,7 +352,7 @@ impl Engine {
             // The echoes are read every DRAIN (their arrival times are the kernel's): a few per
             // lane per `recvmmsg` rather than one.
             let now = start.elapsed();
-            if now.saturating_sub(drained) >= DRAIN {
+            if self.echoes && now.saturating_sub(drained) >= DRAIN {
                 self.drain(&mut out);
                 drained = now;
             }
@@ -357,7 +367,7 @@ impl Engine {
         let wait = Instant::now();
         let mut last = out.received;
         let mut last_change = Instant::now();
-        while out.received < out.sent && wait.elapsed() < Duration::from_secs(3) {
+        while self.echoes && out.received < out.sent && wait.elapsed() < Duration::from_secs(3) {
             std::thread::sleep(Duration::from_micros(500));
             self.drain(&mut out);
             if out.received != last {

@@ -13,6 +13,8 @@
 //!   the kernel's softirq threads).
 //! - `direct`: the same straight to the echo: the machine's own reference (with `reflect`,
 //!   the kernel's).
+//! - `sink`: the same load into a tc drop on `lo`: what the generator offers from one core
+//!   when nothing comes back (the `kernel` feature).
 //! - `echo`: the echo peer, a process of its own so that its CPU is its own.
 //! - `reflect`: the kernel echo (a tc program; the `kernel` feature).
 //! - `hold`: opens N allocations from N client 5-tuples (each with its own 401 round trip),
@@ -31,6 +33,7 @@ mod histogram;
 mod hold;
 mod procfs;
 mod relay;
+mod sink;
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -100,6 +103,15 @@ enum Cmd {
     Relay(Load),
     /// The same straight to the echo peer (no server): the machine's own reference.
     Direct(Load),
+    /// The same load into a tc drop on `lo` (nothing comes back): what the generator offers
+    /// from its core, sending alone (the `kernel` feature; root). `--peer` is not used.
+    Sink {
+        #[command(flatten)]
+        load: Load,
+        /// The interface the drop is attached to.
+        #[arg(long, default_value = "lo")]
+        iface: String,
+    },
     /// The echo peer: every datagram back to its sender.
     Echo {
         /// Address to bind (port 0: any; printed as `echo ADDR`).
@@ -197,6 +209,17 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Cmd::Sink { load, iface } => match relay_opts(&cli, load, None) {
+            Ok(o) if o.peer.is_none() => sink::run(&o, iface),
+            Ok(_) => {
+                eprintln!("lastcall-turnload: sink sends to its own dropped port, not --peer");
+                return ExitCode::from(64);
+            }
+            Err(e) => {
+                eprintln!("lastcall-turnload: {e}");
+                return ExitCode::from(64);
+            }
+        },
         Cmd::Echo { bind, poll_us } => echo::run(
             *bind,
             (*poll_us > 0).then(|| Duration::from_micros(*poll_us)),

@@ -39,12 +39,12 @@ pub(crate) struct RelayOpts {
 }
 
 /// The processes measured and their CPU time at the start of a phase.
-struct Meter {
+pub(crate) struct Meter {
     procs: Vec<(String, Vec<u32>)>,
 }
 
 impl Meter {
-    fn new(cpu: &[(String, u32)], echo: Option<u32>) -> Meter {
+    pub(crate) fn new(cpu: &[(String, u32)], echo: Option<u32>) -> Meter {
         let mut procs: Vec<(String, Vec<u32>)> =
             vec![("generator".into(), vec![std::process::id()])];
         for (name, pid) in cpu {
@@ -60,7 +60,7 @@ impl Meter {
         Meter { procs }
     }
 
-    fn read(&self) -> Vec<u64> {
+    pub(crate) fn read(&self) -> Vec<u64> {
         self.procs
             .iter()
             .map(|(_, pids)| pids.iter().filter_map(|p| cpu_ns(*p)).sum())
@@ -68,7 +68,11 @@ impl Meter {
     }
 
     /// CPU seconds per process between two readings.
-    fn delta(&self, before: &[u64], after: &[u64]) -> serde_json::Map<String, serde_json::Value> {
+    pub(crate) fn delta(
+        &self,
+        before: &[u64],
+        after: &[u64],
+    ) -> serde_json::Map<String, serde_json::Value> {
         self.procs
             .iter()
             .zip(before.iter().zip(after))
@@ -156,6 +160,40 @@ fn passes(p: &Phase, threshold_pct: f64) -> bool {
     p.offered >= 0.97 * p.rate && p.loss_pct() < threshold_pct
 }
 
+/// Every rate of `rates`, then up to `steps` bisection steps between the best passing and the
+/// lowest failing one; `phase(rate, is_search)` runs one and says whether it passed. Returns
+/// (the highest passing rate, the lowest failing rate of the ladder).
+pub(crate) fn ladder(
+    rates: &[f64],
+    steps: u32,
+    mut phase: impl FnMut(f64, bool) -> bool,
+) -> (Option<f64>, Option<f64>) {
+    let mut best: Option<f64> = None;
+    let mut worst: Option<f64> = None;
+    for &rate in rates {
+        if phase(rate, false) {
+            best = Some(best.map_or(rate, |b: f64| b.max(rate)));
+        } else if !worst.is_some_and(|w| rate >= w) {
+            worst = Some(rate);
+        }
+    }
+    if let (Some(mut lo), Some(mut hi)) = (best, worst) {
+        for _ in 0..steps {
+            if hi / lo < 1.05 || lo >= hi {
+                break;
+            }
+            let mid = ((lo + hi) / 2.0).round();
+            if phase(mid, true) {
+                lo = mid;
+                best = Some(mid);
+            } else {
+                hi = mid;
+            }
+        }
+    }
+    (best, worst)
+}
+
 /// The lanes through the server: one allocation each, a channel to `peer`.
 fn relay_lanes(
     o: &RelayOpts,
@@ -182,7 +220,7 @@ fn relay_lanes(
 }
 
 /// Lanes straight to the echo.
-fn direct_lanes(n: usize, peer: SocketAddr) -> anyhow::Result<Vec<Lane>> {
+pub(crate) fn direct_lanes(n: usize, peer: SocketAddr) -> anyhow::Result<Vec<Lane>> {
     (0..n)
         .map(|_| {
             let local: SocketAddr = if peer.is_ipv4() {
@@ -234,8 +272,6 @@ pub(crate) fn run(o: &RelayOpts) -> anyhow::Result<()> {
         let after = meter.read();
         (meter.delta(&before, &after), p)
     };
-    let mut best: Option<f64> = None;
-    let mut worst: Option<f64> = None;
     let report = |label: &str, cpu: serde_json::Map<String, serde_json::Value>, p: &Phase| {
         println!("{}", phase_json(label, p, cpu));
         eprintln!(
@@ -243,31 +279,11 @@ pub(crate) fn run(o: &RelayOpts) -> anyhow::Result<()> {
             p.rate, p.offered, p.sent, p.received, p.loss_pct(), p.hist.quantile(0.5), p.hist.quantile(0.99)
         );
     };
-    for &rate in &o.rates {
+    let (best, worst) = ladder(&o.rates, o.search_steps, |rate, search| {
         let (cpu, p) = measure(rate);
-        report(kind, cpu, &p);
-        if passes(&p, o.loss_threshold_pct) {
-            best = Some(best.map_or(rate, |b: f64| b.max(rate)));
-        } else if !worst.is_some_and(|w| rate >= w) {
-            worst = Some(rate);
-        }
-    }
-    if let (Some(mut lo), Some(mut hi)) = (best, worst) {
-        for _ in 0..o.search_steps {
-            if hi / lo < 1.05 || lo >= hi {
-                break;
-            }
-            let mid = ((lo + hi) / 2.0).round();
-            let (cpu, p) = measure(mid);
-            report("search", cpu, &p);
-            if passes(&p, o.loss_threshold_pct) {
-                lo = mid;
-                best = Some(mid);
-            } else {
-                hi = mid;
-            }
-        }
-    }
+        report(if search { "search" } else { kind }, cpu, &p);
+        passes(&p, o.loss_threshold_pct)
+    });
     println!(
         "{}",
         json!({
@@ -308,6 +324,31 @@ mod tests {
         r.received = 10_000;
         r.offered = 900.0;
         assert!(!passes(&r, 0.1));
+    }
+
+    /// The ladder runs every rate, then bisects between the best passing and the lowest
+    /// failing one until within 5 %.
+    #[test]
+    fn the_ladder_bisects_between_pass_and_fail() {
+        let mut ran = Vec::new();
+        let (best, worst) = ladder(&[100.0, 200.0, 400.0], 5, |rate, search| {
+            ran.push((rate, search));
+            rate <= 250.0
+        });
+        assert_eq!((best, worst), (Some(250.0), Some(400.0)));
+        assert_eq!(
+            ran,
+            [
+                (100.0, false),
+                (200.0, false),
+                (400.0, false),
+                (300.0, true),
+                (250.0, true),
+                (275.0, true),
+                (263.0, true),
+                (257.0, true)
+            ]
+        );
     }
 
     /// Straight to an echo process of its own: the phases and the summary come out, every
