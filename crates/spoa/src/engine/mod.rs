@@ -19,6 +19,7 @@ pub mod ack;
 mod bind;
 pub mod budget;
 pub mod conn;
+pub mod down;
 pub mod handler;
 pub mod listener;
 pub mod memory;
@@ -160,6 +161,7 @@ pub struct Engine {
     budget: Budget,
     memory: Arc<Memory>,
     limits: Limits,
+    down: Arc<down::Down>,
 }
 
 impl Engine {
@@ -197,7 +199,18 @@ impl Engine {
             budget,
             memory,
             limits,
+            down: Arc::default(),
         })
+    }
+
+    /// From the moment the drain refuses work, holds a session for each HAProxy that has not
+    /// yet marked the agent DOWN ([`down`]). Call once, on the runtime.
+    pub fn hold_until_down(self: &Arc<Self>) {
+        let engine = Arc::clone(self);
+        tokio::spawn(async move {
+            engine.handle.refusing().await;
+            engine.down.refusing(&engine.handle);
+        });
     }
 
     /// The settings of a new connection.
