@@ -167,16 +167,13 @@ def spoe_config(processing: str = PROCESSING) -> str:
 def haproxy_config(bind: str, origin: str, agents: list[str], spoe_path: str, stats_socket: str | None = None,
                    template: int = 0) -> str:
     """HAProxy in front of standalone agents, as the chart's NOTES tell users to set it up:
-    one server per agent with `option spop-check`, `check inter 1s fall 2 rise 1` (see below
-    for `on-marked-down shutdown-sessions`), fail
+    one server per agent with `option spop-check`, `check inter 1s fall 2 rise 1
+    on-marked-down shutdown-sessions` (HAProxy 3.0 here), fail
     closed (500 when the agent gives no verdict), 403 for what the WAF denies. With
     `template`, `template` disabled servers (agent1..) that a discovery fills in through
     the runtime API at `stats_socket` (what HAProxy's DNS resolution does by itself)."""
-    # Without `on-marked-down shutdown-sessions`, which the NOTES and check-haproxy now ask
-    # for (a hung agent): with it, and without the documented file's retry lines, an agent
-    # stopped here behind HAProxy 3.0 failed 2 of ~540 requests, twice (an open defect of the
-    # drain, issue 31); without it, 0.
-    servers = "\n".join(f"  server agent{i + 1} {a} check inter 1s fall 2 rise 1" for i, a in enumerate(agents))
+    servers = "\n".join(f"  server agent{i + 1} {a} check inter 1s fall 2 rise 1 on-marked-down shutdown-sessions"
+                        for i, a in enumerate(agents))
     servers = servers.strip("\n")
     for i in range(len(agents), len(agents) + template):
         servers += f"\n  server agent{i + 1} 127.0.0.1:9 check inter 1s fall 2 rise 1 disabled"

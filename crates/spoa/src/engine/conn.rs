@@ -61,6 +61,13 @@ use crate::protocol::payload::{self, Negotiated};
 /// (measured in tests/spoa/rollout.rs's sidecar test).
 pub(crate) const LINGER_HOLD: Duration = Duration::from_millis(250);
 
+/// How long a HELLO refused while draining still counts as a session: HAProxy only opens
+/// connections to an agent it has UP, so a refused HELLO says it has not yet marked this one
+/// DOWN, and an agent that left then would close its listener while HAProxy still places
+/// work on it (see `super::down`, which holds the session of each HAProxy that checks the
+/// agent until it has marked it DOWN; this covers one that does not check it).
+pub(crate) const REFUSED_HOLD: Duration = Duration::from_millis(1000);
+
 /// The largest frame accepted before the handshake: a HAPROXY-HELLO is a few hundred bytes
 /// (its KV-LIST names a version list, `max-frame-size`, `capabilities`, `healthcheck` and
 /// `engine-id`), and a stranger's bytes must not be held up to `max_frame_size` before anyone
@@ -324,6 +331,10 @@ pub(crate) struct Conn {
     one_at_a_time: bool,
     /// Whether a handshake completed (a session was opened).
     had_session: bool,
+    /// A HELLO (not a health check) was refused here because we are draining.
+    refused_hello: bool,
+    /// This connection was a health check.
+    health_check: bool,
     buf: BytesMut,
     drain: Seen,
     /// NOTIFYs handed out by [`Conn::poll`] whose ACK has not been written: the one count
@@ -365,6 +376,8 @@ impl Conn {
             max_frame_size: settings.max_frame_size,
             one_at_a_time: true,
             had_session: false,
+            refused_hello: false,
+            health_check: false,
             buf: BytesMut::new(),
             drain,
             owed: 0,
@@ -407,9 +420,18 @@ impl Conn {
         self.one_at_a_time
     }
 
-    /// How long the session of this connection, now closed, must still be held given the
-    /// lifecycle `now` (lingering), if at all.
-    pub(crate) fn linger_hold(&self, now: Seen) -> Option<Duration> {
+    /// Whether this connection was a health check (see `super::down`).
+    pub(crate) fn health_check(&self) -> bool {
+        self.health_check
+    }
+
+    /// How long this connection, now closed, must still count as a session given the
+    /// lifecycle `now`, if at all: a session closed while lingering ([`LINGER_HOLD`]), a
+    /// HELLO refused while draining ([`REFUSED_HOLD`]; not at the exit decision).
+    pub(crate) fn hold(&self, now: Seen) -> Option<Duration> {
+        if self.refused_hello && !now.is_exiting() {
+            return Some(REFUSED_HOLD);
+        }
         (self.had_session && lingering(now)).then_some(LINGER_HOLD)
     }
 
@@ -852,9 +874,17 @@ impl Conn {
         // Health checks are answered until the drain refuses work, like HELLOs: HAProxy
         // then marks the agent DOWN only after its connections have said goodbye, so that
         // `on-marked-down shutdown-sessions` (which contains a hung agent) finds none to cut.
-        let refuse = self.drain.is_refusing();
+        self.health_check = negotiated.healthcheck;
+        // While refusing, HAProxy 3.1+'s multiplexer (it does not offer `async`) fails the
+        // messages waiting for a connection whose HELLO is refused (`st=257`, measured behind
+        // 3.2: one per client in each drain); served, such a connection carries one NOTIFY
+        // at a time and says the drain's goodbye on its first ACK, as every connection does.
+        let multiplexer = !negotiated.offered_async;
+        let refuse = self.drain.is_refusing()
+            && (negotiated.healthcheck || !multiplexer || self.drain.is_exiting());
         if refuse {
             self.state = State::Closed;
+            self.refused_hello = !negotiated.healthcheck;
             let mut reply = Vec::new();
             frame::encode_agent_disconnect(StatusCode::None, "draining", &mut reply);
             return Event::Close {

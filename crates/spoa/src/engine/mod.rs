@@ -13,12 +13,14 @@
 //! - `budget`: `evaluation_timeout`, and the watchdog that answers for a runaway;
 //! - `memory`: the cap on bytes held for frames, all connections together;
 //! - `handler`: what the engine asks of the WAF;
-//! - `listener`: binding, and what lastcall's accept loop runs for each connection.
+//! - `listener`: binding, and what lastcall's accept loop runs for each connection;
+//! - `down`: while draining, the wait for every HAProxy that checks the agent to mark it DOWN.
 
 mod ack;
 mod bind;
 mod budget;
 pub(crate) mod conn;
+mod down;
 mod handler;
 mod listener;
 mod memory;
@@ -161,6 +163,7 @@ pub struct Engine {
     budget: Budget,
     memory: Arc<Memory>,
     limits: Limits,
+    down: Arc<down::Down>,
 }
 
 impl Engine {
@@ -198,7 +201,18 @@ impl Engine {
             budget,
             memory,
             limits,
+            down: Arc::default(),
         })
+    }
+
+    /// From the moment the drain refuses work, holds a session for each HAProxy that has not
+    /// yet marked the agent DOWN (`down`). Call once, on the runtime.
+    pub fn hold_until_down(self: &Arc<Self>) {
+        let engine = Arc::clone(self);
+        tokio::spawn(async move {
+            engine.handle.refusing().await;
+            engine.down.refusing(&engine.handle);
+        });
     }
 
     /// The settings of a new connection.

@@ -84,15 +84,24 @@ pub(super) async fn serve_split<R, W>(
     task.run().await;
     // Evaluations still queued or running find nobody waiting for their ACK.
     task.sink.close();
-    let hold = task.conn.linger_hold(task.watch.now());
-    if let Some((session, gauge)) = task.session.take() {
-        drop(gauge);
-        if let Some(hold) = hold {
-            tokio::spawn(async move {
-                tokio::time::sleep(hold).await;
-                drop(session);
-            });
+    if let (true, Some(ip)) = (task.conn.health_check(), task.peer) {
+        let refused = task.watch.now().is_refusing();
+        task.engine.down.checked(&task.engine.handle, ip, refused);
+    }
+    let hold = task.conn.hold(task.watch.now());
+    let session = match task.session.take() {
+        Some((session, gauge)) => {
+            drop(gauge);
+            Some(session)
         }
+        // A refused HELLO: the session it did not get is held instead.
+        None => hold.map(|_| task.engine.handle.session(task.peer_id())),
+    };
+    if let (Some(session), Some(hold)) = (session, hold) {
+        tokio::spawn(async move {
+            tokio::time::sleep(hold).await;
+            drop(session);
+        });
     }
 }
 
@@ -182,6 +191,12 @@ where
     R: AsyncRead + Unread + Unpin,
     W: AsyncWrite + Unpin,
 {
+    /// Who is on the other end, for the lifecycle's session count.
+    fn peer_id(&self) -> PeerId {
+        self.peer
+            .map_or_else(|| PeerId::named("unix"), PeerId::from)
+    }
+
     /// One input to the `Conn`, then the action it answers with. A wait is carried out only
     /// when no protocol event and no input is pending.
     async fn run(&mut self) {
@@ -241,10 +256,7 @@ where
                 if send_all(&mut self.wr, &reply).await.is_err() {
                     return Flow::Done;
                 }
-                let id = self
-                    .peer
-                    .map_or_else(|| PeerId::named("unix"), PeerId::from);
-                let guard = self.engine.handle.session(id);
+                let guard = self.engine.handle.session(self.peer_id());
                 self.session = Some((guard, GaugeGuard::new(&self.engine.metrics.connections)));
             }
             Event::Notify {

@@ -596,6 +596,10 @@ impl Frontend<'_> {
                 Some("check inter 1s fall 2 rise 1 (on this line)".into()),
             ));
         }
+        let mode = backend
+            .find(&["mode"])
+            .or_else(|| self.defaults_line(backend.line, file, &["mode"]))
+            .and_then(|l| l.words.get(1).cloned());
         let shuts = |l: &Line| {
             l.words
                 .windows(2)
@@ -605,26 +609,41 @@ impl Frontend<'_> {
             || self
                 .defaults_line(backend.line, file, &["default-server"])
                 .is_some_and(shuts);
-        for s in servers.iter().filter(|s| !by_default && !shuts(s)) {
-            out.push(
-                self.finding(
+        if mode.as_deref() == Some("spop") {
+            // HAProxy 3.1+ (only it knows `mode spop`): its multiplexer gets its HELLOs served
+            // while the agent drains, and `shutdown-sessions` would cut them at DOWN.
+            for s in servers.iter().filter(|s| by_default || shuts(s)) {
+                out.push(self.finding(
                     file,
                     s.no,
                     Level::Fix,
-                    "a hung agent (a stopped process, a frozen node) keeps this server's \
-                 connections after HAProxy marks it DOWN: the messages on them wait `timeout \
-                 processing` (and on HAProxy 3.1+ some fail); with this, HAProxy closes them at \
-                 DOWN and the retry asks another agent (a draining agent has said goodbye on \
-                 every connection before then)"
+                    "on HAProxy 3.1+ (`mode spop`) `on-marked-down shutdown-sessions` closes, when \
+                     a draining agent is marked DOWN, the connections HAProxy opened to it while \
+                     it was refusing, and fails their messages (4-32 per drain measured behind \
+                     3.2.26); without it a hung agent costs one `timeout processing` and the \
+                     retry asks another agent"
                         .into(),
-                    Some("on-marked-down shutdown-sessions (on this line)".into()),
-                ),
-            );
+                    Some("this server without `on-marked-down shutdown-sessions`".into()),
+                ));
+            }
+        } else {
+            for s in servers.iter().filter(|s| !by_default && !shuts(s)) {
+                out.push(
+                    self.finding(
+                        file,
+                        s.no,
+                        Level::Fix,
+                        "a hung agent (a stopped process, a frozen node) keeps this server's \
+                     connections after HAProxy marks it DOWN: the messages on them wait `timeout \
+                     processing`; with this, HAProxy 2.6 and 3.0 close them at DOWN and the retry \
+                     asks another agent (a draining agent has said goodbye on every connection \
+                     and waits for its DOWN before it leaves)"
+                            .into(),
+                        Some("on-marked-down shutdown-sessions (on this line)".into()),
+                    ),
+                );
+            }
         }
-        let mode = backend
-            .find(&["mode"])
-            .or_else(|| self.defaults_line(backend.line, file, &["mode"]))
-            .and_then(|l| l.words.get(1).cloned());
         if mode.as_deref() != Some("spop") && mode.as_deref() != Some("tcp") {
             out.push(self.finding(
                 file,
@@ -818,6 +837,7 @@ backend coraza-spoa
     /// (on each server, or on a `default-server` of the backend or of the defaults).
     #[test]
     fn one_message_at_a_time_and_the_hung_agent() {
+        const SPOP: &str = "on HAProxy 3.1+ (`mode spop`) `on-marked-down shutdown-sessions` closes, when a draining agent is marked DOWN, the connections HAProxy opened to it while it was refusing, and fails their messages (4-32 per drain measured behind 3.2.26); without it a hung agent costs one `timeout processing` and the retry asks another agent";
         let table: Vec<(String, String, Vec<&str>)> = vec![
             (
                 GOOD_HAPROXY.to_string(),
@@ -841,8 +861,8 @@ backend coraza-spoa
                 GOOD_HAPROXY.replace(" on-marked-down shutdown-sessions", ""),
                 GOOD_SPOE.to_string(),
                 vec![
-                    "haproxy.cfg:16 Fix a hung agent (a stopped process, a frozen node) keeps this server's connections after HAProxy marks it DOWN: the messages on them wait `timeout processing` (and on HAProxy 3.1+ some fail); with this, HAProxy closes them at DOWN and the retry asks another agent (a draining agent has said goodbye on every connection before then)",
-                    "haproxy.cfg:17 Fix a hung agent (a stopped process, a frozen node) keeps this server's connections after HAProxy marks it DOWN: the messages on them wait `timeout processing` (and on HAProxy 3.1+ some fail); with this, HAProxy closes them at DOWN and the retry asks another agent (a draining agent has said goodbye on every connection before then)",
+                    "haproxy.cfg:16 Fix a hung agent (a stopped process, a frozen node) keeps this server's connections after HAProxy marks it DOWN: the messages on them wait `timeout processing`; with this, HAProxy 2.6 and 3.0 close them at DOWN and the retry asks another agent (a draining agent has said goodbye on every connection and waits for its DOWN before it leaves)",
+                    "haproxy.cfg:17 Fix a hung agent (a stopped process, a frozen node) keeps this server's connections after HAProxy marks it DOWN: the messages on them wait `timeout processing`; with this, HAProxy 2.6 and 3.0 close them at DOWN and the retry asks another agent (a draining agent has said goodbye on every connection and waits for its DOWN before it leaves)",
                 ],
             ),
             (
@@ -860,9 +880,26 @@ backend coraza-spoa
                 GOOD_SPOE.to_string(),
                 vec![],
             ),
+            // HAProxy 3.1+ (`mode spop`): the other way round.
+            (
+                GOOD_HAPROXY.replace("    mode tcp\n", "    mode spop\n"),
+                GOOD_SPOE.to_string(),
+                vec![
+                    "haproxy.cfg:16 Fix SPOP",
+                    "haproxy.cfg:17 Fix SPOP",
+                ],
+            ),
+            (
+                GOOD_HAPROXY
+                    .replace("    mode tcp\n", "    mode spop\n")
+                    .replace(" on-marked-down shutdown-sessions", ""),
+                GOOD_SPOE.to_string(),
+                vec![],
+            ),
         ];
         for (haproxy, spoe, want) in table {
             let f = check(&files(&haproxy, &spoe));
+            let want: Vec<String> = want.iter().map(|w| w.replace("SPOP", SPOP)).collect();
             assert_eq!(shown(&f), want, "{haproxy}\n{spoe}");
         }
         let f = check(&files(

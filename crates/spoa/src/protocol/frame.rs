@@ -177,8 +177,20 @@ fn shrink_longest(vars: &mut [(&str, TypedData)]) -> bool {
     }
 }
 
-/// Encodes a HAPROXY-HELLO (used by tests and raw clients).
+/// Encodes a HAPROXY-HELLO as HAProxy 2.6 and 3.0's applet sends it, offering `pipelining`
+/// and `async` (used by tests and raw clients).
 pub fn encode_haproxy_hello(max_frame_size: u32, healthcheck: bool, out: &mut Vec<u8>) {
+    encode_haproxy_hello_offering(max_frame_size, healthcheck, "pipelining,async", out);
+}
+
+/// Encodes a HAPROXY-HELLO offering `capabilities` (`"pipelining"`: HAProxy 3.1+'s
+/// multiplexer).
+pub fn encode_haproxy_hello_offering(
+    max_frame_size: u32,
+    healthcheck: bool,
+    capabilities: &str,
+    out: &mut Vec<u8>,
+) {
     let mut payload = Vec::new();
     put_kv(
         &mut payload,
@@ -193,7 +205,7 @@ pub fn encode_haproxy_hello(max_frame_size: u32, healthcheck: bool, out: &mut Ve
     put_kv(
         &mut payload,
         "capabilities",
-        &TypedData::String("pipelining,async".into()),
+        &TypedData::String(capabilities.into()),
     );
     if healthcheck {
         put_kv(&mut payload, "healthcheck", &TypedData::Bool(true));

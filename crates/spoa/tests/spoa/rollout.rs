@@ -11,12 +11,18 @@
 //!   statuses and that the stack recovers).
 //! - `twenty_drains_at_saturation` (ignored; `drains_at_saturation` is its six-drain suite
 //!   form): three agents, 32 clients saturating the machine, 20 drains one after the other
-//!   with `--shutdown-delay 1s`: each exits 0 within the delay + 2 s, no request fails, and
+//!   with `--shutdown-delay 1s`: each exits 0 within the delay + [`DOWN_WITHIN`] (HAProxy
+//!   marks the agent DOWN `fall` x `inter` after the drain starts refusing its checks, and the
+//!   agent waits for it: `engine::down`), no request fails, and
 //!   every SPOE message in HAProxy's log has `st=0` (the retry lines never ran).
 //!   `SATURATION_DRAINS` (the suite form's count), `SATURATION_CLIENTS`, `SATURATION_DELAY`
 //!   (seconds); `SATURATION_PIPELINED=1` runs the SPOE file without `max-waiting-frames 1`,
 //!   to see what the line saves; `SATURATION_SERVER_OPTIONS` adds words to the agent
 //!   server lines.
+//! - `an_agent_leaving_for_good_fails_nothing`: two agents behind the documented files
+//!   without their retry lines; agent 1 drains and is not replaced: it exits 0 once HAProxy
+//!   has marked it DOWN, no request fails and every SPOE message has `st=0`
+//!   (`LEAVE_CLIENTS`, default 4).
 //! - `sidecar_linger_then_haproxy_soft_stop`: one agent, `--on-sigterm linger`, SIGTERM while
 //!   HAProxy keeps serving: 0 failed; then HAProxy soft-stops (SIGUSR1) and exits, and the
 //!   agent exits within 1 s of its last connection closing.
@@ -66,6 +72,12 @@ fn quiet() -> bool {
 fn no_retry() -> bool {
     env_u64("ROLLOUT_NO_RETRY", 0) == 1
 }
+
+/// How long after the drain starts refusing an agent leaves at most, behind the documented
+/// file (`check inter 1s fall 2`): HAProxy marks it DOWN at its second refused health check,
+/// 1-2 s after the drain starts refusing them, and the agent leaves
+/// `DOWN_MARGIN` (200 ms, crates/spoa/src/engine/down.rs) later; 2 s more for a busy machine's checks.
+const DOWN_WITHIN: Duration = Duration::from_secs(4);
 
 /// Generous: the whole run on a busy 2-core machine (debug build).
 const RUN: Duration = Duration::from_secs(600);
@@ -334,7 +346,7 @@ fn twenty_drains_at_saturation() {
 /// The drain at saturation, `drains` times: three agents behind the documented files (a
 /// third `server` line like the others), 32 clients saturating the machine, and one agent
 /// after the other SIGTERMed with `--shutdown-delay 1s`, restarted on its address as soon as
-/// it has left. Each drain exits 0 within the delay + 2 s; no request fails; and no SPOE
+/// it has left. Each drain exits 0 within the delay + [`DOWN_WITHIN`]; no request fails; and no SPOE
 /// message failed at all (every `st=0` in HAProxy's log: the retry lines never ran).
 fn saturation(drains: usize) {
     let delay = Duration::from_secs(env_u64("SATURATION_DELAY", 1));
@@ -399,8 +411,8 @@ fn saturation(drains: usize) {
     for (n, l) in leaves.iter().enumerate() {
         assert_eq!(l.code, Some(0), "drain {}: {l:?}", n + 1);
         assert!(
-            l.total <= delay + Duration::from_secs(2),
-            "drain {}: exit {:?} after SIGTERM, more than the delay + 2 s",
+            l.total <= delay + DOWN_WITHIN,
+            "drain {}: exit {:?} after SIGTERM, more than the delay + {DOWN_WITHIN:?}",
             n + 1,
             l.total
         );
@@ -414,6 +426,71 @@ fn saturation(drains: usize) {
     assert!(
         failed.is_empty(),
         "{} SPOE messages failed (the retry lines answered them): {:?}",
+        failed.len(),
+        &failed[..failed.len().min(5)]
+    );
+}
+
+/// An agent that leaves for good (a scale-down, a node drained, no successor on its address),
+/// behind the documented files with `on-marked-down shutdown-sessions` and without the retry
+/// lines: SIGTERM agent 1 under load, it exits 0 and is not replaced; the load goes on until
+/// HAProxy has marked it DOWN and well after. No request fails and every SPOE message in
+/// HAProxy's log has `st=0`: nothing was cut when HAProxy marked the agent DOWN and closed
+/// what was still open to it. `LEAVE_CLIENTS` (default 4) clients.
+#[test]
+fn an_agent_leaving_for_good_fails_nothing() {
+    let args: Vec<String> = vec![
+        "--shutdown-delay".into(),
+        "1s".into(),
+        "--log-level".into(),
+        agent_log(),
+    ];
+    let mut stack = Stack::start(StackOptions {
+        agents: 2,
+        agent_args: args,
+        quiet_haproxy: false,
+        no_retry: true,
+        ..StackOptions::default()
+    });
+    wait_status(&stack, "spoa1", "UP");
+    wait_status(&stack, "spoa2", "UP");
+    let load = Load::start(stack.http(), env_u64("LEAVE_CLIENTS", 4) as usize);
+    load.wait_more(300, RUN);
+    let agent = &mut stack.agents[0];
+    agent.pod.signal(Signal::Term);
+    let report = agent.pod.wait_exit(Duration::from_secs(60));
+    wait_status(&stack, "spoa1", "DOWN");
+    let left = report.elapsed_since_signal;
+    // Past HAProxy's next checks and connection attempts to the address nobody listens on.
+    load.wait_more(500, RUN);
+    let totals = load.stop();
+    let (messages, failed) = crate::support::haproxy::spoe_statuses(&stack.haproxy.pod.logs());
+    eprintln!(
+        "LEAVE behind {}: agent 1 exit {:?} after {:.2} s, not replaced; {totals}; {messages} SPOE messages, {} with st != 0",
+        crate::support::haproxy::version(),
+        report.code,
+        left.as_secs_f64(),
+        failed.len()
+    );
+    for f in failed.iter().take(20) {
+        eprintln!("LEAVE st != 0: {f}");
+    }
+    // HAProxy's view of the servers, for a failure.
+    for l in stack
+        .haproxy
+        .pod
+        .logs()
+        .iter()
+        .filter(|l| l.contains("Server coraza-spoa/"))
+    {
+        eprintln!("LEAVE haproxy: {l}");
+    }
+    assert_eq!(report.code, Some(0), "agent 1's exit");
+    assert_eq!(totals.failed(), 0, "{totals}");
+    assert!(totals.blocked > 0, "attacks must be blocked");
+    assert!(
+        failed.is_empty(),
+        "{} SPOE messages failed: {:?}",
         failed.len(),
         &failed[..failed.len().min(5)]
     );

@@ -313,8 +313,10 @@ fn evicted_is_status_13() {
     }
 }
 
-/// What a HELLO gets, by phase: the health checks are refused from the trigger on (so
-/// HAProxy marks the agent DOWN), every HELLO once refusing; nothing while lingering.
+/// What a HELLO gets, by phase: the health checks and every HELLO are refused once
+/// refusing (so HAProxy marks the agent DOWN); nothing while lingering. A refused HELLO
+/// (HAProxy still has the agent UP) is held as a session for [`REFUSED_HOLD`] after it
+/// closes, a refused health check is not, nor anything at the exit decision.
 #[test]
 fn hellos_by_phase() {
     #[derive(Debug, PartialEq)]
@@ -325,13 +327,14 @@ fn hellos_by_phase() {
     }
     use Got::*;
     let table = [
-        (SERVING, Served, Answered),
-        (ANNOUNCING, Served, Answered),
-        (REFUSING, Refused, Refused),
-        (LINGERING, Served, Answered),
-        (EXITING, Refused, Refused),
+        // (phase, HELLO, health check, hold after a refused HELLO)
+        (SERVING, Served, Answered, None),
+        (ANNOUNCING, Served, Answered, None),
+        (REFUSING, Refused, Refused, Some(REFUSED_HOLD)),
+        (LINGERING, Served, Answered, None),
+        (EXITING, Refused, Refused, None),
     ];
-    for (drain, normal, healthcheck) in table {
+    for (drain, normal, healthcheck, refused_hold) in table {
         for (hc, want) in [(false, normal), (true, healthcheck)] {
             let t0 = Instant::now();
             let mut c = Conn::new(settings(), drain, t0);
@@ -358,7 +361,43 @@ fn hellos_by_phase() {
                 other => panic!("{drain:?} healthcheck={hc}: {other:?}"),
             };
             assert_eq!(got, want, "{drain:?} healthcheck={hc}");
+            if got == Refused {
+                let hold = if hc { None } else { refused_hold };
+                assert_eq!(c.hold(drain), hold, "{drain:?} healthcheck={hc}");
+            }
         }
+    }
+}
+
+/// While refusing, the HELLO of HAProxy 3.1+'s multiplexer (no `async` offered) is served,
+/// not refused (the multiplexer fails the messages waiting for a refused connection), and
+/// its connection says the drain's goodbye as every other; its health checks are refused,
+/// and at the exit decision everything is.
+#[test]
+fn multiplexer_hellos_while_refusing() {
+    let table = [
+        // (phase, health check, served)
+        (REFUSING, false, true),
+        (REFUSING, true, false),
+        (EXITING, false, false),
+        (SERVING, false, true),
+    ];
+    for (drain, hc, served) in table {
+        let t0 = Instant::now();
+        let mut c = Conn::new(settings(), drain, t0);
+        let mut v = Vec::new();
+        frame::encode_haproxy_hello_offering(16380, hc, "pipelining", &mut v);
+        feed(&mut c, &v);
+        let got = match c.poll(t0) {
+            Some(Event::Ready { negotiated, .. }) => {
+                assert!(!negotiated.pipelining, "never with the multiplexer");
+                true
+            }
+            Some(Event::Close { .. }) => false,
+            other => panic!("{drain:?} healthcheck={hc}: {other:?}"),
+        };
+        assert_eq!(got, served, "{drain:?} healthcheck={hc}");
+        assert_eq!(c.hold(drain), None, "{drain:?} healthcheck={hc}");
     }
 }
 
@@ -866,7 +905,7 @@ fn ack_routing_and_linger_hold() {
         let c = conn(drain, READY, t0);
         assert_eq!(c.wait(t0, None).direct_acks, direct, "{drain:?}");
         assert_eq!(c.wait(t0, None).ack_wakes, wakes, "{drain:?}");
-        assert_eq!(c.linger_hold(drain), hold, "{drain:?}");
+        assert_eq!(c.hold(drain), hold, "{drain:?}");
         let before_hello = conn(
             drain,
             Setup {
@@ -875,11 +914,7 @@ fn ack_routing_and_linger_hold() {
             },
             t0,
         );
-        assert_eq!(
-            before_hello.linger_hold(drain),
-            None,
-            "no session: {drain:?}"
-        );
+        assert_eq!(before_hello.hold(drain), None, "no session: {drain:?}");
     }
     // Serving, the task is woken for ACKs only when it waits for them.
     assert!(

@@ -218,6 +218,12 @@ async fn the_budget_answers_for_a_runaway_and_bounds_them() {
         "{frames:?}"
     );
     assert!(started.elapsed() >= Duration::from_millis(200));
+    // The watchdog counts after the ACK it sent (and only if it sent it): wait for both.
+    let end = Instant::now() + Duration::from_secs(20);
+    while metrics.failed_closed_with("deadline") < 1 || metrics.overrunning.get() < 1 {
+        assert!(Instant::now() < end, "the deadline's counters");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
     assert_eq!(metrics.failed_closed_with("deadline"), 1);
     assert_eq!(metrics.overrunning.get(), 1);
     // Saturated: answered at once, without an evaluation.

@@ -31,6 +31,25 @@ pub(crate) fn version() -> String {
         .to_owned()
 }
 
+/// Whether the HAProxy under test is 3.1 or later (the SPOP multiplexer): the documented
+/// file then runs without `on-marked-down shutdown-sessions` on the agent servers, as
+/// docs/spoa.md says for those releases.
+pub(crate) fn multiplexer() -> bool {
+    static IT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *IT.get_or_init(|| {
+        let v = version();
+        let release = v
+            .split_whitespace()
+            .nth(2)
+            .and_then(|r| {
+                let mut parts = r.split('.').map(|p| p.parse::<u32>().ok());
+                Some((parts.next()??, parts.next()??))
+            })
+            .unwrap_or_else(|| panic!("cannot read HAProxy's release from {v:?}"));
+        release >= (3, 1)
+    })
+}
+
 /// Variants of the documented configuration, for measurements.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Variant {
@@ -118,7 +137,8 @@ impl Haproxy {
         let edited = variant.quiet
             || variant.no_retry
             || !variant.server_options.is_empty()
-            || agents.len() > 2;
+            || agents.len() > 2
+            || multiplexer();
         let config = if edited {
             let text = std::fs::read_to_string(config_path()).expect("read haproxy.cfg");
             let mut out = String::new();
@@ -130,6 +150,12 @@ impl Haproxy {
                     continue;
                 }
                 let server = l.trim_start().starts_with("server spoa");
+                // As docs/spoa.md tells users of 3.1+ (*HAProxy 2.6, 3.0, 3.1 and later*).
+                let l = if server && multiplexer() {
+                    l.replace(" on-marked-down shutdown-sessions", "")
+                } else {
+                    l.to_owned()
+                };
                 let extra = if server && !variant.server_options.is_empty() {
                     format!(" {}", variant.server_options)
                 } else {
