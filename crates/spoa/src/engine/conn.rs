@@ -36,7 +36,7 @@
 //! |---|---|---|---|---|
 //! | serving | served | answered | rebalancing, on an ACK | written by whoever has them (handed to the connection once a rebalance is due) |
 //! | announcing | served | answered | rebalancing, on an ACK | handed to the connection |
-//! | refusing | refused | refused | on the next ACK, or after `drain_quiet` of silence | handed to the connection |
+//! | refusing | refused (3.1+'s multiplexer: served, then the goodbye on its first ACK) | refused | on the next ACK, or after `drain_quiet` of silence | handed to the connection |
 //! | lingering | served | served | none; when it closes, its session is held a moment | handed to the connection |
 //! | exiting | refused | refused | at once, whatever it owes | cut |
 //!
