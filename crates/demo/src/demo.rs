@@ -774,7 +774,7 @@ impl Demo<'_> {
         );
         if let Some((name, state)) = draining {
             line.push_str(&format!(
-                " | {name}: {}, {} SPOP conn.",
+                " | {name}: {}, {} sessions",
                 state
                     .get("phase")
                     .and_then(|v| v.as_str())
@@ -885,7 +885,7 @@ impl Demo<'_> {
             last_line: last_line.clone(),
         };
         self.event(&format!(
-            "{old} exited 0, {} after SIGTERM, {} after its last SPOP connection closed ({})",
+            "{old} exited 0, {} after SIGTERM, {} after its last session ended ({})",
             secs(drained.drain),
             within(after_last, exact),
             last_line.trim()
