@@ -187,6 +187,7 @@ impl Engine {
 
     /// Nothing comes back (the far end drops everything): the phases only send, so the
     /// generator's CPU is the sending alone.
+    #[cfg(feature = "kernel")]
     pub(crate) fn without_echoes(mut self) -> Engine {
         self.echoes = false;
         self

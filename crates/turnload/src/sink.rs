@@ -9,14 +9,22 @@
 //! Each phase reports the rate asked for, what was sent per second, the generator's CPU per
 //! datagram sent and how busy it kept its core; a phase passes when it sent ≥ 97 % of the rate.
 
+#[cfg(feature = "kernel")]
 use std::net::{SocketAddr, UdpSocket};
 
+#[cfg(any(feature = "kernel", test))]
 use serde_json::json;
 
-use crate::engine::{Engine, Phase};
-use crate::relay::{direct_lanes, ladder, Meter, RelayOpts};
+#[cfg(any(feature = "kernel", test))]
+use crate::engine::Phase;
+#[cfg(feature = "kernel")]
+use crate::{
+    engine::Engine,
+    relay::{direct_lanes, ladder, Meter, RelayOpts},
+};
 
 /// The phase's figures as one JSON object (kind `sink`, or `search` in the bisection).
+#[cfg(any(feature = "kernel", test))]
 fn phase_json(
     kind: &str,
     p: &Phase,
@@ -41,6 +49,7 @@ fn phase_json(
 }
 
 /// A sink phase passes when the generator sent ≥ 97 % of the rate.
+#[cfg(any(feature = "kernel", test))]
 fn offered(p: &Phase) -> bool {
     p.offered >= 0.97 * p.rate
 }
@@ -90,7 +99,7 @@ pub(crate) fn run(o: &RelayOpts, iface: &str) -> anyhow::Result<()> {
 
 /// Without the `kernel` feature there is no tc program to drop the load.
 #[cfg(not(feature = "kernel"))]
-pub(crate) fn run(_o: &RelayOpts, _iface: &str) -> anyhow::Result<()> {
+pub(crate) fn run(_o: &crate::relay::RelayOpts, _iface: &str) -> anyhow::Result<()> {
     anyhow::bail!("built without the `kernel` feature: no tc sink")
 }
 
