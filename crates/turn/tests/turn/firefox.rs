@@ -118,7 +118,7 @@ fn firefox_call_over_udp_takes_the_fast_path() {
     if kernel {
         permitted.until(&Share::of(&turn)).assert_kernel(
             0.99,
-            (sent - started.num("sent")) as f64,
+            crate::kernel::BROWSER_DATAGRAMS,
             "firefox udp",
         );
         assert!(
