@@ -23,7 +23,10 @@ Usage: python3 bench/spoa/soak.py            (3,900 s: 10 minutes of warm-up, th
        python3 bench/spoa/soak.py --cpu N      (the agent's CPU per request under the mix, N s)
 Environment: SOAK_SECONDS (3900), SOAK_SKIP_SECONDS (600), SOAK_BOUND_MB_PER_H (1.0),
 SOAK_CONNECTIONS (16), SOAK_DELAY_MS (40), SOAK_RELOAD_SECONDS (300; 0: no reloads),
-SOAK_SAMPLE_SECONDS (10), SOAK_HEAP_SECONDS (0: off; N: every N s, glibc's bytes in use
+SOAK_PREWARM_RELOADS (0: none; N: N SIGHUP reloads of the idle agent before the load, so
+that the hour starts from the plateau `--reloads 200` shows), SOAK_RELOAD_BOUND_KIB (20: the
+plateau `--reloads N` checks, KiB per reload over the last quarter of them; exit 0 when it held,
+1 when not, 2 below 40 reloads), SOAK_SAMPLE_SECONDS (10), SOAK_HEAP_SECONDS (0: off; N: every N s, glibc's bytes in use
 in the agent, asked through gdb with malloc_stats(): for an agent built with
 SPOA_ALLOCATOR=glibc, i.e. --no-default-features), OUT (default target/bench-spoa/soak-<UTC time>),
 LASTCALL_SPOA_BIN (default target/release/lastcall-spoa), SOAK_WRAP (a command the agent
@@ -57,6 +60,8 @@ BOUND = float(ENV.get("SOAK_BOUND_MB_PER_H", "1.0"))
 CONNS = int(ENV.get("SOAK_CONNECTIONS", "16"))
 DELAY_MS = int(ENV.get("SOAK_DELAY_MS", "40"))
 RELOAD = int(ENV.get("SOAK_RELOAD_SECONDS", "300"))
+PREWARM = int(ENV.get("SOAK_PREWARM_RELOADS", "0"))
+RELOAD_BOUND_KIB = float(ENV.get("SOAK_RELOAD_BOUND_KIB", "20"))
 SAMPLE = int(ENV.get("SOAK_SAMPLE_SECONDS", "10"))
 HEAP_EVERY = int(ENV.get("SOAK_HEAP_SECONDS", "0"))
 WINDOW = int(ENV.get("SOAK_WINDOW_SECONDS", "300"))
@@ -279,6 +284,27 @@ http {{
             time.sleep(0.05)
         return self.heap_in_use
 
+    def sighup_reloads(self, n):
+        """Reloads the agent `n` times with SIGHUP, each after the one before was logged,
+        and returns its RSS (KiB) half a second after each."""
+        log_path = os.path.join(self.work, "agent.log")
+        with open(log_path, errors="replace") as f:
+            before = f.read().count("rules reloaded")
+        readings = []
+        for i in range(1, n + 1):
+            os.kill(self.agent_pid, signal.SIGHUP)
+            end = time.time() + 120
+            while time.time() < end:
+                with open(log_path, errors="replace") as f:
+                    if f.read().count("rules reloaded") >= before + i:
+                        break
+                time.sleep(0.05)
+            else:
+                raise SystemExit(f"soak: reload {i} of {n} was not logged within 120 s")
+            time.sleep(0.5)
+            readings.append(rss_kib(self.agent_pid))
+        return readings
+
     def reload(self, generation):
         tmp = self.config + ".new"
         with open(tmp, "w") as f:
@@ -332,6 +358,12 @@ def main():
             "delay_ms": DELAY_MS, "reload_seconds": RELOAD, "loadavg_start": open("/proc/loadavg").read().strip(),
         }
         log(f"{version}; {CONNS} connections, {DELAY_MS} ms pace, {SECONDS} s, reload every {RELOAD or 'never'} s; out {OUT}")
+        if PREWARM:
+            # A reload's memory levels off only after ~150 of them (`--reloads 200`): before
+            # the load, so that the slope measured after SKIP is what traffic and the run's own
+            # reloads add once the allocator's layout has settled.
+            info["prewarm_rss_kib"] = [rss_kib(stack.agent_pid)] + stack.sighup_reloads(PREWARM)
+            log(f"{PREWARM} reloads before the load: RSS {info['prewarm_rss_kib'][0]} -> {info['prewarm_rss_kib'][-1]} KiB")
         env = dict(os.environ, SOAK_DELAY_MS=str(DELAY_MS))
         wrk_out = open(os.path.join(OUT, "wrk.out"), "w")
         wrk = subprocess.Popen(
@@ -482,25 +514,31 @@ def reloads_idle(n):
     try:
         stack.agent_pid = stack.find_agent()
         wait_status(f"http://127.0.0.1:{stack.admin_port}/readyz", within=120)
-        log_path = os.path.join(work, "agent.log")
-        readings = [rss_kib(stack.agent_pid)]
-        for i in range(1, n + 1):
-            os.kill(stack.agent_pid, signal.SIGHUP)
-            end = time.time() + 120
-            while time.time() < end:
-                with open(log_path, errors="replace") as f:
-                    if f.read().count("rules reloaded") >= i:
-                        break
-                time.sleep(0.05)
-            time.sleep(0.5)
-            readings.append(rss_kib(stack.agent_pid))
+        readings = [rss_kib(stack.agent_pid)] + stack.sighup_reloads(n)
         version = subprocess.run(RUNNER + [AGENT, "--version"], capture_output=True, text=True).stdout.strip()
         print(f"reloads: {version} ({' '.join(RUNNER) or 'host libraries'}; {AGENT}): RSS in MiB at start "
               f"and after each of {n} SIGHUP reloads: " + " ".join(f"{k / 1024:.1f}" for k in readings))
     finally:
         stack.stop()
         shutil.rmtree(work, ignore_errors=True)
-    return 0
+    return plateau_verdict(readings)
+
+
+def plateau_verdict(readings):
+    """Whether an idle agent's RSS after each reload levelled off: the slope of a line through
+    the last quarter of the readings (KiB per reload) against RELOAD_BOUND_KIB; 0 when it
+    held, 1 when not, 2 when there are too few reloads to tell (fewer than 40)."""
+    n = len(readings) - 1
+    if n < 40:
+        print(f"reloads: {n} reloads are too few to tell a plateau (40 at least; 200 to reach it)")
+        return 2
+    tail = list(enumerate(readings))[-(n // 4):]
+    slope = fit(tail)[0]
+    held = slope <= RELOAD_BOUND_KIB
+    print(f"reloads: RSS {readings[0] / 1024:.1f} MiB at start, {max(readings) / 1024:.1f} MiB at most, "
+          f"{readings[-1] / 1024:.1f} MiB at the end; over the last {len(tail)} reloads {slope:+.1f} KiB per reload, "
+          f"bound {RELOAD_BOUND_KIB:g} KiB: {'held' if held else 'EXCEEDED'}")
+    return 0 if held else 1
 
 
 def cpu_ticks(pid):

@@ -34,6 +34,17 @@ def test_window_medians_ignore_single_spikes():
     assert soak.fit(windows)[0] == 0
 
 
+def test_the_reload_plateau_is_judged_on_the_last_quarter():
+    soak = load_soak()
+    # Levels off: +17 MiB over the first 150 reloads, then flat but for noise.
+    levels = [35000 + min(i, 150) * 116 + (300 if i % 2 else 0) for i in range(201)]
+    assert soak.plateau_verdict(levels) == 0
+    # Keeps growing: 200 KiB per reload to the end.
+    grows = [35000 + 200 * i for i in range(201)]
+    assert soak.plateau_verdict(grows) == 1
+    assert soak.plateau_verdict(grows[:30]) == 2, "30 reloads cannot tell"
+
+
 def test_the_hour_in_the_docs_is_the_committed_run(tmp_path):
     soak = load_soak()
     out = tmp_path / "hour"

@@ -320,7 +320,7 @@ impl RuleSet {
         self.rule_count
     }
 
-    /// Compiles under [`PARSER_LOCK`], on a thread of its own ([`on_rules_thread`]); frees
+    /// Compiles under [`PARSER_LOCK`], on the rules thread ([`on_rules_thread`]); frees
     /// the rules and the error string on every path.
     fn load(
         origin: &str,
@@ -378,7 +378,7 @@ impl Drop for RuleSet {
 struct Handoff<T>(*mut T);
 
 // SAFETY: the pointer is used by one thread at a time: the owner hands it over and blocks
-// until the rules thread is done with it (`on_rules_thread` joins).
+// until the rules thread is done with it (`on_rules_thread` waits for its result).
 unsafe impl<T> Send for Handoff<T> {}
 
 impl<T> Handoff<T> {
@@ -388,36 +388,77 @@ impl<T> Handoff<T> {
     }
 }
 
-/// Runs `f` on a new thread and waits for it (here, if no thread can be started).
+/// Runs `f` on the rules thread and waits for it (here, if no thread can be started, or
+/// when called from the rules thread itself).
 ///
 /// A rule set is ~15 MB of small allocations (CRS). Compiled on whichever thread happened
 /// to reload (a tokio blocking thread) and freed on whichever dropped the last reference
 /// (an evaluation thread), each reload left about a rule set's worth of freed memory in
 /// that thread's arena or heap: the agent's RSS stepped up by 15-23 MB at reloads and
-/// stayed there (docs/benchmarks.md, *Soak*). On a thread of their own, whose arena glibc
-/// gives to the next such thread, with glibc's free pages handed back after each cleanup
-/// and another allocator's through [`after_rules_freed`], a reload's memory goes back, but
-/// for the pages that the few objects libmodsecurity keeps from each compilation pin
-/// (~0.05-0.5 MB per reload, fewer as they fill: +17 MB over 200 reloads, then flat).
+/// stayed there (docs/benchmarks.md, *Soak*). Compiled and freed on a new thread each time,
+/// with glibc's free pages handed back after each cleanup and another allocator's through
+/// [`after_rules_freed`], a reload's memory went back, but for the pages that the few
+/// objects libmodsecurity keeps from each compilation (~3 KB) pinned: each new thread's
+/// heap took fresh pages, so each reload pinned a few of its own (mimalloc: 34.9 → 49.0 MiB
+/// over 60 reloads, ~0.24 MiB per reload at first). One long-lived thread compiles and
+/// frees every rule set, so each compilation reuses the pages the last one freed and the
+/// kept objects pack into them.
 fn on_rules_thread<R: Send>(f: impl FnOnce() -> R + Send) -> R {
-    let slot = Mutex::new(Some(f));
-    let run = || slot.lock().take().map(|f| f());
-    let ran = std::thread::scope(|scope| {
-        std::thread::Builder::new()
-            .name("lastcall-rules".into())
-            .spawn_scoped(scope, run)
-            .ok()
-            .map(|t| t.join())
-    });
-    match ran {
-        Some(Ok(Some(r))) => r,
-        Some(Err(panic)) => std::panic::resume_unwind(panic),
-        // No thread could be started: run it here.
-        _ => match slot.lock().take() {
-            Some(f) => f(),
-            None => unreachable!("the rules thread took the job and returned nothing"),
-        },
+    if ON_RULES_THREAD.with(std::cell::Cell::get) {
+        return f();
     }
+    let Some(jobs) = rules_thread() else {
+        return f();
+    };
+    let (done, result) = std::sync::mpsc::sync_channel(1);
+    let job = move || {
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+        let _ = done.send(r);
+    };
+    let job: Box<dyn FnOnce() + Send + '_> = Box::new(job);
+    // SAFETY: only the lifetime is changed. The job borrows from this frame (`f`'s
+    // captures) and this function returns only after the job has run to the point of
+    // sending its result (it consumed `f` before that), or after the job came back unsent
+    // and ran here; the rules thread catches every panic, so it never drops a job unrun.
+    let job: Job = unsafe { std::mem::transmute::<Box<dyn FnOnce() + Send + '_>, Job>(job) };
+    if let Err(std::sync::mpsc::SendError(job)) = jobs.send(job) {
+        job();
+    }
+    match result.recv() {
+        Ok(Ok(r)) => r,
+        Ok(Err(panic)) => std::panic::resume_unwind(panic),
+        Err(_) => unreachable!("the rules thread dropped a job without running it"),
+    }
+}
+
+/// A job for the rules thread.
+type Job = Box<dyn FnOnce() + Send + 'static>;
+
+thread_local! {
+    /// Set on the rules thread, which runs its own nested jobs in place.
+    static ON_RULES_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// The rules thread's queue, starting the thread on first use (`None`: it cannot start).
+fn rules_thread() -> Option<std::sync::mpsc::Sender<Job>> {
+    static JOBS: Mutex<Option<std::sync::mpsc::Sender<Job>>> = Mutex::new(None);
+    let mut jobs = JOBS.lock();
+    if let Some(tx) = jobs.as_ref() {
+        return Some(tx.clone());
+    }
+    let (tx, rx) = std::sync::mpsc::channel::<Job>();
+    std::thread::Builder::new()
+        .name("lastcall-rules".into())
+        .spawn(move || {
+            ON_RULES_THREAD.with(|on| on.set(true));
+            // Each job catches its own panic (`on_rules_thread`), so this runs until exit.
+            for job in rx {
+                job();
+            }
+        })
+        .ok()?;
+    *jobs = Some(tx.clone());
+    Some(tx)
 }
 
 /// The function [`after_rules_freed`] registered, if any.
@@ -819,7 +860,47 @@ unsafe extern "C" fn log_callback(data: *mut c_void, msg: *const c_void) {
 
 #[cfg(test)]
 mod tests {
-    use super::release_of;
+    use super::{on_rules_thread, release_of};
+
+    fn here() -> (std::thread::ThreadId, Option<String>) {
+        let t = std::thread::current();
+        (t.id(), t.name().map(str::to_owned))
+    }
+
+    #[test]
+    fn every_rule_set_job_runs_on_one_long_lived_thread() {
+        let caller = here();
+        let borrowed = String::from("kept by the caller");
+        let first = on_rules_thread(|| (here(), borrowed.len()));
+        let second = std::thread::spawn(|| on_rules_thread(here)).join().unwrap();
+        assert_ne!(first.0 .0, caller.0, "the job ran on the caller's thread");
+        assert_eq!(first.0 .1.as_deref(), Some("lastcall-rules"));
+        assert_eq!(
+            first.1,
+            borrowed.len(),
+            "the job borrows from the caller's frame"
+        );
+        assert_eq!(
+            second.0, first.0 .0,
+            "a job from another thread ran on a thread other than the first job's"
+        );
+    }
+
+    #[test]
+    fn a_job_from_the_rules_thread_runs_in_place() {
+        // A rule set dropped by a job (a compile that fails) frees on the same thread: no
+        // deadlock waiting for itself.
+        let (outer, inner) = on_rules_thread(|| (here().0, on_rules_thread(|| here().0)));
+        assert_eq!(outer, inner);
+    }
+
+    #[test]
+    fn a_panicking_job_reaches_its_caller_and_the_thread_goes_on() {
+        let panicked = std::panic::catch_unwind(|| on_rules_thread(|| panic!("job failed")));
+        let message = panicked.expect_err("the panic did not reach the caller");
+        assert_eq!(message.downcast_ref::<&str>(), Some(&"job failed"));
+        assert_eq!(on_rules_thread(|| 7), 7);
+    }
 
     #[test]
     fn release_is_read_from_who_am_i() {
