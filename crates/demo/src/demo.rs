@@ -430,13 +430,15 @@ impl Demo<'_> {
             .env("CORAZA_SPOE_CFG", &spoe)
             .env("STATS_SOCKET", &stats);
         let mut proc = Proc::spawn("haproxy", cmd, &self.log("haproxy"), &self.registry)?;
+        // HAProxy binds its stats socket under a temporary name and renames it after the
+        // frontend listens: wait for both.
         wait_until(
-            &format!("HAProxy to listen on {frontend}"),
+            &format!("HAProxy to listen on {frontend} and {}", stats.display()),
             WAIT,
             Duration::from_millis(20),
             || {
                 proc.ensure_running()?;
-                Ok(net::tcp_open(frontend).then_some(()))
+                Ok((net::tcp_open(frontend) && stats.exists()).then_some(()))
             },
         )?;
         let stats = Stats(stats);

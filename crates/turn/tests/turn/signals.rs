@@ -97,7 +97,7 @@ fn sigusr2_sighup_and_sigpipe_change_nothing_for_a_live_call_and_reload_the_cert
     // SIGTERM drains: the call goes on, a new one is refused, the exit follows its end.
     turn.pod.signal(Signal::Term);
     turn.pod
-        .wait_for_log("draining: refusing new work now", WAIT);
+        .wait_for_log("refusing new allocations (403)", WAIT);
     let mut late = TurnClient::new(loopback(turn.port), SECRET, "late");
     assert_eq!(
         late.allocate(600),
