@@ -86,6 +86,7 @@ class Run:
     spec: Container
     id: str = ""
     attempt: int = 0
+    start_asked_at: float = 0.0  # StartContainer called (a short container may exit before it returns)
     started_at: float = 0.0  # StartContainer returned
     started: bool = False  # the startup probe passed (or there is none)
     ready: bool = False
@@ -272,6 +273,7 @@ class Pod:
         config = self._container_config(run)
         run.id = rt.CreateContainer(cri.CreateContainerRequest(pod_sandbox_id=self.sandbox, config=config,
                                                                sandbox_config=self.sandbox_config), timeout=120).container_id
+        run.start_asked_at = time.monotonic()
         rt.StartContainer(cri.StartContainerRequest(container_id=run.id), timeout=120)
         with self.lock:
             run.started_at = time.monotonic()
