@@ -75,3 +75,31 @@ def test_the_final_builds_hour_in_the_docs_is_the_committed_run(tmp_path):
     assert (round(min(medians), 1), round(max(medians), 1)) == (43.6, 48.7)
     docs = open(os.path.join(ROOT, "docs/benchmarks.md")).read()
     assert "+4.10 MB/h" in docs and "43.6-48.7 MiB" in docs and "343,836 requests" in docs
+
+
+NORELOAD = os.path.join(ROOT, "bench/spoa/results/2026-12-02-soak-3.0.9-mimalloc-noreload")
+PLATEAU = os.path.join(ROOT, "bench/spoa/results/2026-12-02-soak-3.0.9-mimalloc-plateau")
+
+
+def test_the_hours_without_reloads_and_from_the_plateau_in_the_docs_are_the_committed_runs(tmp_path):
+    import json
+
+    soak = load_soak()
+    docs = open(os.path.join(ROOT, "docs/benchmarks.md")).read()
+    for src, status, requests, slope, band in [
+        (NORELOAD, 0, 899300, "-2.58", (46.0, 48.4)),
+        # Exit 2: one answer 500 (an evaluation past its budget at load ~20); the slope's
+        # verdict alone would be 1.
+        (PLATEAU, 2, 588631, "1.52", (58.6, 61.9)),
+    ]:
+        out = tmp_path / os.path.basename(src)
+        shutil.copytree(src, out)
+        assert soak.report_again(str(out)) == status, src
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["requests"] == requests
+        assert f"{summary['slope_mb_per_h']:+.2f}" == ("+" + slope if not slope.startswith("-") else slope)
+        medians = [k / 1024 for _, k in summary["window_medians_kib"]]
+        assert (round(min(medians), 1), round(max(medians), 1)) == band
+        assert f"{requests:,} requests" in docs
+        assert f"{band[0]}-{band[1]} MiB" in docs
+    assert "slope −2.58 MB/h" in docs and "slope **+1.52 MB/h**" in docs
