@@ -401,8 +401,9 @@ impl<T> Handoff<T> {
 /// objects libmodsecurity keeps from each compilation (~3 KB) pinned: each new thread's
 /// heap took fresh pages, so each reload pinned a few of its own (mimalloc: 34.9 → 49.0 MiB
 /// over 60 reloads, ~0.24 MiB per reload at first). One long-lived thread compiles and
-/// frees every rule set, so each compilation reuses the pages the last one freed and the
-/// kept objects pack into them.
+/// frees every rule set, so each compilation reuses the pages the last one freed: after
+/// 200 reloads mimalloc's RSS is 49.2 instead of 52.4 MiB. Both allocators still climb by
+/// about one rule set's worth over ~150 reloads (the arena's layout), then stop.
 fn on_rules_thread<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     if ON_RULES_THREAD.with(std::cell::Cell::get) {
         return f();
