@@ -18,7 +18,9 @@ Every 10 s: the agent's RSS, descriptors and threads, the load average. At the e
 script takes the median RSS of each SOAK_WINDOW_SECONDS after the first SOAK_SKIP_SECONDS,
 fits a line (least squares) to those medians and checks its slope against
 SOAK_BOUND_MB_PER_H; the exit status says whether it held (0), or not (1),
-or whether the run itself went wrong (2: 5xx answers, socket errors, the agent gone).
+or whether the run itself went wrong (2: 5xx answers, socket errors, the agent gone). It
+prints the slope's 95 % interval beside it: whether the run can tell a slope of that size
+from the windows' spread at all (a band of a few MiB over an hour reads as ±1-3 MB/h).
 
 Usage: python3 bench/spoa/soak.py            (3,900 s: 10 minutes of warm-up, then an hour)
        python3 bench/spoa/soak.py --report OUT (the summary of a finished run again)
@@ -148,6 +150,28 @@ def fit(points):
     sxy = sum((p[0] - mx) * (p[1] - my) for p in points)
     slope = sxy / sxx if sxx else 0.0
     return slope, my - slope * mx
+
+
+def t975(df):
+    """Student's t at 97.5 % for `df` degrees of freedom (Cornish-Fisher; 2.262 at 9, within
+    0.1 % of the table from 3 up)."""
+    z = 1.959964
+    return (z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
+            + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * df**3))
+
+
+def slope_interval(points):
+    """The least-squares slope and the half-width of its 95 % interval (residuals' spread
+    around the line, n - 2 degrees of freedom). Window medians next to each other are not
+    independent, so the interval is a lower bound on the uncertainty, not a proof."""
+    n = len(points)
+    slope, intercept = fit(points)
+    if n < 3:
+        return slope, float("inf")
+    mx = sum(p[0] for p in points) / n
+    sxx = sum((p[0] - mx) ** 2 for p in points)
+    rss = sum((y - (intercept + slope * x)) ** 2 for x, y in points)
+    return slope, t975(n - 2) * (rss / (n - 2) / sxx) ** 0.5 if sxx else float("inf")
 
 
 class Stack:
@@ -435,12 +459,13 @@ def report(info, samples):
     problems = []
     if len(windows) < 3:
         problems.append(f"only {len(windows)} windows of {WINDOW} s after {SKIP} s")
-        slope_kib_s = 0.0
+        slope_kib_s, half_kib_s = 0.0, float("inf")
     else:
-        slope_kib_s, _ = fit(windows)
+        slope_kib_s, half_kib_s = slope_interval(windows)
     raw_kib_s = fit(late)[0] if len(late) >= 3 else 0.0
     late = late or samples
     mb_per_h = slope_kib_s * 3600 * 1024 / 1e6
+    half_mb_per_h = half_kib_s * 3600 * 1024 / 1e6
     raw_mb_per_h = raw_kib_s * 3600 * 1024 / 1e6
     duration = result.get("duration_us", 1) / 1e6
     rate = result.get("requests", 0) / duration if duration else 0
@@ -467,6 +492,7 @@ def report(info, samples):
         "load1_min_median_max": [min(s[4] for s in samples), sorted(s[4] for s in samples)[len(samples) // 2], max(s[4] for s in samples)],
         "window_seconds": WINDOW, "window_medians_kib": [[round(t), k] for t, k in windows],
         "slope_mb_per_h": round(mb_per_h, 3), "slope_bytes_per_request": round(per_request, 2),
+        "slope_ci95_mb_per_h": [round(mb_per_h - half_mb_per_h, 2), round(mb_per_h + half_mb_per_h, 2)],
         "raw_least_squares_mb_per_h": round(raw_mb_per_h, 3),
         "heap_in_use_kib": heap,
         "held": (mb_per_h <= BOUND) and not problems, "problems": problems,
@@ -484,6 +510,7 @@ def report(info, samples):
     print(f"soak: medians of {WINDOW} s windows after {SKIP} s: "
           + ", ".join(f"{k / 1024:.1f}" for _, k in windows) + " MiB")
     print(f"soak: slope of those medians: {mb_per_h:+.3f} MB/h ({per_request:+.2f} bytes per request), "
+          f"95 % interval {mb_per_h - half_mb_per_h:+.2f} to {mb_per_h + half_mb_per_h:+.2f} MB/h, "
           f"bound {BOUND} MB/h: {verdict} (least squares through every sample after {SKIP} s: {raw_mb_per_h:+.3f} MB/h)")
     if heap:
         late_heap = [x for x in heap if x[0] >= SKIP]

@@ -103,3 +103,16 @@ def test_the_hours_without_reloads_and_from_the_plateau_in_the_docs_are_the_comm
         assert f"{requests:,} requests" in docs
         assert f"{band[0]}-{band[1]} MiB" in docs
     assert "slope −2.58 MB/h" in docs and "slope **+1.52 MB/h**" in docs
+
+
+def test_the_slopes_interval_says_what_a_run_can_tell():
+    soak = load_soak()
+    assert abs(soak.t975(9) - 2.262) < 0.002 and abs(soak.t975(20) - 2.086) < 0.002
+    # A straight line: the slope exactly, no uncertainty.
+    slope, half = soak.slope_interval([(t, 1000 + 0.5 * t) for t in range(0, 3600, 300)])
+    assert abs(slope - 0.5) < 1e-9 and half < 1e-9
+    # Flat with an alternating band of ±1000: slope ~0, an interval that holds 0 and is wide.
+    band = [(t, 50000 + (1000 if i % 2 else -1000)) for i, t in enumerate(range(0, 3300, 300))]
+    slope, half = soak.slope_interval(band)
+    assert abs(slope) < half and half > 0.1
+    assert soak.slope_interval(band[:2])[1] == float("inf"), "two points tell nothing"
