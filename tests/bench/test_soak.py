@@ -79,6 +79,8 @@ def test_the_final_builds_hour_in_the_docs_is_the_committed_run(tmp_path):
 
 NORELOAD = os.path.join(ROOT, "bench/spoa/results/2026-12-02-soak-3.0.9-mimalloc-noreload")
 PLATEAU = os.path.join(ROOT, "bench/spoa/results/2026-12-02-soak-3.0.9-mimalloc-plateau")
+# Two hours from the plateau with reloads, on an idle machine: it held.
+IDLE2H = os.path.join(ROOT, "bench/spoa/results/2026-12-02-soak-3.0.9-mimalloc-idle-2h")
 
 
 def test_the_hours_without_reloads_and_from_the_plateau_in_the_docs_are_the_committed_runs(tmp_path):
@@ -91,6 +93,7 @@ def test_the_hours_without_reloads_and_from_the_plateau_in_the_docs_are_the_comm
         # Exit 2: one answer 500 (an evaluation past its budget at load ~20); the slope's
         # verdict alone would be 1.
         (PLATEAU, 2, 588631, "1.52", (58.6, 61.9)),
+        (IDLE2H, 0, 2633066, "0.41", (60.0, 63.3)),
     ]:
         out = tmp_path / os.path.basename(src)
         shutil.copytree(src, out)
@@ -103,6 +106,12 @@ def test_the_hours_without_reloads_and_from_the_plateau_in_the_docs_are_the_comm
         assert f"{requests:,} requests" in docs
         assert f"{band[0]}-{band[1]} MiB" in docs
     assert "slope −2.58 MB/h" in docs and "slope **+1.52 MB/h**" in docs
+    assert "slope +0.41 MB/h**" in docs and "2,633,066 requests" in docs
+    summary = json.loads((tmp_path / os.path.basename(IDLE2H) / "summary.json").read_text())
+    lo, hi = summary["slope_ci95_mb_per_h"]
+    assert f"95 % interval −{-lo:.2f} to +{hi:.2f} MB/h" in docs
+    kube = open(os.path.join(ROOT, "docs/kubernetes.md")).read()
+    assert f"+0.41 MB/h (95 % interval −{-lo:.2f} to +{hi:.2f} MB/h)" in kube
 
 
 def test_the_slopes_interval_says_what_a_run_can_tell():
