@@ -117,6 +117,8 @@ def test_the_hours_without_reloads_and_from_the_plateau_in_the_docs_are_the_comm
 def test_the_slopes_interval_says_what_a_run_can_tell():
     soak = load_soak()
     assert abs(soak.t975(9) - 2.262) < 0.002 and abs(soak.t975(20) - 2.086) < 0.002
+    assert soak.t975(1) == 12.706 and soak.t975(3) == 3.182
+    assert abs(soak.t975(6) - 2.447) < 0.003
     # A straight line: the slope exactly, no uncertainty.
     slope, half = soak.slope_interval([(t, 1000 + 0.5 * t) for t in range(0, 3600, 300)])
     assert abs(slope - 0.5) < 1e-9 and half < 1e-9
