@@ -42,7 +42,7 @@ pub use config::{
     TerminationConfig,
 };
 pub use daemon::{Accept, AcceptUntil, Daemon, Served, Spawner};
-pub use lifecycle::{DrainStatus, Handle, Lifecycle, PeerId, SessionGuard};
+pub use lifecycle::{DrainStatus, Handle, HoldGuard, Lifecycle, PeerId, SessionGuard};
 pub use logging::{LogArgs, LogFormat};
 pub use machine::{EndReason, Outcome, Phase, Trigger, EXIT_GRACE};
 pub use problem::{Problem, Problems, Source};

@@ -81,11 +81,22 @@ struct DrainInfo {
     deadline: Instant,
 }
 
-/// Live sessions and distinct peers.
+/// Live sessions, distinct peers and holds ([`Handle::hold`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 struct Counts {
     sessions: u64,
     peers: u64,
+    holds: u64,
+}
+
+impl Counts {
+    fn input(self) -> Input {
+        Input::Sessions {
+            sessions: self.sessions,
+            peers: self.peers,
+            holds: self.holds,
+        }
+    }
 }
 
 /// What handles send to the driver.
@@ -232,24 +243,14 @@ impl Lifecycle {
         };
         let mut counts = shared.counts.subscribe();
         let mut events_open = true;
-        let c = *counts.borrow_and_update();
-        let mut input = Input::Sessions {
-            sessions: c.sessions,
-            peers: c.peers,
-        };
+        let mut input = counts.borrow_and_update().input();
         loop {
             let now = Instant::now();
             // Session counts first: a trigger must see the sessions live at its arrival,
             // even when both woke the task at once.
             if counts.has_changed().unwrap_or(false) {
-                let c = *counts.borrow_and_update();
-                let actions = machine.handle(
-                    now,
-                    Input::Sessions {
-                        sessions: c.sessions,
-                        peers: c.peers,
-                    },
-                );
+                let counted = counts.borrow_and_update().input();
+                let actions = machine.handle(now, counted);
                 if let Some(decision) = self.apply(&machine, actions) {
                     return decision;
                 }
@@ -275,10 +276,7 @@ impl Lifecycle {
                         Input::Tick
                     }
                 },
-                Ok(()) = counts.changed() => {
-                    let c = *counts.borrow_and_update();
-                    Input::Sessions { sessions: c.sessions, peers: c.peers }
-                }
+                Ok(()) = counts.changed() => counts.borrow_and_update().input(),
                 () = sleep_until(wake), if wake.is_some() => Input::Tick,
             };
         }
@@ -546,9 +544,27 @@ impl Handle {
         }
     }
 
+    /// Holds the drain until the guard is dropped: something outside the daemon may still
+    /// send it work, e.g. a load balancer that has not yet marked it down. Unlike a session,
+    /// a hold is not work: it is not counted in `lastcall_sessions` or the peers, does not
+    /// hold a lingering daemon, and `--drain-min-sessions` does not cover it; while refusing,
+    /// the drain ends only once no hold is left (or at the deadline). Take it before the
+    /// drain can start refusing, so that the decision to leave sees it.
+    pub fn hold(&self) -> HoldGuard {
+        self.shared.counts.send_modify(|c| c.holds += 1);
+        HoldGuard {
+            shared: self.shared.clone(),
+        }
+    }
+
     /// Live sessions.
     pub fn sessions(&self) -> u64 {
         self.shared.counts.borrow().sessions
+    }
+
+    /// Live holds ([`hold`](Self::hold)).
+    pub fn holds(&self) -> u64 {
+        self.shared.counts.borrow().holds
     }
 
     /// Distinct peers among the live sessions.
@@ -576,6 +592,7 @@ impl Handle {
                 .map(|d| d.deadline.saturating_duration_since(now).as_secs_f64()),
             sessions: counts.sessions,
             peers: counts.peers,
+            holds: counts.holds,
             drain_min_sessions: config.drain_min_sessions,
             shutdown_delay_seconds: config.shutdown_delay.as_secs_f64(),
             drain_timeout_seconds: config.drain_timeout.as_secs_f64(),
@@ -640,6 +657,8 @@ pub struct DrainStatus {
     pub sessions: u64,
     /// Distinct peers.
     pub peers: u64,
+    /// Holds: load balancers (or the like) that may still send work ([`Handle::hold`]).
+    pub holds: u64,
     /// `--drain-min-sessions`.
     pub drain_min_sessions: u64,
     /// `--shutdown-delay` in seconds.
@@ -686,6 +705,26 @@ impl Drop for SessionGuard {
             }
         }
         self.shared.publish_counts(&peers, -1);
+    }
+}
+
+/// A hold on the drain ([`Handle::hold`]); dropping it releases the hold.
+#[must_use = "the hold ends when the guard is dropped"]
+pub struct HoldGuard {
+    shared: Arc<Hub>,
+}
+
+impl std::fmt::Debug for HoldGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("HoldGuard")
+    }
+}
+
+impl Drop for HoldGuard {
+    fn drop(&mut self) {
+        self.shared
+            .counts
+            .send_modify(|c| c.holds = c.holds.saturating_sub(1));
     }
 }
 

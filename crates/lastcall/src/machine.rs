@@ -132,12 +132,17 @@ impl serde::Serialize for Trigger {
 pub enum Input {
     /// A signal, `POST /drain` or a programmatic trigger.
     Trigger(Trigger),
-    /// The live session and distinct peer counts changed.
+    /// The live session, distinct peer and hold counts changed.
     Sessions {
         /// Live sessions.
         sessions: u64,
         /// Distinct peers among them.
         peers: u64,
+        /// Holds: things outside the daemon that may still send it work (a load balancer
+        /// that has not yet marked it down). While refusing, the drain ends only when none
+        /// is left, whatever `--drain-min-sessions` says; they do not hold a lingering
+        /// daemon, and the deadline ends them like sessions.
+        holds: u64,
     },
     /// The daemon is ready for work (its ports are bound): Starting ends, readiness rises.
     /// Ignored in every other phase.
@@ -277,6 +282,8 @@ pub enum Action {
         sessions: u64,
         /// Distinct peers.
         peers: u64,
+        /// Holds the drain waits for besides sessions ([`Input::Sessions`]).
+        holds: u64,
         /// Time left to the deadline.
         to_deadline: Duration,
     },
@@ -331,15 +338,21 @@ impl fmt::Display for Action {
                 phase,
                 sessions,
                 peers,
+                holds,
                 to_deadline,
-            } => write!(
-                f,
-                "{}: {} left from {}, {} s to deadline",
-                if *phase == Phase::Lingering { "lingering" } else { "draining" },
-                count(*sessions, "session"),
-                count(*peers, "peer"),
-                (to_deadline.as_millis() + 500) / 1000
-            ),
+            } => {
+                write!(
+                    f,
+                    "{}: {} left from {}, ",
+                    if *phase == Phase::Lingering { "lingering" } else { "draining" },
+                    count(*sessions, "session"),
+                    count(*peers, "peer"),
+                )?;
+                if *holds > 0 {
+                    write!(f, "{} to mark it down, ", count(*holds, "load balancer"))?;
+                }
+                write!(f, "{} s to deadline", (to_deadline.as_millis() + 500) / 1000)
+            }
             Action::Exit(outcome) => outcome.fmt(f),
         }
     }
@@ -396,6 +409,7 @@ pub struct Machine {
     drain: Option<Drain>,
     sessions: u64,
     peers: u64,
+    holds: u64,
     exit: Option<Exit>,
 }
 
@@ -412,6 +426,7 @@ impl Machine {
             drain: None,
             sessions: 0,
             peers: 0,
+            holds: 0,
             exit: None,
         }
     }
@@ -460,9 +475,14 @@ impl Machine {
         }
         match input {
             Input::Trigger(trigger) => self.on_trigger(now, trigger, &mut actions),
-            Input::Sessions { sessions, peers } => {
+            Input::Sessions {
+                sessions,
+                peers,
+                holds,
+            } => {
                 self.sessions = sessions;
                 self.peers = peers;
+                self.holds = holds;
             }
             Input::Ready => {
                 if self.phase == Phase::Starting {
@@ -589,7 +609,7 @@ impl Machine {
             self.set_phase(Phase::Refusing, out);
         }
         let may_leave = match self.phase {
-            Phase::Refusing => true,
+            Phase::Refusing => self.holds == 0,
             Phase::Lingering => delay_passed,
             Phase::Starting | Phase::Serving | Phase::Announcing => false,
         };
@@ -611,6 +631,11 @@ impl Machine {
                     phase: self.phase,
                     sessions: self.sessions,
                     peers: self.peers,
+                    holds: if self.phase == Phase::Refusing {
+                        self.holds
+                    } else {
+                        0
+                    },
                     to_deadline: deadline.saturating_duration_since(now),
                 });
             }

@@ -159,6 +159,7 @@ mod tests {
                     phase: Phase::Refusing,
                     sessions: 3,
                     peers: 2,
+                    holds: 0,
                     to_deadline: Duration::from_secs(12),
                 },
                 Some((

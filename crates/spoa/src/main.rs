@@ -220,7 +220,7 @@ async fn serve(s: Serving) -> ! {
         cfg.workers,
         cfg.limits(),
     );
-    engine.hold_until_down();
+    engine.listening();
     // New connections are accepted to the end, so that the drain refuses their HELLO with
     // AGENT-DISCONNECT instead of a refused TCP connection.
     let conns = Arc::clone(&engine);

@@ -31,7 +31,18 @@ fn machine(policy: OnSigterm, delay: u64, timeout: u64, min: u64) -> Machine {
 }
 
 fn sessions(m: &mut Machine, now: Instant, sessions: u64, peers: u64) -> Vec<Action> {
-    m.handle(now, Input::Sessions { sessions, peers })
+    counts(m, now, sessions, peers, 0)
+}
+
+fn counts(m: &mut Machine, now: Instant, sessions: u64, peers: u64, holds: u64) -> Vec<Action> {
+    m.handle(
+        now,
+        Input::Sessions {
+            sessions,
+            peers,
+            holds,
+        },
+    )
 }
 
 fn exit_of(actions: &[Action]) -> Option<Outcome> {
@@ -526,6 +537,61 @@ fn progress_every_few_seconds_while_draining() {
         })
         .collect();
     assert_eq!(lines, expected);
+}
+
+/// A hold (a load balancer yet to mark the daemon down) keeps a refusing drain from ending,
+/// whatever the sessions and `--drain-min-sessions` say; it is present before refusing
+/// starts, so the step that enters Refusing already sees it. It does not hold a lingering
+/// daemon, and the deadline ends it without counting it as cut.
+#[test]
+fn holds_keep_a_refusing_drain_until_released() {
+    let t0 = Instant::now();
+    for (delay, min, live) in [(5, 0, 0), (0, 0, 0), (5, 2, 1)] {
+        let mut m = machine(OnSigterm::Drain, delay, 30, min);
+        counts(&mut m, t0, live, live, 1);
+        let a = m.handle(t0, Input::Trigger(Trigger::Sigterm));
+        assert!(exit_of(&a).is_none(), "{a:?}");
+        let a = m.handle(t0 + s(delay), Input::Tick);
+        assert!(exit_of(&a).is_none(), "{a:?}");
+        assert_eq!(m.phase(), Phase::Refusing);
+        let progress = m.handle(t0 + s(10), Input::Tick);
+        assert_eq!(
+            progress.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            vec![format!(
+                "draining: {} left from {}, 1 load balancer to mark it down, 20 s to deadline",
+                if live == 1 { "1 session" } else { "0 sessions" },
+                if live == 1 { "1 peer" } else { "0 peers" },
+            )],
+            "delay {delay}, min {min}"
+        );
+        let o = exit_of(&counts(&mut m, t0 + s(12), live, live, 0)).expect("released");
+        let reason = if live == 0 {
+            EndReason::Idle
+        } else {
+            EndReason::Threshold
+        };
+        assert_eq!(
+            (o.reason, o.drain_duration, o.exit_code()),
+            (reason, s(12), 0)
+        );
+    }
+
+    // The deadline: nothing cut.
+    let mut m = machine(OnSigterm::Drain, 5, 30, 0);
+    counts(&mut m, t0, 0, 0, 2);
+    m.handle(t0, Input::Trigger(Trigger::Sigterm));
+    let o = exit_of(&m.handle(t0 + s(30), Input::Tick)).unwrap();
+    assert_eq!(
+        (o.reason, o.exit_code(), o.sessions_cut()),
+        (EndReason::Deadline, 0, 0)
+    );
+
+    // Lingering: holds do not count.
+    let mut m = machine(OnSigterm::Linger, 5, 30, 0);
+    counts(&mut m, t0, 0, 0, 1);
+    m.handle(t0, Input::Trigger(Trigger::Sigterm));
+    let o = exit_of(&m.handle(t0 + s(5), Input::Tick)).unwrap();
+    assert_eq!((o.reason, o.drain_duration), (EndReason::Idle, s(5)));
 }
 
 #[test]

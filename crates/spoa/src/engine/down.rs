@@ -1,41 +1,53 @@
-//! Until HAProxy has marked this agent DOWN, the drain's room is not empty.
+//! Until every HAProxy that may send the agent work has marked it DOWN, the drain holds.
 //!
 //! HAProxy places work only on agents it has UP, and marks one DOWN after `fall`
-//! consecutive failed health checks; the drain refuses them from the moment it refuses work.
-//! An agent that left before that would close its listener while HAProxy still connects to
-//! it: measured behind HAProxy 3.0 and 3.2 (`on-marked-down shutdown-sessions`, no retry
-//! lines, tests/spoa/rollout.rs `an_agent_leaving_for_good_fails_nothing`), 2-54 messages of
-//! about 1,000 requests failed per drain: 3.0's applets retried the closed address and the
-//! messages queued for them timed out (`st=1` after `timeout processing`), 3.2's streams on
-//! the refused connections failed (`st=257`). So each HAProxy (a peer address) that
-//! health-checks the agent holds a session from its first refused check until its
-//! [`DOWN_AFTER_CHECKS`]-th, when it marks the agent DOWN, or until it has not checked for
-//! [`CHECK_HOLD`] (a HAProxy that went away, or checks further apart than that).
+//! consecutive failed health checks, `inter` apart; the drain refuses them from the moment
+//! it refuses work. An agent that left before that would close its listener while HAProxy
+//! still places work on it: behind HAProxy 3.0 the messages queued for the closed address
+//! wait `timeout processing` and fail (`st=1`), behind 3.2 the streams on refused
+//! connections fail (`st=257`); measured in tests/spoa/rollout.rs
+//! (`an_agent_leaving_for_good_fails_nothing`, `sigterm_at_any_age_fails_nothing`).
+//!
+//! The rule, from HAProxy's check scheduling (docs/termination.md, *Leaving after DOWN*):
+//!
+//! - A HAProxy (a peer address) that health-checks the agent has it UP from each check it
+//!   gets answered, or refused fewer than [`DOWN_AFTER_CHECKS`] times in a row, until
+//!   [`CHECK_HOLD`] later (its next check renews it: `inter` 1 s in the documented file, 2 s
+//!   HAProxy's default); the check that makes it `fall` holds [`DOWN_MARGIN`] more. A HAProxy
+//!   that stops checking (gone, or checks further apart than [`CHECK_HOLD`]) holds nothing
+//!   after that.
+//! - A HAProxy the agent has not heard from yet may have it UP too (HAProxy starts a server
+//!   UP, and spreads its first checks over `inter`): for [`CHECK_HOLD`] from the moment the
+//!   agent listens, the unseen ones hold it; by then each has checked it once and is known.
+//!
+//! Each is a [`lastcall::Handle::hold`], held from the check (not from the drain), so the
+//! lifecycle's decision to leave, taken in the same step as the drain starts refusing,
+//! already sees them: the holds taken when refusing began came too late, and an agent with no
+//! connection open at that instant left at once (behind 3.0, 14 drains of 20).
 
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::time::Instant;
-
-use lastcall::{Handle, PeerId, SessionGuard};
+use lastcall::{Handle, HoldGuard};
 
 /// Refused health checks after which a HAProxy has marked the agent DOWN: `fall 2`, as in
 /// the documented HAProxy file, the chart's sidecar file and what `check-haproxy` asks for.
 pub(crate) const DOWN_AFTER_CHECKS: u32 = 2;
 
-/// How long a HAProxy that health-checks the agent holds a session, from the drain's start
-/// or its last refused check, while it has not yet marked the agent DOWN: longer than
-/// `inter` (1 s in the documented file, 2 s HAProxy's default), so the next check renews it.
+/// How long a check holds the agent: longer than `inter` (1 s in the documented file, 2 s
+/// HAProxy's default) with room for `spread-checks` and a slow check, so that the next check
+/// renews it. Also how long after the agent starts listening the HAProxies it has not heard
+/// from yet hold it.
 pub(crate) const CHECK_HOLD: Duration = Duration::from_millis(2500);
 
-/// How long the session is still held after the check that made HAProxy mark the agent
-/// DOWN: its threads may be placing a connection as it does.
+/// How long the hold lasts after the check that made HAProxy mark the agent DOWN: its
+/// threads may be placing a connection as it does.
 pub(crate) const DOWN_MARGIN: Duration = Duration::from_millis(200);
 
-/// How long the session of a HAProxy that has had `refused` health checks refused so far
-/// (this one included) is held from now: none after the check that marked the agent DOWN
+/// How long a check holds the agent, given the health checks refused in a row so far (this
+/// one included; 0 for an answered check): none after the check that marked the agent DOWN
 /// (HAProxy goes on checking a DOWN server; those checks hold nothing).
 pub(crate) fn hold_after_check(refused: u32) -> Option<Duration> {
     match refused.cmp(&DOWN_AFTER_CHECKS) {
@@ -45,56 +57,62 @@ pub(crate) fn hold_after_check(refused: u32) -> Option<Duration> {
     }
 }
 
-/// The HAProxies that health-check the agent, and the sessions held for them while draining.
+/// Who checks the agent: a peer address, or `None` for a Unix socket's peers (a HAProxy in
+/// the same pod or host).
+type Checker = Option<IpAddr>;
+
+/// The HAProxies that health-check the agent, and the holds they keep on the drain.
 #[derive(Default)]
 pub(crate) struct Down {
-    peers: Mutex<HashMap<IpAddr, Peer>>,
+    inner: Mutex<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    peers: HashMap<Checker, Peer>,
+    /// The HAProxies not heard from yet, for [`CHECK_HOLD`] after the agent started
+    /// listening.
+    unseen: Option<HoldGuard>,
 }
 
 #[derive(Default)]
 struct Peer {
+    /// Health checks refused in a row.
     refused: u32,
-    last_check: Option<Instant>,
+    /// Which release timer is current: a later check outdates the earlier ones.
     generation: u64,
-    held: Option<SessionGuard>,
+    held: Option<HoldGuard>,
 }
 
 impl Down {
+    /// The agent listens from now: the HAProxies it has not heard from hold it for
+    /// [`CHECK_HOLD`]. Call once, on the runtime, before the lifecycle can start refusing.
+    pub(crate) fn listening(self: &Arc<Self>, handle: &Handle) {
+        self.lock().unseen = Some(handle.hold());
+        let me = Arc::clone(self);
+        tokio::spawn(async move {
+            tokio::time::sleep(CHECK_HOLD).await;
+            me.lock().unseen = None;
+        });
+    }
+
     /// A health check came from `peer`: answered, or `refused` (the drain).
-    pub(crate) fn checked(self: &Arc<Self>, handle: &Handle, peer: IpAddr, refused: bool) {
-        let mut peers = self.lock();
-        let p = peers.entry(peer).or_default();
-        p.last_check = Some(Instant::now());
-        if refused {
-            p.refused += 1;
-            if let Some(hold) = hold_after_check(p.refused) {
-                self.hold(handle, peer, p, hold);
-            }
-        }
-    }
-
-    /// The drain refuses work from now: every HAProxy that checked the agent within
-    /// [`CHECK_HOLD`] has not marked it DOWN yet.
-    pub(crate) fn refusing(self: &Arc<Self>, handle: &Handle) {
-        let mut peers = self.lock();
-        for (peer, p) in peers.iter_mut() {
-            let recent = p.last_check.is_some_and(|t| t.elapsed() < CHECK_HOLD);
-            if recent && p.refused == 0 && p.held.is_none() {
-                self.hold(handle, *peer, p, CHECK_HOLD);
-            }
-        }
-    }
-
-    fn hold(self: &Arc<Self>, handle: &Handle, peer: IpAddr, p: &mut Peer, hold: Duration) {
+    pub(crate) fn checked(self: &Arc<Self>, handle: &Handle, peer: Checker, refused: bool) {
+        let mut inner = self.lock();
+        let p = inner.peers.entry(peer).or_default();
+        p.refused = if refused { p.refused + 1 } else { 0 };
+        let Some(hold) = hold_after_check(p.refused) else {
+            return;
+        };
         if p.held.is_none() {
-            p.held = Some(handle.session(PeerId::from(peer)));
+            p.held = Some(handle.hold());
         }
         p.generation += 1;
         let generation = p.generation;
         let me = Arc::clone(self);
         tokio::spawn(async move {
             tokio::time::sleep(hold).await;
-            if let Some(p) = me.lock().get_mut(&peer) {
+            if let Some(p) = me.lock().peers.get_mut(&peer) {
                 if p.generation == generation {
                     p.held = None;
                 }
@@ -102,18 +120,20 @@ impl Down {
         });
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<IpAddr, Peer>> {
-        self.peers.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use lastcall::{Lifecycle, OnSigterm, TerminationConfig};
 
     #[test]
     fn held_until_the_fall_th_refused_check() {
         let table = [
+            (0, Some(CHECK_HOLD)),
             (1, Some(CHECK_HOLD)),
             (2, Some(DOWN_MARGIN)),
             (3, None),
@@ -123,5 +143,66 @@ mod tests {
             assert_eq!(hold_after_check(refused), want, "{refused}");
         }
         assert_eq!(DOWN_AFTER_CHECKS, 2);
+    }
+
+    fn handle() -> Handle {
+        let config =
+            TerminationConfig::new(OnSigterm::Drain, Duration::ZERO, Duration::from_secs(30));
+        Lifecycle::without_signals(config).handle()
+    }
+
+    /// One HAProxy checking every second, answered then refused: held from its first check,
+    /// released [`DOWN_MARGIN`] after its second refused check; an answered check in between
+    /// starts the count again (HAProxy's `fall` counts failures in a row).
+    #[tokio::test(start_paused = true)]
+    async fn a_checker_holds_from_its_first_check_until_it_marks_the_agent_down() {
+        let handle = handle();
+        let down = Arc::new(Down::default());
+        let peer = Some(IpAddr::from([127, 0, 0, 1]));
+        let step = Duration::from_secs(1);
+        assert_eq!(handle.holds(), 0);
+        down.checked(&handle, peer, false);
+        assert_eq!(handle.holds(), 1);
+        for refused in [true, false, true] {
+            tokio::time::sleep(step).await;
+            down.checked(&handle, peer, refused);
+            assert_eq!(handle.holds(), 1);
+        }
+        tokio::time::sleep(step).await;
+        down.checked(&handle, peer, true);
+        tokio::time::sleep(DOWN_MARGIN - Duration::from_millis(1)).await;
+        assert_eq!(handle.holds(), 1, "DOWN_MARGIN after the fall-th check");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        assert_eq!(handle.holds(), 0);
+        // HAProxy goes on checking a DOWN server: those checks hold nothing.
+        tokio::time::sleep(step).await;
+        down.checked(&handle, peer, true);
+        assert_eq!(handle.holds(), 0);
+    }
+
+    /// A checker that stops checking (gone away) holds for [`CHECK_HOLD`] after its last
+    /// check; two checkers hold one each; the unseen ones hold for [`CHECK_HOLD`] after the
+    /// agent starts listening.
+    #[tokio::test(start_paused = true)]
+    async fn holds_end_when_checks_stop_and_the_unseen_after_one_check_hold() {
+        let handle = handle();
+        let down = Arc::new(Down::default());
+        down.listening(&handle);
+        assert_eq!(handle.holds(), 1);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        down.checked(&handle, Some(IpAddr::from([10, 0, 0, 1])), false);
+        down.checked(&handle, None, true);
+        assert_eq!(handle.holds(), 3);
+        let ms = Duration::from_millis;
+        tokio::time::sleep(CHECK_HOLD - ms(500) + ms(1)).await;
+        assert_eq!(
+            handle.holds(),
+            2,
+            "the unseen ones: CHECK_HOLD after listening"
+        );
+        tokio::time::sleep(ms(500) - ms(2)).await;
+        assert_eq!(handle.holds(), 2);
+        tokio::time::sleep(ms(2)).await;
+        assert_eq!(handle.holds(), 0, "CHECK_HOLD after the last check");
     }
 }

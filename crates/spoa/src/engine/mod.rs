@@ -14,7 +14,7 @@
 //! - `memory`: the cap on bytes held for frames, all connections together;
 //! - `handler`: what the engine asks of the WAF;
 //! - `listener`: binding, and what lastcall's accept loop runs for each connection;
-//! - `down`: while draining, the wait for every HAProxy that checks the agent to mark it DOWN.
+//! - `down`: the holds on the drain of every HAProxy that may still send work, until it has marked the agent DOWN.
 
 mod ack;
 mod bind;
@@ -205,14 +205,11 @@ impl Engine {
         })
     }
 
-    /// From the moment the drain refuses work, holds a session for each HAProxy that has not
-    /// yet marked the agent DOWN (`down`). Call once, on the runtime.
-    pub fn hold_until_down(self: &Arc<Self>) {
-        let engine = Arc::clone(self);
-        tokio::spawn(async move {
-            engine.handle.refusing().await;
-            engine.down.refusing(&engine.handle);
-        });
+    /// The agent listens from now: until every HAProxy that may send it work has marked it
+    /// DOWN, the drain holds ([`down`]). Call once, on the runtime, when the listener is
+    /// bound and before the lifecycle can start refusing.
+    pub fn listening(&self) {
+        self.down.listening(&self.handle);
     }
 
     /// The settings of a new connection.

@@ -84,9 +84,11 @@ pub(super) async fn serve_split<R, W>(
     task.run().await;
     // Evaluations still queued or running find nobody waiting for their ACK.
     task.sink.close();
-    if let (true, Some(ip)) = (task.conn.health_check(), task.peer) {
+    if task.conn.health_check() {
         let refused = task.watch.now().is_refusing();
-        task.engine.down.checked(&task.engine.handle, ip, refused);
+        task.engine
+            .down
+            .checked(&task.engine.handle, task.peer, refused);
     }
     let hold = task.conn.hold(task.watch.now());
     let session = match task.session.take() {

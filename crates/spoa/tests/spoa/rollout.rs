@@ -23,6 +23,9 @@
 //!   without their retry lines; agent 1 drains and is not replaced: it exits 0 once HAProxy
 //!   has marked it DOWN, no request fails and every SPOE message has `st=0`
 //!   (`LEAVE_CLIENTS`, default 4).
+//! - `sigterm_at_any_age_fails_nothing`: agent 1 started, SIGTERMed at a random age (right
+//!   after it listens to seconds later) and left gone, `AGE_CYCLES` times: each leaves only
+//!   once HAProxy has marked it DOWN, no request fails, every SPOE message has `st=0`.
 //! - `sidecar_linger_then_haproxy_soft_stop`: one agent, `--on-sigterm linger`, SIGTERM while
 //!   HAProxy keeps serving: 0 failed; then HAProxy soft-stops (SIGUSR1) and exits, and the
 //!   agent exits within 1 s of its last connection closing.
@@ -72,6 +75,10 @@ fn quiet() -> bool {
 fn no_retry() -> bool {
     env_u64("ROLLOUT_NO_RETRY", 0) == 1
 }
+
+/// How long after the agent starts listening every HAProxy has checked it once (the
+/// agent's own bound, `CHECK_HOLD` in crates/spoa/src/engine/down.rs).
+const CHECK_HOLD: Duration = Duration::from_millis(2500);
 
 /// How long after the drain starts refusing an agent leaves at most, behind the documented
 /// file (`check inter 1s fall 2`): HAProxy marks it DOWN at its second refused health check,
@@ -486,6 +493,129 @@ fn an_agent_leaving_for_good_fails_nothing() {
         eprintln!("LEAVE haproxy: {l}");
     }
     assert_eq!(report.code, Some(0), "agent 1's exit");
+    assert_eq!(totals.failed(), 0, "{totals}");
+    assert!(totals.blocked > 0, "attacks must be blocked");
+    assert!(
+        failed.is_empty(),
+        "{} SPOE messages failed: {:?}",
+        failed.len(),
+        &failed[..failed.len().min(5)]
+    );
+}
+
+/// A SIGTERM at any age, the agent then gone for good: behind the documented files without
+/// their retry lines (and, with `AGE_KEEP_SESSIONS=1`, without `on-marked-down
+/// shutdown-sessions`), agent 1 is started on its address, SIGTERMed at a random age, from
+/// right after it listens to seconds later, and left gone until it has exited; `AGE_CYCLES`
+/// times (default 6) under `LEAVE_CLIENTS` clients. Each exit is 0 and comes after HAProxy
+/// has marked the agent DOWN (its server is DOWN when the process is gone: an agent that
+/// left while HAProxy had it UP failed the messages HAProxy 3.0 queued for its closed port,
+/// `st=1` after `timeout processing`), and no later than the rule allows (docs/termination.md,
+/// *Leaving after DOWN*); no request fails and every SPOE message has `st=0`.
+/// `AGE_SEED` repeats a run's ages (printed), `AGE_DELAY` sets `--shutdown-delay` (seconds,
+/// default 1).
+#[test]
+fn sigterm_at_any_age_fails_nothing() {
+    let delay = Duration::from_secs(env_u64("AGE_DELAY", 1));
+    let cycles = env_u64("AGE_CYCLES", 6);
+    let keep_sessions = env_u64("AGE_KEEP_SESSIONS", 0) == 1;
+    let seed = env_u64(
+        "AGE_SEED",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_nanos() as u64),
+    );
+    let mut rng = seed | 1;
+    let mut next = move || {
+        // xorshift64: the ages only need to be spread and repeatable from the seed.
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    let args: Vec<String> = vec![
+        "--shutdown-delay".into(),
+        format!("{}s", delay.as_secs()),
+        "--log-level".into(),
+        agent_log(),
+    ];
+    // Agent 1's first age counts from before it started: later than that, it listened.
+    let mut listening = Instant::now();
+    let mut stack = Stack::start(StackOptions {
+        agents: 2,
+        agent_args: args.clone(),
+        quiet_haproxy: false,
+        no_retry: true,
+        keep_sessions,
+        ..StackOptions::default()
+    });
+    wait_status(&stack, "spoa2", "UP");
+    let clients = env_u64("LEAVE_CLIENTS", 4) as usize;
+    let addr = stack.agents[0].addr;
+    let arg_refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let started = Instant::now();
+    let mut totals = Totals::default();
+    for cycle in 0..cycles {
+        if cycle > 0 {
+            stack.agents[0] = Agent::start_at(addr, None, &arg_refs);
+            listening = Instant::now();
+        }
+        // Under load, or idle: with no SPOP connection open when the drain starts refusing,
+        // nothing but the wait for DOWN keeps the agent (behind 3.0 it then left at once).
+        let load = (next() % 2 == 0).then(|| Load::start(stack.http(), clients));
+        // Right after "listening" (a third of the cycles), within HAProxy's first checks,
+        // or seconds later, once HAProxy has it UP and sends it work.
+        let age = match next() % 3 {
+            0 => Duration::from_millis(next() % 300),
+            1 => Duration::from_millis(300 + next() % 1700),
+            _ => Duration::from_millis(2000 + next() % 3000),
+        };
+        // The age is what this test varies: a sleep to a chosen instant, not a wait for an
+        // event.
+        std::thread::sleep((listening + age).saturating_duration_since(Instant::now()));
+        let age = listening.elapsed();
+        let status_at_sigterm = stack.haproxy.agent_server_status("spoa1");
+        let agent = &mut stack.agents[0];
+        agent.pod.signal(Signal::Term);
+        let report = agent.pod.wait_exit(Duration::from_secs(60));
+        let status_at_exit = stack.haproxy.agent_server_status("spoa1");
+        let line = format!(
+            "cycle {cycle}: age {:.2} s, {}, {status_at_sigterm} at SIGTERM, exit {:?} after {:.2} s, {status_at_exit} at exit",
+            age.as_secs_f64(),
+            if load.is_some() { "under load" } else { "idle" },
+            report.code,
+            report.elapsed_since_signal.as_secs_f64()
+        );
+        eprintln!("AGE {line}");
+        assert_eq!(report.code, Some(0), "{line}");
+        assert!(
+            status_at_exit.starts_with("DOWN"),
+            "the agent left while HAProxy had it {status_at_exit}: {line}"
+        );
+        // The rule's bound: refusing starts at the delay's end; every HAProxy has checked
+        // the agent by CHECK_HOLD after it listened, and marks it DOWN `fall` x `inter` later.
+        let refusing = delay.max(CHECK_HOLD.saturating_sub(age));
+        assert!(
+            report.elapsed_since_signal <= refusing + DOWN_WITHIN,
+            "more than {:?}: {line}",
+            refusing + DOWN_WITHIN
+        );
+        // Traffic after the exit too: HAProxy must not place any on the agent that left.
+        let load = load.unwrap_or_else(|| Load::start(stack.http(), clients));
+        load.wait_more(50, RUN);
+        totals += load.stop();
+    }
+    let (messages, failed) = crate::support::haproxy::spoe_statuses(&stack.haproxy.pod.logs());
+    eprintln!(
+        "AGE behind {}{}, --shutdown-delay {delay:?}, seed {seed}: {cycles} cycles in {:.1} s; {totals}; {messages} SPOE messages, {} with st != 0",
+        crate::support::haproxy::version(),
+        if keep_sessions { ", without on-marked-down shutdown-sessions" } else { "" },
+        started.elapsed().as_secs_f64(),
+        failed.len()
+    );
+    for f in failed.iter().take(20) {
+        eprintln!("AGE st != 0: {f}");
+    }
     assert_eq!(totals.failed(), 0, "{totals}");
     assert!(totals.blocked > 0, "attacks must be blocked");
     assert!(

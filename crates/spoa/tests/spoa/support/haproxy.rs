@@ -67,6 +67,8 @@ pub(crate) struct Variant {
     pub pipelined: bool,
     /// Words added to each agent `server` line (e.g. `on-marked-down shutdown-sessions`).
     pub server_options: &'static str,
+    /// The agent `server` lines without `on-marked-down shutdown-sessions` (as on 3.1+).
+    pub keep_sessions: bool,
 }
 
 /// The SPOE log lines among `lines` (`SPOE: [coraza-agent] <GROUP:...> sid=.. st=N ...`,
@@ -136,6 +138,7 @@ impl Haproxy {
         let dir = tempfile::tempdir().expect("tempdir");
         let edited = variant.quiet
             || variant.no_retry
+            || variant.keep_sessions
             || !variant.server_options.is_empty()
             || agents.len() > 2
             || multiplexer();
@@ -151,7 +154,7 @@ impl Haproxy {
                 }
                 let server = l.trim_start().starts_with("server spoa");
                 // As docs/spoa.md tells users of 3.1+ (*HAProxy 2.6, 3.0, 3.1 and later*).
-                let l = if server && multiplexer() {
+                let l = if server && (multiplexer() || variant.keep_sessions) {
                     l.replace(" on-marked-down shutdown-sessions", "")
                 } else {
                     l.to_owned()

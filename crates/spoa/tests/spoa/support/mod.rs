@@ -132,6 +132,8 @@ pub(crate) struct StackOptions {
     pub pipelined: bool,
     /// Words added to each agent `server` line.
     pub server_options: &'static str,
+    /// The agent `server` lines without `on-marked-down shutdown-sessions`.
+    pub keep_sessions: bool,
 }
 
 /// Origin + agent(s) + HAProxy, all on loopback.
@@ -173,6 +175,7 @@ impl Stack {
                 slow_bodies: opts.slow_bodies,
                 pipelined: opts.pipelined,
                 server_options: opts.server_options,
+                keep_sessions: opts.keep_sessions,
             },
         );
         Stack {

@@ -34,7 +34,7 @@ pub(crate) struct Counters {
 }
 
 /// What a load run saw.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Totals {
     /// Requests sent and answered (or failed).
     pub requests: u64,
@@ -52,6 +52,17 @@ impl Totals {
     /// Every request that did not get the WAF's verdict.
     pub(crate) fn failed(&self) -> u64 {
         self.spoe_errors + self.other
+    }
+}
+
+impl std::ops::AddAssign for Totals {
+    /// Two runs' totals (a test that stops and starts its load).
+    fn add_assign(&mut self, o: Totals) {
+        self.requests += o.requests;
+        self.ok += o.ok;
+        self.spoe_errors += o.spoe_errors;
+        self.other += o.other;
+        self.blocked += o.blocked;
     }
 }
 
