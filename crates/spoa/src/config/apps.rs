@@ -121,6 +121,7 @@ impl Apps {
                         rules,
                         log,
                     });
+                    tracing::debug!(app = %a.name, "compiled application {} of {}", i + 1, cfg.applications.len());
                     apps.by_name.insert(a.name.clone(), app);
                 }
                 Err(lastcall_modsec::Error::Rules { message, .. }) => {

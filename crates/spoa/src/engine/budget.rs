@@ -349,11 +349,20 @@ mod tests {
             owed.tracked(),
         ))
         .unwrap();
-        wait_for("answered while queued", || owed.answered());
-        assert!(matches!(
-            &held(&sink)[..],
-            [AgentFrame::Ack(7, 1, vars)] if vars == &[("error".to_string(), TypedData::Int64(AGENT_ERROR))]
-        ));
+        // The ACK itself, not `answered()`: the ticket is taken before its ACK is written.
+        let mut frames = Vec::new();
+        wait_for("answered while queued", || {
+            frames.extend(held(&sink));
+            !frames.is_empty()
+        });
+        assert!(owed.answered());
+        assert!(
+            matches!(
+                &frames[..],
+                [AgentFrame::Ack(7, 1, vars)] if vars == &[("error".to_string(), TypedData::Int64(AGENT_ERROR))]
+            ),
+            "{frames:?}"
+        );
         gate_tx.send(()).unwrap();
         assert!(ran_rx.recv_timeout(Duration::from_secs(20)).unwrap());
         assert!(pool.shutdown(Duration::from_secs(20)));
