@@ -68,6 +68,8 @@ impl From<std::net::Ipv6Addr> for PeerId {
 pub(crate) struct State {
     pub(crate) phase: Phase,
     pub(crate) exiting: bool,
+    /// A hold is left ([`Handle::hold`]).
+    pub(crate) held: bool,
     drain: Option<DrainInfo>,
     outcome: Option<Outcome>,
 }
@@ -144,6 +146,19 @@ impl Hub {
     }
 }
 
+impl Hub {
+    /// Tells the watches whether a hold is left, when that changed (they follow it: a
+    /// connection may say goodbye differently once nothing outside may send work).
+    fn publish_held(&self) {
+        let held = self.counts.borrow().holds > 0;
+        self.state.send_if_modified(|s| {
+            let changed = s.held != held;
+            s.held = held;
+            changed
+        });
+    }
+}
+
 pub(crate) type TriggerStream = Pin<Box<dyn Stream<Item = Trigger> + Send>>;
 
 /// The exit decision, as the driver returns it.
@@ -181,6 +196,7 @@ impl Lifecycle {
             state: watch::Sender::new(State {
                 phase: initial,
                 exiting: false,
+                held: false,
                 drain: None,
                 outcome: None,
             }),
@@ -552,6 +568,7 @@ impl Handle {
     /// drain can start refusing, so that the decision to leave sees it.
     pub fn hold(&self) -> HoldGuard {
         self.shared.counts.send_modify(|c| c.holds += 1);
+        self.shared.publish_held();
         HoldGuard {
             shared: self.shared.clone(),
         }
@@ -725,6 +742,7 @@ impl Drop for HoldGuard {
         self.shared
             .counts
             .send_modify(|c| c.holds = c.holds.saturating_sub(1));
+        self.shared.publish_held();
     }
 }
 

@@ -1,6 +1,6 @@
 //! [`Watch`]: what one connection task holds to follow the lifecycle without reading the
 //! phase in a dozen places. It wakes the task when something it must act on changes (the
-//! phase, or the exit decision) and answers the two questions a task asks then: is new work
+//! phase, the exit decision, or whether a hold is left) and answers the two questions a task asks then: is new work
 //! refused ([`Watch::is_refusing`]), and must I close now ([`Watch::is_exiting`]).
 //!
 //! One naming across [`Handle`], [`Watch`] and [`Seen`]: a state is read with `is_*` (a
@@ -40,6 +40,9 @@ pub struct Seen {
     pub phase: Phase,
     /// Whether the exit is decided.
     pub exiting: bool,
+    /// Whether a hold is left ([`Handle::hold`]): something outside the daemon, e.g. a load
+    /// balancer that has not yet marked it down, may still send it work.
+    pub held: bool,
 }
 
 impl Seen {
@@ -47,13 +50,16 @@ impl Seen {
         Seen {
             phase: state.phase,
             exiting: state.exiting,
+            held: state.held,
         }
     }
 
-    /// Serving, the exit not decided: `/readyz` answers 200 and nothing is being drained.
+    /// Serving, the exit not decided, no hold: `/readyz` answers 200 and nothing is being
+    /// drained.
     pub const SERVING: Seen = Seen {
         phase: Phase::Serving,
         exiting: false,
+        held: false,
     };
 
     /// Serving, and the exit not decided.
@@ -125,7 +131,8 @@ impl Watch {
         self.now().is_exiting()
     }
 
-    /// Resolves with the new state when the phase or the exit decision changes. Cancel-safe
+    /// Resolves with the new state when the phase, the exit decision or whether a hold is
+    /// left changes. Cancel-safe
     /// (use it in `select!`); once exiting nothing changes any more and it never resolves.
     pub async fn changed(&mut self) -> Seen {
         let last = self.last;

@@ -46,6 +46,9 @@ pub struct Metrics {
     pub(crate) connections_total: Counter,
     /// Connections that said a rebalancing goodbye (so that HAProxy places a new one).
     pub(crate) rebalanced: Counter,
+    /// The drain's goodbyes on connections HAProxy pipelined on (each risked the NOTIFYs
+    /// HAProxy sent as it crossed).
+    pub(crate) pipelined_goodbyes: Counter,
     /// NOTIFY frames being evaluated.
     pub(crate) inflight: Gauge,
     rejected: Family<Labels, Counter>,
@@ -128,6 +131,7 @@ impl Metrics {
             connections: Gauge::default(),
             connections_total: Counter::default(),
             rebalanced: Counter::default(),
+            pipelined_goodbyes: Counter::default(),
             inflight: Gauge::default(),
             rejected: Family::default(),
             reloads: Family::default(),
@@ -184,6 +188,11 @@ impl Metrics {
             "connections_rebalanced",
             "SPOP connections closed with a rebalancing goodbye on the ACK of their only NOTIFY, so that HAProxy's balance places a new one",
             self.rebalanced.clone(),
+        );
+        r.register(
+            "drain_goodbyes_pipelined",
+            "The drain's goodbyes on SPOP connections HAProxy pipelined on (no max-waiting-frames 1), said once no HAProxy had the agent UP: a NOTIFY sent as one crossed it failed",
+            self.pipelined_goodbyes.clone(),
         );
         r.register(
             "inflight",

@@ -55,11 +55,21 @@ async fn readiness_stays_down_while_starting_and_rises_at_ready() {
         seen,
         Seen {
             phase: Phase::Serving,
-            exiting: false
+            exiting: false,
+            held: false,
         }
     );
     assert!(h.is_ready());
     assert!(!watch.is_refusing() && !watch.is_exiting());
+    // A hold wakes the watches when the first is taken and when the last is released.
+    let first = h.hold();
+    assert!(watch.changed().await.held);
+    let second = h.hold();
+    drop(first);
+    assert_eq!((h.holds(), watch.now().held), (1, true));
+    drop(second);
+    assert!(!watch.changed().await.held);
+    assert_eq!(h.status().holds, 0);
 }
 
 #[tokio::test(start_paused = true)]

@@ -182,6 +182,11 @@ pub(crate) enum CloseReason {
     PeerClosed,
     /// The drain: the goodbye while refusing.
     Drained,
+    /// The drain's goodbye on a connection HAProxy pipelines on (more than one NOTIFY owed
+    /// at once: no `max-waiting-frames 1`), said on an ACK once nothing is unread and no
+    /// HAProxy has the agent UP any more: a NOTIFY HAProxy sent as it crossed fails. Without
+    /// it such a connection, busy to the end, held the drain to its deadline.
+    DrainedPipelined,
     /// A rebalancing goodbye ([`Rebalance`]).
     Rebalanced,
     /// The lifecycle is exiting.
@@ -563,17 +568,21 @@ impl Conn {
     /// there: it only saves a write).
     fn rides(&self, now: Instant) -> bool {
         match self.goodbye_reason(now) {
-            Some((CloseReason::Drained, _)) => {
-                self.one_at_a_time || self.settings.drain_quiet.is_zero()
+            Some((CloseReason::DrainedPipelined, _)) => {
+                self.settings.drain_quiet.is_zero() || !self.drain.held
             }
             Some(_) => self.one_at_a_time,
             None => false,
         }
     }
 
-    /// The goodbye due now, if any: the drain's, or a rebalancing one.
+    /// The goodbye due now, if any: the drain's (on a connection HAProxy pipelines on, a
+    /// risked one), or a rebalancing one.
     fn goodbye_reason(&self, now: Instant) -> Option<(CloseReason, &'static str)> {
         if self.refusing() {
+            if !self.one_at_a_time {
+                return Some((CloseReason::DrainedPipelined, "draining"));
+            }
             return Some((CloseReason::Drained, "draining"));
         }
         self.rebalance_due(now)

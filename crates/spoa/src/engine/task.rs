@@ -520,6 +520,13 @@ where
             | CloseReason::PeerClosed
             | CloseReason::Drained
             | CloseReason::Exiting => {}
+            CloseReason::DrainedPipelined => {
+                self.engine.metrics.pipelined_goodbyes.inc();
+                tracing::info!(
+                    peer = ?self.peer,
+                    "the drain's goodbye on a connection HAProxy pipelines on, said once no HAProxy had the agent UP: a NOTIFY it sent as the goodbye crossed fails (spoa_drain_goodbyes_pipelined_total); `max-waiting-frames 1` in the spoe-agent section makes every goodbye lossless"
+                );
+            }
             CloseReason::Rebalanced => {
                 self.engine.metrics.rebalanced.inc();
                 tracing::debug!(peer = ?self.peer, "goodbye to be placed again (rebalancing)");

@@ -17,8 +17,9 @@
 //!   every SPOE message in HAProxy's log has `st=0` (the retry lines never ran).
 //!   `SATURATION_DRAINS` (the suite form's count), `SATURATION_CLIENTS`, `SATURATION_DELAY`
 //!   (seconds); `SATURATION_PIPELINED=1` runs the SPOE file without `max-waiting-frames 1`,
-//!   to see what the line saves; `SATURATION_SERVER_OPTIONS` adds words to the agent
-//!   server lines.
+//!   to see what the line saves; `SATURATION_KEEP_SESSIONS=1` drops `on-marked-down
+//!   shutdown-sessions` from the agent server lines; `SATURATION_SERVER_OPTIONS` adds words
+//!   to them.
 //! - `an_agent_leaving_for_good_fails_nothing`: two agents behind the documented files
 //!   without their retry lines; agent 1 drains and is not replaced: it exits 0 once HAProxy
 //!   has marked it DOWN, no request fails and every SPOE message has `st=0`
@@ -376,6 +377,7 @@ fn saturation(drains: usize) {
         quiet_haproxy: false,
         no_retry: no_retry(),
         pipelined: env_u64("SATURATION_PIPELINED", 0) == 1,
+        keep_sessions: env_u64("SATURATION_KEEP_SESSIONS", 0) == 1,
         server_options,
         ..StackOptions::default()
     });

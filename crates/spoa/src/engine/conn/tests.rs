@@ -12,21 +12,32 @@ use super::*;
 use crate::protocol::frame::{decode_agent_frame, AgentFrame};
 
 const SERVING: Seen = Seen::SERVING;
+// Draining, a HAProxy still has the agent UP (a hold is left) unless the name says DOWN.
 const ANNOUNCING: Seen = Seen {
     phase: Phase::Announcing,
     exiting: false,
+    held: true,
 };
 const REFUSING: Seen = Seen {
     phase: Phase::Refusing,
     exiting: false,
+    held: true,
+};
+/// Refusing, and every HAProxy has marked the agent DOWN (no hold left).
+const REFUSING_DOWN: Seen = Seen {
+    phase: Phase::Refusing,
+    exiting: false,
+    held: false,
 };
 const LINGERING: Seen = Seen {
     phase: Phase::Lingering,
     exiting: false,
+    held: true,
 };
 const EXITING: Seen = Seen {
     phase: Phase::Refusing,
     exiting: true,
+    held: true,
 };
 
 fn settings() -> Settings {
@@ -539,7 +550,7 @@ const WAIT: Act = Act::Wait {
 /// last input.
 #[test]
 fn drain_policy() {
-    use CloseReason::{Drained, Exiting, PeerClosed};
+    use CloseReason::{Drained, DrainedPipelined, Exiting, PeerClosed};
     let quiet = Duration::from_secs(1);
     let one_at_a_time = Setup {
         hello: Hello::OneAtATime,
@@ -614,7 +625,8 @@ fn drain_policy() {
         (SERVING, READY, vec![Input::Drain(REFUSING)], Act::Probe),
         (REFUSING, READY, vec![Input::Drain(LINGERING)], WAIT),
         // Owed NOTIFYs keep a refusing connection open; their ACKs are placed by the
-        // connection: the last one rides with the goodbye once the socket is empty.
+        // connection: the last one rides with the goodbye once the socket is empty (without
+        // a quiet period even where HAProxy pipelines, two owed at once: a risked goodbye).
         (REFUSING, owed(1), vec![Input::Nothing], WAIT),
         (REFUSING, owed(2), vec![held(1)], Act::Write(1)),
         (REFUSING, owed(2), vec![held(2)], Act::Probe),
@@ -622,7 +634,7 @@ fn drain_policy() {
             REFUSING,
             owed(2),
             vec![held(2), Input::Probed(Probe::Idle)],
-            goodbye(2, Drained),
+            goodbye(2, DrainedPipelined),
         ),
         (
             REFUSING,
@@ -660,6 +672,33 @@ fn drain_policy() {
                 read: true,
                 timer: true,
             },
+        ),
+        // Once no HAProxy has the agent UP (no hold left), a pipelined connection says a
+        // risked goodbye on the ACKs that leave nothing owed, once nothing is unread:
+        // nothing else would end it while HAProxy keeps it busy.
+        (
+            REFUSING_DOWN,
+            Setup { quiet, ..owed(2) },
+            vec![held(2)],
+            Act::Probe,
+        ),
+        (
+            REFUSING_DOWN,
+            Setup { quiet, ..owed(2) },
+            vec![held(2), Input::Probed(Probe::Idle)],
+            goodbye(2, DrainedPipelined),
+        ),
+        (
+            REFUSING_DOWN,
+            Setup { quiet, ..owed(2) },
+            vec![held(2), Input::Probed(Probe::Waiting)],
+            Act::Write(2),
+        ),
+        (
+            REFUSING_DOWN,
+            Setup { quiet, ..owed(2) },
+            vec![held(1)],
+            Act::Write(1),
         ),
         // One NOTIFY at a time (HAProxy's `max-waiting-frames 1`, or no pipelining): HAProxy
         // waits for the ACK, so the goodbye rides on it even with a quiet period.
@@ -895,6 +934,7 @@ fn ack_routing_and_linger_hold() {
             Seen {
                 phase: Phase::Lingering,
                 exiting: true,
+                held: true,
             },
             false,
             true,
