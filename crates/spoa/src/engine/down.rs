@@ -15,7 +15,10 @@
 //!   [`CHECK_HOLD`] later (its next check renews it: `inter` 1 s in the documented file, 2 s
 //!   HAProxy's default); the check that makes it `fall` holds [`DOWN_MARGIN`] more. A HAProxy
 //!   that stops checking (gone, or checks further apart than [`CHECK_HOLD`]) holds nothing
-//!   after that.
+//!   after that, except while draining: then it holds until [`DRAINING_HOLD`] without a
+//!   check, since on a loaded machine checks come late (measured at a load average of 25-36
+//!   on 2 cores: a second refused check more than 2.5 s after the first, and agents that left
+//!   with HAProxy at `UP 1/2`).
 //! - A HAProxy the agent has not heard from yet may have it UP too (HAProxy starts a server
 //!   UP, and spreads its first checks over `inter`): for [`CHECK_HOLD`] from the moment the
 //!   agent listens, the unseen ones hold it; by then each has checked it once and is known.
@@ -31,6 +34,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use lastcall::{Handle, HoldGuard};
+use tokio::time::Instant;
 
 /// Refused health checks after which a HAProxy has marked the agent DOWN: `fall 2`, as in
 /// the documented HAProxy file, the chart's sidecar file and what `check-haproxy` asks for.
@@ -45,6 +49,11 @@ pub(crate) const CHECK_HOLD: Duration = Duration::from_millis(2500);
 /// How long the hold lasts after the check that made HAProxy mark the agent DOWN: its
 /// threads may be placing a connection as it does.
 pub(crate) const DOWN_MARGIN: Duration = Duration::from_millis(200);
+
+/// While draining, how long a HAProxy that has not yet marked the agent DOWN holds it
+/// without a check: longer than any check interval a loaded machine stretches `inter` to,
+/// and what a HAProxy that went away mid-drain costs.
+pub(crate) const DRAINING_HOLD: Duration = Duration::from_secs(10);
 
 /// How long a check holds the agent, given the health checks refused in a row so far (this
 /// one included; 0 for an answered check): none after the check that marked the agent DOWN
@@ -79,6 +88,8 @@ struct Inner {
 struct Peer {
     /// Health checks refused in a row.
     refused: u32,
+    /// When it last checked.
+    last: Option<Instant>,
     /// Which release timer is current: a later check outdates the earlier ones.
     generation: u64,
     held: Option<HoldGuard>,
@@ -101,6 +112,7 @@ impl Down {
         let mut inner = self.lock();
         let p = inner.peers.entry(peer).or_default();
         p.refused = if refused { p.refused + 1 } else { 0 };
+        p.last = Some(Instant::now());
         let Some(hold) = hold_after_check(p.refused) else {
             return;
         };
@@ -110,14 +122,34 @@ impl Down {
         p.generation += 1;
         let generation = p.generation;
         let me = Arc::clone(self);
+        let handle = handle.clone();
         tokio::spawn(async move {
             tokio::time::sleep(hold).await;
-            if let Some(p) = me.lock().peers.get_mut(&peer) {
-                if p.generation == generation {
-                    p.held = None;
-                }
+            while let Some(more) = me.release(&handle, peer, generation) {
+                tokio::time::sleep(more).await;
             }
         });
+    }
+
+    /// The hold of `peer` taken by its check `generation` has run out: released, unless a
+    /// later check took over, or the agent is draining and that HAProxy has not marked it
+    /// DOWN (then `Some`: how long until [`DRAINING_HOLD`] without a check).
+    fn release(&self, handle: &Handle, peer: Checker, generation: u64) -> Option<Duration> {
+        let mut inner = self.lock();
+        let p = inner.peers.get_mut(&peer)?;
+        if p.generation != generation {
+            return None;
+        }
+        if handle.is_draining() && p.refused < DOWN_AFTER_CHECKS {
+            let left = p.last.map_or(Duration::ZERO, |t| {
+                DRAINING_HOLD.saturating_sub(t.elapsed())
+            });
+            if !left.is_zero() {
+                return Some(left);
+            }
+        }
+        p.held = None;
+        None
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -178,6 +210,41 @@ mod tests {
         tokio::time::sleep(step).await;
         down.checked(&handle, peer, true);
         assert_eq!(handle.holds(), 0);
+    }
+
+    /// While draining, a HAProxy that has not marked the agent DOWN yet holds it until
+    /// [`DRAINING_HOLD`] without a check (its checks come late on a loaded machine); its
+    /// fall-th refused check still releases it [`DOWN_MARGIN`] later.
+    #[tokio::test(start_paused = true)]
+    async fn while_draining_a_checker_holds_until_down_or_long_silent() {
+        let config =
+            TerminationConfig::new(OnSigterm::Drain, Duration::ZERO, Duration::from_secs(60));
+        let lifecycle = Lifecycle::without_signals(config);
+        let handle = lifecycle.handle();
+        tokio::spawn(lifecycle.run_with(futures::stream::pending()));
+        let down = Arc::new(Down::default());
+        let (late, prompt) = (
+            Some(IpAddr::from([10, 0, 0, 1])),
+            Some(IpAddr::from([10, 0, 0, 2])),
+        );
+        down.checked(&handle, late, false);
+        down.checked(&handle, prompt, false);
+        handle.start_drain(lastcall::Trigger::Api);
+        handle.refusing().await;
+        let ms = Duration::from_millis;
+        tokio::time::sleep(ms(1000)).await;
+        down.checked(&handle, late, true);
+        down.checked(&handle, prompt, true);
+        tokio::time::sleep(ms(1000)).await;
+        down.checked(&handle, prompt, true);
+        assert_eq!(handle.holds(), 2);
+        tokio::time::sleep(DOWN_MARGIN + ms(1)).await;
+        assert_eq!(handle.holds(), 1, "the prompt one marked the agent DOWN");
+        // The late one's second check has not come: held past CHECK_HOLD.
+        tokio::time::sleep(DRAINING_HOLD - ms(1000) - DOWN_MARGIN - ms(2)).await;
+        assert_eq!(handle.holds(), 1);
+        tokio::time::sleep(ms(2)).await;
+        assert_eq!(handle.holds(), 0, "DRAINING_HOLD without a check");
     }
 
     /// A checker that stops checking (gone away) holds for [`CHECK_HOLD`] after its last
