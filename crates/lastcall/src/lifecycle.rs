@@ -130,6 +130,21 @@ impl Hub {
         self.peers.lock()
     }
 
+    /// Adds `delta` to the holds and tells the watches whether one is left, when that
+    /// changed (a connection may say goodbye differently once nothing outside may send
+    /// work). Under the peers' lock, so that concurrent changes publish in order.
+    fn change_holds(&self, delta: i64) {
+        let _order = self.peers();
+        self.counts
+            .send_modify(|c| c.holds = c.holds.saturating_add_signed(delta));
+        let held = self.counts.borrow().holds > 0;
+        self.state.send_if_modified(|s| {
+            let changed = s.held != held;
+            s.held = held;
+            changed
+        });
+    }
+
     fn publish_counts(&self, peers: &HashMap<PeerId, u64>, delta_sessions: i64) {
         let peer_count = peers.len() as u64;
         self.counts.send_modify(|c| {
@@ -143,19 +158,6 @@ impl Hub {
         self.metrics
             .peers
             .set(i64::try_from(c.peers).unwrap_or(i64::MAX));
-    }
-}
-
-impl Hub {
-    /// Tells the watches whether a hold is left, when that changed (they follow it: a
-    /// connection may say goodbye differently once nothing outside may send work).
-    fn publish_held(&self) {
-        let held = self.counts.borrow().holds > 0;
-        self.state.send_if_modified(|s| {
-            let changed = s.held != held;
-            s.held = held;
-            changed
-        });
     }
 }
 
@@ -567,8 +569,7 @@ impl Handle {
     /// the drain ends only once no hold is left (or at the deadline). Take it before the
     /// drain can start refusing, so that the decision to leave sees it.
     pub fn hold(&self) -> HoldGuard {
-        self.shared.counts.send_modify(|c| c.holds += 1);
-        self.shared.publish_held();
+        self.shared.change_holds(1);
         HoldGuard {
             shared: self.shared.clone(),
         }
@@ -739,10 +740,7 @@ impl std::fmt::Debug for HoldGuard {
 
 impl Drop for HoldGuard {
     fn drop(&mut self) {
-        self.shared
-            .counts
-            .send_modify(|c| c.holds = c.holds.saturating_sub(1));
-        self.shared.publish_held();
+        self.shared.change_holds(-1);
     }
 }
 
