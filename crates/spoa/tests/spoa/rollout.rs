@@ -613,12 +613,14 @@ fn sigterm_at_any_age_fails_nothing() {
             status_at_exit.starts_with("DOWN"),
             "the agent left while HAProxy had it {status_at_exit}: {line}"
         );
-        // Once HAProxy has marked it DOWN the agent leaves promptly (the rule's 200 ms, the
-        // poll's 20 ms, a loaded machine's timers); how long HAProxy takes to mark it DOWN
-        // is HAProxy's checks' pace (1-2 s after Refusing begins with `inter 1s fall 2`, more
-        // on a loaded machine: measured up to 7 s at a load average of 36).
+        // Once HAProxy has marked it DOWN the agent leaves promptly: the rule's 200 ms, then
+        // the exit itself (its connections' tasks, the evaluation threads), the poll's 20 ms
+        // and a loaded machine's timers (measured 0.3-1.0 s at a load average of 15-20);
+        // well short of a hold that outlived DOWN (10 s while draining). How long HAProxy
+        // takes to mark it DOWN is its checks' pace (1-2 s after Refusing begins with `inter
+        // 1s fall 2`; up to 7 s at a load average of 36).
         if let Some(d) = after_down {
-            assert!(d < Duration::from_millis(1500), "{line}");
+            assert!(d < Duration::from_secs(3), "{line}");
         }
         // Traffic after the exit too: HAProxy must not place any on the agent that left.
         let load = load.unwrap_or_else(|| Load::start(stack.http(), clients));
