@@ -21,6 +21,7 @@ mod bind;
 mod budget;
 pub(crate) mod conn;
 mod down;
+pub(crate) use down::DOWN_AFTER_CHECKS;
 mod handler;
 mod listener;
 mod memory;

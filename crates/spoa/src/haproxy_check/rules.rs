@@ -596,6 +596,41 @@ impl Frontend<'_> {
                 Some("check inter 1s fall 2 rise 1 (on this line)".into()),
             ));
         }
+        // `fall`: the server line's, else the backend's or the defaults' `default-server`,
+        // else HAProxy's default, 3.
+        let fall_of = |l: &Line| {
+            l.words
+                .windows(2)
+                .find(|w| w[0] == "fall")
+                .and_then(|w| w[1].parse::<u32>().ok())
+        };
+        let inherited = backend
+            .all(&["default-server"])
+            .find_map(fall_of)
+            .or_else(|| {
+                self.defaults_line(backend.line, file, &["default-server"])
+                    .and_then(fall_of)
+            });
+        for s in servers
+            .iter()
+            .filter(|s| s.words.iter().any(|w| w == "check"))
+        {
+            let set = fall_of(s).or(inherited);
+            let fall = set.unwrap_or(3);
+            if fall > crate::engine::DOWN_AFTER_CHECKS {
+                out.push(self.finding(
+                    file,
+                    s.no,
+                    Level::Fix,
+                    format!(
+                        "`fall {fall}`{}: a draining agent leaves once it has refused {} health checks in a row, and HAProxy marks it DOWN only after {fall}; what HAProxy sends it in between fails",
+                        if set.is_none() { " (HAProxy's default)" } else { "" },
+                        crate::engine::DOWN_AFTER_CHECKS
+                    ),
+                    Some("fall 2 (on this line)".into()),
+                ));
+            }
+        }
         let mode = backend
             .find(&["mode"])
             .or_else(|| self.defaults_line(backend.line, file, &["mode"]))
@@ -789,8 +824,8 @@ frontend web
 backend coraza-spoa
     mode tcp
     option spop-check
-    server s1 127.0.0.1:9000 check on-marked-down shutdown-sessions
-    server s2 127.0.0.1:9001 check on-marked-down shutdown-sessions
+    server s1 127.0.0.1:9000 check fall 2 on-marked-down shutdown-sessions
+    server s2 127.0.0.1:9001 check fall 2 on-marked-down shutdown-sessions
 ";
 
     /// Without `option http-buffer-request` (here, or in the defaults) or a `wait-for-body`
@@ -909,6 +944,51 @@ backend coraza-spoa
         assert_eq!(f[0].add.as_deref(), Some("max-waiting-frames 1"));
     }
 
+    /// A draining agent leaves after `DOWN_AFTER_CHECKS` (2) refused checks: a server whose
+    /// `fall` is higher (HAProxy's default is 3) would still have it UP then.
+    #[test]
+    fn a_fall_above_two_is_named() {
+        const FALL: &str = "a draining agent leaves once it has refused 2 health checks in a row, and HAProxy marks it DOWN only after";
+        let table: Vec<(String, Vec<&str>)> = vec![
+            (
+                GOOD_HAPROXY.replace(" fall 2", ""),
+                vec!["16 3 (HAProxy's default)", "17 3 (HAProxy's default)"],
+            ),
+            (GOOD_HAPROXY.replacen(" fall 2", " fall 4", 1), vec!["16 4"]),
+            (GOOD_HAPROXY.replacen(" fall 2", " fall 1", 1), vec![]),
+            (
+                GOOD_HAPROXY.replace(" fall 2", "").replace(
+                    "    option spop-check\n",
+                    "    option spop-check\n    default-server fall 2\n",
+                ),
+                vec![],
+            ),
+            (
+                GOOD_HAPROXY.replace(" fall 2", "").replace(
+                    "    mode http\n",
+                    "    mode http\n    default-server fall 3\n",
+                ),
+                vec!["17 3", "18 3"],
+            ),
+        ];
+        for (haproxy, want) in table {
+            let f = check(&files(&haproxy, GOOD_SPOE));
+            let want: Vec<String> = want
+                .iter()
+                .map(|w| {
+                    let (line, fall) = w.split_once(' ').expect("line fall");
+                    let n = fall.split(' ').next().unwrap_or(fall);
+                    let default = fall.strip_prefix(n).unwrap_or("");
+                    format!("haproxy.cfg:{line} Fix `fall {n}`{default}: {FALL} {n}; what HAProxy sends it in between fails")
+                })
+                .collect();
+            assert_eq!(shown(&f), want, "{haproxy}");
+            assert!(f
+                .iter()
+                .all(|f| f.add.as_deref() == Some("fall 2 (on this line)")));
+        }
+    }
+
     #[test]
     fn the_recommended_setup_has_nothing_to_fix() {
         let f = check(&files(GOOD_HAPROXY, GOOD_SPOE));
@@ -921,9 +1001,10 @@ backend coraza-spoa
     fn coraza_spoa_example_shape() {
         let haproxy = GOOD_HAPROXY
             .replace(
-                "    server s2 127.0.0.1:9001 check on-marked-down shutdown-sessions\n",
+                "    server s2 127.0.0.1:9001 check fall 2 on-marked-down shutdown-sessions\n",
                 "",
             )
+            .replace(" fall 2", "")
             .replace("    option spop-check\n", "");
         let spoe = GOOD_SPOE
             .replace("    option continue-on-error\n", "")
@@ -934,6 +1015,7 @@ backend coraza-spoa
             [
                 "haproxy.cfg:13 Fix backend `coraza-spoa` has 1 agent server(s): while one restarts or drains, requests fail; two or more keep them flowing",
                 "haproxy.cfg:13 Fix backend `coraza-spoa` has no `option spop-check`: HAProxy cannot see that an agent is draining and keeps sending it requests",
+                "haproxy.cfg:15 Fix `fall 3` (HAProxy's default): a draining agent leaves once it has refused 2 health checks in a row, and HAProxy marks it DOWN only after 3; what HAProxy sends it in between fails",
                 "coraza.cfg:2 Note no retry: a request queued on an agent connection that closes under it (an agent cut at its deadline) fails instead of being asked again",
                 "coraza.cfg:6 Note a verdict must come within this, queueing included: under load this turns slowness into errors (docs/spoa.md uses 5s)",
             ]

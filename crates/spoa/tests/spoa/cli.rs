@@ -552,7 +552,8 @@ fn autoreload_follows_a_configmap_update() {
     assert_eq!(agent.wait_exit(WAIT).code, Some(0));
 }
 
-/// `check-haproxy` on the real binary: coraza-spoa's example files (one agent server: a fix;
+/// `check-haproxy` on the real binary: coraza-spoa's example files (one agent server, HAProxy's
+/// default `fall 3`: fixes;
 /// no retry, a 500ms processing timeout and the SPOE timeouts HAProxy 3.1+ ignores: notes)
 /// and the documented files (nothing to fix), line by line; an unreadable file is 64.
 #[test]
@@ -567,13 +568,14 @@ fn check_haproxy_reads_the_files_line_by_line() {
         [
             "haproxy.cfg:14: frontend `default` does not wait for request bodies: HAProxy sends the request message as soon as the headers are in, a body that comes after them (a browser's upload, `Expect: 100-continue`) cannot be inspected, and the agent answers such requests with the error variable (spoa_bodies_not_waited_total)",
             "haproxy.cfg:53: backend `coraza-spoa` has 1 agent server(s): while one restarts or drains, requests fail; two or more keep them flowing",
+            "haproxy.cfg:56: `fall 3` (HAProxy's default): a draining agent leaves once it has refused 2 health checks in a row, and HAProxy marks it DOWN only after 3; what HAProxy sends it in between fails",
             "haproxy.cfg:56: a hung agent (a stopped process, a frozen node) keeps this server's connections after HAProxy marks it DOWN: the messages on them wait `timeout processing`; with this, HAProxy 2.6 and 3.0 close them at DOWN and the retry asks another agent (a draining agent has said goodbye on every connection and waits for its DOWN before it leaves)",
             "coraza.cfg:4: spoe-agent `coraza-agent` lets HAProxy 2.6 and 3.0 send up to 20 (the default) NOTIFYs on an agent connection before the first ACK: an agent's goodbye (a drain, a rebalancing) can cross one, which HAProxy fails (`st=256` in its log, then the retry), and a hung agent's connections hold that many messages each; with 1, HAProxy waits for each ACK and the goodbye rides on it (3.1 and later ignore the line)",
             "coraza.cfg:4: note: no retry: a request queued on an agent connection that closes under it (an agent cut at its deadline) fails instead of being asked again",
             "coraza.cfg:9: note: ignored by HAProxy 3.1 and later: there the agents' backend's `timeout connect` and `timeout server` apply (and `timeout server` closes idle agent connections)",
             "coraza.cfg:10: note: ignored by HAProxy 3.1 and later: there the agents' backend's `timeout connect` and `timeout server` apply (and `timeout server` closes idle agent connections)",
             "coraza.cfg:11: note: a verdict must come within this, queueing included: under load this turns slowness into errors (docs/spoa.md uses 5s)",
-            "4 to fix, 4 note(s)",
+            "5 to fix, 4 note(s)",
         ],
         "{out}"
     );
