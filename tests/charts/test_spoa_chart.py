@@ -259,6 +259,8 @@ def test_agent_config(case: Any) -> None:
     volumes = {v["name"]: v for v in rendered.pod_spec()["volumes"]}
     agent = _agent(rendered)
     assert flag(agent["args"], "config") == "/etc/lastcall-spoa/config.yaml"
+    # The agent follows its file: an existingConfigMap's edits reach it (test_checksums.py).
+    assert ("--autoreload" in agent["args"]) == values["agent"]["autoreload"]
     mounts = {m["name"]: m["mountPath"] for m in agent["volumeMounts"]}
     assert mounts["agent-config"] == "/etc/lastcall-spoa"
     if values["agent"]["existingConfigMap"]:

@@ -153,6 +153,9 @@ The termination budget, in whole seconds. Everything below is derived from it.
 {{- $t := int $g.drainTimeoutSeconds }}
 {{- $e := int .Values.sidecar.agentExitSeconds }}
 - --config=/etc/lastcall-spoa/config.yaml
+{{- if .Values.agent.autoreload }}
+- --autoreload
+{{- end }}
 - --on-sigterm={{ include "lastcall-spoa.onSigterm" . }}
 {{- if $g.enabled }}
 {{- if eq .Values.mode "standalone" }}

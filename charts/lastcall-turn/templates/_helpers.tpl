@@ -130,8 +130,13 @@ metadata:
     {{- toYaml . | nindent 4 }}
     {{- end }}
   annotations:
-    {{- if not .Values.config.existingSecret }}
+    # Every ConfigMap and Secret the chart renders for the pod: a change rolls the pods
+    # (tests/charts/test_checksums.py). What is given by name (tls.existingSecret,
+    # config.existingSecret, turn.auth.existingSecret) cannot be hashed here: see
+    # docs/kubernetes.md, "Changes that reach the pods".
     checksum/config: {{ include (print $.Template.BasePath "/configmap.yaml") . | sha256sum }}
+    {{- with include (print $.Template.BasePath "/secret.yaml") . | trim }}
+    checksum/secret: {{ . | sha256sum }}
     {{- end }}
     {{- if .Values.metrics.podAnnotations }}
     prometheus.io/scrape: "true"
