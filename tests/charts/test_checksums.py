@@ -9,15 +9,21 @@ how to roll."""
 from __future__ import annotations
 
 import copy
+import http.client
 import json
+import os
 import shutil
+import subprocess
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
 import helm_python
 import pytest
+import yaml
 
-from chartlib import CHARTS, all_containers, container, merged_values, render
+from chartlib import CHARTS, all_containers, built_binary, container, merged_values, render
+from test_daemons_with_chart_args import free_port, kubelet_args
 
 # Value sets that turn on the inputs the defaults leave off; every leaf of each is changed.
 BASES: dict[str, list[dict[str, Any]]] = {
@@ -122,8 +128,6 @@ def pod_inputs(objects: list[dict[str, Any]], pod: dict[str, Any]) -> dict[tuple
 
 
 def render_objects(chart_dir: Path, values: dict[str, Any]) -> list[dict[str, Any]] | None:
-    import yaml
-
     try:
         with helm_python.Chart.load(chart_dir) as c:
             manifests = c.render(values=copy.deepcopy(values), name="rel", namespace="ns")
@@ -190,3 +194,83 @@ def test_the_walk_catches_a_missing_checksum(tmp_path: Path) -> None:
     assert any(m.startswith("turn.auth.value=") for m in missed), missed
     assert any(m.startswith("turn.realm=") for m in missed), missed
     assert any(m.startswith("turn.externalIPs.n1=") and "conf" in m for m in missed), missed
+
+
+def test_existing_configmap_edit_reaches_the_agent(tmp_path: Path) -> None:
+    """agent.existingConfigMap: the agent started with the chart's arguments follows the
+    kubelet's update of the mounted ConfigMap (a new `..data` symlink): the new rules are
+    loaded (spoa_reloads_total{result="ok"}), a file that does not compile is refused and the
+    agent stays ready. Skipped when the agent is not built."""
+    binary = built_binary("lastcall-spoa")
+    if binary is None:
+        pytest.skip("lastcall-spoa is not built")
+    admin_port, spop_port = free_port(), free_port()
+    values = {
+        "agent": {"existingConfigMap": "my-waf", "port": spop_port},
+        "admin": {"port": admin_port, "address": "127.0.0.1"},
+    }
+    r = render("lastcall-spoa", values)
+    assert not [o for o in r.of_kind("ConfigMap") if o["metadata"]["name"].endswith("-agent")]
+    agent = container(r.pod_spec(), "agent")
+    assert "--autoreload" in agent["args"]
+
+    # The volume as the kubelet lays it out: config.yaml -> ..data/config.yaml, ..data -> ..v1.
+    mount = tmp_path / "mount"
+    mount.mkdir()
+
+    def publish(version: str, cfg: dict[str, Any]) -> None:
+        (mount / version).mkdir()
+        (mount / version / "config.yaml").write_text(yaml.safe_dump(cfg))
+        os.symlink(version, mount / "..data_tmp")
+        os.rename(mount / "..data_tmp", mount / "..data")
+
+    base = {"bind": f"127.0.0.1:{spop_port}", "applications": [{"name": "default"}]}
+    publish("..v1", base)
+    os.symlink("..data/config.yaml", mount / "config.yaml")
+    argv = [str(binary)] + kubelet_args(agent["args"], {}, {"/etc/lastcall-spoa/config.yaml": str(mount / "config.yaml")})
+
+    def get(path: str) -> tuple[int, str] | None:
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", admin_port, timeout=2)
+            conn.request("GET", path)
+            resp = conn.getresponse()
+            out = (resp.status, resp.read().decode())
+            conn.close()
+            return out
+        except OSError:
+            return None
+
+    def reloads(result: str) -> float:
+        got = get("/metrics")
+        for line in (got[1] if got else "").splitlines():
+            if line.startswith("spoa_reloads_total{") and f'result="{result}"' in line:
+                return float(line.rsplit(" ", 1)[1])
+        return 0.0
+
+    def wait(what: str, check: Any, proc: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if check():
+                return
+            assert proc.poll() is None, f"agent exited before {what}:\n{log.read_text()[-3000:]}"
+            time.sleep(0.05)
+        pytest.fail(f"timed out waiting for {what}:\n{log.read_text()[-3000:]}")
+
+    log = tmp_path / "agent.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path)
+    try:
+        wait("readiness", lambda: (get("/readyz") or (0, ""))[0] == 200, proc)
+        assert reloads("ok") == 0
+        # An edit: a rule of the user's own after the built-in ones.
+        edited = {**base, "applications": [{"name": "default", "directives": 'SecRuleEngine On\nSecRule ARGS:block "@streq yes" "id:10001,phase:1,deny,status:403"\n'}]}
+        publish("..v2", edited)
+        wait("the edit reloaded", lambda: reloads("ok") == 1, proc)
+        # A broken edit: refused, the running rules kept, still ready.
+        publish("..v3", {**base, "applications": [{"name": "default", "directives": "SecRule ARGS\n"}]})
+        wait("the broken edit refused", lambda: reloads("error") == 1, proc)
+        assert (get("/readyz") or (0, ""))[0] == 200
+        assert reloads("ok") == 1
+    finally:
+        proc.kill()
+        proc.wait()
