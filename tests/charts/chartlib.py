@@ -28,6 +28,7 @@ OLDEST = "1.25.0"
 # Kinds from CRDs that kubernetes-validate has no schema for; checked by hand instead.
 CRD_KINDS = {
     ("monitoring.coreos.com/v1", "ServiceMonitor"),
+    ("monitoring.coreos.com/v1", "PodMonitor"),
     ("monitoring.coreos.com/v1", "PrometheusRule"),
 }
 
@@ -96,6 +97,8 @@ def validate(obj: dict[str, Any], version: str) -> None:
         if obj["kind"] == "PrometheusRule":
             # Its rules are checked by promtool (tests/charts/test_observability.py).
             assert obj["spec"]["groups"], "PrometheusRule without groups"
+        elif obj["kind"] == "PodMonitor":
+            assert obj["spec"]["podMetricsEndpoints"], "PodMonitor without podMetricsEndpoints"
         else:
             assert obj["spec"]["endpoints"], "ServiceMonitor without endpoints"
         return

@@ -259,6 +259,8 @@ def test_agent_config(case: Any) -> None:
     volumes = {v["name"]: v for v in rendered.pod_spec()["volumes"]}
     agent = _agent(rendered)
     assert flag(agent["args"], "config") == "/etc/lastcall-spoa/config.yaml"
+    # The agent follows its file: an existingConfigMap's edits reach it (test_checksums.py).
+    assert ("--autoreload" in agent["args"]) == values["agent"]["autoreload"]
     mounts = {m["name"]: m["mountPath"] for m in agent["volumeMounts"]}
     assert mounts["agent-config"] == "/etc/lastcall-spoa"
     if values["agent"]["existingConfigMap"]:
@@ -292,9 +294,13 @@ def test_standalone_objects(case: Any) -> None:
     else:
         assert dep["spec"]["replicas"] == values["replicaCount"]
         assert dep["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
-    pdb = rendered.one("PodDisruptionBudget")
-    assert pdb["spec"]["maxUnavailable"] == values["podDisruptionBudget"]["maxUnavailable"]
-    assert pdb["spec"]["selector"]["matchLabels"] == dep["spec"]["selector"]["matchLabels"]
+    if values["daemonSet"]["enabled"]:
+        # A node drain does not evict a DaemonSet's pods: no budget.
+        assert rendered.of_kind("PodDisruptionBudget") == []
+    else:
+        pdb = rendered.one("PodDisruptionBudget")
+        assert pdb["spec"]["maxUnavailable"] == values["podDisruptionBudget"]["maxUnavailable"]
+        assert pdb["spec"]["selector"]["matchLabels"] == dep["spec"]["selector"]["matchLabels"]
     svc = rendered.one("Service", "-lastcall-spoa")
     assert {p["name"]: p["targetPort"] for p in svc["spec"]["ports"]} == {"spop": "spop", "admin": "admin"}
     headless = [s for s in rendered.of_kind("Service") if s["metadata"]["name"].endswith("-headless")]

@@ -21,16 +21,29 @@ app.kubernetes.io/name: {{ include "lastcall-spoa.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 
-{{- define "lastcall-spoa.labels" -}}
-helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{/* The pods' labels (and every object's): the selector's, then version, part-of,
+commonLabels. podLabels are added on the pods only. */}}
+{{- define "lastcall-spoa.podLabels" -}}
 {{ include "lastcall-spoa.selectorLabels" . }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
-app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: lastcall
 app.kubernetes.io/component: {{ .Values.mode }}
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
 {{- end }}
 
+{{/* Labels of every object: the pods' (above) and the chart's and Helm's. */}}
+{{- define "lastcall-spoa.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{ include "lastcall-spoa.podLabels" . }}
+{{- end }}
+
+{{/* repository:tag, or repository:tag@digest when image.digest pins it. */}}
 {{- define "lastcall-spoa.image" -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- with .Values.image.digest }}@{{ . }}{{ end }}
 {{- end }}
 
 {{/* The workload's kind: a DaemonSet only for standalone agents that ask for one. */}}
@@ -153,6 +166,9 @@ The termination budget, in whole seconds. Everything below is derived from it.
 {{- $t := int $g.drainTimeoutSeconds }}
 {{- $e := int .Values.sidecar.agentExitSeconds }}
 - --config=/etc/lastcall-spoa/config.yaml
+{{- if .Values.agent.autoreload }}
+- --autoreload
+{{- end }}
 - --on-sigterm={{ include "lastcall-spoa.onSigterm" . }}
 {{- if $g.enabled }}
 {{- if eq .Values.mode "standalone" }}

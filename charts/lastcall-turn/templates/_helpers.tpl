@@ -21,11 +21,28 @@ app.kubernetes.io/name: {{ include "lastcall-turn.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 
-{{- define "lastcall-turn.labels" -}}
-helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{/* The pods' labels (and every object's): the selector's, then version, part-of,
+commonLabels. podLabels are added on the pods only. */}}
+{{- define "lastcall-turn.podLabels" -}}
 {{ include "lastcall-turn.selectorLabels" . }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/part-of: lastcall
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* Labels of every object: the pods' (above) and the chart's and Helm's. */}}
+{{- define "lastcall-turn.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{ include "lastcall-turn.podLabels" . }}
+{{- end }}
+
+{{/* repository:tag, or repository:tag@digest when image.digest pins it. */}}
+{{- define "lastcall-turn.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- with .Values.image.digest }}@{{ . }}{{ end }}
 {{- end }}
 
 {{- define "lastcall-turn.serviceAccountName" -}}
@@ -125,13 +142,18 @@ first relay port): it then gets NET_BIND_SERVICE. */}}
 {{- $fullname := include "lastcall-turn.fullname" . }}
 metadata:
   labels:
-    {{- include "lastcall-turn.selectorLabels" . | nindent 4 }}
+    {{- include "lastcall-turn.podLabels" . | nindent 4 }}
     {{- with .Values.podLabels }}
     {{- toYaml . | nindent 4 }}
     {{- end }}
   annotations:
-    {{- if not .Values.config.existingSecret }}
+    # Every ConfigMap and Secret the chart renders for the pod: a change rolls the pods
+    # (tests/charts/test_checksums.py). What is given by name (tls.existingSecret,
+    # config.existingSecret, turn.auth.existingSecret) cannot be hashed here: see
+    # docs/kubernetes.md, "Changes that reach the pods".
     checksum/config: {{ include (print $.Template.BasePath "/configmap.yaml") . | sha256sum }}
+    {{- with include (print $.Template.BasePath "/secret.yaml") . | trim }}
+    checksum/secret: {{ . | sha256sum }}
     {{- end }}
     {{- if .Values.metrics.podAnnotations }}
     prometheus.io/scrape: "true"
@@ -145,6 +167,10 @@ spec:
   # TURN relays on the node's addresses: clients and peers reach them directly.
   hostNetwork: true
   dnsPolicy: ClusterFirstWithHostNet
+  {{- if .Values.shareProcessNamespace }}
+  # A reloader in extraContainers signals the daemon (SIGUSR2) when the certificate changes.
+  shareProcessNamespace: true
+  {{- end }}
   terminationGracePeriodSeconds: {{ include "lastcall-turn.graceSeconds" . }}
   serviceAccountName: {{ include "lastcall-turn.serviceAccountName" . }}
   automountServiceAccountToken: {{ .Values.serviceAccount.automountServiceAccountToken }}
@@ -196,7 +222,7 @@ spec:
     # The node's address from the Kubernetes API, for --external-ip-file (wire's chart did
     # this with kubectl). Its token is mounted here only.
     - name: node-external-ip
-      image: {{ printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+      image: {{ include "lastcall-turn.image" . }}
       imagePullPolicy: {{ .Values.image.pullPolicy }}
       args:
         - node-external-ip
@@ -229,7 +255,7 @@ spec:
   {{- end }}
   containers:
     - name: turn
-      image: {{ printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+      image: {{ include "lastcall-turn.image" . }}
       imagePullPolicy: {{ .Values.image.pullPolicy }}
       args:
         {{- include "lastcall-turn.args" . | trim | nindent 8 }}
@@ -350,6 +376,9 @@ spec:
           mountPath: /etc/lastcall-turn/admin
           readOnly: true
         {{- end }}
+    {{- with .Values.extraContainers }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
   volumes:
     - name: config
       {{- if .Values.config.existingSecret }}
