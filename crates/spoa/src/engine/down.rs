@@ -15,10 +15,11 @@
 //!   [`CHECK_HOLD`] later (its next check renews it: `inter` 1 s in the documented file, 2 s
 //!   HAProxy's default); the check that makes it `fall` holds [`DOWN_MARGIN`] more. A HAProxy
 //!   that stops checking (gone, or checks further apart than [`CHECK_HOLD`]) holds nothing
-//!   after that, except while draining: then it holds until [`DRAINING_HOLD`] without a
-//!   check, since on a loaded machine checks come late (measured at a load average of 25-36
-//!   on 2 cores: a second refused check more than 2.5 s after the first, and agents that left
-//!   with HAProxy at `UP 1/2`).
+//!   after that, except one that has begun to mark the agent DOWN while it drains (a check
+//!   refused, not yet `fall`): it holds until [`DRAINING_HOLD`] without a check, since on a
+//!   loaded machine checks come late (measured at a load average of 25-36 on 2 cores: a
+//!   second refused check more than 2.5 s after the first, and agents that left with HAProxy
+//!   at `UP 1/2`).
 //! - A HAProxy the agent has not heard from yet may have it UP too (HAProxy starts a server
 //!   UP, and spreads its first checks over `inter`): for [`CHECK_HOLD`] from the moment the
 //!   agent listens, the unseen ones hold it; by then each has checked it once and is known.
@@ -50,9 +51,9 @@ pub(crate) const CHECK_HOLD: Duration = Duration::from_millis(2500);
 /// threads may be placing a connection as it does.
 pub(crate) const DOWN_MARGIN: Duration = Duration::from_millis(200);
 
-/// While draining, how long a HAProxy that has not yet marked the agent DOWN holds it
-/// without a check: longer than any check interval a loaded machine stretches `inter` to,
-/// and what a HAProxy that went away mid-drain costs.
+/// While draining, how long a HAProxy that has refused checks but not yet marked the agent
+/// DOWN holds it without a check: longer than any check interval a loaded machine stretches
+/// `inter` to, and what a HAProxy that went away in the middle of marking it DOWN costs.
 pub(crate) const DRAINING_HOLD: Duration = Duration::from_secs(10);
 
 /// How long a check holds the agent, given the health checks refused in a row so far (this
@@ -132,15 +133,17 @@ impl Down {
     }
 
     /// The hold of `peer` taken by its check `generation` has run out: released, unless a
-    /// later check took over, or the agent is draining and that HAProxy has not marked it
-    /// DOWN (then `Some`: how long until [`DRAINING_HOLD`] without a check).
+    /// later check took over, or the agent is draining and that HAProxy has refused checks
+    /// but not yet marked it DOWN (then `Some`: how long until [`DRAINING_HOLD`] without a
+    /// check). One whose checks were all answered is released: it may be gone (a sidecar's
+    /// HAProxy that exited before the agent's SIGTERM).
     fn release(&self, handle: &Handle, peer: Checker, generation: u64) -> Option<Duration> {
         let mut inner = self.lock();
         let p = inner.peers.get_mut(&peer)?;
         if p.generation != generation {
             return None;
         }
-        if handle.is_draining() && p.refused < DOWN_AFTER_CHECKS {
+        if handle.is_draining() && (1..DOWN_AFTER_CHECKS).contains(&p.refused) {
             let left = p.last.map_or(Duration::ZERO, |t| {
                 DRAINING_HOLD.saturating_sub(t.elapsed())
             });
@@ -223,12 +226,14 @@ mod tests {
         let handle = lifecycle.handle();
         tokio::spawn(lifecycle.run_with(futures::stream::pending()));
         let down = Arc::new(Down::default());
-        let (late, prompt) = (
+        let (late, prompt, gone) = (
             Some(IpAddr::from([10, 0, 0, 1])),
             Some(IpAddr::from([10, 0, 0, 2])),
+            Some(IpAddr::from([10, 0, 0, 3])),
         );
         down.checked(&handle, late, false);
         down.checked(&handle, prompt, false);
+        down.checked(&handle, gone, false);
         handle.start_drain(lastcall::Trigger::Api);
         handle.refusing().await;
         let ms = Duration::from_millis;
@@ -237,11 +242,17 @@ mod tests {
         down.checked(&handle, prompt, true);
         tokio::time::sleep(ms(1000)).await;
         down.checked(&handle, prompt, true);
-        assert_eq!(handle.holds(), 2);
+        assert_eq!(handle.holds(), 3);
         tokio::time::sleep(DOWN_MARGIN + ms(1)).await;
-        assert_eq!(handle.holds(), 1, "the prompt one marked the agent DOWN");
+        assert_eq!(handle.holds(), 2, "the prompt one marked the agent DOWN");
+        tokio::time::sleep(CHECK_HOLD - ms(2000) - DOWN_MARGIN).await;
+        assert_eq!(
+            handle.holds(),
+            1,
+            "only answered checks: released at CHECK_HOLD"
+        );
         // The late one's second check has not come: held past CHECK_HOLD.
-        tokio::time::sleep(DRAINING_HOLD - ms(1000) - DOWN_MARGIN - ms(2)).await;
+        tokio::time::sleep(DRAINING_HOLD - ms(1000) - (CHECK_HOLD - ms(2000)) - ms(2)).await;
         assert_eq!(handle.holds(), 1);
         tokio::time::sleep(ms(2)).await;
         assert_eq!(handle.holds(), 0, "DRAINING_HOLD without a check");
