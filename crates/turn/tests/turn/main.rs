@@ -24,6 +24,7 @@
 //! - `termination`: calls across SIGTERM, the deadline, alternates, coturn's own behaviour.
 //! - `userdb`: coturn's user databases (SQLite, PostgreSQL, Redis) changing and failing under
 //!   live calls; `userdb_servers` starts the databases.
+//! - `wire`: wire's coturn chart's configuration, brig's zrest credentials, `CA-file`.
 //! - `workers`: the UDP I/O threads.
 #![allow(
     clippy::unwrap_used,
@@ -55,4 +56,5 @@ mod systemd;
 mod termination;
 mod userdb;
 mod userdb_servers;
+mod wire;
 mod workers;
