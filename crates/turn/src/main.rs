@@ -60,7 +60,7 @@ fn main() {
 /// `lastcall-turn node-external-ip ...`: the chart's init container (see
 /// [`lastcall_turn::nodeip`]); exits 0 with the file written, 64 on bad arguments, 1 else.
 fn node_external_ip(args: &[String]) -> ! {
-    use lastcall_turn::nodeip::{Lookup, LookupError};
+    use lastcall_turn::nodeip::{Lookup, LookupError, Origin, WIRE_EXTERNAL_IP_ANNOTATION};
     let lookup = match Lookup::from_args(args) {
         Ok(l) => l,
         Err(e) => {
@@ -69,12 +69,18 @@ fn node_external_ip(args: &[String]) -> ! {
         }
     };
     match lookup.run() {
-        Ok(ips) => {
+        Ok((ips, origin)) => {
             let ips: Vec<String> = ips.iter().map(ToString::to_string).collect();
+            let from = match origin {
+                Origin::Status => lookup.address_type.clone(),
+                Origin::Annotation => format!(
+                    "no {}; annotation {WIRE_EXTERNAL_IP_ANNOTATION}",
+                    lookup.address_type
+                ),
+            };
             println!(
-                "lastcall-turn node-external-ip: node {}: {} {} written to {}",
+                "lastcall-turn node-external-ip: node {}: {from} {} written to {}",
                 lookup.node,
-                lookup.address_type,
                 ips.join(" "),
                 lookup.out.display()
             );
