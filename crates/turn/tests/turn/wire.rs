@@ -246,3 +246,75 @@ fn with_tls_ca_file_verifies_client_certificates_as_coturn_does() {
         "a client without a certificate relays nothing"
     );
 }
+
+/// wire's chart with `coturnGracefulTermination: true`: the kubelet runs
+/// `/usr/local/bin/pre-stop-hook "$POD_IP" 9641` before its SIGTERM. The image's names are
+/// symlinks here: the daemon runs as `turnserver`, the hook is the same binary as
+/// `pre-stop-hook`. The hook starts the drain, waits while a call keeps relaying, and returns
+/// 0 right after the daemon's exit at the call's end (exit 0, nothing lost).
+#[test]
+fn the_pre_stop_hook_drains_turnserver_and_returns_when_its_last_call_ends() {
+    let dir = tempfile::tempdir().unwrap();
+    let bin = Path::new(env!("CARGO_BIN_EXE_lastcall-turn"));
+    let (turnserver, hook) = (
+        dir.path().join("turnserver"),
+        dir.path().join("pre-stop-hook"),
+    );
+    std::os::unix::fs::symlink(bin, &turnserver).unwrap();
+    std::os::unix::fs::symlink(bin, &hook).unwrap();
+    let conf = render(dir.path());
+    let port = harness::free_udp_tcp_port();
+    let metrics = harness::free_port();
+    let mut cmd = Command::new(&turnserver);
+    cmd.args(["-c", &conf.display().to_string()])
+        .arg(format!("--listening-port={port}"))
+        .arg(format!("--prometheus-port={metrics}"))
+        .arg(format!(
+            "--pidfile={}",
+            dir.path().join("turnserver.pid").display()
+        ))
+        .args(["--allow-loopback-peers", "--allowed-peer-ip=127.0.0.1"]);
+    let mut daemon = harness::Pod::spawn(cmd);
+    daemon.wait_for_log("lastcall-turn listening", WAIT);
+    let comm = std::fs::read_to_string(format!("/proc/{}/comm", daemon.pid())).unwrap();
+    assert_eq!(
+        comm.trim_end(),
+        "turnserver",
+        "the name wire's reloader looks for"
+    );
+
+    let peer = Peer::start();
+    let server = SocketAddr::from(([127, 0, 0, 1], port));
+    let creds = ZrestCredentials::valid_for("wire-first-secret", &USER, Duration::from_secs(3600));
+    let mut c = TurnClient::long_term(server, &creds.username, &creds.password);
+    c.call(SocketAddr::from(([127, 0, 0, 1], peer.port)), 0x4000)
+        .expect("a call");
+    c.stream(Duration::from_millis(10));
+    c.wait_received(20, WAIT);
+
+    let mut run = Command::new(&hook);
+    run.args(["127.0.0.1", &metrics.to_string()]);
+    let mut prestop = harness::Pod::spawn(run);
+    daemon.wait_for_log("pre-stop-hook: SIGUSR1 to turnserver", WAIT);
+    daemon.wait_for_log("SIGUSR1 received", WAIT);
+    // The call goes on while the hook waits.
+    let before = c.received();
+    c.wait_received(before + 20, WAIT);
+    assert!(
+        prestop.is_running(),
+        "the hook returned with a call still up"
+    );
+
+    c.stop_stream(Duration::from_millis(200));
+    assert_eq!(c.sent(), c.received(), "nothing lost");
+    c.refresh(0).expect("the call's end");
+    let exit = daemon.wait_exit(WAIT);
+    assert_eq!(exit.code, Some(0), "{exit:?}");
+    let returned = prestop.wait_exit(WAIT);
+    assert_eq!(returned.code, Some(0), "{returned:?}");
+    assert!(
+        prestop.has_log("drained and exited"),
+        "{:?}",
+        prestop.logs()
+    );
+}
