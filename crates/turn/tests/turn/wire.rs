@@ -5,7 +5,9 @@
 //! backend (brig) issues them allocates and relays a call through the real daemon; an
 //! expired one and one of another scheme get 401 and are counted; a conference server's
 //! (`sft-`) name past its expiry still works. With a TLS listener and `CA-file`, a TLS client
-//! without a certificate signed by that CA fails the handshake, one with it relays.
+//! without a certificate signed by that CA fails the handshake, one with it relays. The
+//! StatefulSet's command line runs under Debian's dumb-init and drains a call on SIGTERM, and
+//! the image's `pre-stop-hook` drains the `turnserver` process and returns at its exit.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -317,4 +319,78 @@ fn the_pre_stop_hook_drains_turnserver_and_returns_when_its_last_call_ends() {
         "{:?}",
         prestop.logs()
     );
+}
+
+/// wire's StatefulSet's command line, for real: Debian's `/usr/bin/dumb-init -- /bin/sh -c`
+/// with the chart's script (its two `sed` runs, then `exec` the daemon as `turnserver`, a
+/// symlink here as in the image). The kubelet's SIGTERM goes to dumb-init, PID 1 of the
+/// container: it passes it on, the daemon drains, a call in progress keeps relaying, a new
+/// one is refused, and everything exits 0 once the call ends, nothing lost.
+#[test]
+fn wires_command_line_under_dumb_init_drains_on_sigterm() {
+    let dumb_init = Path::new("/usr/bin/dumb-init");
+    assert!(
+        dumb_init.exists(),
+        "/usr/bin/dumb-init is missing: apt-get install dumb-init (scripts/setup.sh does)"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let bin = Path::new(env!("CARGO_BIN_EXE_lastcall-turn"));
+    let turnserver = dir.path().join("turnserver");
+    std::os::unix::fs::symlink(bin, &turnserver).unwrap();
+    let template =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/wire-coturn.conf.template");
+    std::fs::create_dir_all(dir.path().join("external-ip")).unwrap();
+    std::fs::write(dir.path().join("external-ip/ip"), "127.0.0.1").unwrap();
+    std::fs::write(dir.path().join("zrest_secret.txt"), SECRETS).unwrap();
+    let port = harness::free_udp_tcp_port();
+    let metrics = harness::free_port();
+    // The chart's script, its paths made the test's (and the test's ports and loopback peers
+    // added to the daemon's command line, with a 1 s shutdown delay).
+    let script = r#"set -e
+EXTERNAL_IP=$(cat "$DIR/external-ip/ip")
+sed -Ee "s;__COTURN_EXT_IP__;$EXTERNAL_IP;g" -e "s;__COTURN_POD_IP__;$POD_IP;g" -e "s;__COTURN_HOST_IP__;$HOST_IP;g" "$TEMPLATE" > "$DIR/turnserver.conf"
+sed -Ee 's/^/static-auth-secret=/' "$DIR/zrest_secret.txt" >> "$DIR/turnserver.conf"
+exec "$TURNSERVER" -c "$DIR/turnserver.conf" --listening-port="$PORT" --prometheus-port="$METRICS" --pidfile="$DIR/turnserver.pid" --allow-loopback-peers --allowed-peer-ip=127.0.0.1 --shutdown-delay=1s
+"#;
+    let mut cmd = Command::new(dumb_init);
+    cmd.args(["--", "/bin/sh", "-c", script])
+        .env("DIR", dir.path())
+        .env("TEMPLATE", &template)
+        .env("TURNSERVER", &turnserver)
+        .env("POD_IP", "127.0.0.1")
+        .env("HOST_IP", "127.0.0.1")
+        .env("PORT", port.to_string())
+        .env("METRICS", metrics.to_string());
+    let mut pod = harness::Pod::spawn(cmd);
+    pod.wait_for_log("lastcall-turn listening", WAIT);
+
+    let peer = Peer::start();
+    let server = SocketAddr::from(([127, 0, 0, 1], port));
+    let peer_addr = SocketAddr::from(([127, 0, 0, 1], peer.port));
+    let creds = ZrestCredentials::valid_for("wire-first-secret", &USER, Duration::from_secs(3600));
+    let mut c = TurnClient::long_term(server, &creds.username, &creds.password);
+    c.call(peer_addr, 0x4000).expect("a call");
+    c.stream(Duration::from_millis(10));
+    c.wait_received(20, WAIT);
+
+    pod.signal(harness::Signal::Term);
+    pod.wait_for_log("phase announcing -> refusing", WAIT);
+    let mut late = TurnClient::long_term(server, &creds.username, &creds.password);
+    assert!(
+        matches!(late.allocate(600), Err(TurnError::Code { code: 403, .. })),
+        "a new Allocate is refused while draining"
+    );
+    let before = c.received();
+    c.wait_received(before + 20, WAIT);
+    assert!(
+        pod.is_running(),
+        "dumb-init and the daemon wait for the call"
+    );
+
+    c.stop_stream(Duration::from_millis(200));
+    assert_eq!(c.sent(), c.received(), "nothing lost");
+    c.refresh(0).expect("the call's end");
+    let exit = pod.wait_exit(WAIT);
+    assert_eq!(exit.code, Some(0), "{exit:?}");
+    assert!(!exit.killed);
 }
