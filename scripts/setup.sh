@@ -9,6 +9,9 @@ PACKAGES=(
   haproxy coturn libmodsecurity-dev libmodsecurity3 modsecurity-crs
   nginx libnginx-mod-http-modsecurity
   iproute2 procps util-linux psmisc openssl wrk
+  # wire's coturn chart's command line (dumb-init -- /bin/sh -c '...'), run for real by
+  # crates/turn/tests/turn/wire.rs.
+  dumb-init
   # setcap/getcap: tests/turn/privileged.rs gives a copy of lastcall-turn the image's file
   # capability (setpriv and runuser come with util-linux).
   libcap2-bin

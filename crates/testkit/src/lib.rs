@@ -11,7 +11,7 @@
 //! - [`origin`]: a real HTTP/1.1 origin for the proxies under test.
 //! - [`wait`]: [`wait_until`], waiting for a condition with a bound.
 //! - [`turn`]: a blocking TURN client over UDP with a sequence-numbered ChannelData stream,
-//!   and TURN REST API credentials.
+//!   TURN REST API credentials, and Wire's zrest credentials as its backend issues them.
 //! - [`tls`]: self-signed certificates for the TLS listeners under test.
 //! - [`coturn`]: coturn's `turnutils_peer` and `turnutils_uclient` as peers.
 //! - [`procfs`]: a process's resident memory (and its peak while something runs) and open

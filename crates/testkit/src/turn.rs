@@ -65,6 +65,54 @@ impl RestCredentials {
     }
 }
 
+/// Wire's `zrest` credentials, made the way Wire's backend (brig) issues them to a client:
+/// username `[sft-]d=EXPIRY.v=1.k=0.t=s.r=RANDOM` (RANDOM derived from the user's id, see
+/// [`brig_random`]), password standard base64 of HMAC-SHA512(secret, username).
+#[derive(Clone, Debug)]
+pub struct ZrestCredentials {
+    /// `[sft-]d=EXPIRY.v=1.k=0.t=s.r=RANDOM`.
+    pub username: String,
+    /// The password derived from the secret.
+    pub password: String,
+}
+
+impl ZrestCredentials {
+    /// Credentials for the user `user_id` (a UUID's 16 bytes) made with `secret`, expiring
+    /// at UNIX second `expiry`; `sft` makes them a conference server's (they never expire).
+    pub fn brig(secret: &str, user_id: &[u8; 16], expiry: u64, sft: bool) -> ZrestCredentials {
+        let prefix = if sft { "sft-" } else { "" };
+        let random = brig_random(user_id);
+        let username = format!("{prefix}d={expiry}.v=1.k=0.t=s.r={random}");
+        let password = lastcall_turn_proto::zrest_password(secret.as_bytes(), &username);
+        ZrestCredentials { username, password }
+    }
+
+    /// Credentials valid for `ttl` from now.
+    pub fn valid_for(secret: &str, user_id: &[u8; 16], ttl: Duration) -> ZrestCredentials {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
+        ZrestCredentials::brig(secret, user_id, (now + ttl).as_secs(), false)
+    }
+}
+
+/// brig's `r`: the first 16 bytes of SHA-256 over the user id's 16 bytes, read as a
+/// little-endian integer, written in base 26 with the digits a-z, most significant first.
+pub fn brig_random(user_id: &[u8; 16]) -> String {
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(user_id);
+    let mut le = [0u8; 16];
+    le.copy_from_slice(&digest[..16]);
+    let mut n = u128::from_le_bytes(le);
+    let mut digits = Vec::new();
+    while n > 0 {
+        digits.push(b'a' + (n % 26) as u8);
+        n /= 26;
+    }
+    digits.reverse();
+    String::from_utf8(digits).unwrap_or_default()
+}
+
 /// First retransmission timeout (doubled per retry).
 const RTO: Duration = Duration::from_millis(250);
 /// Transmissions of one request before giving up (250 ms .. 4 s: about 8 s in all).
@@ -580,4 +628,28 @@ fn parse_response(buf: &[u8], id: &[u8; 12]) -> Option<Response> {
         }
     }
     Some(r)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The issue's vector: UUID 6e0c8f3c-7a1b-4c2d-9e8f-0123456789ab.
+    #[test]
+    fn brigs_random_part_of_a_user_id() {
+        let id = [
+            0x6e, 0x0c, 0x8f, 0x3c, 0x7a, 0x1b, 0x4c, 0x2d, 0x9e, 0x8f, 0x01, 0x23, 0x45, 0x67,
+            0x89, 0xab,
+        ];
+        assert_eq!(brig_random(&id), "bwnyqvzygtvuprnypsbylimxakrk");
+        let c = ZrestCredentials::brig("Wire-TURN-secret-example", &id, 1_700_000_000, true);
+        assert_eq!(
+            c.username,
+            "sft-d=1700000000.v=1.k=0.t=s.r=bwnyqvzygtvuprnypsbylimxakrk"
+        );
+        assert_eq!(
+            lastcall_turn_proto::ZrestName::parse(&c.username).map(|n| n.sft),
+            Some(true)
+        );
+    }
 }

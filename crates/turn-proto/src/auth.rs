@@ -6,7 +6,7 @@ use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
 use base64::Engine;
 use hmac::{Hmac, Mac};
 
-use crate::config::{AuthConfig, UserKey};
+use crate::config::{AuthConfig, RestScheme, UserKey};
 use crate::stun::long_term_key;
 
 /// Length of a nonce in bytes (16 base64url characters).
@@ -37,17 +37,114 @@ pub fn rest_expiry(username: &str, separator: char) -> Option<u64> {
     ts.parse().ok()
 }
 
+/// Wire's `zrest` password for `username` (the whole name, `sft-` included): standard base64,
+/// padded, of HMAC-SHA512(secret, username), as Wire's backend (brig) issues it.
+pub fn zrest_password(secret: &[u8], username: &str) -> String {
+    let tag = match Hmac::<sha2::Sha512>::new_from_slice(secret) {
+        Ok(mut m) => {
+            m.update(username.as_bytes());
+            m.finalize().into_bytes().to_vec()
+        }
+        Err(_) => Vec::new(),
+    };
+    STANDARD.encode(tag)
+}
+
+/// What a `zrest` username says: `[sft-]d=EXPIRY.v=1.k=INDEX.t=s.r=RANDOM`, where EXPIRY and
+/// INDEX are decimal numbers of at most 2^32-1 and RANDOM is made of `-_a-zA-Z0-9` (the
+/// fork's `^(sft-)?d=([0-9]+)\.v=1\.k=([0-9]+)\.t=s\.r=[-_a-zA-Z0-9]*$`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ZrestName {
+    /// UNIX seconds from which the credential is refused (unless [`sft`](Self::sft)).
+    pub expiry: u32,
+    /// The key index `k` (it selects nothing: every secret is tried).
+    pub key_index: u32,
+    /// `sft-`: Wire's conference servers; the credential never expires.
+    pub sft: bool,
+}
+
+impl ZrestName {
+    /// Parses a username; `None` if it is not of the zrest shape.
+    pub fn parse(username: &str) -> Option<ZrestName> {
+        let (sft, rest) = match username.strip_prefix("sft-") {
+            Some(rest) => (true, rest),
+            None => (false, username),
+        };
+        let (expiry, rest) = decimal_u32(rest.strip_prefix("d=")?)?;
+        let (key_index, rest) = decimal_u32(rest.strip_prefix(".v=1.k=")?)?;
+        let random = rest.strip_prefix(".t=s.r=")?;
+        random
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+            .then_some(ZrestName {
+                expiry,
+                key_index,
+                sft,
+            })
+    }
+
+    /// Whether the credential is refused at UNIX second `now` (now ≥ expiry, never for
+    /// `sft-`).
+    pub fn expired(&self, now: u64) -> bool {
+        !self.sft && now >= u64::from(self.expiry)
+    }
+}
+
+/// A run of at least one decimal digit at the start of `s`, at most 2^32-1 (leading zeros
+/// allowed, as `strtoul` reads it), and what follows it.
+fn decimal_u32(s: &str) -> Option<(u32, &str)> {
+    let end = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    if end == 0 {
+        return None;
+    }
+    let mut value: u32 = 0;
+    for b in s[..end].bytes() {
+        value = value.checked_mul(10)?.checked_add(u32::from(b - b'0'))?;
+    }
+    Some((value, &s[end..]))
+}
+
+/// The password `secret` makes for `username` under `scheme`.
+pub(crate) fn scheme_password(scheme: RestScheme, secret: &[u8], username: &str) -> String {
+    match scheme {
+        RestScheme::Timestamp => rest_password(secret, username),
+        RestScheme::Zrest => zrest_password(secret, username),
+    }
+}
+
 /// Candidate keys for a username.
 pub(crate) enum Keys {
     /// A static user: one key.
     Static([u8; 16]),
-    /// A REST credential: one key per secret, plus the expiry.
-    Rest { keys: Vec<[u8; 16]>, expiry: u64 },
-    /// Nobody by that name.
+    /// A REST credential: one key per configured secret (maybe none: a user database may
+    /// hold them), plus the expiry to cap the allocation at.
+    Rest {
+        keys: Vec<[u8; 16]>,
+        expiry: Option<u64>,
+    },
+    /// A `zrest` credential past its expiry (refused before any secret is tried, as in the
+    /// fork).
+    Expired,
+    /// Nobody by that name (with `zrest`: not of its shape).
     Unknown,
 }
 
-pub(crate) fn keys_for(auth: &AuthConfig, realm: &str, username: &str) -> Keys {
+/// The keys for `username` at UNIX second `now`.
+pub(crate) fn keys_for(auth: &AuthConfig, realm: &str, username: &str, now: u64) -> Keys {
+    if auth.rest_scheme == RestScheme::Zrest {
+        return match ZrestName::parse(username) {
+            None => Keys::Unknown,
+            Some(name) if name.expired(now) => Keys::Expired,
+            Some(_) => Keys::Rest {
+                keys: auth
+                    .rest_secrets
+                    .iter()
+                    .map(|s| long_term_key(username, realm, &zrest_password(s, username)))
+                    .collect(),
+                expiry: None,
+            },
+        };
+    }
     if let Some(k) = auth.users.get(username) {
         return Keys::Static(match k {
             UserKey::Key(k) => *k,
@@ -64,7 +161,7 @@ pub(crate) fn keys_for(auth: &AuthConfig, realm: &str, username: &str) -> Keys {
                 .iter()
                 .map(|s| long_term_key(username, realm, &rest_password(s, username)))
                 .collect(),
-            expiry,
+            expiry: Some(expiry),
         },
         None => Keys::Unknown,
     }

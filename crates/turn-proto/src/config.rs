@@ -158,6 +158,9 @@ pub struct AuthConfig {
     /// Separator between the expiry and the user in REST usernames (coturn
     /// `rest-api-separator`, default `:`).
     pub rest_separator: char,
+    /// How [`rest_secrets`](Self::rest_secrets) (and a user database's secrets) make
+    /// credentials: coturn's TURN REST API (the default) or Wire's `zrest`.
+    pub rest_scheme: RestScheme,
     /// Whether a server without any credential runs anonymously (`true`, the default of
     /// [`ServerConfig::new`]) or refuses everyone (`false`: credentials that come and go, e.g.
     /// from a user database, never make an open relay).
@@ -165,6 +168,23 @@ pub struct AuthConfig {
     /// Credentials the I/O layer looks up in a user database, after the static ones (see
     /// [`credentials`](crate::credentials)).
     pub database: Option<UserDatabase>,
+}
+
+/// How shared secrets make credentials.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RestScheme {
+    /// coturn's TURN REST API (`use-auth-secret`): username `expiry` or `expiry:user`,
+    /// password base64(HMAC-SHA1(secret, username)); the allocation's lifetime is capped at
+    /// the expiry. Static users are accepted too.
+    #[default]
+    Timestamp,
+    /// Wire's `zrest` (wireapp/coturn, credentials issued by Wire's backend, brig): username
+    /// `[sft-]d=EXPIRY.v=1.k=INDEX.t=s.r=RANDOM`, password standard base64 (padded) of
+    /// HMAC-SHA512(secret, username). A username without `sft-` is refused once now ≥
+    /// EXPIRY; an `sft-` one never expires. As in the fork, nothing else is accepted (no
+    /// static user, no TURN REST API username), and an allocation made before EXPIRY keeps
+    /// its key to its end (its lifetime is not capped).
+    Zrest,
 }
 
 /// A user database the I/O layer reads for the core (coturn's `userdb`, `psql-userdb`,
@@ -214,6 +234,7 @@ impl Default for AuthConfig {
             users: HashMap::new(),
             rest_secrets: Vec::new(),
             rest_separator: ':',
+            rest_scheme: RestScheme::default(),
             allow_anonymous: true,
             database: None,
         }

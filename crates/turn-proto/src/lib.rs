@@ -132,10 +132,11 @@ pub mod server;
 pub mod stun;
 pub mod types;
 
-pub use auth::{nonce_key, rest_expiry, rest_password, NONCE_LEN};
+pub use auth::{nonce_key, rest_expiry, rest_password, zrest_password, ZrestName, NONCE_LEN};
 pub use config::{
     parse_coturn_user, AuthConfig, Bandwidth, ConfigError, DatabaseKeys, DefaultFamily, ExternalIp,
-    Lifetimes, NonceConfig, Quotas, RelayConfig, ServerConfig, Service, UserDatabase, UserKey,
+    Lifetimes, NonceConfig, Quotas, RelayConfig, RestScheme, ServerConfig, Service, UserDatabase,
+    UserKey,
 };
 pub use credentials::{Answer, CacheLimits, Lookup, Query, Replay};
 pub use fastpath::{ChannelRoute, PermissionRoute, RouteChange};

@@ -161,6 +161,29 @@ fn stun_like() -> impl Strategy<Value = Vec<u8>> {
 proptest! {
     #![proptest_config(cfg())]
 
+    /// A USERNAME is peer bytes: zrest's reading of it never panics, and reads back exactly
+    /// the names brig makes (any d and k up to 2^32-1, leading zeros, any `r` of its set).
+    #[test]
+    fn zrest_names_parse_or_refuse_without_panic(
+        any_name in ".{0,80}",
+        d in any::<u32>(),
+        k in any::<u32>(),
+        zeros in 0usize..4,
+        sft in any::<bool>(),
+        r in "[-_a-zA-Z0-9]{0,40}",
+    ) {
+        let _ = ZrestName::parse(&any_name);
+        let prefix = if sft { "sft-" } else { "" };
+        let pad = "0".repeat(zeros);
+        let name = format!("{prefix}d={pad}{d}.v=1.k={k}.t=s.r={r}");
+        prop_assert_eq!(
+            ZrestName::parse(&name),
+            Some(ZrestName { expiry: d, key_index: k, sft })
+        );
+        let too_big = format!("d={}.v=1.k={k}.t=s.r={r}", u64::from(d) + (1 << 32));
+        prop_assert_eq!(ZrestName::parse(&too_big), None);
+    }
+
     #[test]
     fn stun_parse_never_panics(bytes in prop::collection::vec(any::<u8>(), 0..200)) {
         if let Ok(m) = Message::parse(&bytes) {

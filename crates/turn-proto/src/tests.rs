@@ -20,6 +20,7 @@ mod drain;
 mod refresh;
 mod relay_binding;
 mod userdb;
+mod zrest;
 
 pub(crate) const REALM: &str = "example.org";
 pub(crate) const SECRET: &[u8] = b"s3cret";

@@ -11,8 +11,9 @@
 //! sockets (`relay`); routing what the core returns (`route`); the core behind its lock
 //! (`shared`); its drivers (`udp`, `stream`, `timers`, `drain`); the listeners (`listen`);
 //! and `server`, which starts them all. Apart: `nodeip`, the chart's init container's lookup of
-//! the node's ExternalIP (`lastcall-turn node-external-ip`), and `privileged`, which raises
-//! CAP_NET_BIND_SERVICE for a port below 1024 (or drops it) before any thread starts.
+//! the node's ExternalIP (`lastcall-turn node-external-ip`), `prestop`, the preStop hook of
+//! wire's chart (`pre-stop-hook`), and `privileged`, which raises CAP_NET_BIND_SERVICE for a
+//! port below 1024 (or drops it) before any thread starts.
 #![forbid(unsafe_code)]
 
 pub mod config;
@@ -24,6 +25,7 @@ pub mod metrics;
 mod mmsg;
 pub mod nodeip;
 mod options;
+pub mod prestop;
 pub mod privileged;
 mod ratelog;
 mod relay;

@@ -16,6 +16,17 @@ fn main() {
     if args.get(1).map(String::as_str) == Some("node-external-ip") {
         node_external_ip(args.get(2..).unwrap_or_default());
     }
+    // The image's /usr/local/bin/pre-stop-hook is this binary under that name.
+    let invoked_as = args
+        .first()
+        .and_then(|a| std::path::Path::new(a).file_name())
+        .and_then(|n| n.to_str());
+    if invoked_as == Some("pre-stop-hook") {
+        pre_stop_hook(args.get(1..).unwrap_or_default());
+    }
+    if args.get(1).map(String::as_str) == Some("pre-stop-hook") {
+        pre_stop_hook(args.get(2..).unwrap_or_default());
+    }
     let settings = match config::parse(args) {
         Ok(Parsed::Run(s)) => *s,
         Ok(Parsed::Validated(s)) => validated(&s),
@@ -60,7 +71,7 @@ fn main() {
 /// `lastcall-turn node-external-ip ...`: the chart's init container (see
 /// [`lastcall_turn::nodeip`]); exits 0 with the file written, 64 on bad arguments, 1 else.
 fn node_external_ip(args: &[String]) -> ! {
-    use lastcall_turn::nodeip::{Lookup, LookupError};
+    use lastcall_turn::nodeip::{Lookup, LookupError, Origin, WIRE_EXTERNAL_IP_ANNOTATION};
     let lookup = match Lookup::from_args(args) {
         Ok(l) => l,
         Err(e) => {
@@ -69,12 +80,18 @@ fn node_external_ip(args: &[String]) -> ! {
         }
     };
     match lookup.run() {
-        Ok(ips) => {
+        Ok((ips, origin)) => {
             let ips: Vec<String> = ips.iter().map(ToString::to_string).collect();
+            let from = match origin {
+                Origin::Status => lookup.address_type.clone(),
+                Origin::Annotation => format!(
+                    "no {}; annotation {WIRE_EXTERNAL_IP_ANNOTATION}",
+                    lookup.address_type
+                ),
+            };
             println!(
-                "lastcall-turn node-external-ip: node {}: {} {} written to {}",
+                "lastcall-turn node-external-ip: node {}: {from} {} written to {}",
                 lookup.node,
-                lookup.address_type,
                 ips.join(" "),
                 lookup.out.display()
             );
@@ -86,6 +103,40 @@ fn node_external_ip(args: &[String]) -> ! {
         }
         Err(e) => {
             eprintln!("lastcall-turn node-external-ip: {e}");
+            std::process::exit(1);
+        }
+    }
+}
+
+/// `pre-stop-hook [HOST PORT]`: wire's chart's preStop hook (see [`lastcall_turn::prestop`]);
+/// exits 0 once the daemon is gone (or was not running), 1 if it could not be drained.
+fn pre_stop_hook(args: &[String]) -> ! {
+    use lastcall_turn::prestop::{self, Outcome};
+    let admin = match args {
+        [host, port] => format!("{host}:{port}"),
+        [] => "not given".to_string(),
+        _ => {
+            eprintln!("usage: pre-stop-hook [HOST PORT] (wire's chart: \"$POD_IP\" 9641)");
+            std::process::exit(lastcall::exit::CONFIG);
+        }
+    };
+    match prestop::run(std::path::Path::new("/proc"), &admin) {
+        Ok(Outcome::NotRunning) => {
+            println!(
+                "pre-stop-hook: no {} running: nothing to drain",
+                prestop::PROCESS_NAME
+            );
+            std::process::exit(0);
+        }
+        Ok(Outcome::Drained { pid }) => {
+            println!(
+                "pre-stop-hook: {} (pid {pid}) drained and exited",
+                prestop::PROCESS_NAME
+            );
+            std::process::exit(0);
+        }
+        Err(e) => {
+            eprintln!("pre-stop-hook: {e}");
             std::process::exit(1);
         }
     }

@@ -2,8 +2,10 @@
 //! one. It reads the pod's Node from the Kubernetes API (`GET /api/v1/nodes/NAME` with the
 //! pod's service account token: the least RBAC that allows it is `get` on `nodes`) and
 //! writes the node's `ExternalIP` addresses to a file, which the daemon reads with
-//! `external-ip-file`. A node without one, or an answer that is not a Node, is an error that
-//! says what to fix: the pod does not start with wrong relay addresses.
+//! `external-ip-file`. A node without one falls back to its `wire.com/external-ip` annotation,
+//! as wire's chart's init container does for on-premises nodes (whose operators set it). A
+//! node with neither, a bad annotation, or an answer that is not a Node, is an error that says
+//! what to fix: the pod does not start with wrong relay addresses.
 //!
 //! ```text
 //! lastcall-turn node-external-ip --node NAME --out FILE [--api https://HOST:PORT]
@@ -25,6 +27,8 @@ const SA_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
 const MAX_ANSWER: u64 = 4 << 20;
 /// How long the API may take.
 const TIMEOUT: Duration = Duration::from_secs(10);
+/// The node annotation wire's chart reads when a node has no ExternalIP (on premises).
+pub const WIRE_EXTERNAL_IP_ANNOTATION: &str = "wire.com/external-ip";
 
 /// What to look up, and where to write it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -77,8 +81,9 @@ pub enum LookupError {
         /// The answer's message (the API's `Status` object's), cut short.
         body: String,
     },
-    /// The Node has no address of the type asked for.
-    #[error("node {node} has no {kind} in status.addresses (it has: {has}); give the node's public address in turn.externalIPs instead, or none")]
+    /// The Node has no address of the type asked for (nor, for ExternalIP, the
+    /// `wire.com/external-ip` annotation).
+    #[error("node {node} has no {kind} in status.addresses (it has: {has}){annotation}; give the node's public address in turn.externalIPs instead, or none")]
     NoAddress {
         /// The node.
         node: String,
@@ -86,6 +91,16 @@ pub enum LookupError {
         kind: String,
         /// The addresses it has.
         has: String,
+        /// ", and no wire.com/external-ip annotation" when it was looked for.
+        annotation: &'static str,
+    },
+    /// The `wire.com/external-ip` annotation holds something that is not IP addresses.
+    #[error("node {node}: annotation {WIRE_EXTERNAL_IP_ANNOTATION}={value:?} is not an IP address (or several, space- or comma-separated)")]
+    BadAnnotation {
+        /// The node.
+        node: String,
+        /// The annotation's value.
+        value: String,
     },
     /// The answer is not a Node object.
     #[error("the answer is not a Node object: {0}")]
@@ -152,8 +167,9 @@ impl Lookup {
         Ok(l)
     }
 
-    /// Looks the node up and writes its addresses to [`Lookup::out`]; returns them.
-    pub fn run(&self) -> Result<Vec<IpAddr>, LookupError> {
+    /// Looks the node up and writes its addresses to [`Lookup::out`]; returns them, and
+    /// where they were found.
+    pub fn run(&self) -> Result<(Vec<IpAddr>, Origin), LookupError> {
         let read = |path: &PathBuf| {
             std::fs::read(path).map_err(|source| LookupError::File {
                 path: path.clone(),
@@ -166,7 +182,7 @@ impl Lookup {
         let ca = read(&self.ca_file)?;
         let path = format!("/api/v1/nodes/{}", self.node);
         let body = get(&self.api, &path, &token, &ca)?;
-        let ips = addresses(&body, &self.node, &self.address_type)?;
+        let (ips, origin) = addresses(&body, &self.node, &self.address_type)?;
         let text: Vec<String> = ips.iter().map(ToString::to_string).collect();
         std::fs::write(&self.out, format!("{}\n", text.join(" "))).map_err(|source| {
             LookupError::File {
@@ -174,12 +190,26 @@ impl Lookup {
                 source,
             }
         })?;
-        Ok(ips)
+        Ok((ips, origin))
     }
 }
 
-/// The addresses of `kind` in a Node object's `status.addresses`.
-pub fn addresses(body: &[u8], node: &str, kind: &str) -> Result<Vec<IpAddr>, LookupError> {
+/// Where a node's addresses were found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    /// In `status.addresses`, of the type asked for.
+    Status,
+    /// In the `wire.com/external-ip` annotation (no ExternalIP in `status.addresses`).
+    Annotation,
+}
+
+/// The addresses of `kind` in a Node object's `status.addresses`; for `ExternalIP`, when
+/// there is none, those of its `wire.com/external-ip` annotation (wire's chart's fallback).
+pub fn addresses(
+    body: &[u8],
+    node: &str,
+    kind: &str,
+) -> Result<(Vec<IpAddr>, Origin), LookupError> {
     let v: serde_json::Value =
         serde_json::from_slice(body).map_err(|e| LookupError::NotANode(e.to_string()))?;
     if v.get("kind").and_then(|k| k.as_str()) != Some("Node") {
@@ -212,23 +242,48 @@ pub fn addresses(body: &[u8], node: &str, kind: &str) -> Result<Vec<IpAddr>, Loo
         .filter(|(t, _)| t == kind)
         .filter_map(|(_, a)| a.parse().ok())
         .collect();
-    if ips.is_empty() {
-        let has: Vec<String> = all
-            .iter()
-            .map(pair)
-            .map(|(t, a)| format!("{t} {a}"))
-            .collect();
-        return Err(LookupError::NoAddress {
-            node: node.to_string(),
-            kind: kind.to_string(),
-            has: if has.is_empty() {
-                "none".into()
-            } else {
-                has.join(", ")
-            },
-        });
+    if !ips.is_empty() {
+        return Ok((ips, Origin::Status));
     }
-    Ok(ips)
+    let annotation = (kind == "ExternalIP")
+        .then(|| {
+            v.pointer("/metadata/annotations")
+                .and_then(|a| a.get(WIRE_EXTERNAL_IP_ANNOTATION))
+                .and_then(|a| a.as_str())
+        })
+        .flatten()
+        .filter(|a| !a.trim().is_empty());
+    if let Some(value) = annotation {
+        let bad = || LookupError::BadAnnotation {
+            node: node.to_string(),
+            value: value.to_string(),
+        };
+        let ips = value
+            .split([' ', ',', '\t', '\n'])
+            .filter(|a| !a.is_empty())
+            .map(|a| a.parse::<IpAddr>().map_err(|_| bad()))
+            .collect::<Result<Vec<_>, _>>()?;
+        return Ok((ips, Origin::Annotation));
+    }
+    let has: Vec<String> = all
+        .iter()
+        .map(pair)
+        .map(|(t, a)| format!("{t} {a}"))
+        .collect();
+    Err(LookupError::NoAddress {
+        node: node.to_string(),
+        kind: kind.to_string(),
+        has: if has.is_empty() {
+            "none".into()
+        } else {
+            has.join(", ")
+        },
+        annotation: if kind == "ExternalIP" {
+            ", and no wire.com/external-ip annotation"
+        } else {
+            ""
+        },
+    })
 }
 
 /// `GET path` on the API over TLS (verified against `ca`), with the bearer token; the body

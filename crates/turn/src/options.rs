@@ -94,13 +94,18 @@ const fn refused(
 }
 
 use Kind::{Flag, Multi, OptionalValue, Value};
+
+/// Why the fork's `federation-*` options are refused.
+const FEDERATION: Option<&str> = Some("Wire's federation (links between Wire backends' TURN servers for conference calls, the wireapp/coturn fork's federation-* options) is not implemented: leave federate.enabled off");
 use Policy::{Accepted, Honoured};
 
-/// Every coturn option of 4.6 to 4.18 (their `--help` and shipped turnserver.conf), plus
+/// Every coturn option of 4.6 to 4.18 (their `--help` and shipped turnserver.conf), those
+/// Wire's fork and chart add (`zrest`, `prometheus-ip`, `federation-*`, `401-*`), plus
 /// `alternate-server` (whose meaning differs: used only while draining) and our
 /// `no-auth-acknowledge-open-relay`, `drain-idle-timeout`, `nonce-secret`,
 /// `nonce-secret-file`, `kernel-relay`, `external-ip-file` and `userdb-cache-ttl`. Kept in the order of docs/turn.md's table; a test checks
-/// both agree, and that every option of `tests/data/coturn-options.txt` is here.
+/// both agree, and that every option of `tests/data/coturn-options.txt` and
+/// `tests/data/wireapp-coturn-options.txt` is here.
 ///
 /// For an [`Accepted`] option the help is the start-up warning: what `lastcall-turn` does
 /// instead. A refused [`Flag`] given as false (`dtls=0`) asks for nothing and is accepted.
@@ -143,7 +148,8 @@ pub(crate) const OPTIONS: &[Spec] = &[
     spec("realm", &['r'], Value, Honoured, "REALM", "Realm for long-term credentials"),
     spec("lt-cred-mech", &['a'], Flag, Honoured, "", "Long-term credential mechanism (always on)"),
     spec("use-auth-secret", &[], Flag, Honoured, "", "TURN REST API credentials (username `expiry:user`, password HMAC-SHA1 of it)"),
-    spec("static-auth-secret", &[], Multi, Honoured, "SECRET", "Shared secret of the TURN REST API (repeatable: all are accepted, for rotation)"),
+    spec("static-auth-secret", &[], Multi, Honoured, "SECRET", "Shared secret of the TURN REST API (repeatable: all are accepted, for rotation); given alone it turns the TURN REST API on, as in coturn; with zrest, the secrets of zrest"),
+    spec("zrest", &[], Flag, Honoured, "", "Wire's coturn fork: zrest credentials as Wire's backend (brig) issues them, username `[sft-]d=EXPIRY.v=1.k=N.t=s.r=...` (refused from EXPIRY on; `sft-` never expires), password base64 of HMAC-SHA512 of it with a static-auth-secret (or a user database's turn_secret); no other credential is accepted"),
     spec("rest-api-separator", &['C'], Value, Honoured, "CHAR", "Separator between the expiry and the user in TURN REST API usernames [default: :]"),
     spec("user", &['u'], Multi, Honoured, "NAME:PASSWORD", "Static long-term user (repeatable); the password may be a 0x-prefixed MD5 key"),
     spec("userdb", &['b'], Value, Honoured, "PATH", "coturn's SQLite user database (Debian: /var/lib/turn/turndb; written by turnadmin -b PATH), read only; users, REST secrets, realm options and peer lists changed in it count without a restart"),
@@ -181,6 +187,9 @@ pub(crate) const OPTIONS: &[Spec] = &[
     spec("stale-nonce", &[], OptionalValue, Honoured, "SECONDS", "Nonce lifetime; the flag alone means 600 [default: 600]"),
     spec("unauthorized-ratelimit", &[], Flag, Honoured, "", "Limit the challenges (401/438) and Binding answers larger than their request sent to one source IP per second over UDP: on by default at 100/s, unlike coturn; given alone, coturn's 10/s; =false turns it off"),
     spec("unauthorized-ratelimit-rps", &[], Value, Honoured, "N", "The per-source rate of unauthorized-ratelimit (0 = no limit) [default: 100]"),
+    spec("401-req-limit", &[], Value, Accepted, "N", "no 401 count per window: unauthorized-ratelimit-rps limits the challenges (401/438) sent to each source IP a second over UDP (100 by default), the one transport whose source can be spoofed; set that instead"),
+    spec("401-window", &[], Value, Accepted, "SECONDS", "no 401 count per window: unauthorized-ratelimit-rps limits the challenges (401/438) sent to each source IP a second over UDP (100 by default), the one transport whose source can be spoofed; set that instead"),
+    spec("401-allowlist", &[], Value, Accepted, "PATH", "no source is exempt from unauthorized-ratelimit-rps (a per-second limit that no client with credentials reaches: each needs one challenge per allocation)"),
     spec("stateless-nonce", &[], Flag, Honoured, "", "Nonces are always stateless (a timestamp and an HMAC)"),
     spec("stateless-nonce-secret", &[], Value, Honoured, "SECRET", "coturn's name of nonce-secret"),
     spec("nonce-secret", &[], Value, Honoured, "SECRET", "lastcall-turn's own: the key of the nonces (fleet nonces: every server given it accepts the others' nonces, so a client sent on with 300 keeps its nonce) [default: derived from the first static-auth-secret, else random per process]"),
@@ -231,7 +240,7 @@ pub(crate) const OPTIONS: &[Spec] = &[
     spec("dh1066", &[], Flag, Accepted, "", "no finite-field Diffie-Hellman: rustls offers ECDHE only"),
     spec("dh-file", &[], Value, Accepted, "PATH", "no finite-field Diffie-Hellman: rustls offers ECDHE only"),
     refused("pkey-pwd", &[], Value, Some("encrypted private keys are not supported: decrypt it (openssl pkey -in KEY -out PLAIN)")),
-    refused("CA-file", &[], Value, Some("client certificates are not verified: that is not implemented")),
+    spec("CA-file", &[], Value, Honoured, "PEM", "TLS clients must present a certificate signed by a CA of this PEM file (coturn's meaning: a client without one is refused); reloaded with cert and pkey; no effect without a TLS listener"),
     refused("raw-public-keys", &[], Flag, Some("RFC 7250 raw public keys are not implemented")),
     // Logs, metrics, the process.
     spec("verbose", &['v'], Flag, Honoured, "", "Log at debug level (unless --log-level is given)"),
@@ -248,6 +257,7 @@ pub(crate) const OPTIONS: &[Spec] = &[
     spec("prometheus", &[], Flag, Honoured, "", "Metrics are always on the admin listener (--admin-addr), at /metrics"),
     spec("prometheus-port", &[], Value, Honoured, "PORT", "The port of the admin listener, which serves /metrics (--admin-addr wins) [default: 9641]"),
     spec("prometheus-address", &[], Value, Honoured, "IP", "The address of the admin listener, which serves /metrics (--admin-addr wins) [default: 0.0.0.0]"),
+    spec("prometheus-ip", &[], Value, Honoured, "IP", "Wire's coturn fork's name of prometheus-address"),
     spec("prometheus-path", &[], Value, Accepted, "PATH", "metrics are served at /metrics on the admin listener"),
     spec("prometheus-username-labels", &[], Flag, Accepted, "", "traffic metrics are labelled by realm only, not by user"),
     refused("prometheus-tls", &[], Flag, Some("the admin listener speaks plain HTTP: put TLS in front of it")),
@@ -263,6 +273,13 @@ pub(crate) const OPTIONS: &[Spec] = &[
     spec("web-admin-ip", &[], Value, Accepted, "IP", "there is no web admin: the admin listener (--admin-addr) serves /metrics, /drain, /readyz"),
     spec("web-admin-port", &[], Value, Accepted, "PORT", "there is no web admin: the admin listener (--admin-addr) serves /metrics, /drain, /readyz"),
     spec("web-admin-listen-on-workers", &[], Flag, Accepted, "", "there is no web admin: the admin listener (--admin-addr) serves /metrics, /drain, /readyz"),
+    refused("federation-listening-ip", &[], Value, FEDERATION),
+    refused("federation-listening-port", &[], Value, FEDERATION),
+    refused("federation-no-dtls", &[], Flag, FEDERATION),
+    refused("federation-cert", &[], Value, FEDERATION),
+    refused("federation-pkey", &[], Value, FEDERATION),
+    refused("federation-pkey-pwd", &[], Value, FEDERATION),
+    refused("federation-remote-whitelist", &[], Multi, FEDERATION),
     refused("acme-redirect", &[], Value, Some("HTTP is not answered on the TURN ports: serve /.well-known/acme-challenge/ elsewhere (cert-manager, a web server)")),
     spec("drain-min-allocations", &[], Value, Honoured, "N", "Exit a drain when at most N allocations are left (= --drain-min-sessions) [default: 0]"),
     spec("pidfile", &[], Value, Honoured, "PATH", "Write the process id to this file; empty (`--pidfile=`, as Debian's coturn.service gives it) = no pidfile [default: none]"),
@@ -356,16 +373,21 @@ mod tests {
         assert_eq!(rows, code, "docs/turn.md's option table and OPTIONS differ");
     }
 
-    /// Every option of coturn 4.6 to 4.18 has a policy (`version` is clap's own flag).
+    /// Every option of coturn 4.6 to 4.18, and of Wire's fork and chart, has a policy
+    /// (`version` is clap's own flag).
     #[test]
     fn every_coturn_option_has_a_policy() {
-        let list = include_str!("../tests/data/coturn-options.txt");
-        let names: Vec<&str> = list
-            .lines()
-            .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
-            .filter_map(|l| l.split_whitespace().next())
-            .collect();
-        assert!(names.len() > 140, "{}", names.len());
+        let names_of = |list: &'static str| -> Vec<&'static str> {
+            list.lines()
+                .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+                .filter_map(|l| l.split_whitespace().next())
+                .collect()
+        };
+        let upstream = names_of(include_str!("../tests/data/coturn-options.txt"));
+        let fork = names_of(include_str!("../tests/data/wireapp-coturn-options.txt"));
+        assert!(upstream.len() > 140, "{}", upstream.len());
+        assert!(fork.len() >= 12, "{}", fork.len());
+        let names: Vec<&str> = upstream.into_iter().chain(fork).collect();
         let missing: Vec<&&str> = names
             .iter()
             .filter(|n| **n != "version" && find(n).is_none())

@@ -1,13 +1,31 @@
 //! TLS for the client listener: rustls with coturn's `cert` and `pkey` (PEM), reloadable.
 //!
-//! A reload (SIGUSR2, coturn's, or SIGHUP) reads both files again; new connections get the new certificate,
+//! A reload (SIGUSR2, coturn's, or SIGHUP) reads the files again; new connections get the new certificate,
 //! connections already open keep theirs. A reload that fails (unreadable file, no key, a key
 //! that does not match the certificate) is logged and the previous certificate stays.
+//!
+//! With coturn's `CA-file`, clients must present a certificate that chains to one of its CAs,
+//! as coturn asks OpenSSL (`SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT`): a client
+//! without one, or with another, fails the handshake. Its CAs' names are sent in the
+//! CertificateRequest, as `SSL_CTX_set_client_CA_list` does.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use parking_lot::RwLock;
+
+/// The TLS listener's files.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// PEM certificate chain (coturn's `cert`).
+    pub cert: PathBuf,
+    /// PEM private key (coturn's `pkey`).
+    pub pkey: PathBuf,
+    /// TLS 1.3 only (coturn's `no-tlsv1_2`).
+    pub tls13_only: bool,
+    /// coturn's `CA-file`: clients must present a certificate signed by one of its CAs.
+    pub client_ca: Option<PathBuf>,
+}
 
 /// Why a certificate could not be loaded.
 #[derive(Debug, thiserror::Error)]
@@ -26,6 +44,14 @@ pub enum TlsError {
     /// The key file holds no PEM private key.
     #[error("{0}: no PEM private key found")]
     NoKey(PathBuf),
+    /// The `CA-file` holds no CA certificate rustls can use, or rustls refused the set.
+    #[error("CA-file {path}: {why}")]
+    ClientCa {
+        /// The CA file.
+        path: PathBuf,
+        /// What is wrong with it.
+        why: String,
+    },
     /// rustls refused the pair.
     #[error("certificate {cert} and key {key}: {source}")]
     Rustls {
@@ -41,20 +67,16 @@ pub enum TlsError {
 /// The current TLS server configuration, swapped on reload.
 #[derive(Debug)]
 pub struct Certs {
-    cert: PathBuf,
-    key: PathBuf,
-    tls13_only: bool,
+    files: TlsFiles,
     current: RwLock<Arc<rustls::ServerConfig>>,
 }
 
 impl Certs {
-    /// Loads `cert` and `key` (an error here is a start-up error).
-    pub fn load(cert: &Path, key: &Path, tls13_only: bool) -> Result<Certs, TlsError> {
-        let config = build(cert, key, tls13_only)?;
+    /// Loads the certificate, the key and the client CAs (an error here is a start-up error).
+    pub fn load(files: &TlsFiles) -> Result<Certs, TlsError> {
+        let config = build(files)?;
         Ok(Certs {
-            cert: cert.to_path_buf(),
-            key: key.to_path_buf(),
-            tls13_only,
+            files: files.clone(),
             current: RwLock::new(Arc::new(config)),
         })
     }
@@ -66,7 +88,7 @@ impl Certs {
 
     /// Reads the files again; on error the previous configuration stays in use.
     pub fn reload(&self) -> Result<(), TlsError> {
-        let config = Arc::new(build(&self.cert, &self.key, self.tls13_only)?);
+        let config = Arc::new(build(&self.files)?);
         *self.current.write() = config;
         Ok(())
     }
@@ -79,7 +101,8 @@ fn read(path: &Path) -> Result<Vec<u8>, TlsError> {
     })
 }
 
-fn build(cert: &Path, key: &Path, tls13_only: bool) -> Result<rustls::ServerConfig, TlsError> {
+fn build(files: &TlsFiles) -> Result<rustls::ServerConfig, TlsError> {
+    let (cert, key) = (files.cert.as_path(), files.pkey.as_path());
     let cert_pem = read(cert)?;
     let key_pem = read(key)?;
     let chain: Vec<_> = rustls_pemfile::certs(&mut cert_pem.as_slice())
@@ -98,7 +121,7 @@ fn build(cert: &Path, key: &Path, tls13_only: bool) -> Result<rustls::ServerConf
         })?
         .ok_or_else(|| TlsError::NoKey(key.to_path_buf()))?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let versions: &[&rustls::SupportedProtocolVersion] = if tls13_only {
+    let versions: &[&rustls::SupportedProtocolVersion] = if files.tls13_only {
         &[&rustls::version::TLS13]
     } else {
         rustls::DEFAULT_VERSIONS
@@ -108,10 +131,37 @@ fn build(cert: &Path, key: &Path, tls13_only: bool) -> Result<rustls::ServerConf
         key: key.to_path_buf(),
         source,
     };
-    rustls::ServerConfig::builder_with_provider(provider)
+    let builder = rustls::ServerConfig::builder_with_provider(Arc::clone(&provider))
         .with_protocol_versions(versions)
-        .map_err(rustls_err)?
-        .with_no_client_auth()
-        .with_single_cert(chain, private)
-        .map_err(rustls_err)
+        .map_err(rustls_err)?;
+    let builder = match &files.client_ca {
+        None => builder.with_no_client_auth(),
+        Some(ca) => builder.with_client_cert_verifier(client_verifier(ca, provider)?),
+    };
+    builder.with_single_cert(chain, private).map_err(rustls_err)
+}
+
+/// The verifier of coturn's `CA-file`: a client certificate is required and must chain to
+/// one of the file's CAs (certificates rustls cannot parse are skipped, as OpenSSL skips
+/// them; a file with none it can use is an error).
+fn client_verifier(
+    ca: &Path,
+    provider: Arc<rustls::crypto::CryptoProvider>,
+) -> Result<Arc<dyn rustls::server::danger::ClientCertVerifier>, TlsError> {
+    let err = |why: String| TlsError::ClientCa {
+        path: ca.to_path_buf(),
+        why,
+    };
+    let pem = read(ca)?;
+    let certs: Vec<_> = rustls_pemfile::certs(&mut pem.as_slice())
+        .collect::<Result<_, _>>()
+        .map_err(|e| err(format!("not PEM: {e}")))?;
+    let mut roots = rustls::RootCertStore::empty();
+    let (added, _skipped) = roots.add_parsable_certificates(certs);
+    if added == 0 {
+        return Err(err("no CA certificate found".into()));
+    }
+    rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+        .build()
+        .map_err(|e| err(e.to_string()))
 }

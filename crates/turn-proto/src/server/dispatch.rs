@@ -523,6 +523,10 @@ impl Server {
                 self.auth_failed(from, Some(username.to_string()), AuthFailure::BadIntegrity);
                 return Err(self.challenge(now, from, ctx, 401, out));
             }
+            Resolved::Expired => {
+                self.auth_failed(from, Some(username.to_string()), AuthFailure::Expired);
+                return Err(self.challenge(now, from, ctx, 401, out));
+            }
         };
         if let Some(exp) = expiry {
             if exp <= unix {

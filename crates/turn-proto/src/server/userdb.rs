@@ -5,8 +5,8 @@
 use std::time::Instant;
 
 use super::{Reply, Server};
-use crate::auth::{keys_for, rest_expiry, rest_password, Keys};
-use crate::config::DatabaseKeys;
+use crate::auth::{keys_for, rest_expiry, scheme_password, Keys};
+use crate::config::{DatabaseKeys, RestScheme};
 use crate::credentials::{Answer, Lookup, Query, Replay, Wait};
 use crate::stun::{long_term_key, Message};
 use crate::types::{AuthFailure, ClientAddr, Output};
@@ -19,6 +19,8 @@ pub(super) enum Resolved {
     Unknown,
     /// A key or secrets that do not verify the request (401).
     Bad,
+    /// A `zrest` credential past its expiry (401).
+    Expired,
     /// The user database could not say, or too much waits for it (500).
     Unavailable(AuthFailure),
     /// The request waits for a lookup (no answer now).
@@ -97,14 +99,19 @@ impl Server {
     ) -> Resolved {
         let database = self.config.auth.database.map(|d| d.keys);
         let rest_db = database == Some(DatabaseKeys::RestSecrets);
-        let query = match keys_for(&self.config.auth, &self.config.realm, username) {
+        let zrest = self.config.auth.rest_scheme == RestScheme::Zrest;
+        let unix = self.unix(now);
+        let query = match keys_for(&self.config.auth, &self.config.realm, username, unix) {
             Keys::Static(k) if check(&k) => return Resolved::Key(k, None),
             Keys::Static(_) => return Resolved::Bad,
             Keys::Rest { keys, expiry } => match keys.into_iter().find(|k| check(k)) {
-                Some(k) => return Resolved::Key(k, Some(expiry)),
+                Some(k) => return Resolved::Key(k, expiry),
                 None if rest_db => Query::RestSecrets,
                 None => return Resolved::Bad,
             },
+            Keys::Expired => return Resolved::Expired,
+            // zrest falls back to nothing, a user database's users included.
+            Keys::Unknown if zrest => return Resolved::Unknown,
             Keys::Unknown => match database {
                 Some(DatabaseKeys::Users) => Query::UserKey(username.to_string()),
                 Some(DatabaseKeys::RestSecrets)
@@ -128,9 +135,12 @@ impl Server {
         query: Query,
         check: &dyn Fn(&[u8; 16]) -> bool,
     ) -> Resolved {
-        let expiry = match query {
-            Query::RestSecrets => rest_expiry(username, self.config.auth.rest_separator),
-            Query::UserKey(_) => None,
+        let expiry = match (&query, self.config.auth.rest_scheme) {
+            (Query::RestSecrets, RestScheme::Timestamp) => {
+                rest_expiry(username, self.config.auth.rest_separator)
+            }
+            // A zrest allocation's lifetime is not capped (its expiry was checked already).
+            (Query::RestSecrets, RestScheme::Zrest) | (Query::UserKey(_), _) => None,
         };
         if let Some((answer, age)) = self.store.get(&query, now) {
             let verdict = self.verdict(answer, username, expiry, check);
@@ -166,9 +176,10 @@ impl Server {
             Answer::NoUser => Resolved::Unknown,
             Answer::Secrets(secrets) => {
                 let realm = &self.config.realm;
+                let scheme = self.config.auth.rest_scheme;
                 secrets
                     .iter()
-                    .map(|s| long_term_key(username, realm, &rest_password(s, username)))
+                    .map(|s| long_term_key(username, realm, &scheme_password(scheme, s, username)))
                     .find(|k| check(k))
                     .map_or(Resolved::Bad, |k| Resolved::Key(k, expiry))
             }

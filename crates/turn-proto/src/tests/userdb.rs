@@ -409,3 +409,43 @@ fn static_secrets_are_tried_before_the_database_and_an_expired_credential_never_
     );
     assert_eq!(r.code, Some(401));
 }
+
+#[test]
+fn zrest_secrets_come_from_the_database_after_the_static_ones() {
+    let mut c = rest_config();
+    c.auth.rest_scheme = crate::RestScheme::Zrest;
+    c.auth.rest_secrets.push(SECRET.to_vec());
+    let mut h = H::new(c);
+    let zrest =
+        |secret: &[u8], name: &str| Creds::password(name, &crate::zrest_password(secret, name));
+    let exp = h.unix_now() + 600;
+    let name = format!("d={exp}.v=1.k=1.t=s.r=abc");
+    // A static secret verifies: the database is not asked.
+    h.allocate(udp("192.0.2.7:1"), &zrest(SECRET, &name));
+    assert!(h.lookups().is_empty());
+    // Another secret: the realm's turn_secret rows are asked, and the second one verifies.
+    let l = h.allocate_waits(udp("192.0.2.7:2"), &zrest(b"db2", &name));
+    assert_eq!(l.query, Query::RestSecrets);
+    h.server.lookup_done(
+        h.now,
+        l.id,
+        Answer::Secrets(vec![b"db1".to_vec(), b"db2".to_vec()]),
+    );
+    let r = h.replayed();
+    assert_eq!(r.class, Class::Success, "{:?}", r.code);
+    assert_eq!(r.lifetime(), Some(600), "not capped");
+    // Expired, or not of zrest's shape: refused without asking the database.
+    for bad in [
+        zrest(b"db2", &format!("d={}.v=1.k=1.t=s.r=abc", h.unix_now())),
+        Creds::rest(b"db2", exp, "alice"),
+        carol(),
+    ] {
+        let r = h.authed(
+            udp("192.0.2.7:3"),
+            &bad,
+            Req::new(method::ALLOCATE).transport_udp(),
+        );
+        assert_eq!(r.code, Some(401), "{}", bad.user);
+        assert!(h.lookups().is_empty(), "{}", bad.user);
+    }
+}

@@ -35,8 +35,9 @@ mod tests;
 mod types;
 pub mod userdb;
 
+pub use crate::tls::TlsFiles;
 pub use lastcall_turn_proto::{DefaultFamily, ExternalIp, IpRange, Service, UserKey};
-pub use types::{AuthMode, TlsFiles, TransportAlternates, TurnConfig, MAX_RELAY_THREADS};
+pub use types::{AuthMode, TransportAlternates, TurnConfig, MAX_RELAY_THREADS};
 
 use sections::{typed, Typed};
 
@@ -193,16 +194,26 @@ where
     raw.add_flags(&matches);
     let mut warnings = Vec::new();
     let typed = typed(&raw, config_file, &mut problems, &mut warnings);
-    let certs = typed.turn.tls.as_ref().and_then(|files| {
-        let source = raw.last("cert").map_or(Source::Flag, |(_, s)| s.clone());
-        match Certs::load(&files.cert, &files.pkey, files.tls13_only) {
+    let certs = typed
+        .turn
+        .tls
+        .as_ref()
+        .and_then(|files| match Certs::load(files) {
             Ok(c) => Some(Arc::new(c)),
             Err(e) => {
-                problems.push(Problem::new("cert/pkey", e.to_string()).at(source));
+                let ca = files.client_ca.as_ref();
+                let (name, option) = match &e {
+                    crate::tls::TlsError::ClientCa { .. } => ("CA-file", "CA-file"),
+                    crate::tls::TlsError::Read { path, .. } if Some(path) == ca => {
+                        ("CA-file", "CA-file")
+                    }
+                    _ => ("cert/pkey", "cert"),
+                };
+                let source = raw.last(option).map_or(Source::Flag, |(_, s)| s.clone());
+                problems.push(Problem::new(name, e.to_string()).at(source));
                 None
             }
-        }
-    });
+        });
     let term = termination(&matches, &typed, &mut problems);
     let log = log_args(&matches, typed.log_level, &mut problems);
     let prometheus_addr = term

@@ -10,8 +10,9 @@ use std::time::Duration;
 use lastcall::{Problem, Problems, Source};
 
 use super::check::{parse_alternate, parse_ip, parse_range, Checker};
-use super::types::{AuthMode, TlsFiles, TransportAlternates, TurnConfig, MAX_RELAY_THREADS};
+use super::types::{AuthMode, TransportAlternates, TurnConfig, MAX_RELAY_THREADS};
 use super::userdb::UserDbConfig;
+use super::TlsFiles;
 use super::{DefaultFamily, ExternalIp, IpRange, Service, UserKey};
 use crate::options::{self, parse_bool, Kind};
 use crate::sources::RawOptions;
@@ -44,9 +45,9 @@ pub(super) fn typed(
     warnings: &mut Vec<Problem>,
 ) -> Typed {
     let mut c = Checker::new(raw, problems);
-    let listeners = listeners(&mut c);
+    let listeners = listeners(&mut c, warnings);
     let relay = relay(&mut c);
-    let credentials = credentials(&mut c);
+    let credentials = credentials(&mut c, warnings);
     let nonces = nonces(&mut c);
     let peers = peers(&mut c);
     let limits = limits(&mut c);
@@ -129,7 +130,7 @@ struct Listeners {
     tls: Option<TlsFiles>,
 }
 
-fn listeners(c: &mut Checker<'_>) -> Listeners {
+fn listeners(c: &mut Checker<'_>, warnings: &mut Vec<Problem>) -> Listeners {
     let port = c.value("listening-port", "a port number").unwrap_or(3478);
     let tls_port = c
         .value("tls-listening-port", "a port number")
@@ -145,14 +146,27 @@ fn listeners(c: &mut Checker<'_>) -> Listeners {
         c.require("cert", "cert and pkey go together: give both or neither");
     }
     let cert_given = cert.is_some();
+    let client_ca = c.raw.last("CA-file").filter(|(v, _)| !v.is_empty());
     let tls = match (cert, pkey) {
         (Some(cert), Some(pkey)) if !no_tls => Some(TlsFiles {
             cert,
             pkey,
             tls13_only,
+            client_ca: client_ca.map(|(v, _)| PathBuf::from(v)),
         }),
         _ => None,
     };
+    if let (None, Some((_, source))) = (&tls, client_ca) {
+        // coturn reads it for its TLS and DTLS listeners only (and Wire's fork for its
+        // federation, which is not implemented): wire's chart writes it with no-tls.
+        warnings.push(
+            Problem::new(
+                "CA-file",
+                "has no effect: there is no TLS listener (no-tls, or no cert and pkey) whose clients it would verify",
+            )
+            .at(source.clone()),
+        );
+    }
     if no_udp && no_tcp && (no_tls || !cert_given) {
         c.require("no-udp", "no-udp, no-tcp and no TLS: nothing to listen on");
     }
@@ -258,9 +272,10 @@ struct Credentials {
     userdb: Option<UserDbConfig>,
 }
 
-fn credentials(c: &mut Checker<'_>) -> Credentials {
+fn credentials(c: &mut Checker<'_>, warnings: &mut Vec<Problem>) -> Credentials {
     let realm = c.raw.last("realm").map(|(v, _)| v.clone());
     let use_auth_secret = c.flag("use-auth-secret");
+    let zrest = c.flag("zrest");
     let static_auth_secrets = c.each("static-auth-secret", |v| {
         if v.is_empty() {
             Err("empty secret".into())
@@ -268,6 +283,10 @@ fn credentials(c: &mut Checker<'_>) -> Credentials {
             Ok(v.to_string())
         }
     });
+    // coturn (upstream and Wire's fork): a static-auth-secret alone turns the TURN REST API
+    // on (mainrelay.c sets use_auth_secret_with_timestamp for it).
+    let secrets_given = c.raw.last("static-auth-secret").is_some();
+    let rest_api = use_auth_secret || secrets_given;
     let users: Vec<(String, UserKey)> = c.each("user", |v| {
         lastcall_turn_proto::parse_coturn_user(v).map_err(|e| e.to_string())
     });
@@ -281,29 +300,27 @@ fn credentials(c: &mut Checker<'_>) -> Credentials {
             "no-auth makes an open relay (anyone may relay through this server to any peer the peer policy allows): give no-auth-acknowledge-open-relay too if that is meant, or use use-auth-secret / user",
         );
     }
-    if no_auth && (use_auth_secret || !users.is_empty() || userdb.is_some()) {
+    if no_auth && (rest_api || zrest || !users.is_empty() || userdb.is_some()) {
         c.require(
             "no-auth",
-            "no-auth and credentials (use-auth-secret, user, a user database) together: give one or the other",
+            "no-auth and credentials (static-auth-secret, use-auth-secret, zrest, user, a user database) together: give one or the other",
         );
     }
-    if !no_auth && !use_auth_secret && users.is_empty() && userdb.is_none() {
+    if !no_auth && !rest_api && !zrest && users.is_empty() && userdb.is_none() {
         c.require(
             "use-auth-secret",
-            "no credentials: give use-auth-secret with static-auth-secret, user=NAME:PASSWORD or a user database (userdb, psql-userdb, redis-userdb) (or, for an open relay, no-auth with no-auth-acknowledge-open-relay)",
+            "no credentials: give static-auth-secret (TURN REST API; zrest too for Wire's), user=NAME:PASSWORD or a user database (userdb, psql-userdb, redis-userdb) (or, for an open relay, no-auth with no-auth-acknowledge-open-relay)",
         );
     }
-    if use_auth_secret && static_auth_secrets.is_empty() && userdb.is_none() {
+    if (use_auth_secret || zrest) && !secrets_given && userdb.is_none() {
+        let name = if zrest { "zrest" } else { "use-auth-secret" };
         c.require(
-            "use-auth-secret",
-            "use-auth-secret needs at least one static-auth-secret, or a user database whose turn_secret holds them",
+            name,
+            &format!("{name} needs at least one static-auth-secret, or a user database whose turn_secret holds them"),
         );
     }
-    if !static_auth_secrets.is_empty() && !use_auth_secret {
-        c.require(
-            "static-auth-secret",
-            "static-auth-secret is given but use-auth-secret is not",
-        );
+    if zrest {
+        zrest_warnings(c, use_auth_secret, !users.is_empty(), warnings);
     }
     let realm = match realm {
         Some(r) if !r.is_empty() => r,
@@ -314,7 +331,11 @@ fn credentials(c: &mut Checker<'_>) -> Credentials {
     };
     let auth = if no_auth {
         AuthMode::Open
-    } else if use_auth_secret {
+    } else if zrest {
+        AuthMode::Zrest {
+            secrets: static_auth_secrets,
+        }
+    } else if rest_api {
         AuthMode::RestApi {
             secrets: static_auth_secrets,
             users,
@@ -327,6 +348,25 @@ fn credentials(c: &mut Checker<'_>) -> Credentials {
         auth,
         rest_separator,
         userdb,
+    }
+}
+
+/// With `zrest`, Wire's fork accepts nothing else: `use-auth-secret` and `user` are given
+/// for nothing (the fork ignores them too); each gets a start-up warning.
+fn zrest_warnings(
+    c: &mut Checker<'_>,
+    use_auth_secret: bool,
+    users: bool,
+    warnings: &mut Vec<Problem>,
+) {
+    let ignored = [
+        (use_auth_secret, "use-auth-secret", "TURN REST API credentials are not accepted with zrest (Wire's fork turns them off too)"),
+        (users, "user", "static users are not accepted with zrest (Wire's fork ignores them too)"),
+    ];
+    for (given, name, why) in ignored {
+        if let (true, Some((_, source))) = (given, c.raw.last(name)) {
+            warnings.push(Problem::new(name, why).at(source.clone()));
+        }
     }
 }
 
@@ -638,9 +678,22 @@ fn process(c: &mut Checker<'_>) -> Process {
     Process {
         pidfile,
         log_level,
-        prometheus_ip: c.value::<IpAddr>("prometheus-address", "an IP address"),
+        prometheus_ip: prometheus_ip(c),
         prometheus_port: c.value::<u16>("prometheus-port", "a port number"),
     }
+}
+
+/// coturn's `prometheus-address`, or Wire's fork's name of it, `prometheus-ip`; not both.
+fn prometheus_ip(c: &mut Checker<'_>) -> Option<IpAddr> {
+    let address = c.value::<IpAddr>("prometheus-address", "an IP address");
+    let ip = c.value::<IpAddr>("prometheus-ip", "an IP address");
+    if let (Some(_), Some(_)) = (address, ip) {
+        c.require(
+            "prometheus-ip",
+            "prometheus-ip is Wire's fork's name of prometheus-address: give one of them",
+        );
+    }
+    address.or(ip)
 }
 
 /// Every flag's value is checked, those that change nothing too.

@@ -631,3 +631,193 @@ fn external_ip_file_adds_what_it_holds_and_a_missing_one_is_a_problem() {
     let all = errors(&[&arg]).join("\n");
     assert!(all.contains("of one family"), "{all}");
 }
+
+/// wire's chart's configuration (our rendering of its template, with its StatefulSet's
+/// substitutions and the secrets file's lines appended as its sed does), as `-c` alone.
+fn wire_conf(secrets_file: &str) -> tempfile::NamedTempFile {
+    let template = include_str!("../../tests/data/wire-coturn.conf.template");
+    let mut text = template
+        .replace("__COTURN_EXT_IP__", "203.0.113.9")
+        .replace("__COTURN_POD_IP__", "10.0.0.9");
+    for line in secrets_file.lines() {
+        text.push_str(&format!("static-auth-secret={line}\n"));
+    }
+    file(&text)
+}
+
+fn parse_file_only(path: &std::path::Path) -> Result<Settings, Problems> {
+    let path = path.to_str().unwrap().to_string();
+    match parse(["lastcall-turn", "-c", &path])? {
+        Parsed::Run(s) => Ok(*s),
+        _ => panic!("not a run"),
+    }
+}
+
+#[test]
+fn wires_chart_configuration_runs_as_it_is() {
+    // One secret per line, the file ending in a newline (as `kubectl create secret
+    // --from-file` keeps it).
+    let f = wire_conf("first-secret\nsecond-secret\n");
+    let s = parse_file_only(f.path()).expect("wire's configuration runs");
+    let t = &s.turn;
+    assert_eq!(
+        t.auth,
+        AuthMode::Zrest {
+            secrets: vec!["first-secret".into(), "second-secret".into()]
+        }
+    );
+    let core = t.core_config();
+    assert_eq!(
+        core.auth.rest_scheme,
+        lastcall_turn_proto::RestScheme::Zrest
+    );
+    assert_eq!(core.realm, "dummy.io");
+    assert!(core.secure_stun);
+    assert_eq!(t.pidfile, Some(PathBuf::from("/var/tmp/turnserver.pid")));
+    assert_eq!(t.listening_ips, vec![IpAddr::from([10, 0, 0, 9])]);
+    assert_eq!(t.relay_ips, vec![IpAddr::from([10, 0, 0, 9])]);
+    assert_eq!(t.external_ips[0].public, IpAddr::from([203, 0, 113, 9]));
+    assert!(t.tls.is_none(), "no-tls");
+    assert_eq!(t.denied_peer_ips.len(), 19);
+    // prometheus-ip and prometheus-port: the admin listener (probes, metrics, /drain).
+    assert_eq!(s.term.admin_addr, Some("10.0.0.9:9641".parse().unwrap()));
+    let w: Vec<String> = s.warnings.iter().map(ToString::to_string).collect();
+    for needle in [
+        ":10: CA-file: has no effect: there is no TLS listener",
+        ":25: log-file: is accepted and changes nothing",
+        ":46: 401-req-limit: is accepted and changes nothing: no 401 count per window: unauthorized-ratelimit-rps",
+        ":47: 401-window: is accepted and changes nothing",
+    ] {
+        assert!(w.iter().any(|l| l.contains(needle)), "{needle}: {w:#?}");
+    }
+    assert_eq!(w.len(), 4, "{w:#?}");
+}
+
+#[test]
+fn zrest_needs_a_secret_and_takes_nothing_else() {
+    let all = errors(&["--zrest", "--static-auth-secret="]).join("\n");
+    assert!(all.contains("static-auth-secret=: empty secret"), "{all}");
+    let f = file("realm=dummy.io\nzrest\n");
+    let all = parse_file_only(f.path())
+        .expect_err("no secret")
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(
+        all.contains(":2: zrest needs at least one static-auth-secret, or a user database whose turn_secret holds them"),
+        "{all}"
+    );
+    // With zrest, use-auth-secret and user are given for nothing: a warning each.
+    let s = run(&["--zrest", "--user=alice:pw"]).expect("runs");
+    assert_eq!(
+        s.turn.auth,
+        AuthMode::Zrest {
+            secrets: vec!["s3cret".into()]
+        }
+    );
+    assert!(s.turn.auth.users().is_empty());
+    let w: Vec<String> = s.warnings.iter().map(ToString::to_string).collect();
+    assert!(
+        w.iter().any(|l| l
+            .contains("use-auth-secret: TURN REST API credentials are not accepted with zrest")),
+        "{w:?}"
+    );
+    assert!(
+        w.iter()
+            .any(|l| l.contains("user: static users are not accepted with zrest")),
+        "{w:?}"
+    );
+}
+
+#[test]
+fn static_auth_secret_alone_turns_the_rest_api_on_as_in_coturn() {
+    let Parsed::Run(s) = parse([
+        "lastcall-turn",
+        "--realm=r",
+        "--static-auth-secret=one",
+        "--static-auth-secret=two",
+    ])
+    .expect("valid") else {
+        panic!("print")
+    };
+    assert_eq!(
+        s.turn.auth,
+        AuthMode::RestApi {
+            secrets: vec!["one".into(), "two".into()],
+            users: vec![]
+        }
+    );
+}
+
+#[test]
+fn wires_fork_options_prometheus_ip_and_federation() {
+    let s = run(&["--prometheus-ip=127.0.0.2", "--prometheus-port=9700"]).unwrap();
+    assert_eq!(s.term.admin_addr, Some("127.0.0.2:9700".parse().unwrap()));
+    let all = errors(&[
+        "--prometheus-ip=127.0.0.2",
+        "--prometheus-address=127.0.0.3",
+    ])
+    .join("\n");
+    assert!(
+        all.contains("prometheus-ip is Wire's fork's name of prometheus-address: give one of them"),
+        "{all}"
+    );
+    let f = file("federation-listening-ip=10.0.0.9\nfederation-listening-port=9191\nfederation-no-dtls=false\n");
+    let path = f.path().to_str().unwrap().to_string();
+    let errs = errors(&["-c", &path]);
+    let all = errs.join("\n");
+    for line in [1, 2] {
+        assert!(
+            all.contains(&format!(":{line}: unsupported coturn option federation-")),
+            "{all}"
+        );
+    }
+    assert!(
+        all.contains(
+            "(Wire's federation (links between Wire backends' TURN servers for conference calls"
+        ),
+        "{all}"
+    );
+    assert_eq!(
+        errs.len(),
+        2,
+        "federation-no-dtls=false asks for nothing: {all}"
+    );
+}
+
+#[test]
+fn ca_file_is_checked_with_the_tls_listener() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = lastcall_testkit::tls::self_signed(dir.path(), "turn", "turn.test");
+    let tls = [
+        format!("--cert={}", cert.display()),
+        format!("--pkey={}", key.display()),
+    ];
+    let with = |ca: &str| {
+        let mut args: Vec<String> = tls.to_vec();
+        args.push(format!("--CA-file={ca}"));
+        args
+    };
+    // A CA file: clients are verified against it.
+    let args = with(&cert.display().to_string());
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let s = run(&refs).expect("runs");
+    assert_eq!(
+        s.turn.tls.as_ref().and_then(|t| t.client_ca.clone()),
+        Some(cert.clone())
+    );
+    assert!(s.warnings.is_empty(), "{:?}", s.warnings);
+    // Missing, or holding no certificate: a problem naming CA-file.
+    let empty = file("");
+    for ca in [
+        "/nonexistent/ca.pem".to_string(),
+        empty.path().display().to_string(),
+    ] {
+        let args = with(&ca);
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        let all = errors(&refs).join("\n");
+        assert!(all.contains("CA-file: "), "{all}");
+        assert!(all.contains(&ca), "{all}");
+    }
+}

@@ -5,7 +5,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::{DefaultFamily, ExternalIp, IpRange, Service, UserKey};
+use super::{DefaultFamily, ExternalIp, IpRange, Service, TlsFiles, UserKey};
 
 /// The TURN daemon's own configuration, typed and checked.
 #[derive(Debug, Clone)]
@@ -111,17 +111,6 @@ pub struct TransportAlternates {
     pub tls: Vec<SocketAddr>,
 }
 
-/// The TLS listener's files.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TlsFiles {
-    /// PEM certificate chain (coturn's `cert`).
-    pub cert: PathBuf,
-    /// PEM private key (coturn's `pkey`).
-    pub pkey: PathBuf,
-    /// TLS 1.3 only (coturn's `no-tlsv1_2`).
-    pub tls13_only: bool,
-}
-
 /// How clients authenticate: long-term credentials, unless `no-auth` with its
 /// acknowledgement.
 #[derive(Clone, PartialEq, Eq)]
@@ -139,18 +128,25 @@ pub enum AuthMode {
     },
     /// Static users only (`user=name:password`, `user=name:0xKEY`).
     StaticUsers(Vec<(String, UserKey)>),
+    /// Wire's fork's `zrest`: zrest credentials made with any of `secrets` (then a user
+    /// database's), and nothing else.
+    Zrest {
+        /// The shared secrets (coturn's `static-auth-secret`).
+        secrets: Vec<String>,
+    },
 }
 
 impl AuthMode {
-    /// Whether TURN REST API credentials are accepted.
+    /// Whether credentials made with shared secrets are accepted (TURN REST API or zrest):
+    /// a user database is then read for its secrets, not its users.
     pub fn uses_rest_api(&self) -> bool {
-        matches!(self, AuthMode::RestApi { .. })
+        matches!(self, AuthMode::RestApi { .. } | AuthMode::Zrest { .. })
     }
 
-    /// The TURN REST API secrets (none for static users only).
+    /// The shared secrets (none for static users only).
     pub fn rest_secrets(&self) -> &[String] {
         match self {
-            AuthMode::RestApi { secrets, .. } => secrets,
+            AuthMode::RestApi { secrets, .. } | AuthMode::Zrest { secrets } => secrets,
             AuthMode::StaticUsers(_) | AuthMode::Open => &[],
         }
     }
@@ -159,7 +155,17 @@ impl AuthMode {
     pub fn users(&self) -> &[(String, UserKey)] {
         match self {
             AuthMode::RestApi { users, .. } | AuthMode::StaticUsers(users) => users,
-            AuthMode::Open => &[],
+            AuthMode::Open | AuthMode::Zrest { .. } => &[],
+        }
+    }
+
+    /// How the shared secrets make credentials.
+    pub fn rest_scheme(&self) -> lastcall_turn_proto::RestScheme {
+        match self {
+            AuthMode::Zrest { .. } => lastcall_turn_proto::RestScheme::Zrest,
+            AuthMode::RestApi { .. } | AuthMode::StaticUsers(_) | AuthMode::Open => {
+                lastcall_turn_proto::RestScheme::Timestamp
+            }
         }
     }
 }
@@ -175,6 +181,10 @@ impl std::fmt::Debug for AuthMode {
                 .field("users", &users)
                 .finish(),
             AuthMode::StaticUsers(_) => f.debug_tuple("StaticUsers").field(&users).finish(),
+            AuthMode::Zrest { secrets } => f
+                .debug_struct("Zrest")
+                .field("secrets", &secrets.len())
+                .finish(),
             AuthMode::Open => f.write_str("Open"),
         }
     }
@@ -223,6 +233,7 @@ impl TurnConfig {
         s.relay.relay_ips = self.relay_ips.clone();
         s.relay.external_ips = self.external_ips.clone();
         s.auth.rest_separator = self.rest_separator;
+        s.auth.rest_scheme = self.auth.rest_scheme();
         s.auth.allow_anonymous = self.auth == AuthMode::Open;
         // coturn reads the database's REST secrets with use-auth-secret, its users without.
         s.auth.database = self

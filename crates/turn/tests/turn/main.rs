@@ -24,6 +24,8 @@
 //! - `termination`: calls across SIGTERM, the deadline, alternates, coturn's own behaviour.
 //! - `userdb`: coturn's user databases (SQLite, PostgreSQL, Redis) changing and failing under
 //!   live calls; `userdb_servers` starts the databases.
+//! - `wire`: wire's coturn chart's configuration and command line (dumb-init), brig's zrest
+//!   credentials, `CA-file`, the `pre-stop-hook`.
 //! - `workers`: the UDP I/O threads.
 #![allow(
     clippy::unwrap_used,
@@ -55,4 +57,5 @@ mod systemd;
 mod termination;
 mod userdb;
 mod userdb_servers;
+mod wire;
 mod workers;

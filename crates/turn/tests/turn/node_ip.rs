@@ -2,7 +2,8 @@
 //! answers: a small HTTPS server here, with its own CA, replays Node objects in the API's
 //! JSON shape (`tests/data/kubernetes/`) and a 403 `Status`, checks the request (path, bearer
 //! token), and the daemon then starts with the file the lookup wrote (`external-ip-file`) and
-//! hands out the node's ExternalIP as its relay address.
+//! hands out the node's ExternalIP as its relay address. A node without one gives its
+//! `wire.com/external-ip` annotation instead, as wire's chart's init container reads it.
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
@@ -210,6 +211,14 @@ fn the_nodes_external_ip_from_recorded_api_answers_becomes_the_relay_address() {
             "/api/v1/nodes/locked".to_string(),
             (403, body("status-forbidden.json")),
         ),
+        (
+            "/api/v1/nodes/onprem-4".to_string(),
+            (200, body("node-wire-annotation.json")),
+        ),
+        (
+            "/api/v1/nodes/onprem-5".to_string(),
+            (200, body("node-wire-annotation-bad.json")),
+        ),
     ]);
     let api = ApiServer::start(&crt, &key, answers);
 
@@ -222,10 +231,17 @@ fn the_nodes_external_ip_from_recorded_api_answers_becomes_the_relay_address() {
         "{head}"
     );
 
-    // A node without an ExternalIP, RBAC missing, a node that does not exist: the init
-    // container fails with what to fix, and writes nothing.
+    // No ExternalIP, but the node annotation wire's chart falls back to (on premises).
+    let (code, written, err) = lookup(&api, dir.path(), &ca, "onprem-4");
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(written, "198.51.100.44\n");
+
+    // A node without an ExternalIP or the annotation, an annotation that is no address, RBAC
+    // missing, a node that does not exist: the init container fails with what to fix, and
+    // writes nothing.
     for (node, needle) in [
-        ("onprem-3", "node onprem-3 has no ExternalIP in status.addresses (it has: InternalIP 192.168.10.23, Hostname onprem-3)"),
+        ("onprem-3", "node onprem-3 has no ExternalIP in status.addresses (it has: InternalIP 192.168.10.23, Hostname onprem-3), and no wire.com/external-ip annotation"),
+        ("onprem-5", "node onprem-5: annotation wire.com/external-ip=\"node-5.example.net\" is not an IP address"),
         ("locked", "HTTP 403 (the service account may not get nodes: the chart's ClusterRole and its binding): nodes \"pool-a-7f3c9\" is forbidden"),
         ("gone", "HTTP 404 (no such node"),
     ] {
