@@ -12,7 +12,7 @@ from a package the image has for a reason the Dockerfile states:
 
 The image must hold exactly that set, nothing more, and the WAF library must be Debian 13's
 libmodsecurity 3.0.14 (or a later 3.0.x update). The check can fail: the agent's binary
-in the TURN image (which installs nothing) is reported missing libmodsecurity.so.3. Also
+in the TURN image (which has no libmodsecurity) is reported missing libmodsecurity.so.3. Also
 checked: the CRS files the agent's default application loads come from the spoa stage's
 packages, and the ENTRYPOINT is the file the stage copies the binary to. Not covered:
 libraries loaded with dlopen() at run time (ldd cannot see them; the daemons load none)."""
@@ -178,12 +178,32 @@ def test_the_image_holds_the_base_and_the_named_packages_only(engine: Engine, ta
                  f"`apt-get install {' '.join(named)}`; libmodsecurity3t64 {version}, "
                  f"modsecurity-crs {have['modsecurity-crs']['version']}")
     else:
-        assert not named and set(have) == set(base), f"{image} installs {named}"
+        # The TURN image installs dumb-init alone: wire's coturn chart runs its command under
+        # /usr/bin/dumb-init (docs/coming-from-coturn.md#wire).
+        assert named == ["dumb-init"], f"{image} installs {named}"
+        measured(f"{image}: {len(have)} packages = {len(base)} of {BASE_IMAGE} + {len(want - set(base))} from "
+                 f"`apt-get install {' '.join(named)}`")
+
+
+def test_the_turn_image_has_what_wires_chart_runs(engine: Engine) -> None:
+    """wire's coturn chart runs `/usr/bin/dumb-init -- /bin/sh -c '... sed ...; exec
+    /usr/bin/turnserver -c ...'`, a preStop `/usr/local/bin/pre-stop-hook`, and its reloader
+    looks for a process named turnserver: those paths are in the image, the last two this
+    image's binary under those names."""
+    out = in_image(engine, TURN_IMAGE, "/bin/sh", "-c",
+                   "command -v dumb-init sed cat && readlink -f /usr/bin/turnserver /usr/local/bin/pre-stop-hook"
+                   " && /usr/bin/dumb-init --version")
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.split()
+    assert lines[:3] == ["/usr/bin/dumb-init", "/usr/bin/sed", "/usr/bin/cat"], out.stdout
+    assert lines[3:5] == [BINARY["turn"], BINARY["turn"]], out.stdout
+    measured(f"{TURN_IMAGE}: /usr/bin/dumb-init ({(out.stdout + out.stderr).strip().splitlines()[-1]}), sed, cat; "
+             f"/usr/bin/turnserver and /usr/local/bin/pre-stop-hook -> {BINARY['turn']}")
 
 
 def test_the_check_finds_a_missing_library(engine: Engine, tmp_path: Path) -> None:
-    """The agent's binary, taken out of its image, in the TURN image (which installs
-    nothing) fails the check, naming libmodsecurity: the check can fail."""
+    """The agent's binary, taken out of its image, in the TURN image (which has no
+    libmodsecurity) fails the check, naming libmodsecurity: the check can fail."""
     name = "lc-runtime-libs-copy"
     engine.docker("rm", "-f", name, check=False)
     engine.docker("create", "--name", name, SPOA_IMAGE)
