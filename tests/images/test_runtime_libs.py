@@ -191,7 +191,8 @@ def test_the_turn_image_has_what_wires_chart_runs(engine: Engine) -> None:
     looks for a process named turnserver: those paths are in the image, the last two this
     image's binary under those names."""
     out = in_image(engine, TURN_IMAGE, "/bin/sh", "-c",
-                   "command -v dumb-init sed cat && readlink -f /usr/bin/turnserver /usr/local/bin/pre-stop-hook"
+                   "for c in dumb-init sed cat; do command -v $c || exit 1; done"
+                   " && readlink -f /usr/bin/turnserver /usr/local/bin/pre-stop-hook"
                    " && /usr/bin/dumb-init --version")
     assert out.returncode == 0, out.stdout + out.stderr
     lines = out.stdout.split()

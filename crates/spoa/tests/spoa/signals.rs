@@ -38,19 +38,27 @@ fn one_agent(config: Option<&str>, args: &[&str]) -> Stack {
     })
 }
 
-#[test]
-fn deadline_cuts_busy_connections_with_status_75() {
-    // HAProxy without `max-waiting-frames 1` pipelines, and under load a connection it keeps
-    // busy never goes quiet: with `max-waiting-frames 1` every busy connection says goodbye on
-    // its next ACK instead (the drain ends in about a second). Four raw peers pipeline as
-    // HAProxy does, two NOTIFYs in flight each, a new one for every ACK, until the end.
+/// Four raw peers pipelining as HAProxy does without `max-waiting-frames 1`: two NOTIFYs
+/// in flight each, a new one for every ACK, until the end. With `checker`, a HAProxy that
+/// has begun to mark the agent DOWN and has not finished (one health check, refused once
+/// the drain refuses, then none): it holds the drain. Returns the agent (exited), its exit,
+/// each peer's (ACKs, last frame) and the log mark of the SIGTERM.
+fn busy_pipelined_drain(
+    timeout: &str,
+    checker: bool,
+) -> (
+    Agent,
+    lastcall_testkit::ExitReport,
+    Vec<(u64, Option<AgentFrame>)>,
+    usize,
+) {
     let mut agent = Agent::start(
         Some(ONE_WORKER),
         &[
             "--shutdown-delay",
             "1s",
             "--drain-timeout",
-            "4s",
+            timeout,
             "--log-level",
             "info,lastcall_spoa::waf=warn",
         ],
@@ -96,8 +104,28 @@ fn deadline_cuts_busy_connections_with_status_75() {
     }
     let mark = agent.pod.log_len();
     agent.pod.signal(Signal::Term);
-    let report = agent.pod.wait_exit(Duration::from_secs(30));
+    if checker {
+        agent.pod.wait_for_log_after(mark, "-> refusing", WAIT);
+        let mut s = TcpStream::connect(addr).expect("connect for a health check");
+        s.set_read_timeout(Some(WAIT)).expect("timeout");
+        let mut hello = Vec::new();
+        frame::encode_haproxy_hello(16380, true, &mut hello);
+        s.write_all(&hello).expect("health check");
+        assert!(
+            matches!(&read_until_eof(&mut s)[..], [AgentFrame::Disconnect(0, _)]),
+            "the health check is refused"
+        );
+    }
+    let report = agent.pod.wait_exit(Duration::from_secs(60));
     let ends: Vec<_> = peers.into_iter().map(|p| p.join().expect("peer")).collect();
+    (agent, report, ends, mark)
+}
+
+/// A drain held by a HAProxy that has not marked the agent DOWN yet cannot end while
+/// HAProxy keeps pipelined connections busy: the deadline cuts them (75).
+#[test]
+fn deadline_cuts_busy_connections_with_status_75() {
+    let (agent, report, ends, mark) = busy_pipelined_drain("4s", true);
     eprintln!("DEADLINE: {report:?}; peers (ACKs, last frame): {ends:?}");
     assert_eq!(report.code, Some(lastcall::exit::DEADLINE), "{report:?}");
     assert!(
@@ -129,6 +157,36 @@ fn deadline_cuts_busy_connections_with_status_75() {
         .unwrap_or_else(|| panic!("no session count in {line:?}"));
     assert!(cut >= 1, "{line}");
     assert!(line.contains("exit status 75"), "{line}");
+}
+
+/// With no HAProxy left to mark the agent DOWN (no hold: these peers never health-check it,
+/// and the 2.5 s for HAProxies not heard from yet pass), busy pipelined connections say a
+/// risked goodbye on the ACKs that leave nothing owed, each counted and logged, and the drain
+/// ends well before its deadline (it ran to the deadline before: coraza-spoa's SPOE file).
+#[test]
+fn busy_pipelined_connections_say_a_risked_goodbye_once_no_hold_is_left() {
+    let (agent, report, ends, mark) = busy_pipelined_drain("30s", false);
+    eprintln!("PIPELINED GOODBYES: {report:?}; peers (ACKs, last frame): {ends:?}");
+    assert_eq!(report.code, Some(0), "{report:?}");
+    assert!(
+        report.elapsed_since_signal < Duration::from_secs(20),
+        "{report:?}"
+    );
+    let logs = agent.pod.logs();
+    let risked = logs
+        .iter()
+        .skip(mark)
+        .filter(|l| l.contains("the drain's goodbye on a connection HAProxy pipelines on"))
+        .count();
+    assert!(risked >= 1, "{logs:#?}");
+    for (acks, last) in &ends {
+        assert!(*acks > 0, "a peer got no ACK");
+        // The goodbye, or the close after it (a NOTIFY sent as it crossed).
+        assert!(
+            matches!(last, Some(AgentFrame::Disconnect(0, _)) | None),
+            "{last:?}"
+        );
+    }
 }
 
 /// A rule that is slow on purpose: `^(a|aa)+$` backtracks exponentially on a run of `a`s
