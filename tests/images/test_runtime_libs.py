@@ -187,19 +187,24 @@ def test_the_image_holds_the_base_and_the_named_packages_only(engine: Engine, ta
 
 def test_the_turn_image_has_what_wires_chart_runs(engine: Engine) -> None:
     """wire's coturn chart runs `/usr/bin/dumb-init -- /bin/sh -c '... sed ...; exec
-    /usr/bin/turnserver -c ...'`, a preStop `/usr/local/bin/pre-stop-hook`, and its reloader
-    looks for a process named turnserver: those paths are in the image, the last two this
-    image's binary under those names."""
+    /usr/bin/turnserver -c ...'`, a preStop `/usr/local/bin/pre-stop-hook`, its reloader
+    looks for a process named turnserver, and its config names
+    `CA-file=/etc/ssl/certs/ca-certificates.crt` unless `ca.enabled`: those paths are in the
+    image, the middle two this image's binary under those names, the last Debian's bundle."""
     out = in_image(engine, TURN_IMAGE, "/bin/sh", "-c",
                    "for c in dumb-init sed cat; do command -v $c || exit 1; done"
                    " && readlink -f /usr/bin/turnserver /usr/local/bin/pre-stop-hook"
+                   " && grep -c 'BEGIN CERTIFICATE' /etc/ssl/certs/ca-certificates.crt"
                    " && /usr/bin/dumb-init --version")
     assert out.returncode == 0, out.stdout + out.stderr
     lines = out.stdout.split()
     assert lines[:3] == ["/usr/bin/dumb-init", "/usr/bin/sed", "/usr/bin/cat"], out.stdout
     assert lines[3:5] == [BINARY["turn"], BINARY["turn"]], out.stdout
+    cas = int(lines[5])
+    assert cas > 100, f"/etc/ssl/certs/ca-certificates.crt holds {cas} certificates"
     measured(f"{TURN_IMAGE}: /usr/bin/dumb-init ({(out.stdout + out.stderr).strip().splitlines()[-1]}), sed, cat; "
-             f"/usr/bin/turnserver and /usr/local/bin/pre-stop-hook -> {BINARY['turn']}")
+             f"/usr/bin/turnserver and /usr/local/bin/pre-stop-hook -> {BINARY['turn']}; "
+             f"/etc/ssl/certs/ca-certificates.crt with {cas} CA certificates")
 
 
 def test_the_check_finds_a_missing_library(engine: Engine, tmp_path: Path) -> None:
