@@ -13,6 +13,7 @@
 //! for wire's command line and name the admin listener in the hook's log lines.
 
 use std::io::Write;
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
@@ -106,12 +107,26 @@ pub fn run(proc: &Path, admin: &str) -> Result<Outcome, HookError> {
 
 /// The pid of a process named [`PROCESS_NAME`] running this same binary (so coturn's own
 /// `turnserver`, were one visible, is never signalled), other than this one.
+///
+/// Its `/proc/PID/exe` tells, when it can be read. In the image it cannot: the binary carries a
+/// file capability, so the kernel makes the daemon non-dumpable at exec, and a non-dumpable
+/// process's `exe` (like its `fd/`) is closed to processes of its own uid. Then the path it
+/// was started from (its `cmdline`'s first word, `/usr/bin/turnserver`, readable by all) is
+/// resolved here, in the hook's own container, and compared with this binary.
 fn find_daemon(proc: &Path) -> Result<Option<i32>, HookError> {
     let me = std::process::id();
     let own = std::fs::metadata(proc.join("self/exe")).ok();
-    let same_binary = |pid: &str| match (&own, std::fs::metadata(proc.join(pid).join("exe"))) {
-        (Some(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
-        _ => false,
+    let same_file =
+        |a: &std::fs::Metadata, b: &std::fs::Metadata| a.dev() == b.dev() && a.ino() == b.ino();
+    let same_binary = |pid: &str| {
+        let Some(own) = &own else { return false };
+        if let Ok(exe) = std::fs::metadata(proc.join(pid).join("exe")) {
+            return same_file(own, &exe);
+        }
+        let cmdline = std::fs::read(proc.join(pid).join("cmdline")).unwrap_or_default();
+        let argv0 = cmdline.split(|b| *b == 0).next().unwrap_or_default();
+        let argv0 = Path::new(std::ffi::OsStr::from_bytes(argv0));
+        argv0.is_absolute() && std::fs::metadata(argv0).is_ok_and(|m| same_file(own, &m))
     };
     let mut found = Vec::new();
     for entry in std::fs::read_dir(proc).map_err(HookError::Proc)? {
@@ -133,12 +148,25 @@ fn find_daemon(proc: &Path) -> Result<Option<i32>, HookError> {
 }
 
 /// A line in the daemon's own log (its stderr), so that the pod's log shows the hook, as
-/// the kubelet keeps a hook's output only when it fails. Best effort.
+/// the kubelet keeps a hook's output only when it fails. A non-dumpable daemon's `fd/` is
+/// closed (see [`find_daemon`]): then its parent's stderr, which in wire's pod is dumb-init's,
+/// the same log. Best effort.
 fn tell(proc: &Path, pid: i32, line: &str) {
-    if let Ok(mut f) = std::fs::OpenOptions::new()
-        .append(true)
-        .open(proc.join(pid.to_string()).join("fd/2"))
-    {
+    let open = |pid: &str| {
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(proc.join(pid).join("fd/2"))
+    };
+    let parent = || {
+        // stat: "PID (COMM) STATE PPID ...", COMM may hold spaces and parentheses.
+        let stat = std::fs::read_to_string(proc.join(pid.to_string()).join("stat")).ok()?;
+        let after = &stat[stat.rfind(')')? + 1..];
+        after.split_whitespace().nth(1).map(str::to_owned)
+    };
+    let file = open(&pid.to_string())
+        .ok()
+        .or_else(|| open(&parent()?).ok());
+    if let Some(mut f) = file {
         let _ = writeln!(f, "{line}");
     }
 }
@@ -146,6 +174,31 @@ fn tell(proc: &Path, pid: i32, line: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A `/proc` of one `turnserver` whose `exe` cannot be read (a non-dumpable process):
+    /// the path it was started from decides.
+    #[test]
+    fn a_daemon_without_a_readable_exe_is_known_by_the_path_it_was_started_from() {
+        let dir = tempfile::tempdir().unwrap();
+        let own = std::fs::read_link("/proc/self/exe").unwrap();
+        std::os::unix::fs::symlink(&own, dir.path().join("turnserver")).unwrap();
+        std::fs::create_dir(dir.path().join("self")).unwrap();
+        std::os::unix::fs::symlink(&own, dir.path().join("self/exe")).unwrap();
+        let started = |pid: u32, argv0: &Path| {
+            let d = dir.path().join(pid.to_string());
+            std::fs::create_dir(&d).unwrap();
+            std::fs::write(d.join("comm"), "turnserver\n").unwrap();
+            let mut cmdline = argv0.as_os_str().as_bytes().to_vec();
+            cmdline.extend_from_slice(b"\0-c\0/coturn-config/turnserver.conf\0");
+            std::fs::write(d.join("cmdline"), cmdline).unwrap();
+        };
+        // Another program under the same name (coturn's), and one with a relative argv[0].
+        started(7, Path::new("/bin/sh"));
+        started(8, Path::new("turnserver"));
+        assert_eq!(find_daemon(dir.path()).unwrap(), None);
+        started(9, &dir.path().join("turnserver"));
+        assert_eq!(find_daemon(dir.path()).unwrap(), Some(9));
+    }
 
     #[test]
     fn nothing_to_drain_in_an_empty_proc() {
