@@ -25,18 +25,24 @@ the pod; otherwise, unless automount is off, a token, the CA and the namespace a
 read-only at /var/run/secrets/kubernetes.io/serviceaccount in every container).
 
 Deletion, as the kubelet's: the grace period is `terminationGracePeriodSeconds`, counted
-from the deletion; main containers are stopped in parallel (`StopContainer` with the
-remaining grace: the image's STOPSIGNAL, then SIGKILL at the end), native sidecars after
+from the deletion; main containers are stopped in parallel, each one's `preStop` exec hook
+run first (`ExecSync` in the container, bounded by the grace; a hook that fails is logged
+and the stop goes on, as the kubelet's FailedPreStopHook), then `StopContainer` with what is
+left of the grace (the image's STOPSIGNAL, then SIGKILL at the end), native sidecars after
 every main container has exited, in reverse order, with what is left of the grace (at
 least 2 s); liveness and startup probes stop at deletion, readiness keeps running. Every
 step is timestamped in a shared `Timeline`.
 
-Not done: resource limits, image pulls (images are imported), preStop hooks (the charts
-have none; asserted), ephemeral containers, the pod status API, init container retries."""
+`shareProcessNamespace` gives the pod one PID namespace (the sandbox's, its pause process
+as PID 1), as the kubelet asks the runtime; otherwise each container has its own.
+
+Not done: resource limits, image pulls (images are imported), httpGet and postStart hooks
+(asserted), ephemeral containers, the pod status API, init container retries."""
 
 from __future__ import annotations
 
 import json
+import subprocess
 import threading
 import time
 import uuid
@@ -86,6 +92,10 @@ class Run:
     spec: Container
     id: str = ""
     attempt: int = 0
+    prestop_started_at: float | None = None
+    prestop_ended_at: float | None = None
+    prestop_exit: int | None = None  # None: no hook, or it did not return (an error instead)
+    prestop_output: str = ""
     start_asked_at: float = 0.0  # StartContainer called (a short container may exit before it returns)
     started_at: float = 0.0  # StartContainer returned
     started: bool = False  # the startup probe passed (or there is none)
@@ -130,7 +140,9 @@ class Pod:
         self.service_account, self.automount = spec.service_account(namespace)
         self.token_dir: Path | None = None
         for c in spec.containers():
-            assert "lifecycle" not in c.spec, f"{c.name}: lifecycle hooks are not run by this kubelet"
+            hooks = c.spec.get("lifecycle") or {}
+            assert set(hooks) <= {"preStop"} and "httpGet" not in hooks.get("preStop", {}), (
+                f"{c.name}: only exec preStop hooks are run by this kubelet: {hooks}")
 
     def event(self, what: str) -> float:
         return self.timeline.add(self.who, what)
@@ -156,7 +168,8 @@ class Pod:
             for f in self.token_dir.iterdir():
                 f.chmod(0o644)
         pod_sec = self.spec.spec.get("securityContext", {}) or {}
-        ns_opts = cri.NamespaceOption(network=cri.NODE if host else cri.POD, pid=cri.CONTAINER, ipc=cri.POD)
+        pid = cri.POD if self.spec.share_process_namespace else cri.CONTAINER
+        ns_opts = cri.NamespaceOption(network=cri.NODE if host else cri.POD, pid=pid, ipc=cri.POD)
         sandbox_sec = cri.LinuxSandboxSecurityContext(
             namespace_options=ns_opts,
             seccomp=cri.SecurityProfile(profile_type=cri.SecurityProfile.ProfileType.RuntimeDefault),
@@ -433,7 +446,28 @@ class Pod:
         t.start()
         return t
 
+    def _pre_stop(self, run: Run, deadline: float) -> None:
+        """The container's preStop exec hook, as the kubelet runs it: in the container, with
+        the grace period as its bound; its failure is recorded, not fatal."""
+        hook = ((run.spec.spec.get("lifecycle") or {}).get("preStop") or {}).get("exec")
+        if not hook or not run.id or run.exit_code is not None:
+            return
+        bound = max(MIN_GRACE, int(deadline - time.monotonic()))
+        run.prestop_started_at = self.event(f"{run.spec.name}: preStop {hook['command']}")
+        try:
+            got = self.node.runtime.ExecSync(cri.ExecSyncRequest(container_id=run.id, cmd=hook["command"],
+                                                                 timeout=bound), timeout=bound + 10)
+            run.prestop_exit = got.exit_code
+            run.prestop_output = (got.stdout + got.stderr).decode(errors="replace")
+            run.prestop_ended_at = self.event(f"{run.spec.name}: preStop returned {got.exit_code}")
+        except grpc.RpcError as e:
+            run.prestop_output = str(e.details())
+            run.prestop_ended_at = self.event(f"{run.spec.name}: preStop failed: {e.code()} {e.details()}")
+
     def _stop(self, run: Run, deadline: float) -> None:
+        self._pre_stop(run, deadline)
+        if run.prestop_started_at is not None:
+            self._record_exit(run)  # it may have exited during its hook
         remaining = max(MIN_GRACE, int(deadline - time.monotonic() + 0.999))
         if not run.id or run.exit_code is not None:
             return
@@ -443,8 +477,17 @@ class Pod:
             self.node.runtime.StopContainer(cri.StopContainerRequest(container_id=run.id, timeout=remaining),
                                             timeout=remaining + 60)
         except grpc.RpcError as e:
-            self.errors.append(f"{run.spec.name}: StopContainer: {e}")
+            # A container that exited as the call arrived (after its preStop hook) may have
+            # its shim gone under the call: what counts is the exit the runtime records.
+            self.event(f"{run.spec.name}: StopContainer: {e.code()} {e.details()}")
+        deadline = time.monotonic() + 30  # the kubelet's PLEG relists until it sees the exit
         self._record_exit(run)
+        while run.exit_code is None:
+            if time.monotonic() > deadline:
+                self.errors.append(f"{run.spec.name}: no exit recorded 30 s after StopContainer")
+                return
+            time.sleep(0.1)
+            self._record_exit(run)
 
     def _terminate(self, grace: int) -> None:
         deadline = self.deleted_at + grace  # type: ignore[operator]
@@ -463,6 +506,9 @@ class Pod:
             rt.RemovePodSandbox(cri.RemovePodSandboxRequest(pod_sandbox_id=self.sandbox), timeout=120)
         except grpc.RpcError as e:
             self.errors.append(f"removing the sandbox: {e}")
+        for path in getattr(self, "volumes", {}).values():  # emptyDir medium Memory: a tmpfs
+            if path.is_mount():
+                subprocess.run(["umount", str(path)], capture_output=True, timeout=30)
         self.terminated_at = self.event("terminated")
         self.gone.set()
 

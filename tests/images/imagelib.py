@@ -530,18 +530,23 @@ PEER = "/usr/bin/turnutils_peer"
 class Call:
     """A bounded `turnutils_uclient` run (one call, or `-m` calls, of `-n` messages `-z` ms
     apart) in the background; `wait()` gives its report. With `ns`, it runs inside that
-    network namespace."""
+    network namespace. `secret` makes TURN REST API credentials for `user` (`-W`); with
+    `password`, `user` and `password` are long-term credentials as given (`-w`: e.g. Wire's
+    zrest ones). `extra` goes before the server's address (`-S` for TLS, `-i`/`-k` a client
+    certificate)."""
 
     def __init__(self, server: str, port: int, peer: tuple[str, int], secret: str, user: str,
                  messages: int, gap_ms: int = 20, clients: int = 1, tcp: bool = True,
-                 ns: str | None = None, log: Path | None = None):
+                 ns: str | None = None, log: Path | None = None, password: str | None = None,
+                 extra: tuple[str, ...] = ()):
         import netns
 
         assert shutil.which(UCLIENT), "turnutils_uclient is not installed (coturn; scripts/setup.sh installs it)"
         self.messages = messages * clients
+        auth = ["-w", password] if password is not None else ["-W", secret]
         argv = [*netns.exec_prefix(ns), UCLIENT, *(["-t"] if tcp else []), "-c", "-X",
                 "-n", str(messages), "-m", str(clients), "-z", str(gap_ms), "-l", "100",
-                "-p", str(port), "-e", peer[0], "-r", str(peer[1]), "-u", user, "-W", secret, server]
+                "-p", str(port), "-e", peer[0], "-r", str(peer[1]), "-u", user, *auth, *extra, server]
         self.log = log
         self.started_at = time.monotonic()
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

@@ -10,8 +10,16 @@ admission (`service_account`: a pod naming a ServiceAccount that does not exist 
 the token is mounted unless `automountServiceAccountToken` is false on the pod or on its
 ServiceAccount).
 
+ConfigMap and Secret volumes are laid out as the kubelet's atomic writer does: the files in
+a timestamped directory, `..data` a symlink to it, each key a symlink through `..data`; an
+update (`update_secret`) writes a new directory and swaps `..data` in one rename, which is
+what a watcher of the directory (wire's reloader sidecar) sees. `subPath` mounts the
+resolved file (not updated, as in Kubernetes); an emptyDir with `medium: Memory` is a tmpfs
+of its `sizeLimit`; `shareProcessNamespace` is read (the CRI driver gives the pod one PID
+namespace).
+
 What the kubelet does and this module does not: resource limits, projected and other
-volume kinds, subPath, image pull policies (images are local), downward API volumes.
+volume kinds, subPathExpr, image pull policies (images are local), downward API volumes.
 Asking for one of those fails loudly instead of being skipped."""
 
 from __future__ import annotations
@@ -19,6 +27,8 @@ from __future__ import annotations
 import base64
 import os
 import re
+import subprocess
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -148,7 +158,7 @@ class PodSpec:
                 self.secrets[o["metadata"]["name"]] = data
         for name, data in (extra_secrets or {}).items():
             self.secrets[name] = dict(data)
-        unsupported = {"shareProcessNamespace", "hostPID", "hostIPC", "ephemeralContainers"} & set(self.spec)
+        unsupported = {"hostPID", "hostIPC", "ephemeralContainers"} & set(self.spec)
         assert not [k for k in unsupported if self.spec.get(k)], f"unsupported pod fields: {unsupported}"
 
     # --- structure -----------------------------------------------------------------------
@@ -156,6 +166,10 @@ class PodSpec:
     @property
     def host_network(self) -> bool:
         return bool(self.spec.get("hostNetwork"))
+
+    @property
+    def share_process_namespace(self) -> bool:
+        return bool(self.spec.get("shareProcessNamespace"))
 
     @property
     def grace(self) -> int:
@@ -232,9 +246,10 @@ class PodSpec:
 
     def write_volumes(self, root: Path) -> dict[str, Path]:
         """Every volume of the pod under `root` (the kubelet's pods/UID/volumes), as the
-        kubelet lays them out: a file per key (or per `items` entry) for ConfigMaps and
-        Secrets, mode `defaultMode` (0644), group fsGroup; emptyDir a 0777 directory (owned
-        by fsGroup, setgid, when one is set). Returns {volume name: host directory}."""
+        kubelet lays them out: ConfigMaps and Secrets through the atomic writer (a file per
+        key, or per `items` entry, mode `defaultMode` (0644), group fsGroup); emptyDir a 0777
+        directory (owned by fsGroup, setgid, when one is set), a tmpfs with `medium: Memory`.
+        Returns {volume name: host directory}."""
         fs_group = self.spec.get("securityContext", {}).get("fsGroup")
         out: dict[str, Path] = {}
         for vol in self.spec.get("volumes", []):
@@ -242,28 +257,15 @@ class PodSpec:
             path = root / name
             path.mkdir(parents=True, exist_ok=True)
             if "configMap" in vol or "secret" in vol:
-                kind = "configMap" if "configMap" in vol else "secret"
-                src = vol[kind]
-                obj_name = src["name"] if kind == "configMap" else src["secretName"]
-                store = self.configmaps if kind == "configMap" else self.secrets
-                data = store.get(obj_name)
-                assert data is not None or src.get("optional"), f"volume {name}: {kind} {obj_name} does not exist"
-                data = data or {}
-                items = src.get("items") or [{"key": k, "path": k} for k in data]
-                mode = int(src.get("defaultMode", VOLUME_FILE_MODE))
-                for item in items:
-                    assert item["key"] in data, f"volume {name}: {kind} {obj_name} has no key {item['key']}"
-                    target = path / item["path"]
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    target.write_text(data[item["key"]])
-                    os.chmod(target, int(item.get("mode", mode)))
-                    if fs_group is not None:
-                        os.chown(target, 0, int(fs_group))
-                os.chmod(path, 0o755)
-                if fs_group is not None:
-                    os.chown(path, 0, int(fs_group))
+                self._write_payload(vol, path, fs_group)
             elif "emptyDir" in vol:
-                assert (vol["emptyDir"] or {}).get("medium", "") == "", "emptyDir medium: not supported here"
+                medium = (vol["emptyDir"] or {}).get("medium", "")
+                assert medium in ("", "Memory"), f"emptyDir medium {medium}: not supported here"
+                if medium == "Memory":
+                    limit = (vol["emptyDir"] or {}).get("sizeLimit")
+                    size = f",size={quantity(limit)}" if limit else ""
+                    subprocess.run(["mount", "-t", "tmpfs", "-o", f"mode=0777{size}", "tmpfs", str(path)],
+                                   check=True, capture_output=True, timeout=30)
                 os.chmod(path, 0o777)
                 if fs_group is not None:
                     os.chown(path, 0, int(fs_group))
@@ -273,11 +275,70 @@ class PodSpec:
             out[name] = path
         return out
 
+    def _write_payload(self, vol: dict[str, Any], path: Path, fs_group: Any) -> None:
+        """The kubelet's atomic writer: the files in a new `..TIMESTAMP` directory, `..data`
+        swapped to it in one rename, a symlink `KEY -> ..data/KEY` per top-level name, the
+        previous directory removed."""
+        name = vol["name"]
+        kind = "configMap" if "configMap" in vol else "secret"
+        src = vol[kind]
+        obj_name = src["name"] if kind == "configMap" else src["secretName"]
+        store = self.configmaps if kind == "configMap" else self.secrets
+        data = store.get(obj_name)
+        assert data is not None or src.get("optional"), f"volume {name}: {kind} {obj_name} does not exist"
+        data = data or {}
+        items = src.get("items") or [{"key": k, "path": k} for k in data]
+        mode = int(src.get("defaultMode", VOLUME_FILE_MODE))
+        now = time.time_ns()
+        stamp = path / (time.strftime("..%Y_%m_%d_%H_%M_%S.", time.gmtime(now / 1e9)) + f"{now % 10**9:09d}")
+        stamp.mkdir()
+        os.chmod(stamp, 0o755)
+        tops = set()
+        for item in items:
+            assert item["key"] in data, f"volume {name}: {kind} {obj_name} has no key {item['key']}"
+            target = stamp / item["path"]
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(data[item["key"]])
+            os.chmod(target, int(item.get("mode", mode)))
+            if fs_group is not None:
+                os.chown(target, 0, int(fs_group))
+            tops.add(Path(item["path"]).parts[0])
+        data_link = path / "..data"
+        old = os.readlink(data_link) if data_link.is_symlink() else None
+        tmp = path / "..data_tmp"
+        if tmp.is_symlink():
+            tmp.unlink()
+        os.symlink(stamp.name, tmp)
+        os.rename(tmp, data_link)
+        for top in tops:
+            link = path / top
+            if not link.is_symlink():
+                os.symlink(f"..data/{top}", link)
+        if old is not None and old != stamp.name:
+            subprocess.run(["rm", "-rf", str(path / old)], check=True, timeout=30)
+        os.chmod(path, 0o755)
+        if fs_group is not None:
+            os.chown(path, 0, int(fs_group))
+
+    def update_secret(self, secret: str, data: dict[str, str], volumes: dict[str, Path]) -> None:
+        """A Secret changed in the API: every volume of this pod that shows it gets the new
+        files, as the kubelet's sync writes them (one `..data` rename per volume)."""
+        self.secrets[secret] = dict(data)
+        fs_group = self.spec.get("securityContext", {}).get("fsGroup")
+        for vol in self.spec.get("volumes", []):
+            if (vol.get("secret") or {}).get("secretName") == secret:
+                self._write_payload(vol, volumes[vol["name"]], fs_group)
+
     def mounts(self, container: Container, volumes: dict[str, Path]) -> list[Mount]:
         out = []
         for m in container.spec.get("volumeMounts", []):
-            assert not m.get("subPath") and not m.get("subPathExpr"), "subPath: not supported here"
-            out.append(Mount(str(volumes[m["name"]]), m["mountPath"], bool(m.get("readOnly", False))))
+            assert not m.get("subPathExpr"), "subPathExpr: not supported here"
+            host = volumes[m["name"]]
+            if m.get("subPath"):
+                # The kubelet bind-mounts the resolved path: a later update does not reach it.
+                host = (host / m["subPath"]).resolve()
+                assert host.is_relative_to(volumes[m["name"]].resolve()), f"subPath {m['subPath']} leaves its volume"
+            out.append(Mount(str(host), m["mountPath"], bool(m.get("readOnly", False))))
         return out
 
     # --- security ------------------------------------------------------------------------
@@ -305,6 +366,15 @@ class PodSpec:
             # The kubelet sets no_new_privs unless privilege escalation is allowed (the
             # default when unset is "allowed", unless privileged or CAP_SYS_ADMIN).
             no_new_privs=ape is False, privileged=privileged, seccomp=seccomp)
+
+
+def quantity(q: Any) -> int:
+    """A Kubernetes quantity (128Mi, 1G, 4096) in bytes."""
+    text = str(q)
+    for suffix, factor in (("Ki", 1 << 10), ("Mi", 1 << 20), ("Gi", 1 << 30), ("k", 10**3), ("M", 10**6), ("G", 10**9)):
+        if text.endswith(suffix):
+            return int(text[: -len(suffix)]) * factor
+    return int(text)
 
 
 def fields(pod_name: str, namespace: str, pod_ip: str, host_ip: str, node: str, uid: str) -> dict[str, str]:
