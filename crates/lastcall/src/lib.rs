@@ -35,6 +35,7 @@ mod notify;
 pub mod problem;
 mod process;
 pub mod rfc3339;
+pub mod sessions;
 pub mod watch;
 
 pub use config::{
