@@ -3,7 +3,8 @@
 //! `turnutils_uclient` over TCP. The list shows each with its user, addresses, transport
 //! and the traffic it relayed; ending one by id or by user deletes it as the deadline would
 //! (the client's Refresh gets 437, uclient's connection is closed), counted and logged;
-//! during a drain the list shows who is left, and ending the last ends the drain at once.
+//! during a drain the list shows who is left (uclient's call included, ended there), and
+//! ending the last ends the drain at once.
 
 use std::net::SocketAddr;
 use std::process::Command;
@@ -153,6 +154,15 @@ fn sessions_of_real_clients_are_listed_and_ended_during_a_drain() {
     );
     assert!(table.contains("3 of 3 session(s) shown"), "{table}");
 
+    // The drain waits for all three (existing allocations keep relaying); the list says so.
+    turn.pod.signal(Signal::Term);
+    lastcall_testkit::wait_for("refusing", WAIT, || {
+        try_http(&admin, "GET", "/drain", None)
+            .is_ok_and(|(_, b)| b.contains("\"phase\": \"refusing\""))
+    });
+    let draining = sessions(&admin, "");
+    assert_eq!(draining["total"], 3, "{draining}");
+
     // carol, by user, while uclient talks: its connection is closed, its calls stop.
     let carol_user = c["user"].as_str().unwrap();
     let (code, body) = try_http(
@@ -179,12 +189,6 @@ fn sessions_of_real_clients_are_listed_and_ended_during_a_drain() {
         report.output
     );
 
-    // The drain waits for alice and bob; the list says so.
-    turn.pod.signal(Signal::Term);
-    lastcall_testkit::wait_for("refusing", WAIT, || {
-        try_http(&admin, "GET", "/drain", None)
-            .is_ok_and(|(_, b)| b.contains("\"phase\": \"refusing\""))
-    });
     let left = sessions(&admin, "");
     assert_eq!(left["total"], 2, "{left}");
     // bob by id, with the command: ended as the deadline would; his Refresh finds nothing.
@@ -210,4 +214,80 @@ fn sessions_of_real_clients_are_listed_and_ended_during_a_drain() {
         ended_at.elapsed().as_secs_f64()
     );
     assert_eq!(exit.code, Some(0), "{exit:?}");
+}
+
+/// What a page costs on the real process with 10,000 allocations (one client socket each,
+/// made by `drain_ends`' bulk allocator): the time of `GET /sessions` over HTTP and its size,
+/// a page of 100 and of 1,000 and every page in turn, while a call streams through the same
+/// server (its datagrams all come back: listing does not stall the data path). A
+/// measurement, run on its own:
+/// `cargo nextest run -p lastcall-turn --test turn --run-ignored only --no-capture a_page_of`.
+#[test]
+#[ignore = "measurement (10,000 allocations); run explicitly with --run-ignored"]
+fn a_page_of_ten_thousand_allocations_is_fast_and_small() {
+    const N: usize = 10_000;
+    let hard = crate::drain_ends::raise_nofile();
+    assert!(
+        hard >= N as u64 + 1000,
+        "needs {} open files (hard limit {hard})",
+        N + 1000
+    );
+    let turn = Turn::start(&["--min-port=40000", "--max-port=65000"]);
+    let admin = turn.admin.clone();
+    let server = SocketAddr::from(([127, 0, 0, 1], turn.port));
+    let socks = crate::drain_ends::bulk_allocate(server, N);
+    let peer = Peer::start();
+    let mut call = TurnClient::new(server, SECRET, "call");
+    call.call(SocketAddr::from(([127, 0, 0, 1], peer.port)), 0x4001)
+        .unwrap();
+    call.stream(Duration::from_millis(5));
+    let get = |query: &str| {
+        let started = Instant::now();
+        let (code, body) = try_http(&admin, "GET", &format!("/sessions{query}"), None).unwrap();
+        assert_eq!(code, 200, "{body}");
+        (started.elapsed(), body)
+    };
+    for limit in [100, 1000] {
+        let runs = 20;
+        let mut times: Vec<Duration> = (0..runs)
+            .map(|_| get(&format!("?limit={limit}")).0)
+            .collect();
+        times.sort();
+        let (_, body) = get(&format!("?limit={limit}"));
+        let page: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(page["total"].as_u64(), Some(N as u64 + 1));
+        assert_eq!(page["sessions"].as_array().unwrap().len(), limit);
+        println!(
+            "FIGURES GET /sessions?limit={limit} of {}: median {:.2} ms, max {:.2} ms, {} bytes",
+            N + 1,
+            times[runs / 2].as_secs_f64() * 1e3,
+            times[runs - 1].as_secs_f64() * 1e3,
+            body.len()
+        );
+    }
+    let started = Instant::now();
+    let (mut after, mut seen, mut pages) = (0u64, 0usize, 0);
+    loop {
+        let (_, body) = get(&format!("?limit=1000&after={after}"));
+        let page: Value = serde_json::from_str(&body).unwrap();
+        seen += page["sessions"].as_array().unwrap().len();
+        pages += 1;
+        match page["next"].as_u64() {
+            Some(n) => after = n,
+            None => break,
+        }
+    }
+    assert_eq!(seen, N + 1);
+    println!(
+        "FIGURES every page of 1,000 ({pages}): {:.1} ms in all",
+        started.elapsed().as_secs_f64() * 1e3
+    );
+    call.stop_stream(Duration::from_secs(1));
+    println!(
+        "FIGURES the call meanwhile: {} sent, {} echoed",
+        call.sent(),
+        call.received()
+    );
+    assert_eq!(call.received(), call.sent(), "the call lost datagrams");
+    drop(socks);
 }
