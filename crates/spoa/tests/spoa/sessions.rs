@@ -2,7 +2,8 @@
 //! list shows HAProxy's connections (peer, age, NOTIFYs, in flight, held for DOWN) and
 //! ending one says AGENT-DISCONNECT as the deadline does (HAProxy opens another; requests
 //! keep passing); during a drain, a connection that would hold it to its deadline (a frame
-//! half-sent) is listed, and ending it ends the drain at once.
+//! half-sent) is listed, and ending it ends the drain at once; an evaluation still running
+//! is in flight.
 
 use std::process::Output;
 use std::time::{Duration, Instant};
@@ -10,7 +11,10 @@ use std::time::{Duration, Instant};
 use lastcall_testkit::{try_http, wait_until, Signal};
 use serde_json::Value;
 
-use crate::support::spop::{request, Raw};
+use lastcall_spoa::protocol::frame;
+use spop::TypedData;
+
+use crate::support::spop::{request, Raw, HEADERS};
 use crate::support::{agent_command, http, Agent, Stack, StackOptions, WAIT};
 
 fn sessions(admin: std::net::SocketAddr) -> Value {
@@ -149,4 +153,40 @@ fn a_drain_held_by_a_listed_connection_ends_when_it_is_ended() {
         ended_at.elapsed() < Duration::from_secs(5),
         "{exit:?}: the drain went on after its last connection ended"
     );
+}
+
+/// `in_flight` counts an evaluation still running: a 512 KB hostile query for an application
+/// without the engine's limits runs for minutes (its NOTIFY is answered at
+/// `evaluation_timeout` with the error variable, and the evaluation goes on), and its
+/// connection shows it until the evaluation ends.
+#[test]
+fn a_running_evaluation_is_in_flight() {
+    let agent = Agent::start(Some(&crate::hostile::unlimited_app()), &[]);
+    let mut c = Raw::connect(agent.addr, WAIT);
+    c.hello(1 << 20);
+    let msg = spop::frame::Message {
+        name: "coraza-req".into(),
+        args: vec![
+            ("app".into(), TypedData::String("unlimited".into())),
+            ("method".into(), TypedData::String("GET".into())),
+            ("path".into(), TypedData::String("/search".into())),
+            (
+                "query".into(),
+                TypedData::String(crate::hostile::hostile(512 * 1024)),
+            ),
+            ("version".into(), TypedData::String("1.1".into())),
+            ("headers".into(), TypedData::String(HEADERS.into())),
+        ],
+    };
+    let mut notify = Vec::new();
+    frame::encode_notify(1, 1, &msg, &mut notify);
+    c.send(&notify).unwrap();
+    let conn = wait_until("the evaluation in flight", WAIT, || {
+        list(&sessions(agent.admin))
+            .into_iter()
+            .find(|s| s["in_flight"] == 1)
+    });
+    println!("{conn}");
+    assert_eq!(conn["notifies"], 1);
+    assert_eq!(conn["peer"], c.s.local_addr().unwrap().to_string());
 }
