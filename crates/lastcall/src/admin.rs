@@ -8,9 +8,11 @@
 //! | `GET /metrics` | OpenMetrics text (or Prometheus text 0.0.4, [`Exposition`]): the daemon's registry and `lastcall_*` |
 //! | `GET /drain` | JSON [`DrainStatus`](crate::DrainStatus) |
 //! | `POST /drain` | starts a drain (202 + JSON status); see below |
+//! | `GET /sessions` | JSON page of the sessions a drain waits for ([`crate::sessions`]) |
+//! | `DELETE /sessions/ID`, `DELETE /sessions?user=NAME` | ends sessions as the deadline would |
 //! | anything else | 404 (405 for a known path with another method) |
 //!
-//! `POST /drain` authorisation: without `--admin-token`, only loopback peers (127.0.0.0/8,
+//! `POST /drain` and `/sessions` (both methods) authorisation: without `--admin-token`, only loopback peers (127.0.0.0/8,
 //! ::1, IPv4-mapped loopback) may drain, others get 403. With a token, every peer,
 //! loopback included, must send `Authorization: Bearer <token>`; a missing or wrong token
 //! gets 401. (In a pod every container shares loopback, so a configured token is required
@@ -210,7 +212,7 @@ pub fn serve_listener_with(
         })
         .map_err(AdminError::Thread)?;
     if let Some(addr) = local_addr {
-        tracing::info!(%addr, "admin listener on {addr} (/livez /readyz /metrics /drain)");
+        tracing::info!(%addr, "admin listener on {addr} (/livez /readyz /metrics /drain /sessions)");
     }
     Ok(AdminServer {
         local_addr,
@@ -416,6 +418,9 @@ async fn route<B>(
         (&Method::GET | &Method::HEAD, "/metrics") => metrics(ctx),
         (&Method::GET | &Method::HEAD, "/drain") => json(StatusCode::OK, &handle.status()),
         (&Method::POST, "/drain") => post_drain(ctx, peer, posted, &req).await,
+        (method, path) if path == "/sessions" || path.starts_with("/sessions/") => {
+            sessions(ctx, peer, method, &req)
+        }
         (_, "/" | "/livez" | "/readyz" | "/metrics" | "/drain") => {
             text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n")
         }
@@ -430,25 +435,8 @@ async fn post_drain<B>(
     req: &Request<B>,
 ) -> Response<Full<Bytes>> {
     let handle = &ctx.handle;
-    match &handle.config().admin_token {
-        Some(token) => {
-            if !bearer_matches(req, token) {
-                tracing::warn!(%peer, "POST /drain refused: missing or wrong bearer token");
-                let mut resp = text(StatusCode::UNAUTHORIZED, "bearer token required\n");
-                resp.headers_mut()
-                    .insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-                return resp;
-            }
-        }
-        None => {
-            if !is_loopback(peer.ip()) {
-                tracing::warn!(%peer, "POST /drain refused: not a loopback peer and no --admin-token");
-                return text(
-                    StatusCode::FORBIDDEN,
-                    "POST /drain is for loopback peers unless --admin-token is set\n",
-                );
-            }
-        }
+    if let Some(refused) = authorize(ctx, peer, req, "POST /drain") {
+        return refused;
     }
     tracing::info!(%peer, "POST /drain accepted");
     if !posted.swap(true, Ordering::SeqCst) {
@@ -459,6 +447,120 @@ async fn post_drain<B>(
     // Give the lifecycle task a moment so the answer shows the new phase.
     let _ = tokio::time::timeout(Duration::from_secs(1), handle.drain_started()).await;
     json(StatusCode::ACCEPTED, &handle.status())
+}
+
+/// `POST /drain`'s rule, for every write and for what `/sessions` shows: with
+/// `--admin-token`, its bearer token from every peer (401); without, loopback peers only
+/// (403). `Some`: the refusal to send.
+fn authorize<B>(
+    ctx: &Ctx,
+    peer: SocketAddr,
+    req: &Request<B>,
+    what: &str,
+) -> Option<Response<Full<Bytes>>> {
+    match &ctx.handle.config().admin_token {
+        Some(token) => {
+            if !bearer_matches(req, token) {
+                tracing::warn!(%peer, "{what} refused: missing or wrong bearer token");
+                let mut resp = text(StatusCode::UNAUTHORIZED, "bearer token required\n");
+                resp.headers_mut()
+                    .insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+                return Some(resp);
+            }
+        }
+        None => {
+            if !is_loopback(peer.ip()) {
+                tracing::warn!(%peer, "{what} refused: not a loopback peer and no --admin-token");
+                return Some(text(
+                    StatusCode::FORBIDDEN,
+                    &format!("{what} is for loopback peers unless --admin-token is set\n"),
+                ));
+            }
+        }
+    }
+    None
+}
+
+/// `GET /sessions`, `DELETE /sessions/ID`, `DELETE /sessions?user=NAME`.
+fn sessions<B>(
+    ctx: &Ctx,
+    peer: SocketAddr,
+    method: &Method,
+    req: &Request<B>,
+) -> Response<Full<Bytes>> {
+    use crate::sessions::{parse_end, parse_list, EndAnswer, EndQuery, ListAnswer};
+    let path = req.uri().path();
+    let query = req.uri().query();
+    let listing = matches!(*method, Method::GET | Method::HEAD);
+    if !listing && *method != Method::DELETE {
+        return text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n");
+    }
+    if listing && path != "/sessions" {
+        return text(
+            StatusCode::NOT_FOUND,
+            "not found (GET /sessions lists them; DELETE /sessions/ID ends one)\n",
+        );
+    }
+    let what = format!("{method} {path}");
+    if let Some(refused) = authorize(ctx, peer, req, &what) {
+        return refused;
+    }
+    let Some(table) = ctx.handle.session_table() else {
+        return text(StatusCode::NOT_FOUND, "this daemon lists no sessions\n");
+    };
+    if listing {
+        let q = match parse_list(query) {
+            Ok(q) => q,
+            Err(e) => return text(StatusCode::BAD_REQUEST, &format!("{e}\n")),
+        };
+        let page = table.page(q.after, q.limit);
+        let next = if page.more {
+            page.sessions
+                .last()
+                .and_then(|s| s.get("id"))
+                .and_then(serde_json::Value::as_u64)
+        } else {
+            None
+        };
+        return json_compact(
+            StatusCode::OK,
+            &ListAnswer {
+                total: page.total,
+                after: q.after,
+                limit: q.limit,
+                next,
+                sessions: page.sessions,
+            },
+        );
+    }
+    let ended =
+        match parse_end(path, query) {
+            Err(e) => return text(StatusCode::BAD_REQUEST, &format!("{e}\n")),
+            Ok(EndQuery::Id(id)) => match table.end(id) {
+                Some(s) => vec![s],
+                None => return text(StatusCode::NOT_FOUND, &format!("no session {id}\n")),
+            },
+            Ok(EndQuery::User(user)) => match table.end_user(&user) {
+                None => return text(
+                    StatusCode::BAD_REQUEST,
+                    "this daemon's sessions have no user; end them by id (DELETE /sessions/ID)\n",
+                ),
+                Some(v) if v.is_empty() => {
+                    return text(
+                        StatusCode::NOT_FOUND,
+                        &format!("no session of user {user}\n"),
+                    )
+                }
+                Some(v) => v,
+            },
+        };
+    ctx.handle.metrics().ended.inc_by(ended.len() as u64);
+    let ids: Vec<u64> = ended
+        .iter()
+        .filter_map(|s| s.get("id").and_then(serde_json::Value::as_u64))
+        .collect();
+    tracing::info!(%peer, ended = ended.len(), ?ids, "{what}: session(s) ended by the operator");
+    json_compact(StatusCode::OK, &EndAnswer { ended })
 }
 
 fn is_loopback(ip: IpAddr) -> bool {
@@ -528,7 +630,19 @@ fn text(status: StatusCode, body: &str) -> Response<Full<Bytes>> {
 }
 
 fn json<T: serde::Serialize>(status: StatusCode, value: &T) -> Response<Full<Bytes>> {
-    match serde_json::to_string_pretty(value) {
+    json_with(status, serde_json::to_string_pretty(value))
+}
+
+/// JSON on one line: `/sessions`' pages, up to a thousand sessions each.
+fn json_compact<T: serde::Serialize>(status: StatusCode, value: &T) -> Response<Full<Bytes>> {
+    json_with(status, serde_json::to_string(value))
+}
+
+fn json_with(
+    status: StatusCode,
+    encoded: Result<String, serde_json::Error>,
+) -> Response<Full<Bytes>> {
+    match encoded {
         Ok(mut body) => {
             body.push('\n');
             let mut resp = Response::new(Full::new(Bytes::from(body)));
@@ -592,6 +706,165 @@ mod tests {
 
     const LOOPBACK: &str = "127.0.0.1:4000";
     const REMOTE: &str = "10.1.2.3:4000";
+
+    /// A table of ids 1..=n (unit tests of the routes; the daemons' tests use theirs).
+    struct Numbers(Mutex<Vec<u64>>);
+
+    impl crate::sessions::SessionTable for Numbers {
+        fn page(&self, after: u64, limit: usize) -> crate::sessions::SessionPage {
+            let ids = self.0.lock().unwrap();
+            let rest: Vec<u64> = ids.iter().copied().filter(|&i| i > after).collect();
+            crate::sessions::SessionPage {
+                total: ids.len() as u64,
+                sessions: rest
+                    .iter()
+                    .take(limit)
+                    .map(|i| serde_json::json!({ "id": i }))
+                    .collect(),
+                more: rest.len() > limit,
+            }
+        }
+        fn end(&self, id: u64) -> Option<serde_json::Value> {
+            let mut ids = self.0.lock().unwrap();
+            let at = ids.iter().position(|&i| i == id)?;
+            ids.remove(at);
+            Some(serde_json::json!({ "id": id }))
+        }
+    }
+
+    fn with_numbers(ctx: &Ctx, n: u64) {
+        ctx.handle
+            .provide_sessions(Arc::new(Numbers(Mutex::new((1..=n).collect()))));
+    }
+
+    #[tokio::test]
+    async fn sessions_are_paged_in_id_order() {
+        let (_lc, ctx) = ctx(None, true);
+        let (code, body) = call(&ctx, LOOPBACK, req(Method::GET, "/sessions", None)).await;
+        assert_eq!(
+            (code, body.as_str()),
+            (404, "this daemon lists no sessions\n")
+        );
+        with_numbers(&ctx, 5);
+        let page = |body: &str| -> serde_json::Value { serde_json::from_str(body).unwrap() };
+        let (code, body) = call(&ctx, LOOPBACK, req(Method::GET, "/sessions", None)).await;
+        assert_eq!(code, 200, "{body}");
+        let p = page(&body);
+        assert_eq!(p["total"], 5);
+        assert_eq!(p["limit"], 100);
+        assert_eq!(p["next"], serde_json::Value::Null);
+        assert_eq!(p["sessions"].as_array().unwrap().len(), 5);
+        let (_, body) = call(&ctx, LOOPBACK, req(Method::GET, "/sessions?limit=2", None)).await;
+        let p = page(&body);
+        assert_eq!(p["sessions"], serde_json::json!([{"id": 1}, {"id": 2}]));
+        assert_eq!(p["next"], 2);
+        let (_, body) = call(
+            &ctx,
+            LOOPBACK,
+            req(Method::GET, "/sessions?limit=2&after=4", None),
+        )
+        .await;
+        let p = page(&body);
+        assert_eq!(p["sessions"], serde_json::json!([{"id": 5}]));
+        assert_eq!(p["next"], serde_json::Value::Null);
+        assert_eq!(p["after"], 4);
+        for (path, says) in [
+            ("/sessions?limit=0", "limit: `0` is not valid; give 1 to 1000 (default 100)\n"),
+            ("/sessions?limit=5000", "limit: `5000` is not valid; give 1 to 1000 (default 100)\n"),
+            ("/sessions?after=abc", "after: `abc` is not a session id; give the `next` of the previous page (a whole number)\n"),
+            ("/sessions?sort=age", "unknown parameter `sort`; GET /sessions takes limit and after\n"),
+        ] {
+            let (code, body) = call(&ctx, LOOPBACK, req(Method::GET, path, None)).await;
+            assert_eq!((code, body.as_str()), (400, says), "{path}");
+        }
+        let (code, _) = call(&ctx, LOOPBACK, req(Method::GET, "/sessions/3", None)).await;
+        assert_eq!(code, 404);
+        let (code, _) = call(&ctx, LOOPBACK, req(Method::POST, "/sessions", None)).await;
+        assert_eq!(code, 405);
+    }
+
+    #[tokio::test]
+    async fn sessions_end_one_at_a_time_and_are_counted() {
+        let (_lc, ctx) = ctx(None, true);
+        with_numbers(&ctx, 3);
+        let (code, body) = call(&ctx, LOOPBACK, req(Method::DELETE, "/sessions/2", None)).await;
+        assert_eq!(code, 200, "{body}");
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v, serde_json::json!({"ended": [{"id": 2}]}));
+        let (code, body) = call(&ctx, LOOPBACK, req(Method::DELETE, "/sessions/2", None)).await;
+        assert_eq!((code, body.as_str()), (404, "no session 2\n"));
+        let (code, body) = call(&ctx, LOOPBACK, req(Method::DELETE, "/sessions/two", None)).await;
+        assert_eq!(
+            (code, body.as_str()),
+            (
+                400,
+                "`two` is not a session id (a whole number, as GET /sessions lists them)\n"
+            )
+        );
+        // This table has no users.
+        let (code, body) = call(
+            &ctx,
+            LOOPBACK,
+            req(Method::DELETE, "/sessions?user=alice", None),
+        )
+        .await;
+        assert_eq!(code, 400, "{body}");
+        assert!(body.contains("have no user"), "{body}");
+        let (_, body) = call(&ctx, LOOPBACK, req(Method::GET, "/metrics", None)).await;
+        assert!(body.contains("lastcall_sessions_ended_total 1\n"), "{body}");
+        let (_, body) = call(&ctx, LOOPBACK, req(Method::GET, "/sessions", None)).await;
+        assert!(body.contains("\"total\":2"), "{body}");
+    }
+
+    #[tokio::test]
+    async fn sessions_follow_the_rule_of_post_drain() {
+        let (_lc, ctx) = ctx(None, true);
+        with_numbers(&ctx, 3);
+        for method in [Method::GET, Method::DELETE] {
+            let path = if method == Method::GET {
+                "/sessions"
+            } else {
+                "/sessions/1"
+            };
+            let (code, body) = call(&ctx, REMOTE, req(method.clone(), path, None)).await;
+            assert_eq!(code, 403, "{method} {body}");
+            assert_eq!(
+                body,
+                format!("{method} {path} is for loopback peers unless --admin-token is set\n")
+            );
+        }
+        let (code, _) = call(
+            &ctx,
+            "[::ffff:127.0.0.1]:1",
+            req(Method::GET, "/sessions", None),
+        )
+        .await;
+        assert_eq!(code, 200);
+        let (_lc, ctx) = self::ctx(Some("s3cret"), true);
+        with_numbers(&ctx, 3);
+        for peer in [LOOPBACK, REMOTE] {
+            for auth in [None, Some("Bearer nope")] {
+                let (code, _) = call(&ctx, peer, req(Method::DELETE, "/sessions/1", auth)).await;
+                assert_eq!(code, 401, "{peer} {auth:?}");
+                let (code, _) = call(&ctx, peer, req(Method::GET, "/sessions", auth)).await;
+                assert_eq!(code, 401, "{peer} {auth:?}");
+            }
+        }
+        let (code, _) = call(
+            &ctx,
+            REMOTE,
+            req(Method::GET, "/sessions", Some("Bearer s3cret")),
+        )
+        .await;
+        assert_eq!(code, 200);
+        let (code, _) = call(
+            &ctx,
+            REMOTE,
+            req(Method::DELETE, "/sessions/1", Some("Bearer s3cret")),
+        )
+        .await;
+        assert_eq!(code, 200);
+    }
 
     #[tokio::test]
     async fn metrics_hold_the_daemon_registry_and_lastcall() {

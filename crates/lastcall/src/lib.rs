@@ -8,7 +8,8 @@
 //! [`Daemon::accept`], serves the [`admin`] listener, says [`Daemon::ready`], and awaits
 //! [`Daemon::serve`], which returns when it is time to leave, never later than the
 //! deadline plus [`EXIT_GRACE`]. Each connection follows the phase through its [`Watch`] and
-//! holds a [`SessionGuard`] per session:
+//! holds a [`SessionGuard`] per session (and may show them on the admin listener's
+//! `/sessions` with [`Handle::provide_sessions`], see [`sessions`]):
 //!
 //! ```text
 //!  Starting ──ready──▶ Serving ──trigger──▶ Announcing ──shutdown-delay──▶ Refusing ──idle/threshold/deadline──▶ exit
@@ -35,6 +36,7 @@ mod notify;
 pub mod problem;
 mod process;
 pub mod rfc3339;
+pub mod sessions;
 pub mod watch;
 
 pub use config::{

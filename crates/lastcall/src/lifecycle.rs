@@ -123,6 +123,8 @@ struct Hub {
     metrics_registered: AtomicBool,
     /// Admin connections that carried an accepted `POST /drain` and are still open.
     admin_drain_requests: watch::Sender<usize>,
+    /// What `/sessions` lists and ends ([`Handle::provide_sessions`]).
+    sessions: parking_lot::RwLock<Option<Arc<dyn crate::sessions::SessionTable>>>,
 }
 
 impl Hub {
@@ -209,6 +211,7 @@ impl Lifecycle {
             metrics,
             metrics_registered: AtomicBool::new(false),
             admin_drain_requests: watch::Sender::new(0),
+            sessions: parking_lot::RwLock::new(None),
         });
         Lifecycle {
             shared,
@@ -622,6 +625,17 @@ impl Handle {
 
     pub(crate) fn metrics(&self) -> &Metrics {
         &self.shared.metrics
+    }
+
+    /// Shows `table` on the admin listener's `/sessions` (see [`crate::sessions`]); it
+    /// replaces a table given before.
+    pub fn provide_sessions(&self, table: Arc<dyn crate::sessions::SessionTable>) {
+        *self.shared.sessions.write() = Some(table);
+    }
+
+    /// The table `/sessions` shows, if the daemon gave one.
+    pub(crate) fn session_table(&self) -> Option<Arc<dyn crate::sessions::SessionTable>> {
+        self.shared.sessions.read().clone()
     }
 
     /// [`Lifecycle::register_metrics`], from a handle.

@@ -20,6 +20,8 @@ pub(crate) struct Metrics {
     pub refused: Counter,
     /// `lastcall_reloads_total`.
     pub reloads: Counter,
+    /// `lastcall_sessions_ended_total`: sessions ended by the operator (`DELETE /sessions`).
+    pub ended: Counter,
     /// `lastcall_drain_duration_seconds`, set at exit.
     pub drain_duration: Gauge<f64, AtomicU64>,
     /// `lastcall_drain_timeout_seconds`: `--drain-timeout`, the length of a drain's deadline.
@@ -47,6 +49,11 @@ impl Metrics {
             "lastcall_sessions_refused",
             "New work refused while draining",
             self.refused.clone(),
+        );
+        registry.register(
+            "lastcall_sessions_ended",
+            "Sessions ended by the operator (DELETE /sessions), as the drain's deadline ends them",
+            self.ended.clone(),
         );
         registry.register(
             "lastcall_reloads",

@@ -50,6 +50,20 @@ fn give_back_to_mimalloc() {
 fn main() {
     #[cfg(feature = "mimalloc")]
     lastcall_modsec::after_rules_freed(give_back_to_mimalloc);
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if args.get(1).is_some_and(|a| a == "sessions") {
+        let rest: Vec<String> = args
+            .iter()
+            .skip(2)
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        lastcall::sessions::command(
+            NAME,
+            &rest,
+            lastcall_spoa::config::default_admin_addr(),
+            engine::SESSION_COLUMNS,
+        );
+    }
     let settings = match config::parse(std::env::args_os()) {
         Ok(Parsed::Run(settings)) => *settings,
         Ok(Parsed::Print { text, warnings }) => {
@@ -221,6 +235,7 @@ async fn serve(s: Serving) -> ! {
         cfg.limits(),
     );
     engine.listening();
+    handle.provide_sessions(engine.sessions());
     // New connections are accepted to the end, so that the drain refuses their HELLO with
     // AGENT-DISCONNECT instead of a refused TCP connection.
     let conns = Arc::clone(&engine);

@@ -142,7 +142,7 @@ pub use credentials::{Answer, CacheLimits, Lookup, Query, Replay};
 pub use fastpath::{ChannelRoute, PermissionRoute, RouteChange};
 pub use frame::{stream_frame_len, FrameError, CHANNEL_MAX, CHANNEL_MIN};
 pub use policy::{embedded_ipv4s, DenyReason, IpRange, IpRangeError, PeerPolicy};
-pub use server::Server;
+pub use server::{AllocationInfo, AllocationTraffic, Server};
 pub use types::{
     AuthFailure, CapacityLimit, ClientAddr, Counters, DeleteReason, DrainMode, Event, Output,
     RelayAddrs, RelayBound, RelayError, RelayPorts, RelayRequest, Transmit, Transport,

@@ -40,12 +40,14 @@ mod dispatch;
 mod permissions;
 mod reclaim;
 mod routes;
+mod sessions;
 mod timers;
 mod userdb;
 
 use allocate::{Pending, Reservation};
 use data::{Bucket, Buckets};
 use dispatch::{Attrs, Authed, Ctx, SourceBudget};
+pub use sessions::{AllocationInfo, AllocationTraffic};
 
 /// After a channel binding expires, its number and peer stay reserved this long
 /// (RFC 8656 §12: no rebinding to another peer/channel for 5 minutes).
@@ -81,6 +83,8 @@ pub struct Server {
     free: Vec<usize>,
     by_client: HashMap<ClientAddr, usize, Seeded>,
     by_relay: HashMap<SocketAddr, usize, Seeded>,
+    /// Live allocations by id ([`AllocationInfo::id`]), for the operator's pages.
+    by_id: std::collections::BTreeMap<u64, usize>,
     per_user: HashMap<String, u32>,
     live: usize,
     /// Live allocations by client transport (UDP, TCP, TLS).
@@ -117,7 +121,12 @@ pub struct Server {
 }
 
 struct Allocation {
+    /// Unique for the server's life (never reused): the operator's id of it too.
     gen: u64,
+    /// When it was created.
+    created: Instant,
+    /// What it relayed through the core (not what a kernel fast path relayed).
+    traffic: AllocationTraffic,
     client: ClientAddr,
     relays: RelayAddrs,
     username: String,
@@ -171,6 +180,7 @@ impl Server {
             free: Vec::new(),
             by_client: HashMap::with_hasher(Seeded::random()),
             by_relay: HashMap::with_hasher(Seeded::random()),
+            by_id: std::collections::BTreeMap::new(),
             per_user: HashMap::new(),
             live: 0,
             live_by_transport: [0; 3],
@@ -383,6 +393,7 @@ impl Server {
         let by_transport = &mut self.live_by_transport[transport_index(a.client.transport)];
         *by_transport = by_transport.saturating_sub(1);
         self.by_client.remove(&a.client);
+        self.by_id.remove(&a.gen);
         for r in a.relays.iter() {
             self.by_relay.remove(&r);
             self.releases.push_back(r);

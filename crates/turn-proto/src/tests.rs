@@ -19,6 +19,7 @@ mod data;
 mod drain;
 mod refresh;
 mod relay_binding;
+mod sessions;
 mod userdb;
 mod zrest;
 

@@ -275,6 +275,9 @@ pub enum DeleteReason {
     /// [`ServerConfig::drain_idle_timeout`](crate::ServerConfig::drain_idle_timeout): a
     /// client that vanished without deleting it.
     Reclaimed,
+    /// Ended by the operator ([`Server::end_allocation`](crate::Server::end_allocation),
+    /// `DELETE /sessions`): the way the deadline ends every allocation, for one.
+    Ended,
 }
 
 impl DeleteReason {
@@ -286,6 +289,7 @@ impl DeleteReason {
             DeleteReason::ConnectionClosed => "connection_closed",
             DeleteReason::Shutdown => "shutdown",
             DeleteReason::Reclaimed => "reclaimed",
+            DeleteReason::Ended => "ended",
         }
     }
 }

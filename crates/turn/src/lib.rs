@@ -10,7 +10,8 @@
 //! and the leaves (`sockets`, `mmsg`, `mailbox`, `metrics`, `ratelog`, `tls`); the relay
 //! sockets (`relay`); routing what the core returns (`route`); the core behind its lock
 //! (`shared`); its drivers (`udp`, `stream`, `timers`, `drain`); the listeners (`listen`);
-//! and `server`, which starts them all. Apart: `nodeip`, the chart's init container's lookup of
+//! and `server`, which starts them all, and `sessions`, the allocations on the admin listener's
+//! `/sessions`. Apart: `nodeip`, the chart's init container's lookup of
 //! the node's ExternalIP (`lastcall-turn node-external-ip`), `prestop`, the preStop hook of
 //! wire's chart (`pre-stop-hook`), and `privileged`, which raises CAP_NET_BIND_SERVICE for a
 //! port below 1024 (or drops it) before any thread starts.
@@ -31,6 +32,7 @@ mod ratelog;
 mod relay;
 mod route;
 pub mod server;
+pub mod sessions;
 mod shared;
 mod sockets;
 mod sources;

@@ -27,6 +27,14 @@ fn main() {
     if args.get(1).map(String::as_str) == Some("pre-stop-hook") {
         pre_stop_hook(args.get(2..).unwrap_or_default());
     }
+    if args.get(1).map(String::as_str) == Some("sessions") {
+        lastcall::sessions::command(
+            "lastcall-turn",
+            args.get(2..).unwrap_or_default(),
+            config::termination_defaults().admin_addr,
+            lastcall_turn::sessions::COLUMNS,
+        );
+    }
     let settings = match config::parse(args) {
         Ok(Parsed::Run(s)) => *s,
         Ok(Parsed::Validated(s)) => validated(&s),
@@ -261,6 +269,9 @@ async fn run(
         }
     };
     running.register_metrics(&mut registry);
+    handle.provide_sessions(Arc::new(lastcall_turn::sessions::Allocations::new(
+        Arc::clone(&running.shared),
+    )));
     // coturn's text format and families, so coturn's dashboards and scrape configs carry over.
     let exposition = lastcall::admin::Exposition::PrometheusText {
         extra: Some(running.coturn_metrics(&turn.realm)),

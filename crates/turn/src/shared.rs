@@ -274,15 +274,22 @@ impl ServerState {
                 client,
                 relays,
                 reason,
-                ..
+                username,
             } => {
                 // An expired or reclaimed allocation means a silent client: close its
                 // connection.
-                let silent = matches!(reason, DeleteReason::Expired | DeleteReason::Reclaimed);
+                // Ended by the operator: the client's connection goes with it too.
+                let silent = matches!(
+                    reason,
+                    DeleteReason::Expired | DeleteReason::Reclaimed | DeleteReason::Ended
+                );
                 if client.transport.is_stream() && silent {
                     self.streams.close(&client);
                 }
-                if reason == DeleteReason::Reclaimed {
+                if reason == DeleteReason::Ended {
+                    tracing::info!(client = %client.client, transport = %client.transport,
+                        relay = ?relays, user = %username, "allocation ended by the operator (DELETE /sessions)");
+                } else if reason == DeleteReason::Reclaimed {
                     tracing::info!(client = %client.client, transport = %client.transport,
                         relay = ?relays, "allocation reclaimed: nothing from its client for drain-idle-timeout");
                 } else {
@@ -336,6 +343,11 @@ impl ServerState {
         let r = self.with_core(&mut fx, f);
         self.apply(&mut fx);
         r
+    }
+
+    /// Runs `f` on the core without changing it (the operator's pages).
+    pub(crate) fn inspect<R>(&self, f: impl FnOnce(&Server) -> R) -> R {
+        f(&self.core.lock())
     }
 
     /// Live allocations.

@@ -27,6 +27,12 @@ pub(crate) use crate::engine::{Bind, DEFAULT_MAX_FRAME_SIZE};
 pub use apps::Apps;
 pub use settings::{parse, FileSource, Parsed, Settings};
 
+/// The admin listener's default address (`--admin-addr`), where `lastcall-spoa sessions`
+/// looks unless told otherwise.
+pub fn default_admin_addr() -> Option<std::net::SocketAddr> {
+    crate::cli::defaults().admin_addr
+}
+
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 

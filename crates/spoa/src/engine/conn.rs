@@ -191,6 +191,8 @@ pub(crate) enum CloseReason {
     Rebalanced,
     /// The lifecycle is exiting.
     Exiting,
+    /// The operator ended it (`DELETE /sessions/ID`), as the deadline would.
+    Ended,
     /// Nothing came or went for `idle_timeout`.
     Idle,
     /// No HELLO within `hello_timeout` (closed with status 2).
@@ -235,6 +237,9 @@ pub(crate) enum Input {
     Timeout,
     /// The connection's unfinished frame is dropped to make room under `max_buffered_bytes`.
     Evicted,
+    /// The operator ends the connection (`DELETE /sessions/ID`): the goodbye at once,
+    /// whatever is owed, as at the exit decision.
+    End,
 }
 
 /// Why room for a read was refused.
@@ -499,6 +504,9 @@ impl Conn {
                 if drain.is_exiting() {
                     return self.goodbye(Vec::new(), CloseReason::Exiting, "shutting down");
                 }
+            }
+            Input::End => {
+                return self.goodbye(Vec::new(), CloseReason::Ended, "ended by the operator")
             }
             Input::AcksWritten(n) => self.acked(now, n),
             Input::HeldAcks { bytes, count } => {

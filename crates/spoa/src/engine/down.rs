@@ -155,6 +155,16 @@ impl Down {
         None
     }
 
+    /// Whether HAProxy `peer` holds the drain now: its checks have the agent UP, or it is
+    /// marking it DOWN, or it has not checked yet while the unseen ones hold it.
+    pub(crate) fn holding(&self, peer: Checker) -> bool {
+        let inner = self.lock();
+        match inner.peers.get(&peer) {
+            Some(p) => p.held.is_some(),
+            None => inner.unseen.is_some(),
+        }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }

@@ -99,14 +99,26 @@ pub async fn serve_accepted(
     match io {
         Accepted::Tcp(s) => {
             let _ = s.set_nodelay(true);
+            let addr = s.peer_addr().map_or_else(
+                |_| peer.map_or_else(String::new, |ip| ip.to_string()),
+                |a| a.to_string(),
+            );
             let (rd, wr) = s.into_split();
             let sink = AckSink::for_socket(wr);
-            serve_split(rd, sink.writer(), sink, peer, engine, watch).await;
+            serve_split(rd, sink.writer(), sink, (peer, addr), engine, watch).await;
         }
         Accepted::Unix(s) => {
             let (rd, wr) = s.into_split();
             let sink = AckSink::for_socket(wr);
-            serve_split(rd, sink.writer(), sink, peer, engine, watch).await;
+            serve_split(
+                rd,
+                sink.writer(),
+                sink,
+                (peer, "unix".into()),
+                engine,
+                watch,
+            )
+            .await;
         }
     }
 }

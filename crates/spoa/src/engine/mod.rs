@@ -14,6 +14,7 @@
 //! - `memory`: the cap on bytes held for frames, all connections together;
 //! - `handler`: what the engine asks of the WAF;
 //! - `listener`: binding, and what lastcall's accept loop runs for each connection;
+//! - `sessions`: the handshaken connections on the admin listener's `/sessions`;
 //! - `down`: the holds on the drain of every HAProxy that may still send work, until it has marked the agent DOWN.
 
 mod ack;
@@ -26,6 +27,7 @@ mod handler;
 mod listener;
 mod memory;
 mod pool;
+mod sessions;
 mod task;
 
 use std::sync::Arc;
@@ -38,6 +40,7 @@ pub(crate) use bind::Bind;
 pub use handler::Handler;
 pub(crate) use handler::{Answer, Later, Vars, AGENT_ERROR};
 pub use listener::{serve_accepted, Listener};
+pub use sessions::COLUMNS as SESSION_COLUMNS;
 pub(crate) use task::MAX_UNSENT;
 
 use crate::metrics::Metrics;
@@ -165,6 +168,8 @@ pub struct Engine {
     memory: Arc<Memory>,
     limits: Limits,
     down: Arc<down::Down>,
+    /// The handshaken connections, for `/sessions`.
+    conns: Arc<sessions::Connections>,
 }
 
 impl Engine {
@@ -203,6 +208,7 @@ impl Engine {
             memory,
             limits,
             down: Arc::default(),
+            conns: Arc::default(),
         })
     }
 
@@ -211,6 +217,15 @@ impl Engine {
     /// bound and before the lifecycle can start refusing.
     pub fn listening(&self) {
         self.down.listening(&self.handle);
+    }
+
+    /// HAProxy's connections as the admin listener's `/sessions` shows and ends them
+    /// ([`lastcall::Handle::provide_sessions`]).
+    pub fn sessions(&self) -> Arc<dyn lastcall::sessions::SessionTable> {
+        Arc::new(sessions::Table {
+            conns: Arc::clone(&self.conns),
+            down: Arc::clone(&self.down),
+        })
     }
 
     /// The settings of a new connection.

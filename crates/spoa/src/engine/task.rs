@@ -49,16 +49,18 @@ where
 {
     let (rd, wr) = tokio::io::split(io);
     let watch = engine.handle.watch();
-    serve_split(rd, wr, AckSink::held_only(), peer, engine, watch).await;
+    let addr = peer.map_or_else(|| "unix".to_string(), |ip| ip.to_string());
+    serve_split(rd, wr, AckSink::held_only(), (peer, addr), engine, watch).await;
 }
 
 /// Serves one connection, given its read and write halves, its ACK sink (for a socket, `wr`
-/// is the sink's own [`super::ack::Writer`]) and its watch on the lifecycle.
+/// is the sink's own [`super::ack::Writer`]), its peer (address, and as `/sessions` shows
+/// it) and its watch on the lifecycle.
 pub(super) async fn serve_split<R, W>(
     rd: R,
     wr: W,
     sink: Arc<AckSink>,
-    peer: Option<IpAddr>,
+    (peer, addr): (Option<IpAddr>, String),
     engine: Arc<Engine>,
     watch: Watch,
 ) where
@@ -74,6 +76,8 @@ pub(super) async fn serve_split<R, W>(
         waiting: VecDeque::new(),
         slot: None,
         session: None,
+        registered: None,
+        addr,
         rd,
         wr,
         sink,
@@ -165,6 +169,10 @@ struct ConnTask<R, W> {
     slot: Option<SlotFuture>,
     /// Held from the HELLO on: the lifecycle session and the `spoa_connections` gauge.
     session: Option<(lastcall::SessionGuard, GaugeGuard)>,
+    /// From the HELLO on: its line in `/sessions`, and what the operator's end tells.
+    registered: Option<super::sessions::Registered>,
+    /// The peer as `/sessions` shows it.
+    addr: String,
     rd: R,
     wr: W,
     sink: Arc<AckSink>,
@@ -255,6 +263,13 @@ where
                         negotiated.offered, negotiated.max_frame_size, negotiated.offered
                     );
                 }
+                // Listed before HAProxy hears the AGENT-HELLO: whoever it tells sees it.
+                let evaluations = Arc::clone(&self.evaluations);
+                self.registered = Some(self.engine.conns.add(
+                    self.addr.clone(),
+                    self.peer,
+                    Arc::new(move || evaluations.count()),
+                ));
                 if send_all(&mut self.wr, &reply).await.is_err() {
                     return Flow::Done;
                 }
@@ -268,6 +283,9 @@ where
                 size,
                 inline,
             } => {
+                if let Some(r) = &self.registered {
+                    r.notifies.fetch_add(1, Ordering::Relaxed);
+                }
                 if !self.conn.one_at_a_time() && !PIPELINE_WARNED.swap(true, Ordering::Relaxed) {
                     tracing::warn!(
                         peer = ?self.peer,
@@ -391,9 +409,11 @@ where
         let memory = Arc::clone(&self.engine.memory);
         let evaluations = Arc::clone(&self.evaluations);
         let until = wait.until.map(tokio::time::Instant::from_std);
+        let end = self.registered.as_ref().map(|r| Arc::clone(&r.end));
         let input = tokio::select! {
             biased;
             seen = self.watch.changed() => Input::Drain(seen),
+            () = notified(end.as_deref()), if end.is_some() => Input::End,
             () = evict.wait() => Input::Evicted,
             () = self.sink.woken() => {
                 // ACKs written or held (taken at the next wait), or bytes left to flush.
@@ -519,7 +539,8 @@ where
             CloseReason::HealthCheck
             | CloseReason::PeerClosed
             | CloseReason::Drained
-            | CloseReason::Exiting => {}
+            | CloseReason::Exiting
+            | CloseReason::Ended => {}
             CloseReason::DrainedPipelined => {
                 self.engine.metrics.pipelined_goodbyes.inc();
                 tracing::info!(
@@ -552,6 +573,14 @@ where
             let _ = send_all(&mut self.wr, bytes).await;
         }
         let _ = self.wr.shutdown().await;
+    }
+}
+
+/// Waits for `end`'s notification (never without one).
+async fn notified(end: Option<&tokio::sync::Notify>) {
+    match end {
+        Some(n) => n.notified().await,
+        None => std::future::pending().await,
     }
 }
 

@@ -318,7 +318,7 @@ fn idle_connections_are_closed_at_their_timeouts() {
 /// of an application that does not have them (`engine_limits: false`: the agent would add
 /// them before an application's own directives; it adds the score rules to every
 /// application itself).
-fn unlimited_app() -> String {
+pub(crate) fn unlimited_app() -> String {
     let directives = debian_default_directives(&CrsOptions::default())
         .replace(ENGINE_LIMITS, "")
         .replace(&score_rules_text(), "");
@@ -329,7 +329,7 @@ fn unlimited_app() -> String {
 }
 
 /// `1' OR 1=1-- ` repeated to `bytes`.
-fn hostile(bytes: usize) -> String {
+pub(crate) fn hostile(bytes: usize) -> String {
     let mut q = String::from("q=");
     while q.len() < bytes {
         q.push_str("1' OR 1=1-- ");

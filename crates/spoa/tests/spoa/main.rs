@@ -14,6 +14,7 @@
 //! - `protocol`: a raw SPOP client: malformed frames, health checks, pipelining.
 //! - `request_bodies`: bodies however HAProxy hands them over: late, chunked, large, HTTP/2.
 //! - `rollout`: rolling restarts without a failed request.
+//! - `sessions`: `/sessions` and `lastcall-spoa sessions` behind HAProxy and during a drain.
 //! - `signals`: signals and deadlines.
 //! - `spread`: N agents share the load; a drain moves one share and its successor gets it back.
 //!
@@ -38,6 +39,7 @@ mod load;
 mod protocol;
 mod request_bodies;
 mod rollout;
+mod sessions;
 mod signals;
 mod spread;
 mod support;

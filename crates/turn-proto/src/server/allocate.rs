@@ -663,6 +663,8 @@ impl Server {
         let expires = now + life;
         let a = super::Allocation {
             gen,
+            created: now,
+            traffic: super::AllocationTraffic::default(),
             client: *from,
             relays,
             username,
@@ -692,6 +694,7 @@ impl Server {
         self.live += 1;
         self.live_by_transport[super::transport_index(from.transport)] += 1;
         self.by_client.insert(*from, idx);
+        self.by_id.insert(gen, idx);
         for r in relays.iter() {
             self.by_relay.insert(r, idx);
         }

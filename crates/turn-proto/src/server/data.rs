@@ -86,7 +86,7 @@ impl Server {
         if found.is_some() && !self.bandwidth_up(idx, now, payload.len()) {
             return None;
         }
-        self.relay_to_peer(found, payload)
+        self.relay_to_peer(idx, found, payload)
     }
 
     /// Whether allocation `idx` may relay `len` more bytes from its client (`max-bps`);
@@ -132,11 +132,12 @@ impl Server {
         if found.is_some() && !self.bandwidth_up(idx, now, payload.len()) {
             return None;
         }
-        self.relay_to_peer(found, payload)
+        self.relay_to_peer(idx, found, payload)
     }
 
     fn relay_to_peer<'a>(
         &mut self,
+        idx: Option<usize>,
         found: Option<(SocketAddr, SocketAddr)>,
         payload: &'a [u8],
     ) -> Option<Transmit<'a>> {
@@ -144,6 +145,10 @@ impl Server {
             Some((relay, peer)) => {
                 self.counters.peer_packets_out += 1;
                 self.counters.peer_bytes_out += payload.len() as u64;
+                if let Some(a) = idx.and_then(|i| self.allocs.get_mut(i)?.as_mut()) {
+                    a.traffic.to_peer_datagrams += 1;
+                    a.traffic.to_peer_bytes += payload.len() as u64;
+                }
                 Some(Transmit::Peer {
                     relay,
                     peer,
@@ -207,6 +212,10 @@ impl Server {
         if !ok {
             self.counters.peer_dropped += 1;
             return None;
+        }
+        if let Some(a) = idx.and_then(|i| self.allocs.get_mut(i)?.as_mut()) {
+            a.traffic.from_peer_datagrams += 1;
+            a.traffic.from_peer_bytes += data.len() as u64;
         }
         self.counters.client_packets_out += 1;
         self.counters.client_bytes_out += out.len() as u64;

@@ -85,7 +85,7 @@ impl Server {
 /// The relay address of allocation `a` towards `peer`, if the fast path may carry that
 /// (whether or not it may now: that is the route's expiry): a UDP client, no bandwidth
 /// limit, and client, listener and peer of the relay's family.
-fn carried(a: &Allocation, peer: IpAddr) -> Option<SocketAddr> {
+pub(super) fn carried(a: &Allocation, peer: IpAddr) -> Option<SocketAddr> {
     let v4 = peer.is_ipv4();
     if a.client.transport != Transport::Udp
         || a.bandwidth.is_some()

@@ -101,7 +101,7 @@ pub(crate) fn answer(bytes: &[u8]) -> Option<Answer> {
 
 /// Lets this test process open as many files as its hard limit allows (the server it starts
 /// inherits the limit); returns that limit.
-fn raise_nofile() -> u64 {
+pub(crate) fn raise_nofile() -> u64 {
     let limits = std::fs::read_to_string("/proc/self/limits").unwrap_or_default();
     let hard: u64 = limits
         .lines()
@@ -123,7 +123,7 @@ fn raise_nofile() -> u64 {
 /// with epoll (the client costs a fraction of the server's CPU, so a loaded machine slows
 /// the two alike), and an Allocate unanswered for [`RESEND`] is sent again (a full socket
 /// buffer drops datagrams; a retransmission is answered like the first).
-fn bulk_allocate(server: SocketAddr, n: usize) -> Vec<UdpSocket> {
+pub(crate) fn bulk_allocate(server: SocketAddr, n: usize) -> Vec<UdpSocket> {
     const WINDOW: usize = 256;
     const RESEND: Duration = Duration::from_secs(1);
     let (username, key) = rest_creds("bulk");

@@ -342,6 +342,15 @@ fn permissions_and_expiry_hold_on_the_fast_path() {
     c.stream(Duration::from_millis(2));
     c.wait_received(200, WAIT);
     assert!(kernel(&turn, "to_client") >= 200.0);
+    // The operator's list says so (`/sessions`: what the kernel relays is not in its counts).
+    let (_, body) = lastcall_testkit::try_http(&turn.admin, "GET", "/sessions", None).unwrap();
+    let page: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(page["sessions"][0]["kernel"], true, "{page}");
+    assert_eq!(
+        page["sessions"][0]["relayed"][0],
+        relayed.to_string(),
+        "{page}"
+    );
     // A peer on 127.0.0.2 has no permission: dropped by the daemon, not relayed.
     let stranger = UdpSocket::bind("127.0.0.2:0").expect("bind 127.0.0.2");
     let dropped0 = turn

@@ -19,6 +19,7 @@
 //! - `operations`: `GET /`, coturn's metric types (promtool), the Prometheus port, `--validate`.
 //! - `privileged`: a port below 1024 as uid 65534 with the file capability; refused without it.
 //! - `process`: turnserver.conf, flags, `--help`, TLS reload, the drain's answers.
+//! - `sessions`: `/sessions` and `lastcall-turn sessions` with our client and uclient, in a drain.
 //! - `signals`: every signal coturn handles, sent during a live call.
 //! - `systemd`: Debian's coturn.service (Type=notify, `--pidfile=`) with a real notify socket.
 //! - `termination`: calls across SIGTERM, the deadline, alternates, coturn's own behaviour.
@@ -52,6 +53,7 @@ mod node_ip;
 mod operations;
 mod privileged;
 mod process;
+mod sessions;
 mod signals;
 mod systemd;
 mod termination;
