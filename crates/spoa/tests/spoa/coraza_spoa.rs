@@ -66,6 +66,9 @@ fn start_with(edit: impl FnOnce(String) -> String) -> Setup {
         .expect("addr");
     let mut cmd = unit_command(&config);
     cmd.env("LASTCALL_ADMIN_ADDR", admin.to_string());
+    // coraza-spoa's file names its embedded CRS 4 (`@owasp_crs/`); here the CRS is Debian's
+    // 3.3 unless LASTCALL_SPOA_CRS_DIR names a CRS 4 tree, and 3.3 stands in for it.
+    cmd.env("LASTCALL_SPOA_ACCEPT_CRS3", "true");
     let agent = Pod::spawn(cmd);
     agent.wait_for_log("listening on", WAIT);
     let origin = Origin::start();
@@ -554,10 +557,14 @@ fn forged_rule_fields_in_requests_are_not_read() {
                 .unwrap_or_default()
                 .lines()
                 .skip(line.saturating_sub(1))
-                .take(4)
+                .take(8)
                 .collect();
+            // libmodsecurity counts a rule from where the one before it ended: with CRS 4's
+            // 949110 that is the previous rule's indented chained `SecRule` line, then a
+            // blank line and a comment.
             assert!(
-                at.starts_with("SecRule") && at.contains(&format!("id:{}", m["rule_id"])),
+                at.trim_start().starts_with("SecRule")
+                    && at.contains(&format!("id:{}", m["rule_id"])),
                 "{m}: {at}"
             );
         }
