@@ -634,10 +634,9 @@ fn engine_version_is_the_loaded_library() {
 /// against a CRS 3 tree are refused, at start and by `-validate` (exit 64, the file's line,
 /// the fix and `--accept-crs3`), before a port is bound; with `--accept-crs3` (or
 /// `LASTCALL_SPOA_ACCEPT_CRS3=true`) they run, each a warning, and the CRS 3 release is named
-/// with the end of its support. Against a CRS 4 tree nothing of the kind is said. The CRS is
-/// the agent's: Debian's 3.3 (the stand-in everywhere), or the tree `LASTCALL_SPOA_CRS_DIR`
-/// names (a CRS 4 release a user unpacked; none can be fetched here, so the suite runs the
-/// CRS 3 half).
+/// with the end of its support. Against a CRS 4 tree nothing of the kind is said: the tree
+/// `LASTCALL_SPOA_CRS_DIR` names when it is a CRS 4 release a user unpacked, else a stand-in
+/// (none can be fetched here). The CRS 3 tree is Debian's.
 #[test]
 fn crs_4_rules_against_a_crs_3_tree_are_refused_unless_accepted() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -645,18 +644,34 @@ fn crs_4_rules_against_a_crs_3_tree_are_refused_unless_accepted() {
     let admin = format!("127.0.0.1:{}", lastcall_testkit::free_port());
     let config = format!("bind: {spop}\napplications:\n  - name: a\n    directives: |\n      Include @coraza.conf-recommended\n      Include @crs-setup.conf.example\n      SecAction \"id:900000,phase:1,pass,nolog,setvar:tx.blocking_paranoia_level=2\"\n      Include @owasp_crs/*.conf\n      SecRuleEngine On\n");
     std::fs::write(dir.path().join("config.yaml"), config).expect("write");
+    // The CRS 4 half: the tree LASTCALL_SPOA_CRS_DIR names when it is a CRS 4 release, else a
+    // stand-in (Debian's rules, signed as a CRS 4 release): nothing refused, nothing warned.
+    let stand_in = tempfile::tempdir().expect("tempdir");
     let crs4 = std::env::var_os("LASTCALL_SPOA_CRS_DIR")
         .map(std::path::PathBuf::from)
-        .and_then(|d| lastcall_modsec::crs::Location::from_dir(&d).ok())
-        .filter(|l| l.major() == Some(4));
-    if let Some(loc) = crs4 {
-        eprintln!("CRS {:?} at {}", loc.version(), loc.rules_dir.display());
-        let (code, out, err) = run_in(dir.path(), &["-validate", "-config=config.yaml"]);
-        assert_eq!(code, 0, "{out}{err}");
-        assert!(!err.contains("warning"), "{err}");
-        return;
-    }
-    eprintln!("no CRS 4 tree (LASTCALL_SPOA_CRS_DIR unset or CRS 3): the CRS 3 half only");
+        .filter(|d| lastcall_modsec::crs::Location::from_dir(d).is_ok_and(|l| l.major() == Some(4)))
+        .unwrap_or_else(|| crs4_stand_in(stand_in.path()));
+    let loc = lastcall_modsec::crs::Location::from_dir(&crs4).expect("a CRS tree");
+    eprintln!("CRS {:?} at {}", loc.version(), crs4.display());
+    let crs_dir = format!("--crs-dir={}", crs4.display());
+    let (code, out, err) = run_in(dir.path(), &["-validate", "-config=config.yaml", &crs_dir]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(!err.contains("warning"), "{err}");
+
+    // The CRS 3 half: Debian's (LASTCALL_SPOA_CRS_DIR left out).
+    let run_in = |dir: &std::path::Path, args: &[&str]| {
+        let out = Command::new(agent_bin())
+            .current_dir(dir)
+            .args(args)
+            .env_remove("LASTCALL_SPOA_CRS_DIR")
+            .output()
+            .expect("run");
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
     let refusals = [
         "config.yaml:5: applications[0].directives: application `a`: setvar:tx.blocking_paranoia_level is read by CRS 4 only",
         "its CRS 3 name is tx.paranoia_level",
@@ -682,7 +697,9 @@ fn crs_4_rules_against_a_crs_3_tree_are_refused_unless_accepted() {
     let ended = "ended support for CRS 3.3 in Q3 2026";
     let accepted = |args: &[&str], env: Option<&str>| {
         let mut cmd = Command::new(agent_bin());
-        cmd.current_dir(dir.path()).args(args);
+        cmd.current_dir(dir.path())
+            .args(args)
+            .env_remove("LASTCALL_SPOA_CRS_DIR");
         if let Some(v) = env {
             cmd.env("LASTCALL_SPOA_ACCEPT_CRS3", v);
         }
@@ -732,4 +749,36 @@ fn crs_4_rules_against_a_crs_3_tree_are_refused_unless_accepted() {
         warnings[0].contains("the rules run CRS 3.") && warnings[0].contains(ended),
         "{err}"
     );
+}
+
+/// A stand-in for a CRS 4 release in `dir`: Debian's CRS 3 rules and setup file laid out as a
+/// release, `REQUEST-901-INITIALIZATION.conf` signed `OWASP_CRS/4.99.0` (what
+/// `Location::version` reads). It loads like the CRS it copies; only the release it names
+/// differs.
+fn crs4_stand_in(dir: &std::path::Path) -> std::path::PathBuf {
+    let debian = lastcall_modsec::crs::Location::debian();
+    let rules = dir.join("rules");
+    std::fs::create_dir_all(&rules).expect("mkdir");
+    for entry in std::fs::read_dir(&debian.rules_dir).expect("Debian's CRS rules") {
+        let path = entry.expect("entry").path();
+        let name = path.file_name().expect("name").to_owned();
+        let mut bytes = std::fs::read(&path).expect("read");
+        if name == "REQUEST-901-INITIALIZATION.conf" {
+            let text = String::from_utf8(bytes).expect("UTF-8");
+            let signed: Vec<String> = text
+                .lines()
+                .map(|l| {
+                    if l.trim_start().starts_with("SecComponentSignature") {
+                        "SecComponentSignature \"OWASP_CRS/4.99.0\"".to_owned()
+                    } else {
+                        l.to_owned()
+                    }
+                })
+                .collect();
+            bytes = signed.join("\n").into_bytes();
+        }
+        std::fs::write(rules.join(name), bytes).expect("write");
+    }
+    std::fs::copy(&debian.setup, dir.join("crs-setup.conf.example")).expect("copy");
+    dir.to_owned()
 }
