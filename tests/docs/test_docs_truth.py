@@ -324,3 +324,78 @@ def test_documented_paths_exist() -> None:
 def test_a_wrong_command_is_named(text: str, wanted: str) -> None:
     problems = check_command(Mention("docs/x.md", 7, text))
     assert problems and problems[0].startswith("docs/x.md:7: ") and wanted in problems[0], problems
+
+
+# --- docs/development.md's crate map against the tree ------------------------------------
+
+DEVELOPMENT = REPO / "docs" / "development.md"
+
+
+def crate_sections() -> dict[str, list[str]]:
+    """Each `The modules of `crates/NAME`` section: the backticked names in its table's first
+    column (`a::b`, `a/b` and file names alike)."""
+    sections: dict[str, list[str]] = {}
+    current: str | None = None
+    for line in DEVELOPMENT.read_text().splitlines():
+        m = re.match(r"The modules of `crates/([a-z-]+)`", line)
+        if m:
+            current = m.group(1)
+            sections[current] = []
+        elif current and line.startswith("| ") and not line.startswith("| module") and not line.startswith("|---"):
+            first = line.split("|")[1]
+            sections[current].extend(re.findall(r"`([^`]+)`", first))
+        elif current and sections[current] and not line.startswith("|"):
+            current = None
+    return sections
+
+
+def module_files(crate: str) -> dict[str, Path]:
+    """A crate's modules under src/ by path (`engine::conn`), lib.rs and main.rs left out; a
+    test module (`tests.rs`, or a file under a `tests/` directory) is its parent's."""
+    src = REPO / "crates" / crate / "src"
+    out: dict[str, Path] = {}
+    for f in sorted(src.rglob("*.rs")):
+        rel = f.relative_to(src)
+        if rel.as_posix() in ("lib.rs", "main.rs"):
+            continue
+        parts = list(rel.with_suffix("").parts)
+        if parts[-1] == "mod":
+            parts = parts[:-1]
+        if len(parts) > 1 and ("tests" in parts[:-1] or parts[-1] == "tests"):
+            continue
+        out["::".join(parts)] = f
+    return out
+
+
+def normalize(name: str) -> str:
+    return name.removesuffix(".rs").replace("/", "::")
+
+
+@pytest.mark.parametrize("crate", sorted(p.name for p in (REPO / "crates").iterdir() if (p / "src").is_dir()))
+def test_the_crate_map_lists_every_module_and_no_other(crate: str) -> None:
+    sections = crate_sections()
+    assert crate in sections, f"docs/development.md has no `The modules of `crates/{crate}`` section"
+    listed = {normalize(n) for n in sections[crate]}
+    tree = module_files(crate)
+    missing = sorted(m for m in tree if m not in listed)
+    stale = sorted(
+        n for n in listed
+        if n not in tree
+        and n not in ("main", "lib", f"lastcall_{crate}".replace("-", "_"), "lastcall_modsec")
+        and not any(
+            (REPO / "crates" / crate / d / (n.replace("::", "/") + ".rs")).exists() for d in ("", "src")
+        )
+    )
+    assert not missing, f"docs/development.md, crates/{crate}: modules not in the map: {missing}"
+    assert not stale, f"docs/development.md, crates/{crate}: the map names modules that are not there: {stale}"
+
+
+def test_the_crate_map_check_names_a_missing_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check can fail: a map whose `engine::down` row names another module misses it."""
+    text = DEVELOPMENT.read_text().replace("| `engine::down` |", "| `engine::dawn` |")
+    assert text != DEVELOPMENT.read_text(), "the map has no engine::down row"
+    copy = tmp_path / "development.md"
+    copy.write_text(text)
+    monkeypatch.setattr(__import__(__name__), "DEVELOPMENT", copy)
+    with pytest.raises(AssertionError, match=r"not in the map: \['engine::down'\]"):
+        test_the_crate_map_lists_every_module_and_no_other("spoa")

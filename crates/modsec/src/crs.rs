@@ -151,10 +151,15 @@ impl Location {
 /// The engine settings recommended for rule sets written by hand: what Coraza ships as
 /// `@coraza.conf-recommended`, for libmodsecurity, in this project's words. Like Coraza's
 /// file it starts the engine in `DetectionOnly` (a rule set turns it `On` after the
-/// `Include`, as coraza-spoa's example does) and reads request and response bodies with the
-/// same limits and body processors. Two differences: no audit log (each matched rule is a
-/// log line of the agent's; set `SecAuditEngine` and `SecAuditLog` to have one), and the
-/// internal-error rule checks libmodsecurity's `MSC_` flags instead of Coraza's `COR_`.
+/// `Include`, as coraza-spoa's example does) and has every rule of Coraza's, with the same
+/// targets, operators and actions (200000-200003 and 200006), and the same body limits and
+/// response settings. It adds what Coraza's file lists as unsupported by Coraza and
+/// libmodsecurity runs (`SecCookieFormat`, `SecArgumentSeparator`, rule 200004, the
+/// internal-error rule 200005 on libmodsecurity's `MSC_` flags instead of Coraza's `COR_`),
+/// the request-body limit without files and the JSON depth limit. Left out: the audit log
+/// (each matched rule is a log line of the agent's; set `SecAuditEngine` and `SecAuditLog`
+/// to have one) and `SecRequestBodyInMemoryLimit` (libmodsecurity 3 keeps bodies in
+/// memory). `crates/modsec/tests/modsec/recommended.rs` holds the two lists side by side.
 pub const RECOMMENDED_ENGINE_SETTINGS: &str = r#"# Engine settings recommended by lastcall for rules written by hand (Coraza users know
 # them as @coraza.conf-recommended). Turn the engine On after this file when you are done
 # watching what it would block.
@@ -165,6 +170,8 @@ SecRequestBodyAccess On
 # forms or multipart.
 SecRule REQUEST_HEADERS:Content-Type "^(?:application(?:/soap\+|/)|text/)xml" "id:200000,phase:1,t:none,t:lowercase,pass,nolog,ctl:requestBodyProcessor=XML"
 SecRule REQUEST_HEADERS:Content-Type "^application/json" "id:200001,phase:1,t:none,t:lowercase,pass,nolog,ctl:requestBodyProcessor=JSON"
+# JSON subtypes (application/vnd.api+json, application/problem+json, ...) are JSON too.
+SecRule REQUEST_HEADERS:Content-Type "^application/[a-z0-9.-]+[+]json" "id:200006,phase:1,t:none,t:lowercase,pass,nolog,ctl:requestBodyProcessor=JSON"
 # The largest body accepted (files included), and what happens above it.
 SecRequestBodyLimit 13107200
 SecRequestBodyNoFilesLimit 13107200
@@ -172,7 +179,7 @@ SecRequestBodyLimitAction Reject
 SecRequestBodyJsonDepthLimit 512
 # A body that does not parse is refused (400): what cannot be read cannot be inspected.
 SecRule REQBODY_ERROR "!@eq 0" "id:200002,phase:2,t:none,log,deny,status:400,msg:'Failed to parse request body.',logdata:'%{reqbody_error_msg}',severity:2"
-SecRule MULTIPART_STRICT_ERROR "!@eq 0" "id:200003,phase:2,t:none,log,deny,status:400,msg:'Multipart request body failed strict validation.',severity:2"
+SecRule MULTIPART_STRICT_ERROR "!@eq 0" "id:200003,phase:2,t:none,log,deny,status:400,msg:'Multipart request body failed strict validation.'"
 SecRule MULTIPART_UNMATCHED_BOUNDARY "@eq 1" "id:200004,phase:2,t:none,log,deny,msg:'Multipart parser detected a possible unmatched boundary.'"
 # libmodsecurity flags its own internal errors (such as regex limits hit) in TX:MSC_*.
 SecRule TX:/^MSC_/ "!@streq 0" "id:200005,phase:2,t:none,deny,msg:'ModSecurity internal error flagged: %{MATCHED_VAR_NAME}'"
@@ -379,15 +386,18 @@ fn engine_settings(s: &mut String, o: &CrsOptions) {
     );
 }
 
-/// Selects the XML and JSON body processors by content type and turns body parsing
-/// errors into a 400, as upstream ModSecurity's recommended configuration does (ids
-/// 200000-200004).
+/// Selects the XML and JSON body processors by content type (JSON subtypes such as
+/// `application/vnd.api+json` included, rule 200006) and turns body parsing errors into a
+/// 400, as upstream ModSecurity's and Coraza's recommended configurations do (ids
+/// 200000-200004, 200006).
 fn body_processor_rules(s: &mut String) {
     s.push_str(concat!(
         "SecRule REQUEST_HEADERS:Content-Type \"^(?:application(?:/soap\\+|/)|text/)xml\" ",
         "\"id:200000,phase:1,t:none,t:lowercase,pass,nolog,ctl:requestBodyProcessor=XML\"\n",
         "SecRule REQUEST_HEADERS:Content-Type \"^application/json\" ",
         "\"id:200001,phase:1,t:none,t:lowercase,pass,nolog,ctl:requestBodyProcessor=JSON\"\n",
+        "SecRule REQUEST_HEADERS:Content-Type \"^application/[a-z0-9.-]+[+]json\" ",
+        "\"id:200006,phase:1,t:none,t:lowercase,pass,nolog,ctl:requestBodyProcessor=JSON\"\n",
         "SecRule REQBODY_ERROR \"!@eq 0\" ",
         "\"id:200002,phase:2,t:none,log,deny,status:400,",
         "msg:'Failed to parse request body.',logdata:'%{reqbody_error_msg}',severity:2\"\n",

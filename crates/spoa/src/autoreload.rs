@@ -78,10 +78,10 @@ pub async fn reload_on_request(
     while reloads.changed().await.is_ok() {
         let source = Arc::clone(&source);
         let result = tokio::task::spawn_blocking(move || {
-            let cfg = source.load().map_err(|e| e.to_string())?;
+            let (cfg, warnings) = source.load_checked().map_err(|e| e.to_string())?;
             let apps = Apps::compile(&cfg).map_err(|e| e.to_string())?;
-            for note in crate::config::crs_notes(&cfg) {
-                tracing::warn!("{note}");
+            for w in warnings {
+                tracing::warn!("{w}");
             }
             Ok::<_, String>((cfg, apps))
         })

@@ -55,6 +55,12 @@ pub(crate) struct Cli {
     #[arg(long, env = "LASTCALL_SPOA_CRS_DIR", value_name = "DIR", global = true)]
     pub(crate) crs_dir: Option<String>,
 
+    /// Run rules written for CRS 4 (CRS-4-only `setvar:tx.*` tuning, coraza-spoa's
+    /// `@owasp_crs/` names) on a CRS 3 tree, with a warning each, instead of refusing to
+    /// start: they load there and protect less than they say
+    #[arg(long, env = "LASTCALL_SPOA_ACCEPT_CRS3", global = true)]
+    pub(crate) accept_crs3: bool,
+
     /// coraza-spoa's name for --admin-addr (/metrics, /livez, /readyz, /drain); `:PORT`
     /// listens on every address
     #[arg(long, value_name = "ADDR")]

@@ -7,7 +7,36 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
+use lastcall_modsec::MatchReport;
+
 type Labels = Vec<(&'static str, &'static str)>;
+type Named = Vec<(&'static str, String)>;
+
+/// `coraza_anomaly_score`'s buckets (coraza-spoa's, tuned for CRS: one critical rule is 5,
+/// the default threshold).
+const ANOMALY_SCORE_BUCKETS: [f64; 9] = [0.0, 3.0, 5.0, 7.0, 10.0, 15.0, 25.0, 50.0, 100.0];
+
+/// Whether a rule id is in an attack range coraza-spoa counts in `coraza_rule_triggers_total`:
+/// CRS's detection rules (910000-959999) and the local attack rules its README reserves
+/// (190000-199999). Initialisation, exclusion and tuning rules stay out of the series.
+pub(crate) fn is_attack_rule(id: u32) -> bool {
+    (910_000..960_000).contains(&id) || (190_000..200_000).contains(&id)
+}
+
+/// A rule's severity as coraza-spoa names it (`[severity "2"]` is `critical`).
+fn severity_name(severity: Option<u8>) -> &'static str {
+    match severity {
+        Some(0) => "emergency",
+        Some(1) => "alert",
+        Some(2) => "critical",
+        Some(3) => "error",
+        Some(4) => "warning",
+        Some(5) => "notice",
+        Some(6) => "info",
+        Some(7) => "debug",
+        _ => "unknown",
+    }
+}
 
 /// How a request (or response) was decided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,7 +98,15 @@ pub struct Metrics {
     /// Connections closed for idleness (no HELLO in time, or idle after it), by when.
     timeouts: Family<Labels, Counter>,
     /// `spoa_engine_info`: the WAF library this process loaded, and its release.
-    engine: Family<Vec<(&'static str, String)>, Gauge>,
+    engine: Family<Named, Gauge>,
+    /// coraza-spoa's `coraza_actions_total{action,application}`: each transaction's final
+    /// verdict, once.
+    actions: Family<Named, Counter>,
+    /// coraza-spoa's `coraza_rule_triggers_total{rule_id,severity}`: each attack-rule match
+    /// of a finished transaction.
+    rule_triggers: Family<Named, Counter>,
+    /// coraza-spoa's `coraza_anomaly_score`: each finished transaction's inbound score.
+    anomaly_score: Histogram,
 }
 
 /// The label values each labelled counter can take, created at 0 so that every series
@@ -148,6 +185,9 @@ impl Metrics {
             buffered_bytes: Gauge::default(),
             timeouts: Family::default(),
             engine: Family::default(),
+            actions: Family::default(),
+            rule_triggers: Family::default(),
+            anomaly_score: Histogram::new(ANOMALY_SCORE_BUCKETS),
         }
     }
 
@@ -157,6 +197,24 @@ impl Metrics {
             "coraza_handle_spoe_duration_seconds",
             "Duration of Coraza SPOE handling (coraza-spoa's metric: one observation per message)",
             self.handle_spoe.clone(),
+        );
+        r.register(
+            "coraza_actions",
+            "WAF verdicts by action (allow, deny, redirect) and application (a configured name): \
+             one per transaction, at the response when the application checks responses \
+             (coraza-spoa's metric)",
+            self.actions.clone(),
+        );
+        r.register(
+            "coraza_rule_triggers",
+            "Matches of attack rules (CRS 910000-959999, local 190000-199999) by rule id and \
+             severity, one per match of a finished transaction (coraza-spoa's metric)",
+            self.rule_triggers.clone(),
+        );
+        r.register(
+            "coraza_anomaly_score",
+            "CRS inbound anomaly score of each finished transaction (coraza-spoa's metric)",
+            self.anomaly_score.clone(),
         );
         let r = r.sub_registry_with_prefix("spoa");
         r.register(
@@ -342,6 +400,37 @@ impl Metrics {
             .get_or_create(&vec![("policy", policy)])
             .inc();
     }
+
+    /// Counts a transaction's final verdict (`allow`, `deny` or `redirect`) for the
+    /// configured application that decided it.
+    pub(crate) fn action(&self, application: &str, action: &'static str) {
+        self.actions
+            .get_or_create(&vec![
+                ("action", action.to_owned()),
+                ("application", application.to_owned()),
+            ])
+            .inc();
+    }
+
+    /// Counts what a finished transaction matched: each match of an attack rule
+    /// ([`is_attack_rule`]) by rule id and severity, and its inbound anomaly score. Lines
+    /// that read more than one way (request bytes imitating rule fields) are left out, so
+    /// the rule ids are those of loaded rules, never a client's.
+    pub(crate) fn matched(&self, report: &MatchReport) {
+        for m in report.matches() {
+            if m.ambiguous || !is_attack_rule(m.id) {
+                continue;
+            }
+            self.rule_triggers
+                .get_or_create(&vec![
+                    ("rule_id", m.id.to_string()),
+                    ("severity", severity_name(m.severity).to_owned()),
+                ])
+                .inc();
+        }
+        self.anomaly_score
+            .observe(f64::from(report.estimated_inbound_score()));
+    }
 }
 
 #[cfg(test)]
@@ -369,5 +458,101 @@ mod tests {
         ] {
             assert!(text.contains(line), "no {line} in\n{text}");
         }
+    }
+
+    /// coraza-spoa's per-application and per-rule series as its README's table (after
+    /// coraza-spoa PR #366) gives them, written for this test: name, type, labels, and the
+    /// histogram's buckets. A rename or a changed label here fails.
+    #[test]
+    fn coraza_spoa_series_have_its_names_labels_and_buckets() {
+        const THEIRS: &[(&str, &str, &[&str])] = &[
+            (
+                "coraza_actions_total",
+                "counter",
+                &["action", "application"],
+            ),
+            (
+                "coraza_rule_triggers_total",
+                "counter",
+                &["rule_id", "severity"],
+            ),
+            ("coraza_anomaly_score", "histogram", &[]),
+        ];
+        const BUCKETS: &[&str] = &[
+            "0.0", "3.0", "5.0", "7.0", "10.0", "15.0", "25.0", "50.0", "100.0", "+Inf",
+        ];
+        let m = Metrics::default();
+        m.action("shop", "allow");
+        m.action("shop", "deny");
+        m.matched(&MatchReport::default());
+        let mut r = Registry::default();
+        m.register(&mut r);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &r).unwrap();
+        for (name, kind, labels) in THEIRS {
+            let family = name.strip_suffix("_total").unwrap_or(name);
+            assert!(
+                text.contains(&format!("# TYPE {family} {kind}\n")),
+                "{name}: {text}"
+            );
+            // coraza_rule_triggers_total has no series without a real match: its labels are
+            // checked by coraza_spoa::coraza_spoa_metrics_per_application_and_rule.
+            if !labels.is_empty() && *name != "coraza_rule_triggers_total" {
+                let series = text
+                    .lines()
+                    .find(|l| l.starts_with(&format!("{name}{{")))
+                    .unwrap_or_else(|| panic!("no {name} series in {text}"));
+                let names: Vec<&str> = series[name.len() + 1..]
+                    .split('}')
+                    .next()
+                    .unwrap()
+                    .split(',')
+                    .map(|kv| kv.split('=').next().unwrap())
+                    .collect();
+                assert_eq!(names, *labels, "{series}");
+            }
+        }
+        for le in BUCKETS {
+            assert!(
+                text.contains(&format!("coraza_anomaly_score_bucket{{le=\"{le}\"}} 1")),
+                "{le}: {text}"
+            );
+        }
+        assert!(text.contains("coraza_actions_total{action=\"deny\",application=\"shop\"} 1"));
+    }
+
+    #[test]
+    fn attack_ranges_and_severity_names() {
+        for (id, attack) in [
+            (901_100, false),
+            (909_999, false),
+            (910_000, true),
+            (942_100, true),
+            (959_999, true),
+            (960_000, false),
+            (980_130, false),
+            (189_999, false),
+            (190_000, true),
+            (199_999, true),
+            (200_000, false),
+        ] {
+            assert_eq!(is_attack_rule(id), attack, "{id}");
+        }
+        let names: Vec<&str> = (0..=8).map(|s| severity_name(Some(s))).collect();
+        assert_eq!(
+            names,
+            [
+                "emergency",
+                "alert",
+                "critical",
+                "error",
+                "warning",
+                "notice",
+                "info",
+                "debug",
+                "unknown"
+            ]
+        );
+        assert_eq!(severity_name(None), "unknown");
     }
 }

@@ -1,5 +1,10 @@
 //! The modules of every crate of the workspace form layers: no module uses a sibling that
-//! (directly or not) uses it (`lastcall_testkit::layering`).
+//! (directly or not) uses it (`lastcall_testkit::layering`); and every dependency a crate
+//! declares is used by it.
+#![allow(
+    clippy::expect_used,
+    reason = "test code: a panic is the failure report"
+)]
 
 use std::path::Path;
 
@@ -51,4 +56,113 @@ fn no_module_depends_on_itself() {
             KNOWN[i]
         );
     }
+}
+
+/// Dependencies whose library has another name than the package.
+const LIB_NAMES: &[(&str, &str)] = &[("md-5", "md5")];
+
+/// The dependencies `manifest` declares (normal, dev and build, any target), by section.
+fn declared(manifest: &str) -> Vec<(String, String)> {
+    let mut section = String::new();
+    let mut out = Vec::new();
+    for line in manifest.lines() {
+        let line = line.trim();
+        if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+            section = name.to_owned();
+            continue;
+        }
+        if !section.ends_with("dependencies") || line.starts_with('#') {
+            continue;
+        }
+        let Some((key, _)) = line.split_once('=') else {
+            continue;
+        };
+        let key = key.trim().trim_end_matches(".workspace");
+        if !key.is_empty()
+            && key
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        {
+            out.push((section.clone(), key.to_owned()));
+        }
+    }
+    out
+}
+
+/// Whether `ident` occurs in `text` as a whole word.
+fn mentions(text: &str, ident: &str) -> bool {
+    text.match_indices(ident).any(|(at, _)| {
+        let word = |c: char| c.is_ascii_alphanumeric() || c == '_';
+        !text[..at].ends_with(word) && !text[at + ident.len()..].starts_with(word)
+    })
+}
+
+fn rust_text(dir: &Path, out: &mut String) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            rust_text(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push_str(&std::fs::read_to_string(&path).expect("read"));
+        }
+    }
+}
+
+/// Every dependency of every crate is named in its code (src/, tests/, examples/,
+/// benches/, build.rs): none is declared and unused.
+#[test]
+fn every_declared_dependency_is_used() {
+    let crates = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut unused = Vec::new();
+    let mut checked = 0;
+    for entry in std::fs::read_dir(&crates).expect("crates/") {
+        let dir = entry.expect("entry").path();
+        let Ok(manifest) = std::fs::read_to_string(dir.join("Cargo.toml")) else {
+            continue;
+        };
+        let mut text = String::new();
+        for sub in ["src", "tests", "examples", "benches"] {
+            rust_text(&dir.join(sub), &mut text);
+        }
+        text.push_str(&std::fs::read_to_string(dir.join("build.rs")).unwrap_or_default());
+        for (section, dep) in declared(&manifest) {
+            checked += 1;
+            let lib = LIB_NAMES
+                .iter()
+                .find(|(p, _)| *p == dep)
+                .map_or_else(|| dep.replace('-', "_"), |(_, l)| (*l).to_owned());
+            if !mentions(&text, &lib) {
+                unused.push(format!("{} [{section}] {dep}", dir.display()));
+            }
+        }
+    }
+    assert!(checked > 50, "only {checked} dependencies read");
+    assert!(
+        unused.is_empty(),
+        "declared and unused:\n{}",
+        unused.join("\n")
+    );
+}
+
+#[test]
+fn an_unused_dependency_is_found() {
+    let manifest = "[package]\nname = \"x\"\n[dependencies]\nanyhow = { workspace = true }\nmd-5.workspace = true\n[target.'cfg(unix)'.dev-dependencies]\nlibc = \"0.2\"\n";
+    let deps = declared(manifest);
+    assert_eq!(
+        deps,
+        [
+            ("dependencies".to_owned(), "anyhow".to_owned()),
+            ("dependencies".to_owned(), "md-5".to_owned()),
+            (
+                "target.'cfg(unix)'.dev-dependencies".to_owned(),
+                "libc".to_owned()
+            ),
+        ]
+    );
+    assert!(mentions("use md5::Md5;", "md5"));
+    assert!(!mentions("let anyhow_like = 1;", "anyhow"));
+    assert!(!mentions("libcore", "libc"));
 }

@@ -5,6 +5,7 @@
 //! - `resources`: threads, memory and the one engine per process.
 //! - `accounting`: the bytes malloc holds after N transactions of each kind of traffic.
 //! - `forged`: request bytes imitating libmodsecurity's log fields are not read as rule fields.
+//! - `recommended`: `@coraza.conf-recommended` against Coraza's file, rule for rule.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -15,4 +16,5 @@ mod accounting;
 mod common;
 mod engine;
 mod forged;
+mod recommended;
 mod resources;

@@ -316,40 +316,44 @@ impl Config {
     }
 }
 
-/// What the configured CRS makes of the applications' own rules, for `-validate` and the
-/// start-up log (warnings, never errors: the rules load): against a CRS 3 tree, the CRS 4
-/// variables they set (which change nothing there) and coraza-spoa's `@owasp_crs` and
-/// `@crs-setup.conf.example` names (CRS 4.25.0 in coraza-spoa 0.7.2, CRS 3 here), each
-/// naming the fix.
-pub(crate) fn crs_notes(cfg: &Config) -> Vec<String> {
+/// The fix named by every CRS 3 notice.
+const CRS4_FIX: &str = "run a CRS 4 release: unpack it and set crs_dir in the file (or --crs-dir, \
+    LASTCALL_SPOA_CRS_DIR, the chart's crs.image or crs.volume; CRS 4.28 loads on \
+    libmodsecurity 3.0.9 and later, 4.25.1 and later 4.25 LTS releases on 3.0.16; \
+    docs/coming-from-coraza-spoa.md)";
+
+/// What the configured CRS makes of the applications' own rules: against a CRS 3 tree, the
+/// CRS 4 variables they set (which change nothing there) and coraza-spoa's `@owasp_crs` and
+/// `@crs-setup.conf.example` names (CRS 4.25.0 in coraza-spoa 0.7.2, CRS 3 here), each at
+/// its application's `directives` line and naming the fix. Refused unless
+/// `--accept-crs3` ([`crs_check`]): the rules would load and run a weaker WAF than written.
+pub(crate) fn crs_problems(cfg: &Config) -> Vec<Problem> {
     let crs = &cfg.crs;
     if crs.major() != Some(3) {
         return Vec::new();
     }
-    let tree = crs.rules_dir.parent().unwrap_or(&crs.rules_dir).display();
+    let tree = crs_tree(crs);
     let release = crs.version().unwrap_or_default();
-    let fix = "run a CRS 4 release: unpack it and set crs_dir in the file (or --crs-dir, \
-               LASTCALL_SPOA_CRS_DIR, the chart's crs.image or crs.volume; CRS 4.28 loads on \
-               libmodsecurity 3.0.9 and later, 4.25 LTS on 3.0.16; docs/coming-from-coraza-spoa.md)";
     let mut out = Vec::new();
     for a in &cfg.applications {
         let Some(d) = &a.directives else {
             continue;
         };
         let line = d.lines.first().copied().unwrap_or(a.line);
-        let note = |message: String| {
+        let problem = |message: String| {
             Problem::new(
                 d.key.clone(),
                 format!("application `{}`: {message}", a.name),
             )
+            .expected(format!(
+                "a CRS 4 tree ({CRS4_FIX}), or --accept-crs3 (LASTCALL_SPOA_ACCEPT_CRS3=true) to run CRS {release} knowingly"
+            ))
             .at(cfg.source(line))
-            .to_string()
         };
         for (name, instead) in crs::crs4_only_variables(&d.text) {
-            let instead =
-                instead.map_or_else(String::new, |v| format!(", or set {v} (its CRS 3 name)"));
-            out.push(note(format!(
-                "setvar:tx.{name} is read by CRS 4 only: the CRS here ({tree}, {release}) ignores it, so it changes nothing; {fix}{instead}"
+            let instead = instead.map_or_else(String::new, |v| format!("; its CRS 3 name is {v}"));
+            out.push(problem(format!(
+                "setvar:tx.{name} is read by CRS 4 only: the CRS here ({tree}, {release}) ignores it, so it would change nothing{instead}"
             )));
         }
         let coraza_names = d
@@ -357,13 +361,47 @@ pub(crate) fn crs_notes(cfg: &Config) -> Vec<String> {
             .lines()
             .any(|l| l.contains("@owasp_crs/") || l.contains("@crs-setup.conf.example"));
         if coraza_names {
-            out.push(note(format!(
-                "@owasp_crs/ and @crs-setup.conf.example are coraza-spoa's embedded CRS ({} in coraza-spoa 0.7.2); here they are the CRS at {tree}, release {release}: rule ids, paranoia-level variables and plugins differ between CRS 3 and 4. To run the CRS coraza-spoa runs, {fix}",
+            out.push(problem(format!(
+                "@owasp_crs/ and @crs-setup.conf.example are coraza-spoa's embedded CRS ({} in coraza-spoa 0.7.2); here they would be the CRS at {tree}, release {release}: rule ids, paranoia-level variables and plugins differ between CRS 3 and 4",
                 crs::CORAZA_SPOA_CRS
             )));
         }
     }
     out
+}
+
+/// Where a CRS tree is, for messages: the directory holding `rules/`.
+fn crs_tree(crs: &crs::Location) -> std::path::Display<'_> {
+    crs.rules_dir.parent().unwrap_or(&crs.rules_dir).display()
+}
+
+/// The CRS check at start, `-validate` and every reload: [`crs_problems`] are refused
+/// unless `accept_crs3`, then warnings; a CRS 3 tree also gets a warning that names the
+/// release and says that its upstream support has ended.
+pub(crate) fn crs_check(cfg: &Config, accept_crs3: bool) -> Result<Vec<String>, Problems> {
+    let problems = crs_problems(cfg);
+    if !accept_crs3 && !problems.is_empty() {
+        return Err(problems.into_iter().collect());
+    }
+    let mut out: Vec<String> = problems.iter().map(ToString::to_string).collect();
+    if cfg.crs.major() == Some(3) {
+        out.push(crs3_notice(&cfg.crs));
+    }
+    Ok(out)
+}
+
+/// Which CRS 3 release runs, and that the OWASP CRS project no longer supports it.
+fn crs3_notice(crs: &crs::Location) -> String {
+    let release = crs.version().unwrap_or_else(|| "3.x".into());
+    let debian = if *crs == crs::Location::debian() {
+        " (Debian's modsecurity-crs package: its security updates are Debian's own)"
+    } else {
+        ""
+    };
+    format!(
+        "the rules run CRS {release} from {}{debian}; the OWASP CRS project ended support for CRS 3.3 in Q3 2026. To {CRS4_FIX}",
+        crs_tree(crs)
+    )
 }
 
 /// Places problems found in text read from `path` in that file.
@@ -640,22 +678,51 @@ applications:
     }
 
     /// Against Debian's CRS 3 tree (the stand-in for any CRS 3): CRS 4 variables and
-    /// coraza-spoa's names are noted, with the fix; the built-in application has neither.
+    /// coraza-spoa's names are refused, each naming the fix and `--accept-crs3`; accepted,
+    /// they are warnings. Every CRS 3 run says which release runs and that its support
+    /// ended; the built-in application sets no CRS 4 variable and names no `@owasp_crs`.
     #[test]
-    fn crs_notes_against_a_crs_3_tree() {
-        assert!(crs_notes(&Config::builtin()).is_empty());
-        let c = Config::parse(CORAZA_EXAMPLE).unwrap();
-        assert!(crs_notes(&c).is_empty(), "no @owasp_crs in this example");
-        let text = "applications:\n  - name: a\n    directives: |\n      Include @coraza.conf-recommended\n      Include @crs-setup.conf.example\n      SecAction \"id:900000,phase:1,pass,nolog,setvar:tx.blocking_paranoia_level=4\"\n      Include @owasp_crs/*.conf\n";
-        let notes = crs_notes(&Config::parse(text).unwrap());
-        assert_eq!(notes.len(), 2, "{notes:?}");
-        assert!(notes[0].starts_with("line 4: applications[0].directives: application `a`: setvar:tx.blocking_paranoia_level is read by CRS 4 only"), "{notes:?}");
-        assert!(notes[0].contains("or set tx.paranoia_level"), "{notes:?}");
+    fn crs_4_rules_against_a_crs_3_tree() {
+        let builtin = Config::builtin();
+        assert!(crs_problems(&builtin).is_empty());
+        let notice = crs_check(&builtin, false).unwrap();
+        assert_eq!(notice.len(), 1, "{notice:?}");
         assert!(
-            notes[1].contains("coraza-spoa's embedded CRS (4.25.0 in coraza-spoa 0.7.2)"),
-            "{notes:?}"
+            notice[0].starts_with("the rules run CRS 3.")
+                && notice[0].contains(
+                    "(Debian's modsecurity-crs package: its security updates are Debian's own)"
+                )
+                && notice[0].contains("ended support for CRS 3.3 in Q3 2026"),
+            "{notice:?}"
         );
-        assert!(notes.iter().all(|n| n.contains("crs_dir")), "{notes:?}");
+        let c = Config::parse(CORAZA_EXAMPLE).unwrap();
+        assert!(crs_problems(&c).is_empty(), "no @owasp_crs in this example");
+        let text = "applications:\n  - name: a\n    directives: |\n      Include @coraza.conf-recommended\n      Include @crs-setup.conf.example\n      SecAction \"id:900000,phase:1,pass,nolog,setvar:tx.blocking_paranoia_level=4\"\n      Include @owasp_crs/*.conf\n";
+        let c = Config::parse(text).unwrap();
+        let refused: Vec<String> = crs_check(&c, false)
+            .unwrap_err()
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(refused.len(), 2, "{refused:?}");
+        assert!(refused[0].starts_with("line 4: applications[0].directives: application `a`: setvar:tx.blocking_paranoia_level is read by CRS 4 only"), "{refused:?}");
+        assert!(
+            refused[0].contains("its CRS 3 name is tx.paranoia_level"),
+            "{refused:?}"
+        );
+        assert!(
+            refused[1].contains("coraza-spoa's embedded CRS (4.25.0 in coraza-spoa 0.7.2)"),
+            "{refused:?}"
+        );
+        assert!(
+            refused
+                .iter()
+                .all(|n| n.contains("crs_dir") && n.contains("--accept-crs3")),
+            "{refused:?}"
+        );
+        let accepted = crs_check(&c, true).unwrap();
+        assert_eq!(accepted.len(), 3, "{accepted:?}");
+        assert_eq!(accepted[..2], refused[..], "the same text, as warnings");
     }
 
     #[test]

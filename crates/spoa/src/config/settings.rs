@@ -81,6 +81,8 @@ pub struct FileSource {
     pub(crate) path: Option<PathBuf>,
     /// `--crs-dir` (or `LASTCALL_SPOA_CRS_DIR`), and where it was given.
     pub(crate) crs_dir: Option<(PathBuf, Source)>,
+    /// `--accept-crs3`: rules written for CRS 4 may run on a CRS 3 tree (with warnings).
+    pub(crate) accept_crs3: bool,
 }
 
 impl FileSource {
@@ -100,6 +102,14 @@ impl FileSource {
             })?;
         }
         Ok(cfg)
+    }
+
+    /// [`load`](Self::load), then the CRS check ([`super::crs_check`]): the configuration
+    /// and its warnings, or every reason it is refused.
+    pub(crate) fn load_checked(&self) -> Result<(Config, Vec<String>), Problems> {
+        let cfg = self.load()?;
+        let warnings = super::crs_check(&cfg, self.accept_crs3)?;
+        Ok((cfg, warnings))
     }
 }
 
@@ -153,6 +163,7 @@ where
             let at = Source::from_matches(&matches, "crs_dir", Some("LASTCALL_SPOA_CRS_DIR"));
             (PathBuf::from(dir), at)
         }),
+        accept_crs3: cli.accept_crs3,
     };
     let cfg = match source.load() {
         Ok(mut cfg) => {
@@ -187,7 +198,23 @@ where
         }
         return Err(problems);
     }
+    // show-config and show-rules print what would run, refused or not.
+    let showing = matches!(
+        cli.command,
+        Some(Command::ShowConfig | Command::ShowRules { .. })
+    );
+    let crs = match super::crs_check(&cfg, source.accept_crs3 || showing) {
+        Ok(crs) => crs,
+        Err(refused) => {
+            problems.extend(refused);
+            if let Err(errs) = Apps::compile(&cfg) {
+                problems.extend(errs);
+            }
+            return Err(problems);
+        }
+    };
     let mut warnings = warnings(&cli, &cfg);
+    warnings.extend(crs);
     match &cli.command {
         Some(Command::ShowConfig) => {
             return Ok(Parsed::Print {
@@ -278,8 +305,8 @@ fn apply_bind(cli: &Cli, matches: &ArgMatches, cfg: &mut Config, problems: &mut 
     }
 }
 
-/// What is accepted with a caveat: coraza-spoa's profiling flags, `evaluation: inline`,
-/// and what the configured CRS makes of the rules ([`super::crs_notes`]).
+/// What is accepted with a caveat: coraza-spoa's profiling flags and `evaluation: inline`
+/// (the CRS check adds its own: [`super::crs_check`]).
 fn warnings(cli: &Cli, cfg: &Config) -> Vec<String> {
     let mut out = Vec::new();
     for (flag, given) in [
@@ -300,7 +327,6 @@ fn warnings(cli: &Cli, cfg: &Config) -> Vec<String> {
                 .into(),
         );
     }
-    out.extend(super::crs_notes(cfg));
     out
 }
 

@@ -83,11 +83,20 @@ fn match_vars(report: &MatchReport, export_rule_ids: bool, vars: &mut Vars) {
 }
 
 /// The variables of a disruptive intervention: `action`, `status`, `data`, `ruleid`.
+/// The action a transaction ended with, as `coraza_actions_total` and the `action`
+/// variable name it: `redirect` for an intervention with a URL, `deny` for another,
+/// `allow` without one.
+fn action_name(it: Option<&Intervention>) -> &'static str {
+    match it {
+        Some(it) if it.url.is_some() => "redirect",
+        Some(_) => "deny",
+        None => "allow",
+    }
+}
+
 fn intervention_vars(it: &Intervention, report: &MatchReport, vars: &mut Vars) -> u32 {
-    let (action, data) = match &it.url {
-        Some(url) => ("redirect", url.clone()),
-        None => ("deny", String::new()),
-    };
+    let action = action_name(Some(it));
+    let data = it.url.clone().unwrap_or_default();
     let rule = it
         .rule_id()
         .or_else(|| {
@@ -305,6 +314,8 @@ impl Waf {
     fn finish_kept(&self, kept: Vec<Kept>) {
         for mut k in kept {
             self.metrics.transactions_expired.inc();
+            // No verdict came: what the request matched is counted, no action.
+            self.metrics.matched(k.tx.report());
             let _ = k.tx.process_logging();
         }
         self.count_cached();
@@ -387,6 +398,7 @@ impl Waf {
                         tx = %id, received, declared,
                         "request body larger than HAProxy's buffer: denied with 413 (body_limit_action: reject; raise tune.bufsize to inspect larger bodies, docs/spoa.md)"
                     );
+                    self.metrics.action(&app.config.name, "deny");
                     vars.push(("action", TypedData::String("deny".into())));
                     vars.push(("status", TypedData::Int64(413)));
                     vars.push(("data", TypedData::String(String::new())));
@@ -408,6 +420,7 @@ impl Waf {
                     "chunked request body counted as {declared} bytes by HAProxy where {received} arrived: the request had both Content-Length and Transfer-Encoding: chunked (HAProxy 2.6 drops the Content-Length but counts it; the shape of request smuggling, which nginx refuses with 400), or HAProxy did not wait for the end of a chunk"
                 );
                 if app.config.body_limit_action == BodyLimitAction::Reject {
+                    self.metrics.action(&app.config.name, "deny");
                     vars.push(("action", TypedData::String("deny".into())));
                     vars.push(("status", TypedData::Int64(400)));
                     vars.push(("data", TypedData::String(String::new())));
@@ -527,6 +540,11 @@ impl Waf {
         };
         match_vars(report, req.export_rule_ids, &mut vars);
         let logged = report.matches().len();
+        if it.is_some() || !app.config.response_check {
+            self.metrics.matched(report);
+            self.metrics
+                .action(&app.config.name, action_name(it.as_ref()));
+        }
         if it.is_none() && app.config.response_check {
             let ttl = Duration::from_millis(app.config.transaction_ttl_ms);
             let limit = app.config.transaction_active_limit;
@@ -647,6 +665,12 @@ fn evaluate_kept_response(metrics: &Metrics, kept: Kept, res: &Response) -> (Ver
     };
     log_matches(&cx, report, logged, &phases);
     let mut vars: Vars = Vec::new();
+    // A detect-only response gives no verdict (coraza-spoa's meaning): allowed. A failed
+    // evaluation gives none at all.
+    let action = result
+        .as_ref()
+        .ok()
+        .map(|it| action_name(it.as_ref().filter(|_| !res.detect_only)));
     let verdict = match result {
         Err(e) => {
             tracing::error!(tx = %res.id, "response evaluation failed: {e}");
@@ -671,6 +695,11 @@ fn evaluate_kept_response(metrics: &Metrics, kept: Kept, res: &Response) -> (Ver
             }
         }
     };
+    // The action last: a scrape that sees it sees the rest of the transaction.
+    metrics.matched(report);
+    if let Some(action) = action {
+        metrics.action(&app.config.name, action);
+    }
     if !matches!(verdict, Verdict::Error) {
         match_vars(report, res.export_rule_ids, &mut vars);
         vars.push((

@@ -630,55 +630,155 @@ fn engine_version_is_the_loaded_library() {
     assert_eq!(agent.metric(&gauge), 1.0, "{}", agent.metrics());
 }
 
-/// `-validate` warns, naming the fix, when the rules set CRS-4-only variables or use
-/// coraza-spoa's `@owasp_crs` names against a CRS 3 tree, and says nothing of the kind
-/// against a CRS 4 one. The CRS is the agent's: Debian's 3.3 (the stand-in everywhere), or
-/// the tree `LASTCALL_SPOA_CRS_DIR` names (a CRS 4 release a user unpacked; none can be
-/// fetched here, so the suite runs the CRS 3 half).
+/// Rules written for CRS 4 (a CRS-4-only `setvar:tx.*`, coraza-spoa's `@owasp_crs` names)
+/// against a CRS 3 tree are refused, at start and by `-validate` (exit 64, the file's line,
+/// the fix and `--accept-crs3`), before a port is bound; with `--accept-crs3` (or
+/// `LASTCALL_SPOA_ACCEPT_CRS3=true`) they run, each a warning, and the CRS 3 release is named
+/// with the end of its support. Against a CRS 4 tree nothing of the kind is said: the tree
+/// `LASTCALL_SPOA_CRS_DIR` names when it is a CRS 4 release a user unpacked, else a stand-in
+/// (none can be fetched here). The CRS 3 tree is Debian's.
 #[test]
-fn crs_4_settings_against_a_crs_3_tree_are_warned_about() {
+fn crs_4_rules_against_a_crs_3_tree_are_refused_unless_accepted() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let config = "applications:\n  - name: a\n    directives: |\n      Include @coraza.conf-recommended\n      Include @crs-setup.conf.example\n      SecAction \"id:900000,phase:1,pass,nolog,setvar:tx.blocking_paranoia_level=2\"\n      Include @owasp_crs/*.conf\n      SecRuleEngine On\n";
+    let spop = format!("127.0.0.1:{}", lastcall_testkit::free_port());
+    let admin = format!("127.0.0.1:{}", lastcall_testkit::free_port());
+    let config = format!("bind: {spop}\napplications:\n  - name: a\n    directives: |\n      Include @coraza.conf-recommended\n      Include @crs-setup.conf.example\n      SecAction \"id:900000,phase:1,pass,nolog,setvar:tx.blocking_paranoia_level=2\"\n      Include @owasp_crs/*.conf\n      SecRuleEngine On\n");
     std::fs::write(dir.path().join("config.yaml"), config).expect("write");
-    let (code, out, err) = run_in(dir.path(), &["-validate", "-config=config.yaml"]);
-    assert_eq!(code, 0, "{out}{err}");
-    assert!(out.contains("configuration OK"), "{out}");
+    // The CRS 4 half: the tree LASTCALL_SPOA_CRS_DIR names when it is a CRS 4 release, else a
+    // stand-in (Debian's rules, signed as a CRS 4 release): nothing refused, nothing warned.
+    let stand_in = tempfile::tempdir().expect("tempdir");
     let crs4 = std::env::var_os("LASTCALL_SPOA_CRS_DIR")
         .map(std::path::PathBuf::from)
-        .and_then(|d| lastcall_modsec::crs::Location::from_dir(&d).ok())
-        .filter(|l| l.major() == Some(4));
-    match crs4 {
-        Some(loc) => {
-            eprintln!("CRS {:?} at {}", loc.version(), loc.rules_dir.display());
-            assert!(!err.contains("warning"), "{err}");
+        .filter(|d| lastcall_modsec::crs::Location::from_dir(d).is_ok_and(|l| l.major() == Some(4)))
+        .unwrap_or_else(|| crs4_stand_in(stand_in.path()));
+    let loc = lastcall_modsec::crs::Location::from_dir(&crs4).expect("a CRS tree");
+    eprintln!("CRS {:?} at {}", loc.version(), crs4.display());
+    let crs_dir = format!("--crs-dir={}", crs4.display());
+    let (code, out, err) = run_in(dir.path(), &["-validate", "-config=config.yaml", &crs_dir]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(!err.contains("warning"), "{err}");
+
+    // The CRS 3 half: Debian's (LASTCALL_SPOA_CRS_DIR left out).
+    let run_in = |dir: &std::path::Path, args: &[&str]| {
+        let out = Command::new(agent_bin())
+            .current_dir(dir)
+            .args(args)
+            .env_remove("LASTCALL_SPOA_CRS_DIR")
+            .output()
+            .expect("run");
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let refusals = [
+        "config.yaml:5: applications[0].directives: application `a`: setvar:tx.blocking_paranoia_level is read by CRS 4 only",
+        "its CRS 3 name is tx.paranoia_level",
+        "config.yaml:5: applications[0].directives: application `a`: @owasp_crs/ and @crs-setup.conf.example are coraza-spoa's embedded CRS (4.25.0 in coraza-spoa 0.7.2)",
+        "set crs_dir in the file (or --crs-dir",
+        "or --accept-crs3 (LASTCALL_SPOA_ACCEPT_CRS3=true) to run CRS 3.",
+    ];
+    for args in [
+        &["-validate", "-config=config.yaml"][..],
+        &["-config=config.yaml", "--admin-addr", &admin],
+    ] {
+        let (code, out, err) = run_in(dir.path(), args);
+        assert_eq!(code, 64, "{args:?}: {out}{err}");
+        for want in refusals {
+            assert!(err.contains(want), "{args:?}: missing {want:?} in:\n{err}");
         }
-        None => {
-            eprintln!("no CRS 4 tree (LASTCALL_SPOA_CRS_DIR unset or CRS 3): the CRS 3 half only");
-            assert!(
-                err.contains("config.yaml:4: applications[0].directives: application `a`: setvar:tx.blocking_paranoia_level is read by CRS 4 only"),
-                "{err}"
-            );
-            assert!(
-                err.contains("or set tx.paranoia_level (its CRS 3 name)"),
-                "{err}"
-            );
-            assert!(
-                err.contains("coraza-spoa's embedded CRS (4.25.0 in coraza-spoa 0.7.2)"),
-                "{err}"
-            );
-            assert!(
-                err.contains("set crs_dir in the file (or --crs-dir"),
-                "{err}"
-            );
-            // Without coraza-spoa's names and CRS 4 variables: nothing to say.
-            std::fs::write(
-                dir.path().join("plain.yaml"),
-                "applications:\n  - name: a\n    directives: SecRuleEngine On\n",
-            )
-            .expect("write");
-            let (code, _, err) = run_in(dir.path(), &["-validate", "-config=plain.yaml"]);
-            assert_eq!(code, 0, "{err}");
-            assert!(!err.contains("warning"), "{err}");
-        }
+        assert!(!out.contains("configuration OK"), "{out}");
     }
+    // Nothing was bound: both ports are still free.
+    std::net::TcpListener::bind(&spop).expect("the SPOP port was never bound");
+    std::net::TcpListener::bind(&admin).expect("the admin port was never bound");
+
+    let ended = "ended support for CRS 3.3 in Q3 2026";
+    let accepted = |args: &[&str], env: Option<&str>| {
+        let mut cmd = Command::new(agent_bin());
+        cmd.current_dir(dir.path())
+            .args(args)
+            .env_remove("LASTCALL_SPOA_CRS_DIR");
+        if let Some(v) = env {
+            cmd.env("LASTCALL_SPOA_ACCEPT_CRS3", v);
+        }
+        let out = cmd.output().expect("run");
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    for (args, env) in [
+        (
+            &["-validate", "-config=config.yaml", "--accept-crs3"][..],
+            None,
+        ),
+        (
+            &["-validate", "-config=config.yaml", "-accept-crs3=true"],
+            None,
+        ),
+        (&["-validate", "-config=config.yaml"], Some("true")),
+    ] {
+        let (code, out, err) = accepted(args, env);
+        assert_eq!(code, 0, "{args:?} {env:?}: {out}{err}");
+        assert!(out.contains("configuration OK"), "{out}");
+        assert!(
+            err.contains(&format!("lastcall-spoa: warning: {}", refusals[0])),
+            "{err}"
+        );
+        assert!(err.contains(refusals[2]), "{err}");
+        assert!(err.contains(ended), "{err}");
+    }
+    // `=false` is the default: refused.
+    let (code, _, err) = accepted(&["-validate", "-config=config.yaml"], Some("false"));
+    assert_eq!(code, 64, "{err}");
+
+    // Without coraza-spoa's names and CRS 4 variables: only the release and its support.
+    std::fs::write(
+        dir.path().join("plain.yaml"),
+        "applications:\n  - name: a\n    directives: SecRuleEngine On\n",
+    )
+    .expect("write");
+    let (code, _, err) = run_in(dir.path(), &["-validate", "-config=plain.yaml"]);
+    assert_eq!(code, 0, "{err}");
+    let warnings: Vec<&str> = err.lines().filter(|l| l.contains("warning")).collect();
+    assert_eq!(warnings.len(), 1, "{err}");
+    assert!(
+        warnings[0].contains("the rules run CRS 3.") && warnings[0].contains(ended),
+        "{err}"
+    );
+}
+
+/// A stand-in for a CRS 4 release in `dir`: Debian's CRS 3 rules and setup file laid out as a
+/// release, `REQUEST-901-INITIALIZATION.conf` signed `OWASP_CRS/4.99.0` (what
+/// `Location::version` reads). It loads like the CRS it copies; only the release it names
+/// differs.
+fn crs4_stand_in(dir: &std::path::Path) -> std::path::PathBuf {
+    let debian = lastcall_modsec::crs::Location::debian();
+    let rules = dir.join("rules");
+    std::fs::create_dir_all(&rules).expect("mkdir");
+    for entry in std::fs::read_dir(&debian.rules_dir).expect("Debian's CRS rules") {
+        let path = entry.expect("entry").path();
+        let name = path.file_name().expect("name").to_owned();
+        let mut bytes = std::fs::read(&path).expect("read");
+        if name == "REQUEST-901-INITIALIZATION.conf" {
+            let text = String::from_utf8(bytes).expect("UTF-8");
+            let signed: Vec<String> = text
+                .lines()
+                .map(|l| {
+                    if l.trim_start().starts_with("SecComponentSignature") {
+                        "SecComponentSignature \"OWASP_CRS/4.99.0\"".to_owned()
+                    } else {
+                        l.to_owned()
+                    }
+                })
+                .collect();
+            bytes = signed.join("\n").into_bytes();
+        }
+        std::fs::write(rules.join(name), bytes).expect("write");
+    }
+    std::fs::copy(&debian.setup, dir.join("crs-setup.conf.example")).expect("copy");
+    dir.to_owned()
 }
