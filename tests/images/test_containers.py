@@ -309,7 +309,7 @@ def test_prebuilt_stage_runs_host_binaries_on_debian_13(engine: Engine, tmp_path
     if not (target / "lastcall-spoa").exists() or not (target / "lastcall-turn").exists():
         pytest.skip("the daemons are not built (cargo build -p lastcall-spoa -p lastcall-turn)")
     tag = "prebuilt-test"
-    out = subprocess.run(["bash", "scripts/images.sh", "--prebuilt-dir", str(target), "--tag", tag],
+    out = subprocess.run(["bash", "scripts/images.sh", "--prebuilt-dir", str(target), "--crs", "debian", "--tag", tag],
                          capture_output=True, text=True, env=engine.env, cwd=REPO, timeout=900)
     assert out.returncode == 0, out.stderr[-4000:]
     spoa, turn = f"lastcall/lastcall-spoa:{tag}", f"lastcall/lastcall-turn:{tag}"
