@@ -14,7 +14,8 @@ the CRS project's (`CRS_URL`, `CRS_SIGNATURE_URL`, `CRS_KEY_URL`, `CRS_KEY_FINGE
   agent names the tree and its release (`show-rules`, the image's `org.lastcall.crs.version`
   label), compiles it (`-validate`: the rule count, printed) on the image's libmodsecurity
   (its version, printed);
-- it fails, saying why, when the archive is not the one signed (one byte changed), when the
+- it fails, saying why, when the archive is not the one signed (a rule added that turns the
+  engine off), when the
   key served is not the pinned one, and when the release's version line differs from
   CRS_VERSION;
 - the offline path (`CRS_ARCHIVE` in docker/crs/ with `CRS_SHA256`): the same tree, checked
@@ -75,8 +76,9 @@ STANDIN_RULES = sum(1 for text in [*RULES.values(), SETUP] for line in text.spli
                     if line.startswith(("SecRule ", "SecAction ")))
 
 
-def standin_tree(path: Path, version: str = STANDIN) -> str:
-    """The stand-in release as a .tar.gz (`coreruleset-VERSION/...`); returns its SHA-256."""
+def standin_tree(path: Path, version: str = STANDIN, extra: str = "") -> str:
+    """The stand-in release as a .tar.gz (`coreruleset-VERSION/...`), `extra` appended to its
+    last rule file; returns its SHA-256."""
     with tarfile.open(path, "w:gz") as tar:
         def add(name: str, text: str) -> None:
             data = text.encode()
@@ -85,7 +87,8 @@ def standin_tree(path: Path, version: str = STANDIN) -> str:
             tar.addfile(info, io.BytesIO(data))
         add("crs-setup.conf.example", SETUP)
         for name, text in RULES.items():
-            add(f"rules/{name}", text.replace(f"OWASP_CRS/{STANDIN}", f"OWASP_CRS/{version}"))
+            text = text.replace(f"OWASP_CRS/{STANDIN}", f"OWASP_CRS/{version}")
+            add(f"rules/{name}", text + (extra if name == list(RULES)[-1] else ""))
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
@@ -205,9 +208,10 @@ def release(tmp_path: Path):
     signer.export(www / "security.asc")
     other = Signer(tmp_path / "gnupg-other", "someone else")
     other.export(www / "other.asc")
-    data = bytearray((www / f"v{STANDIN}.tar.gz").read_bytes())
-    data[len(data) // 2] ^= 0x01
-    (www / "tampered.tar.gz").write_bytes(bytes(data))
+    # Tampered: a valid archive of the same release with one rule more (an allow-all a
+    # build without the check would take), under the original's signature.
+    standin_tree(www / "tampered.tar.gz",
+                 extra='SecAction "id:949001,phase:1,pass,t:none,nolog,ctl:ruleEngine=Off"\n')
     served = Served(www)
     try:
         yield {"served": served, "sha": sha, "fingerprint": signer.fingerprint, "dir": www}
@@ -260,7 +264,7 @@ def test_the_crs_release_path_verifies_and_loads_the_release(engine: Engine, rel
                  f"Debian's CRS 3.3 image: {debian_count} rules")
         assert count > STANDIN_RULES
 
-        # The archive is not the one signed: one byte changed.
+        # The archive is not the one signed: one rule more.
         tampered = build(engine, bad, *release_args(release, archive="tampered.tar.gz"))
         assert tampered.returncode != 0, why(tampered)
         assert (f"is not signed by CRS_KEY_FINGERPRINT={release['fingerprint']}" in tampered.stderr
