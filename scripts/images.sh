@@ -14,9 +14,14 @@
 # then prints each image's size.
 #
 # Usage: bash scripts/images.sh [--binaries source|prebuilt] [--prebuilt-dir DIR]
-#                               [--haproxy] [--own-dockerd] [--refresh] [--tag TAG]
+#                               [--crs VERSION|debian] [--haproxy] [--own-dockerd]
+#                               [--refresh] [--tag TAG]
 #   --binaries prebuilt   copy DIR/lastcall-spoa and DIR/lastcall-turn (default DIR:
 #                         target/release; build them first) instead of compiling in the image
+#   --crs VERSION|debian  the CRS release lastcall-spoa runs (the Dockerfile's CRS_VERSION:
+#                         downloaded and its signature checked; default: the Dockerfile's),
+#                         or `debian`: Debian 13's modsecurity-crs (CRS 3.3, end of life
+#                         upstream), for a machine that reaches Debian's mirror only
 #   --own-dockerd         start a private dockerd for the build (scripts/dockerd.sh) and stop
 #                         it afterwards; otherwise the docker of DOCKER_HOST is used
 #   --refresh             debootstrap the base again even if the cached one is current
@@ -28,6 +33,7 @@ cd "$(dirname "$0")/.."
 BINARIES=source
 PREBUILT_DIR=${CARGO_TARGET_DIR:-target}/release
 HAPROXY=0
+CRS=
 OWN_DOCKERD=0
 REFRESH=0
 TAG=$(awk '$1 == "appVersion:" {gsub(/"/, "", $2); print $2}' charts/lastcall-spoa/Chart.yaml)
@@ -38,6 +44,7 @@ while (($#)); do
   case "$1" in
     --binaries) BINARIES=${2:?}; shift ;;
     --prebuilt-dir) PREBUILT_DIR=${2:?}; BINARIES=prebuilt; shift ;;
+    --crs) CRS=${2:?}; shift ;;
     --haproxy) HAPROXY=1 ;;
     --own-dockerd) OWN_DOCKERD=1 ;;
     --refresh) REFRESH=1 ;;
@@ -176,13 +183,11 @@ build() {  # build [docker build arguments...]: quiet unless it fails
 }
 
 args=(--build-arg "DEBIAN_IMAGE=$BASE_IMAGE" --build-arg "VERSION=$TAG" --build-arg "BINARIES=$BINARIES")
+[ -z "$CRS" ] || args+=(--build-arg "CRS_VERSION=$CRS")
 if [ "$BINARIES" = source ]; then
   log "build $RUST_IMAGE (Debian's cargo and rustc)"
   build -f docker/local-rust.Dockerfile --build-arg "DEBIAN_IMAGE=$BASE_IMAGE" -t "$RUST_IMAGE"
   args+=(--build-arg "RUST_IMAGE=$RUST_IMAGE")
-  # cargo in the build stage trusts what this machine trusts (a TLS-inspecting proxy's CA).
-  ca=${SSL_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt}
-  [ -s "$ca" ] && args+=(--secret "id=cacerts,src=$ca")
 else
   for bin in lastcall-spoa lastcall-turn; do
     [ -x "$PREBUILT_DIR/$bin" ] || { log "$PREBUILT_DIR/$bin not built (cargo build --release -p lastcall-spoa -p lastcall-turn)"; exit 1; }
@@ -193,6 +198,11 @@ else
     objcopy --strip-debug "$PREBUILT_DIR/$bin" "docker/prebuilt/$bin"
   done
 fi
+
+# The build stages that download (cargo's crates, the CRS release) trust what this machine
+# trusts (a TLS-inspecting proxy's CA).
+ca=${SSL_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt}
+[ -s "$ca" ] && args+=(--secret "id=cacerts,src=$ca")
 
 images=()
 for target in spoa turn; do

@@ -111,7 +111,9 @@ def test_base_images_are_build_arguments_defaulting_to_the_official_ones() -> No
 
 def test_spoa_runtime_has_only_the_waf_packages() -> None:
     run = " ".join(a for i, a in stages()["spoa"] if i == "RUN")
-    assert "libmodsecurity3t64" in run and "modsecurity-crs" in run
+    assert "libmodsecurity3t64" in run and "modsecurity-crs" not in run
+    # The CRS is the crs stage's tree (a verified release, or Debian's laid out like one).
+    assert "modsecurity-crs" in " ".join(a for i, a in stages()["crs"] if i == "RUN")
     assert "-dev" not in run and "--no-install-recommends" in run
     # The turn image installs dumb-init alone, for wire's chart (docs/coming-from-coturn.md#wire),
     # and names its binary as that chart expects.

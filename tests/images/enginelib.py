@@ -92,7 +92,10 @@ class Engine:
     def build_images(self) -> None:
         """scripts/images.sh (cached: fast when nothing changed), then the pause image."""
         binaries = os.environ.get("LASTCALL_IMAGE_BINARIES", "source")
-        argv = ["bash", "scripts/images.sh", "--haproxy", "--binaries", binaries]
+        # Debian's CRS: the tests reach Debian's mirror only, not the CRS release URLs (the
+        # release path is built with a stand-in release served on loopback:
+        # tests/images/test_crs_release.py).
+        argv = ["bash", "scripts/images.sh", "--haproxy", "--crs", "debian", "--binaries", binaries]
         if binaries == "prebuilt" and os.environ.get("LASTCALL_PREBUILT_DIR"):
             argv += ["--prebuilt-dir", os.environ["LASTCALL_PREBUILT_DIR"]]
         started = time.monotonic()

@@ -7,14 +7,13 @@ from a package the image has for a reason the Dockerfile states:
   base scripts/images.sh makes, debian:trixie-slim's recipe), read from the base image's
   own dpkg database;
 - the packages its runtime stage's `apt-get install` names (lastcall-spoa:
-  `libmodsecurity3t64 modsecurity-crs`; lastcall-turn: none), with their Depends and
+  `libmodsecurity3t64`; lastcall-turn: `dumb-init`), with their Depends and
   Pre-Depends as apt resolved them (Recommends only without `--no-install-recommends`).
 
 The image must hold exactly that set, nothing more, and the WAF library must be Debian 13's
 libmodsecurity 3.0.14 (or a later 3.0.x update). The check can fail: the agent's binary
 in the TURN image (which has no libmodsecurity) is reported missing libmodsecurity.so.3. Also
-checked: the CRS files the agent's default application loads come from the spoa stage's
-packages, and the ENTRYPOINT is the file the stage copies the binary to. Not covered:
+checked: the CRS files the agent's default application loads are the crs stage's tree, and the ENTRYPOINT is the file the stage copies the binary to. Not covered:
 libraries loaded with dlopen() at run time (ldd cannot see them; the daemons load none)."""
 
 from __future__ import annotations
@@ -174,9 +173,9 @@ def test_the_image_holds_the_base_and_the_named_packages_only(engine: Engine, ta
         version = have["libmodsecurity3t64"]["version"]
         upstream = tuple(int(x) for x in version.split("-")[0].split("."))
         assert (3, 0, 14) <= upstream < (3, 1), f"libmodsecurity3t64 {version}: Debian 13's 3.0.14 or a 3.0.x update expected"
+        assert named == ["libmodsecurity3t64"], f"{image} installs {named}"
         measured(f"{image}: {len(have)} packages = {len(base)} of {BASE_IMAGE} + {len(want - set(base))} from "
-                 f"`apt-get install {' '.join(named)}`; libmodsecurity3t64 {version}, "
-                 f"modsecurity-crs {have['modsecurity-crs']['version']}")
+                 f"`apt-get install {' '.join(named)}`; libmodsecurity3t64 {version}")
     else:
         # The TURN image installs dumb-init alone: wire's coturn chart runs its command under
         # /usr/bin/dumb-init (docs/coming-from-coturn.md#wire).
@@ -223,17 +222,24 @@ def test_the_check_finds_a_missing_library(engine: Engine, tmp_path: Path) -> No
 
 
 def test_the_default_rule_set_is_in_the_spoa_stage(engine: Engine) -> None:
-    """lastcall-spoa with no --config loads Debian's CRS (crates/modsec/src/crs.rs); the
-    chart's default configuration includes the same files. They are in the image and come
-    from its modsecurity-crs package."""
+    """lastcall-spoa with no --config loads the CRS in LASTCALL_SPOA_CRS_DIR (the crs stage's
+    tree, docker/Dockerfile); the chart's default configuration includes the same files.
+    They are in the image, in no package (the stage copies them), and the agent names their
+    release."""
+    env = engine.inspect(SPOA_IMAGE)["Config"]["Env"]
+    assert "LASTCALL_SPOA_CRS_DIR=/usr/share/lastcall-spoa/crs" in env, env
     listing = in_image(engine, SPOA_IMAGE, "sh", "-c",
-                       "ls -d /etc/modsecurity/crs/*.conf /usr/share/modsecurity-crs/rules/*")
+                       "ls -d /usr/share/lastcall-spoa/crs/crs-setup.conf* /usr/share/lastcall-spoa/crs/rules/*")
     files = listing.stdout.split()
-    assert "/etc/modsecurity/crs/crs-setup.conf" in files and len(files) > 20, listing.stdout + listing.stderr
-    shipped = owners(engine, SPOA_IMAGE, files)
-    strays = {f: pkg for f, pkg in shipped.items() if pkg != "modsecurity-crs"}
-    assert not strays, f"CRS files not from modsecurity-crs: {strays}"
-    measured(f"{SPOA_IMAGE}: {len(files)} CRS files the default application loads, all from modsecurity-crs")
+    assert len(files) > 20 and any(f.endswith("REQUEST-901-INITIALIZATION.conf") for f in files), \
+        listing.stdout + listing.stderr
+    shipped = {f: pkg for f, pkg in owners(engine, SPOA_IMAGE, files).items() if pkg}
+    assert not shipped, f"CRS files from packages: {shipped}"
+    rules = in_image(engine, SPOA_IMAGE, BINARY["spoa"], "show-rules").stdout
+    release = rules.splitlines()[0]
+    assert release.startswith("# CRS: OWASP_CRS/") and release.endswith(" in /usr/share/lastcall-spoa/crs"), release
+    measured(f"{SPOA_IMAGE}: {len(files)} CRS files the default application loads, copied by the crs stage; "
+             f"{release[2:]}")
 
 
 @pytest.mark.parametrize("target", sorted(IMAGES))

@@ -76,7 +76,8 @@ fn application(s: &mut String, cfg: &Config, a: &Application) {
 }
 
 /// The SecLang text application `app` compiles (default: the default application, else
-/// the first).
+/// the first), after a comment naming the configured CRS's release and tree (what the
+/// built-in application, `@owasp_crs/` and `@crs-setup.conf.example` name).
 pub(super) fn rules(cfg: &Config, app: Option<&str>) -> Result<String, Problems> {
     let wanted = app.or(cfg.default_application.as_deref());
     let found = match wanted {
@@ -92,12 +93,25 @@ pub(super) fn rules(cfg: &Config, app: Option<&str>) -> Result<String, Problems>
         ));
     };
     RuleText::for_application(a, &cfg.crs)
-        .map(|t| t.text)
+        .map(|t| crs_comment(cfg) + &t.text)
         .map_err(|errs| {
             errs.into_iter()
                 .map(|p| Problem::new("", p.message).at(cfg.source(p.line)))
                 .collect()
         })
+}
+
+/// `# CRS: OWASP_CRS/4.28.0 in /usr/share/lastcall-spoa/crs` (the release as the tree's
+/// `SecComponentSignature` names it).
+fn crs_comment(cfg: &Config) -> String {
+    let crs = &cfg.crs;
+    let tree = crs.rules_dir.parent().unwrap_or(&crs.rules_dir).display();
+    match crs.version() {
+        Some(v) => format!("# CRS: OWASP_CRS/{v} in {tree}\n"),
+        None => format!(
+            "# CRS: {tree} (no SecComponentSignature in its REQUEST-901-INITIALIZATION.conf)\n"
+        ),
+    }
 }
 
 /// A YAML double-quoted scalar (JSON's escapes are YAML's).
@@ -143,11 +157,24 @@ mod tests {
         assert_eq!(back.max_frame_size, builtin.max_frame_size);
         assert_eq!(back.evaluation_timeout, builtin.evaluation_timeout);
         Apps::compile(&back).unwrap();
-        // show-rules is the same text.
-        assert_eq!(
-            rules(&builtin, None).unwrap(),
-            text(&builtin, &builtin.applications[0])
+        // show-rules is the same text, after the comment naming the CRS.
+        let shown = rules(&builtin, None).unwrap();
+        let (first, rest) = shown.split_once('\n').unwrap();
+        assert_eq!(rest, text(&builtin, &builtin.applications[0]));
+        let tree = builtin
+            .crs
+            .rules_dir
+            .parent()
+            .unwrap()
+            .display()
+            .to_string();
+        assert!(
+            first.starts_with("# CRS: ") && first.ends_with(&tree),
+            "{first}"
         );
+        if let Some(v) = builtin.crs.version() {
+            assert_eq!(first, format!("# CRS: OWASP_CRS/{v} in {tree}"));
+        }
         assert!(rules(&builtin, Some("nope")).is_err());
     }
 }
