@@ -221,8 +221,19 @@ pub const CRS4_ONLY_VARIABLES: &[(&str, Option<&str>)] = &[
 /// The CRS-4-only variables `text` sets (`setvar:tx.NAME=...`, quoted or not, any case), in
 /// the order of [`CRS4_ONLY_VARIABLES`], each once.
 pub fn crs4_only_variables(text: &str) -> Vec<(&'static str, Option<&'static str>)> {
+    let set = tx_variables_set(text);
+    CRS4_ONLY_VARIABLES
+        .iter()
+        .filter(|(name, _)| set.iter().any(|s| s == name))
+        .copied()
+        .collect()
+}
+
+/// The transaction variables `text` sets (`setvar:tx.NAME=...`, quoted or not), lower-cased,
+/// in order (repeats kept).
+pub fn tx_variables_set(text: &str) -> Vec<String> {
     let lower = text.to_ascii_lowercase();
-    let set: Vec<&str> = lower
+    lower
         .match_indices("setvar:")
         .filter_map(|(at, _)| {
             let rest = lower[at + 7..].trim_start_matches(['\'', '"', ' ']);
@@ -230,13 +241,8 @@ pub fn crs4_only_variables(text: &str) -> Vec<(&'static str, Option<&'static str
             let end = name
                 .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
                 .unwrap_or(name.len());
-            Some(&name[..end])
+            Some(name[..end].to_owned())
         })
-        .collect();
-    CRS4_ONLY_VARIABLES
-        .iter()
-        .filter(|(name, _)| set.contains(name))
-        .copied()
         .collect()
 }
 

@@ -350,7 +350,16 @@ pub(crate) fn crs_problems(cfg: &Config) -> Vec<Problem> {
             ))
             .at(cfg.source(line))
         };
+        let set = crs::tx_variables_set(&d.text);
         for (name, instead) in crs::crs4_only_variables(&d.text) {
+            // Set together with its CRS 3 name (rules written for both, as the built-in
+            // text is): CRS 3 reads that one, nothing is lost.
+            let both = instead
+                .and_then(|v| v.strip_prefix("tx."))
+                .is_some_and(|v| set.iter().any(|s| s == v));
+            if both {
+                continue;
+            }
             let instead = instead.map_or_else(String::new, |v| format!("; its CRS 3 name is {v}"));
             out.push(problem(format!(
                 "setvar:tx.{name} is read by CRS 4 only: the CRS here ({tree}, {release}) ignores it, so it would change nothing{instead}"
@@ -720,6 +729,15 @@ applications:
                 .all(|n| n.contains("crs_dir") && n.contains("--accept-crs3")),
             "{refused:?}"
         );
+        // Set with its CRS 3 name too (the built-in text does): nothing to refuse for it.
+        let both = text.replace(
+            "setvar:tx.blocking_paranoia_level=4",
+            "setvar:tx.paranoia_level=4,setvar:tx.blocking_paranoia_level=4",
+        );
+        let problems = crs_problems(&Config::parse(&both).unwrap());
+        assert_eq!(problems.len(), 1, "only @owasp_crs: {problems:?}");
+        let builtin_text = crs::debian_default_directives(&crs::CrsOptions::default());
+        assert!(crs::crs4_only_variables(&builtin_text).len() == 1);
         let accepted = crs_check(&c, true).unwrap();
         assert_eq!(accepted.len(), 3, "{accepted:?}");
         assert_eq!(accepted[..2], refused[..], "the same text, as warnings");
