@@ -14,8 +14,10 @@ Probes, as pkg/kubelet/prober does: one worker per probe, the first run at once,
 `periodSeconds`, `timeoutSeconds` per run, `initialDelaySeconds`, success and failure
 thresholds; readiness and liveness wait for the startup probe, and its success triggers an
 immediate readiness run; liveness or startup failures restart the container, as does an
-exit while the pod runs (restartPolicy Always, 10 s back-off). A pod is ready when all its
-containers are (run-to-completion init containers aside).
+exit while the pod runs (restartPolicy Always, 10 s back-off; `OnFailure`: only a non-zero
+exit; `Never`: none, the pod's phase is then Succeeded once every container exited 0, Failed
+once one exited otherwise: `wait_completed`, as `helm test` waits for its hook pods). A pod is
+ready when all its containers are (run-to-completion init containers aside).
 
 Init containers run in the order they are listed, native sidecars among them: a
 run-to-completion one must exit 0 before the next starts (one that fails fails the pod
@@ -307,7 +309,10 @@ class Pod:
                 out.append(threading.Thread(target=self._probe_loop, args=(run, which, probe),
                                             name=f"{self.who} {run.spec.name} {which}", daemon=True))
         if run.spec.probe("readinessProbe") is None:
-            run.ready = True  # no readinessProbe: ready once started
+            with self.lock:
+                run.ready = True  # no readinessProbe: ready once started
+                if self.is_ready() and self.ready_at is None:  # the last container to be ready
+                    self.ready_at = self.event("pod ready")
         return out
 
     def probe_once(self, probe: Probe) -> bool:
@@ -399,8 +404,14 @@ class Pod:
                 run.ready = False
         self.event(f"{run.spec.name}: exited {st.exit_code} ({st.reason})")
 
+    @property
+    def restart_policy(self) -> str:
+        return str(self.spec.spec.get("restartPolicy") or "Always")
+
     def _monitor(self) -> None:
-        """Restarts containers that exit while the pod runs (restartPolicy Always)."""
+        """Records the exits of containers while the pod runs and restarts them as the pod's
+        restartPolicy says (Always: every exit; OnFailure: a non-zero one; Never: none)."""
+        policy = self.restart_policy
         while not self.stopping.wait(0.1):
             for run in self.runs.values():
                 if run.spec.role == "init" or not run.id or run.exit_code is not None or run.restarting:
@@ -409,7 +420,9 @@ class Pod:
                     self._record_exit(run)
                 except grpc.RpcError as e:
                     self.errors.append(f"{run.spec.name}: ContainerStatus: {e}")
-                if run.exit_code is not None and not self.stopping.is_set():
+                if run.exit_code is None or self.stopping.is_set():
+                    continue
+                if policy == "Always" or (policy == "OnFailure" and run.exit_code != 0):
                     self._restart(run, f"exited {run.exit_code}")
 
     def _restart(self, run: Run, why: str) -> None:
@@ -537,6 +550,30 @@ class Pod:
                 raise AssertionError(f"{self.who} not ready after {timeout} s: {self.errors}\n" + self.describe())
             time.sleep(0.05)
         return self.ready_at or time.monotonic()
+
+    def phase(self) -> str:
+        """The pod's phase as the kubelet reports it, for the containers' side: Running while
+        a main container runs, Succeeded once all exited 0, Failed once all exited and one
+        did not exit 0 (restartPolicy Never; Always and OnFailure restart instead)."""
+        with self.lock:
+            mains = [r for r in self.runs.values() if r.spec.role == "main"]
+            if self.errors or not all(r.id and r.exit_code is not None for r in mains):
+                return "Failed" if self.errors and self.restart_policy == "Never" else "Running"
+            if self.restart_policy == "Never":
+                return "Succeeded" if all(r.exit_code == 0 for r in mains) else "Failed"
+            return "Running"
+
+    def wait_completed(self, timeout: float) -> dict[str, int]:
+        """For a pod with restartPolicy Never (a Job's, a `helm test` hook's): waits until it
+        is Succeeded or Failed and returns its main containers' exit codes."""
+        assert self.restart_policy == "Never", f"{self.who}: restartPolicy {self.restart_policy} never completes"
+        deadline = time.monotonic() + timeout
+        while self.phase() == "Running":
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{self.who} still running after {timeout} s\n" + self.describe())
+            time.sleep(0.05)
+        assert not self.errors, f"{self.who}: {self.errors}\n" + self.describe()
+        return {name: r.exit_code for name, r in self.runs.items() if r.spec.role == "main"}  # type: ignore[misc]
 
     def describe(self) -> str:
         out = []

@@ -177,6 +177,35 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
             assert self.image_id(i) == engine.image_id(i), f"{i} not imported on {self.name}"
         measured(f"cri {self.name}: imported {', '.join(stale)} in {time.monotonic() - started:.1f} s")
 
+    def manifest_digest(self, image: str) -> str:
+        """The digest of the manifest containerd holds for `image` (its image record's target:
+        what `repo@sha256:...` names; for an imported image, the manifest the import made)."""
+        out = subprocess.run([CTR, "--address", str(self.sock), "-n", "k8s.io", "images", "ls",
+                              f"name=={full_ref(image)}"], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, f"ctr images ls on {self.name}: {out.stderr}"
+        rows = [line.split() for line in out.stdout.splitlines()[1:] if line.strip()]
+        assert len(rows) == 1 and rows[0][2].startswith("sha256:"), f"{image} on {self.name}: {out.stdout}"
+        return rows[0][2]
+
+    def record_repo_digest(self, image: str) -> str:
+        """Records `repo@<manifest digest>` for an imported image, as a pull records it (the
+        CRI's PullImage keeps both repo:tag and repo@digest; `ctr images import` keeps only
+        the archive's repo:tag unless told `--digests`): an image record of that name, on
+        the same target. Returns the digest."""
+        digest = self.manifest_digest(image)
+        repo = full_ref(image).rsplit(":", 1)[0]
+        out = subprocess.run([CTR, "--address", str(self.sock), "-n", "k8s.io", "images", "tag", "--force",
+                              full_ref(image), f"{repo}@{digest}"], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, f"ctr images tag on {self.name}: {out.stderr}"
+        return digest
+
+    def forget_repo_digest(self, image: str) -> None:
+        """Removes the `repo@<manifest digest>` record (the image stays, under its tag): the
+        import's state, as the containerd root is kept between runs."""
+        repo = full_ref(image).rsplit(":", 1)[0]
+        subprocess.run([CTR, "--address", str(self.sock), "-n", "k8s.io", "images", "rm",
+                        f"{repo}@{self.manifest_digest(image)}"], capture_output=True, text=True, timeout=60)
+
     def remove_all_pods(self) -> None:
         for sb in self.runtime.ListPodSandbox(cri.ListPodSandboxRequest(), timeout=30).items:
             self.runtime.StopPodSandbox(cri.StopPodSandboxRequest(pod_sandbox_id=sb.id), timeout=120)
