@@ -7,7 +7,8 @@
 //!
 //! Layers, each module using only those above it: the configuration (`options`, `sources`,
 //! `config`)
-//! and the leaves (`sockets`, `mmsg`, `mailbox`, `metrics`, `ratelog`, `tls`); the relay
+//! and the leaves (`sockets`, `mmsg`, `mailbox`, `metrics`, `ratelog`, `tls`, and `certwatch`,
+//! which reloads the TLS files when they change); the relay
 //! sockets (`relay`); routing what the core returns (`route`); the core behind its lock
 //! (`shared`); its drivers (`udp`, `stream`, `timers`, `drain`); the listeners (`listen`);
 //! and `server`, which starts them all. Apart: `nodeip`, the chart's init container's lookup of
@@ -16,6 +17,7 @@
 //! port below 1024 (or drops it) before any thread starts.
 #![forbid(unsafe_code)]
 
+pub mod certwatch;
 pub mod config;
 mod drain;
 mod kernel;

@@ -71,6 +71,8 @@ pub struct Metrics {
     pub tls_handshake_failures: Counter,
     /// Certificate reloads that failed (the old certificate stays in use).
     pub tls_reload_failures: Counter,
+    /// Certificate reloads that succeeded (a signal, or a change of the files).
+    pub tls_reloads: Counter,
     /// Datagrams read by each UDP I/O thread (from clients and from peers).
     pub worker_datagrams: Family<WorkerLabel, Counter>,
     /// Wake-ups (returns from epoll_wait with something to do) of each UDP I/O thread.
@@ -97,8 +99,13 @@ impl Metrics {
         );
         registry.register(
             "lastcall_turn_tls_reload_failures",
-            "Certificate reloads that failed (the previous certificate stays in use)",
+            "Certificate reloads that failed, on a signal or after the files changed (the previous certificate stays in use)",
             self.tls_reload_failures.clone(),
+        );
+        registry.register(
+            "lastcall_turn_tls_reloads",
+            "Certificate reloads that succeeded, on a signal or after the files changed",
+            self.tls_reloads.clone(),
         );
         registry.register(
             "lastcall_turn_udp_worker_datagrams",

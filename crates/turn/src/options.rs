@@ -103,7 +103,7 @@ use Policy::{Accepted, Honoured};
 /// Wire's fork and chart add (`zrest`, `prometheus-ip`, `federation-*`, `401-*`), plus
 /// `alternate-server` (whose meaning differs: used only while draining) and our
 /// `no-auth-acknowledge-open-relay`, `drain-idle-timeout`, `nonce-secret`,
-/// `nonce-secret-file`, `kernel-relay`, `external-ip-file` and `userdb-cache-ttl`. Kept in the order of docs/turn.md's table; a test checks
+/// `nonce-secret-file`, `kernel-relay`, `external-ip-file`, `userdb-cache-ttl` and `no-cert-watch`. Kept in the order of docs/turn.md's table; a test checks
 /// both agree, and that every option of `tests/data/coturn-options.txt` and
 /// `tests/data/wireapp-coturn-options.txt` is here.
 ///
@@ -225,8 +225,9 @@ pub(crate) const OPTIONS: &[Spec] = &[
     refused("stun-backward-compatibility", &[], Flag, Some("RFC 3489 STUN is not implemented")),
     refused("rfc3489-compatibility", &[], Flag, Some("RFC 3489 STUN is not implemented")),
     // TLS.
-    spec("cert", &[], Value, Honoured, "PEM", "TLS certificate chain (PEM); reloaded on SIGUSR2 (coturn's) and SIGHUP"),
-    spec("pkey", &[], Value, Honoured, "PEM", "TLS private key (PEM); reloaded on SIGUSR2 (coturn's) and SIGHUP"),
+    spec("cert", &[], Value, Honoured, "PEM", "TLS certificate chain (PEM); reloaded when it changes (no-cert-watch) and on SIGUSR2 (coturn's) and SIGHUP"),
+    spec("pkey", &[], Value, Honoured, "PEM", "TLS private key (PEM); reloaded when it changes (no-cert-watch) and on SIGUSR2 (coturn's) and SIGHUP"),
+    spec("no-cert-watch", &[], Flag, Honoured, "", "lastcall-turn's own: do not watch cert, pkey and CA-file (inotify on their directories, which sees a Kubernetes Secret volume's update; a 10 s poll where inotify is unavailable); reload on SIGUSR2 and SIGHUP only"),
     spec("no-tlsv1_2", &[], Flag, Honoured, "", "TLS 1.3 only"),
     spec("no-tlsv1", &[], Flag, Honoured, "", "TLS 1.0 is never offered"),
     spec("no-tlsv1_1", &[], Flag, Honoured, "", "TLS 1.1 is never offered"),
@@ -402,6 +403,7 @@ mod tests {
             "kernel-relay",
             "external-ip-file",
             "userdb-cache-ttl",
+            "no-cert-watch",
         ];
         let extra: Vec<&str> = OPTIONS
             .iter()

@@ -142,6 +142,7 @@ fn listeners(c: &mut Checker<'_>, warnings: &mut Vec<Problem>) -> Listeners {
     let no_udp = c.flag("no-udp");
     let no_tcp = c.flag("no-tcp");
     let tls13_only = c.flag("no-tlsv1_2");
+    let watch = !c.flag("no-cert-watch");
     if !no_tls && cert.is_some() != pkey.is_some() {
         c.require("cert", "cert and pkey go together: give both or neither");
     }
@@ -153,6 +154,7 @@ fn listeners(c: &mut Checker<'_>, warnings: &mut Vec<Problem>) -> Listeners {
             pkey,
             tls13_only,
             client_ca: client_ca.map(|(v, _)| PathBuf::from(v)),
+            watch,
         }),
         _ => None,
     };

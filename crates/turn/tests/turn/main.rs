@@ -4,6 +4,7 @@
 //! - `aioice`: aioice's TURN client (Python) through the kernel fast path.
 //! - `auth_log`: authentication refusals in the log, with their reason, rate-limited.
 //! - `bandwidth`: max-bps and bps-capacity.
+//! - `cert_watch`: a Secret-style volume's certificate swapped during a TLS call, no signal.
 //! - `churn`: coturn's uclient run after run (UDP, TCP): no 508; RESERVATION-TOKEN 0.
 //! - `chromium`: headless Chromium's WebRTC over UDP, TCP and TLS across a drain.
 //! - `coturn_configs`: coturn users' turnserver.conf files, unchanged.
@@ -36,6 +37,7 @@
 mod aioice;
 mod auth_log;
 mod bandwidth;
+mod cert_watch;
 mod chromium;
 mod churn;
 mod common;
