@@ -7,8 +7,9 @@
 //!
 //! Layers, each module using only those above it: the configuration (`options`, `sources`,
 //! `config`)
-//! and the leaves (`sockets`, `mmsg`, `mailbox`, `metrics`, `ratelog`, `tls`, and `certwatch`,
-//! which reloads the TLS files when they change); the relay
+//! and the leaves (`sockets`, `mmsg`, `mailbox`, `metrics`, `ratelog`, `tls`, `certwatch`,
+//! which reloads the TLS files when they change, and `usertraffic`, the traffic counters by
+//! user); the relay
 //! sockets (`relay`); routing what the core returns (`route`); the core behind its lock
 //! (`shared`); its drivers (`udp`, `stream`, `timers`, `drain`); the listeners (`listen`);
 //! and `server`, which starts them all. Apart: `nodeip`, the chart's init container's lookup of
@@ -41,3 +42,4 @@ mod timers;
 pub mod tls;
 mod udp;
 pub mod userdb;
+pub mod usertraffic;

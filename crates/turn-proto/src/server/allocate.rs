@@ -661,6 +661,7 @@ impl Server {
         let gen = self.next_gen;
         self.next_gen += 1;
         let expires = now + life;
+        let traffic = self.user_traffic.as_mut().map(|f| f(&username));
         let a = super::Allocation {
             gen,
             client: *from,
@@ -676,6 +677,7 @@ impl Server {
             origin: grant.origin,
             bandwidth,
             key: grant.key,
+            traffic,
         };
         let idx = match self.free.pop() {
             Some(i) => {

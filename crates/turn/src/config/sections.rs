@@ -85,6 +85,7 @@ pub(super) fn typed(
             max_port: relay.max_port,
             relay_threads: relay.threads,
             kernel_relay: relay.kernel,
+            user_labels: process.user_labels,
             auth: credentials.auth,
             denied_peer_ips: peers.denied,
             allowed_peer_ips: peers.allowed,
@@ -642,6 +643,7 @@ struct Process {
     log_level: Option<&'static str>,
     prometheus_ip: Option<IpAddr>,
     prometheus_port: Option<u16>,
+    user_labels: Option<usize>,
 }
 
 fn process(c: &mut Checker<'_>) -> Process {
@@ -677,11 +679,22 @@ fn process(c: &mut Checker<'_>) -> Process {
     } else {
         log_min_level
     };
+    let labels = c.flag("prometheus-username-labels");
+    let max = c
+        .value::<usize>("prometheus-username-labels-max", "a number of users")
+        .unwrap_or(crate::usertraffic::DEFAULT_MAX_USERS);
+    if max == 0 {
+        c.require(
+            "prometheus-username-labels-max",
+            "prometheus-username-labels-max=0: at least 1 (to label no user, leave prometheus-username-labels off)",
+        );
+    }
     Process {
         pidfile,
         log_level,
         prometheus_ip: prometheus_ip(c),
         prometheus_port: c.value::<u16>("prometheus-port", "a port number"),
+        user_labels: labels.then_some(max),
     }
 }
 

@@ -27,6 +27,7 @@
 //!   live calls; `userdb_servers` starts the databases.
 //! - `wire`: wire's coturn chart's configuration and command line (dumb-init), brig's zrest
 //!   credentials, `CA-file`, the `pre-stop-hook`.
+//! - `user_labels`: coturn's `prometheus-username-labels` after real exchanges, bounded.
 //! - `workers`: the UDP I/O threads.
 #![allow(
     clippy::unwrap_used,
@@ -57,6 +58,7 @@ mod process;
 mod signals;
 mod systemd;
 mod termination;
+mod user_labels;
 mod userdb;
 mod userdb_servers;
 mod wire;
