@@ -69,11 +69,22 @@ pub enum TlsError {
 
 /// What the files held when read: the certificate, the key and the client CAs, read one
 /// after the other (a configuration is built from these bytes, not from the files again).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub(crate) struct Pems {
     cert: Vec<u8>,
     key: Vec<u8>,
     ca: Option<Vec<u8>>,
+}
+
+/// Sizes only: the key never reaches a log.
+impl std::fmt::Debug for Pems {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pems")
+            .field("cert_bytes", &self.cert.len())
+            .field("key_bytes", &self.key.len())
+            .field("ca_bytes", &self.ca.as_ref().map(Vec::len))
+            .finish()
+    }
 }
 
 impl Pems {
