@@ -9,8 +9,9 @@
 //! resolve to) sees nothing until their directory is gone. The rename is an event in the
 //! mount directory. The directory a symlinked file resolves to is watched too (a file
 //! copied over its target), and watches are added again after each change, as targets move.
-//! Events that change nothing (the watcher's own opening of the files) are ignored, so
-//! reading the files does not wake the watcher.
+//! Only events about the files (or their symlinks' targets, or the `..`-named entries of
+//! the kubelet's writer) count: opening a file (the watcher's own reads) and other files of
+//! the directory (a log beside the certificate) do not wake it.
 //!
 //! **When it reloads.** After a change, events are let settle for [`Timing::debounce`] (a
 //! writer of several files, a `cp` of the certificate then the key); then the files are read
@@ -28,6 +29,8 @@
 //! the workspace, and its safe API: this crate forbids `unsafe`, which tokio's `AsyncFd` on a
 //! raw inotify descriptor now needs); its thread only forwards events to this task.
 
+use std::collections::HashSet;
+use std::ffi::OsString;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -35,6 +38,7 @@ use std::time::Duration;
 
 use notify::event::{AccessKind, EventKind};
 use notify::{RecursiveMode, Watcher};
+use parking_lot::Mutex;
 use prometheus_client::metrics::counter::Counter;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -150,19 +154,18 @@ struct Inotify {
     watcher: notify::RecommendedWatcher,
     events: mpsc::UnboundedReceiver<()>,
     dirs: Vec<PathBuf>,
+    /// The names an event must be about to count: the files' and their targets'.
+    names: Arc<Mutex<HashSet<OsString>>>,
 }
 
 impl Inotify {
     fn new(files: &TlsFiles) -> Result<Inotify, String> {
         let (tx, events) = mpsc::unbounded_channel();
+        let names = Arc::new(Mutex::new(HashSet::new()));
+        let relevant = Arc::clone(&names);
         let mut watcher =
             notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-                // Opening a file changes nothing, and the watcher opens them itself.
-                let opened = matches!(
-                    event.as_ref().map(|e| e.kind),
-                    Ok(EventKind::Access(AccessKind::Open(_)))
-                );
-                if !opened {
+                if concerns(&event, &relevant.lock()) {
                     let _ = tx.send(());
                 }
             })
@@ -181,6 +184,7 @@ impl Inotify {
             watcher,
             events,
             dirs,
+            names,
         };
         i.add_targets(files);
         Ok(i)
@@ -189,6 +193,15 @@ impl Inotify {
     /// Adds the directories the files resolve to (best effort: such a directory may be gone
     /// by the time it is watched, and the next change adds its successor).
     fn add_targets(&mut self, files: &TlsFiles) {
+        {
+            let mut names = self.names.lock();
+            for file in paths(files) {
+                names.extend(file.file_name().map(ToOwned::to_owned));
+                if let Ok(real) = std::fs::canonicalize(file) {
+                    names.extend(real.file_name().map(ToOwned::to_owned));
+                }
+            }
+        }
         for file in paths(files) {
             if let Ok(real) = std::fs::canonicalize(file) {
                 let dir = directory(&real);
@@ -214,6 +227,23 @@ impl Inotify {
             None => Err(io::Error::other("the watcher stopped")),
         }
     }
+}
+
+/// Whether `event` may have changed the files: it names one of `names` (the files and their
+/// symlinks' targets) or a Kubernetes atomic writer's entry (`..data`, `..data_tmp`, the
+/// timestamped directories), or says nothing of which (an error, the queue overflowed).
+/// Opening a file changes nothing (the watcher opens them itself), and other files of the
+/// directory (a log written beside the certificate) do not wake it.
+fn concerns(event: &notify::Result<notify::Event>, names: &HashSet<OsString>) -> bool {
+    let Ok(event) = event else { return true };
+    if matches!(event.kind, EventKind::Access(AccessKind::Open(_))) {
+        return false;
+    }
+    event.paths.is_empty()
+        || event.paths.iter().any(|p| match p.file_name() {
+            None => true,
+            Some(n) => names.contains(n) || n.as_encoded_bytes().starts_with(b".."),
+        })
 }
 
 fn paths(files: &TlsFiles) -> impl Iterator<Item = &Path> {

@@ -138,6 +138,41 @@ async fn without_inotify_the_poll_reloads() {
     until("the failure", || s.counters.failures.get() == 1).await;
 }
 
+/// Which events wake the watcher: the files', the kubelet writer's `..` entries and errors;
+/// not another file of the directory (a log written beside the certificate), nor an open
+/// (the watcher's own reads, which would wake it again and again).
+#[test]
+fn other_files_of_the_directory_and_its_own_reads_do_not_wake_it() {
+    let names: HashSet<OsString> = ["tls.crt".into(), "tls.key".into()].into();
+    let event = |kind, path: &str| Ok(notify::Event::new(kind).add_path(PathBuf::from(path)));
+    use notify::event::{CreateKind, DataChange, ModifyKind};
+    let modify = EventKind::Modify(ModifyKind::Data(DataChange::Any));
+    assert!(concerns(&event(modify, "/tls/tls.crt"), &names));
+    assert!(!concerns(&event(modify, "/tls/turn.log"), &names));
+    assert!(concerns(
+        &event(EventKind::Create(CreateKind::Any), "/tls/..data_tmp"),
+        &names
+    ));
+    assert!(concerns(
+        &event(
+            EventKind::Create(CreateKind::Folder),
+            "/tls/..2026_12_04_10_00_00.1"
+        ),
+        &names
+    ));
+    assert!(!concerns(
+        &event(
+            EventKind::Access(AccessKind::Open(notify::event::AccessMode::Any)),
+            "/tls/tls.crt"
+        ),
+        &names
+    ));
+    assert!(concerns(
+        &Err(notify::Error::generic("queue overflow")),
+        &names
+    ));
+}
+
 #[test]
 fn a_directory_that_cannot_be_watched_falls_back_to_the_poll() {
     let f = files(
