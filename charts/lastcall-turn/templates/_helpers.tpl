@@ -168,7 +168,8 @@ spec:
   hostNetwork: true
   dnsPolicy: ClusterFirstWithHostNet
   {{- if .Values.shareProcessNamespace }}
-  # A reloader in extraContainers signals the daemon (SIGUSR2) when the certificate changes.
+  # For a reloader in extraContainers that signals the daemon (SIGUSR2); the daemon also
+  # reloads the certificate by itself when the mounted files change.
   shareProcessNamespace: true
   {{- end }}
   terminationGracePeriodSeconds: {{ include "lastcall-turn.graceSeconds" . }}

@@ -504,6 +504,10 @@ impl Loaded {
         RouteStats {
             to_peer_packets: u.packets,
             to_client_packets: d.packets,
+            to_peer_bytes: u.bytes,
+            to_peer_wire_bytes: u.wire_bytes,
+            to_client_bytes: d.bytes,
+            to_client_wire_bytes: d.wire_bytes,
             last: (last > 0).then(|| instant_of(last)).flatten(),
         }
     }

@@ -97,6 +97,14 @@ pub struct RouteStats {
     pub to_peer_packets: u64,
     /// Peer -> client datagrams.
     pub to_client_packets: u64,
+    /// The application data bytes of the client -> peer datagrams.
+    pub to_peer_bytes: u64,
+    /// The clients' UDP payload bytes of those (data and framing).
+    pub to_peer_wire_bytes: u64,
+    /// The peers' payload bytes relayed to the client.
+    pub to_client_bytes: u64,
+    /// The UDP payload bytes the client got (data and framing).
+    pub to_client_wire_bytes: u64,
     /// The last datagram relayed either way, if any.
     pub last: Option<Instant>,
 }

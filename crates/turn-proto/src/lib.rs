@@ -18,7 +18,9 @@
 //!   [`Server::clear`] ends every allocation;
 //! - [`Server::poll_event`] reports allocations created/deleted, auth failures, refused
 //!   peers and refused Allocates (for metrics and session guards); [`Server::counters`] are
-//!   cumulative counters (the I/O layer exports them as metrics);
+//!   cumulative counters (the I/O layer exports them as metrics); with
+//!   [`Server::set_user_traffic`] each new allocation also gets its user's [`UserTraffic`]
+//!   handle, which its relayed data is counted in ([`traffic`]);
 //! - [`Server::set_drain`] makes new Allocates get 300 Try Alternate or 403 while existing
 //!   allocations keep working;
 //! - with a user database ([`AuthConfig::database`]), a request whose key the configuration
@@ -130,6 +132,7 @@ mod hash;
 pub mod policy;
 pub mod server;
 pub mod stun;
+pub mod traffic;
 pub mod types;
 
 pub use auth::{nonce_key, rest_expiry, rest_password, zrest_password, ZrestName, NONCE_LEN};
@@ -143,6 +146,7 @@ pub use fastpath::{ChannelRoute, PermissionRoute, RouteChange};
 pub use frame::{stream_frame_len, FrameError, CHANNEL_MAX, CHANNEL_MIN};
 pub use policy::{embedded_ipv4s, DenyReason, IpRange, IpRangeError, PeerPolicy};
 pub use server::{AllocationInfo, AllocationTraffic, Server};
+pub use traffic::{TrafficCounts, UserTraffic, UserTrafficFn};
 pub use types::{
     AuthFailure, CapacityLimit, ClientAddr, Counters, DeleteReason, DrainMode, Event, Output,
     RelayAddrs, RelayBound, RelayError, RelayPorts, RelayRequest, Transmit, Transport,

@@ -118,6 +118,8 @@ pub struct Server {
     store: crate::credentials::Store,
     /// A [`replay`](Server::replay) runs: a request never waits for a lookup twice.
     replaying: bool,
+    /// Gives each new allocation its user's traffic handle ([`Server::set_user_traffic`]).
+    user_traffic: Option<crate::UserTrafficFn>,
 }
 
 struct Allocation {
@@ -147,6 +149,8 @@ struct Allocation {
     /// later requests are checked with it first (coturn's session key), so they never wait
     /// for a user database.
     key: Option<([u8; 16], Option<Instant>)>,
+    /// Its user's traffic counters, when they are asked for ([`Server::set_user_traffic`]).
+    user_traffic: Option<std::sync::Arc<crate::UserTraffic>>,
 }
 
 /// What an allocation is given besides its relays: its ORIGIN, its bandwidth and its key.
@@ -202,6 +206,7 @@ impl Server {
             routes: None,
             store: crate::credentials::Store::new(config_cache_limits(&config_for_store)),
             replaying: false,
+            user_traffic: None,
         };
         server.sync_wall_clock(now, wall);
         server
@@ -327,6 +332,27 @@ impl Server {
     /// Cumulative counters.
     pub fn counters(&self) -> &Counters {
         &self.counters
+    }
+
+    /// Counts each allocation's relayed data in its user's handle too, given by `f` with the
+    /// allocation's USERNAME when it is created (coturn's `prometheus-username-labels`).
+    /// Allocations created before are not counted.
+    pub fn set_user_traffic(&mut self, f: crate::UserTrafficFn) {
+        self.user_traffic = Some(f);
+    }
+
+    /// The traffic handle of `client`'s allocation, if it has one.
+    pub fn user_traffic_of(
+        &self,
+        client: &ClientAddr,
+    ) -> Option<std::sync::Arc<crate::UserTraffic>> {
+        let i = *self.by_client.get(client)?;
+        self.allocs.get(i)?.as_ref()?.user_traffic.clone()
+    }
+
+    /// The traffic handle of the allocation at `idx`, if it has one.
+    pub(crate) fn traffic_of(&self, idx: Option<usize>) -> Option<&crate::UserTraffic> {
+        self.allocs.get(idx?)?.as_ref()?.user_traffic.as_deref()
     }
 
     /// Next queued event.

@@ -7,11 +7,18 @@
 //! order the core made them, and applied to the maps once that lock is released (map updates
 //! are system calls), one caller at a time so that order holds across threads. The routes'
 //! counters join the live traffic counters (`turn_traffic_*`), and have their own metrics.
+//!
+//! With `prometheus-username-labels`, each installed route keeps its allocation's user
+//! traffic handle (taken from the core when the route change is taken, not per datagram);
+//! what a route relayed is added to that handle before each scrape and, finally, just before
+//! the route is removed, so a user's counts include the kernel's and never go back.
 
+use std::collections::HashMap;
 use std::net::IpAddr;
+use std::sync::Arc;
 
-use lastcall_turn_kernel::{KernelRelay, Totals};
-use lastcall_turn_proto::{Counters, RouteChange, Server};
+use lastcall_turn_kernel::{KernelRelay, RouteStats, Totals};
+use lastcall_turn_proto::{ClientAddr, Counters, RouteChange, Server, TrafficCounts, UserTraffic};
 use parking_lot::Mutex;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
@@ -19,12 +26,30 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
 
+/// A route change, with the user traffic handle of an installed route's allocation.
+type Change = (RouteChange, Option<Arc<UserTraffic>>);
+
+/// A route, as the program keys it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum RouteKey {
+    Channel(ClientAddr, u16),
+    Permission(ClientAddr, IpAddr),
+}
+
+/// A route's user, and what of the route's counters was added to it so far.
+struct Owner {
+    traffic: Arc<UserTraffic>,
+    counted: RouteStats,
+}
+
 /// The attached program, and the route changes not applied yet.
 pub(crate) struct Kernel {
     relay: KernelRelay,
-    pending: Mutex<Vec<RouteChange>>,
+    pending: Mutex<Vec<Change>>,
     /// Held while changes are applied, so that they are applied in order.
-    applying: Mutex<Vec<RouteChange>>,
+    applying: Mutex<Vec<Change>>,
+    /// The installed routes whose allocations have a user traffic handle.
+    owners: Mutex<HashMap<RouteKey, Owner>>,
 }
 
 impl Kernel {
@@ -38,6 +63,7 @@ impl Kernel {
                     relay,
                     pending: Mutex::new(Vec::new()),
                     applying: Mutex::new(Vec::new()),
+                    owners: Mutex::new(HashMap::new()),
                 })
             }
             Err(e) => {
@@ -57,7 +83,12 @@ impl Kernel {
         }
         let mut pending = self.pending.lock();
         while let Some(change) = first.take().or_else(|| server.poll_route()) {
-            pending.push(change);
+            let traffic = match &change {
+                RouteChange::Install(r) => server.user_traffic_of(&r.client),
+                RouteChange::InstallPermission(r) => server.user_traffic_of(&r.client),
+                RouteChange::Remove { .. } | RouteChange::RemovePermission { .. } => None,
+            };
+            pending.push((change, traffic));
         }
     }
 
@@ -68,9 +99,38 @@ impl Kernel {
         }
         let mut batch = self.applying.lock();
         std::mem::swap(&mut *batch, &mut *self.pending.lock());
-        for change in batch.drain(..) {
+        for (change, traffic) in batch.drain(..) {
+            let key = key_of(&change);
+            let removed = matches!(
+                change,
+                RouteChange::Remove { .. } | RouteChange::RemovePermission { .. }
+            );
+            if removed {
+                // What the route relayed since the last scrape, before its counters go.
+                let mut owners = self.owners.lock();
+                if let Some(mut owner) = owners.remove(&key) {
+                    self.count(key, &mut owner);
+                }
+            }
             self.relay.apply(&change);
+            if let Some(traffic) = traffic {
+                self.owners.lock().entry(key).or_insert(Owner {
+                    traffic,
+                    counted: RouteStats::default(),
+                });
+            }
         }
+    }
+
+    /// Adds what the route `key` relayed since `owner.counted` to its user.
+    fn count(&self, key: RouteKey, owner: &mut Owner) {
+        let now = match key {
+            RouteKey::Channel(client, channel) => self.relay.route_stats(&client, channel),
+            RouteKey::Permission(client, peer) => self.relay.permission_stats(&client, peer),
+        };
+        let Some(now) = now else { return };
+        owner.traffic.add(&since(&now, &owner.counted));
+        owner.counted = now;
     }
 
     /// When each client with a kernel route last sent through it.
@@ -78,6 +138,15 @@ impl Kernel {
         &self,
     ) -> Vec<(lastcall_turn_proto::ClientAddr, std::time::Instant)> {
         self.relay.client_activity()
+    }
+
+    /// Adds what the routes relayed since the last call to their users' traffic counters
+    /// (`prometheus-username-labels`): before each scrape.
+    pub(crate) fn sync_user_traffic(&self) {
+        let mut owners = self.owners.lock();
+        for (key, owner) in owners.iter_mut() {
+            self.count(*key, owner);
+        }
     }
 
     /// What the program relayed.
@@ -91,6 +160,36 @@ impl std::fmt::Debug for Kernel {
         f.debug_struct("Kernel")
             .field("relay", &self.relay)
             .finish_non_exhaustive()
+    }
+}
+
+/// The route a change is about.
+fn key_of(change: &RouteChange) -> RouteKey {
+    match change {
+        RouteChange::Install(r) => RouteKey::Channel(r.client, r.channel),
+        RouteChange::Remove {
+            client, channel, ..
+        } => RouteKey::Channel(*client, *channel),
+        RouteChange::InstallPermission(r) => RouteKey::Permission(r.client, r.peer),
+        RouteChange::RemovePermission { client, peer, .. } => RouteKey::Permission(*client, *peer),
+    }
+}
+
+/// What a route relayed between `before` and `now`, as a user's traffic (a counter below
+/// its earlier value was started again: all of it is new).
+fn since(now: &RouteStats, before: &RouteStats) -> TrafficCounts {
+    let d = |n: u64, b: u64| if n >= b { n - b } else { n };
+    let up = d(now.to_peer_packets, before.to_peer_packets);
+    let down = d(now.to_client_packets, before.to_client_packets);
+    TrafficCounts {
+        client_packets_in: up,
+        client_bytes_in: d(now.to_peer_wire_bytes, before.to_peer_wire_bytes),
+        peer_packets_out: up,
+        peer_bytes_out: d(now.to_peer_bytes, before.to_peer_bytes),
+        peer_packets_in: down,
+        peer_bytes_in: d(now.to_client_bytes, before.to_client_bytes),
+        client_packets_out: down,
+        client_bytes_out: d(now.to_client_wire_bytes, before.to_client_wire_bytes),
     }
 }
 

@@ -7,7 +7,9 @@
 //!
 //! Layers, each module using only those above it: the configuration (`options`, `sources`,
 //! `config`)
-//! and the leaves (`sockets`, `mmsg`, `mailbox`, `metrics`, `ratelog`, `tls`); the relay
+//! and the leaves (`sockets`, `mmsg`, `mailbox`, `metrics`, `ratelog`, `tls`, `certwatch`,
+//! which reloads the TLS files when they change, and `usertraffic`, the traffic counters by
+//! user); the relay
 //! sockets (`relay`); routing what the core returns (`route`); the core behind its lock
 //! (`shared`); its drivers (`udp`, `stream`, `timers`, `drain`); the listeners (`listen`);
 //! and `server`, which starts them all, and `sessions`, the allocations on the admin listener's
@@ -17,6 +19,7 @@
 //! port below 1024 (or drops it) before any thread starts.
 #![forbid(unsafe_code)]
 
+pub mod certwatch;
 pub mod config;
 mod drain;
 mod kernel;
@@ -41,3 +44,4 @@ mod timers;
 pub mod tls;
 mod udp;
 pub mod userdb;
+pub mod usertraffic;

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use lastcall::Daemon;
+use lastcall_turn::certwatch;
 use lastcall_turn::config::{self, Parsed, Settings};
 use lastcall_turn::listen;
 use lastcall_turn::metrics::Metrics;
@@ -303,6 +304,17 @@ async fn run(
         }
     }
     if let Some(certs) = certs {
+        if certs.files().watch {
+            let counters = certwatch::Counters::new(
+                metrics.tls_reloads.clone(),
+                metrics.tls_reload_failures.clone(),
+            );
+            tokio::spawn(certwatch::watch(
+                Arc::clone(&certs),
+                counters,
+                certwatch::Timing::DEFAULT,
+            ));
+        }
         tokio::spawn(reload_certificates(handle.clone(), certs, metrics.clone()));
     }
     let listening = (
@@ -339,7 +351,10 @@ async fn reload_certificates(handle: lastcall::Handle, certs: Arc<Certs>, metric
     let mut reloads = handle.reloads();
     while reloads.changed().await.is_ok() {
         match certs.reload() {
-            Ok(()) => tracing::info!("TLS certificate reloaded"),
+            Ok(()) => {
+                metrics.tls_reloads.inc();
+                tracing::info!("TLS certificate reloaded");
+            }
             Err(e) => {
                 metrics.tls_reload_failures.inc();
                 tracing::error!("TLS certificate reload failed, keeping the previous one: {e}");

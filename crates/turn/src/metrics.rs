@@ -17,7 +17,7 @@
 
 use std::sync::Arc;
 
-use lastcall_turn_proto::Counters;
+use lastcall_turn_proto::{Counters, TrafficCounts};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
@@ -71,6 +71,8 @@ pub struct Metrics {
     pub tls_handshake_failures: Counter,
     /// Certificate reloads that failed (the old certificate stays in use).
     pub tls_reload_failures: Counter,
+    /// Certificate reloads that succeeded (a signal, or a change of the files).
+    pub tls_reloads: Counter,
     /// Datagrams read by each UDP I/O thread (from clients and from peers).
     pub worker_datagrams: Family<WorkerLabel, Counter>,
     /// Wake-ups (returns from epoll_wait with something to do) of each UDP I/O thread.
@@ -97,8 +99,13 @@ impl Metrics {
         );
         registry.register(
             "lastcall_turn_tls_reload_failures",
-            "Certificate reloads that failed (the previous certificate stays in use)",
+            "Certificate reloads that failed, on a signal or after the files changed (the previous certificate stays in use)",
             self.tls_reload_failures.clone(),
+        );
+        registry.register(
+            "lastcall_turn_tls_reloads",
+            "Certificate reloads that succeeded, on a signal or after the files changed",
+            self.tls_reloads.clone(),
         );
         registry.register(
             "lastcall_turn_udp_worker_datagrams",
@@ -117,6 +124,11 @@ impl Metrics {
 pub(crate) trait CoreCounters: Send + Sync + std::fmt::Debug + 'static {
     /// The counters and the live allocations by client transport (UDP, TCP, TLS).
     fn snapshot(&self) -> (Counters, (usize, usize, usize));
+
+    /// With `prometheus-username-labels`, each labelled user's traffic.
+    fn user_traffic(&self) -> Option<Vec<(String, TrafficCounts)>> {
+        None
+    }
 }
 
 /// The core's counters as metrics, read at each scrape (coturn's counter families are
@@ -233,8 +245,15 @@ impl Collector for CoreMetrics {
 /// coturn's counter families (`stun_binding_*`, `turn_traffic_*{realm}`,
 /// `turn_total_traffic_*`), written as coturn's exporter writes them: Prometheus text 0.0.4,
 /// `# TYPE name counter`, samples named without `_total`. The admin listener appends them to
-/// the registry's families at each scrape.
-pub(crate) fn write_coturn_counters(out: &mut String, c: &Counters, realm: &str) {
+/// the registry's families at each scrape. With `users` (coturn's
+/// `prometheus-username-labels`) the `turn_traffic_*` families have one sample per user,
+/// labelled `realm` and `user` in that order, as coturn's, and no realm-only sample.
+pub(crate) fn write_coturn_counters(
+    out: &mut String,
+    c: &Counters,
+    realm: &str,
+    users: Option<&[(String, TrafficCounts)]>,
+) {
     use std::fmt::Write;
     let family = |out: &mut String, name: &str, help: &str, labels: &str, value: u64| {
         let _ = write!(
@@ -261,7 +280,8 @@ pub(crate) fn write_coturn_counters(out: &mut String, c: &Counters, realm: &str)
     ] {
         family(out, name, help, "", value);
     }
-    let realm = format!("{{realm=\"{}\"}}", escape_label(realm));
+    let realm_label = escape_label(realm);
+    let realm = format!("{{realm=\"{realm_label}\"}}");
     let flows = [
         (
             "rcv",
@@ -293,13 +313,21 @@ pub(crate) fn write_coturn_counters(out: &mut String, c: &Counters, realm: &str)
             let help = format!(
                 "{unit} {what}, live (coturn's name; coturn counts them when a session ends)."
             );
-            family(
-                out,
-                &format!("turn_traffic_{flow}{suffix}"),
-                &help,
-                &realm,
-                value,
-            );
+            let name = format!("turn_traffic_{flow}{suffix}");
+            match users {
+                None => family(out, &name, &help, &realm, value),
+                Some(users) => {
+                    let _ = write!(out, "# HELP {name} {help}\n# TYPE {name} counter\n");
+                    for (user, t) in users {
+                        let _ = writeln!(
+                            out,
+                            "{name}{{realm=\"{realm_label}\",user=\"{}\"}} {}",
+                            escape_label(user),
+                            user_value(t, flow, suffix)
+                        );
+                    }
+                }
+            }
             let help = format!("{unit} {what}, live, all realms (coturn's name).");
             family(
                 out,
@@ -309,6 +337,21 @@ pub(crate) fn write_coturn_counters(out: &mut String, c: &Counters, realm: &str)
                 value,
             );
         }
+    }
+}
+
+/// The count of `t` named by coturn's `flow` and `suffix` (`rcv` and `p`: packets received
+/// from clients).
+fn user_value(t: &TrafficCounts, flow: &str, suffix: &str) -> u64 {
+    match (flow, suffix) {
+        ("rcv", "p") => t.client_packets_in,
+        ("rcv", _) => t.client_bytes_in,
+        ("sent", "p") => t.client_packets_out,
+        ("sent", _) => t.client_bytes_out,
+        ("peer_rcv", "p") => t.peer_packets_in,
+        ("peer_rcv", _) => t.peer_bytes_in,
+        ("peer_sent", "p") => t.peer_packets_out,
+        (_, _) => t.peer_bytes_out,
     }
 }
 
@@ -327,7 +370,8 @@ pub(crate) fn coturn_counters(
     let realm = realm.to_string();
     Arc::new(move |out: &mut String| {
         let (c, _) = core.snapshot();
-        write_coturn_counters(out, &c, &realm);
+        let users = core.user_traffic();
+        write_coturn_counters(out, &c, &realm, users.as_deref());
     })
 }
 

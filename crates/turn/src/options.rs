@@ -103,7 +103,7 @@ use Policy::{Accepted, Honoured};
 /// Wire's fork and chart add (`zrest`, `prometheus-ip`, `federation-*`, `401-*`), plus
 /// `alternate-server` (whose meaning differs: used only while draining) and our
 /// `no-auth-acknowledge-open-relay`, `drain-idle-timeout`, `nonce-secret`,
-/// `nonce-secret-file`, `kernel-relay`, `external-ip-file` and `userdb-cache-ttl`. Kept in the order of docs/turn.md's table; a test checks
+/// `nonce-secret-file`, `kernel-relay`, `external-ip-file`, `userdb-cache-ttl`, `no-cert-watch` and `prometheus-username-labels-max`. Kept in the order of docs/turn.md's table; a test checks
 /// both agree, and that every option of `tests/data/coturn-options.txt` and
 /// `tests/data/wireapp-coturn-options.txt` is here.
 ///
@@ -225,8 +225,9 @@ pub(crate) const OPTIONS: &[Spec] = &[
     refused("stun-backward-compatibility", &[], Flag, Some("RFC 3489 STUN is not implemented")),
     refused("rfc3489-compatibility", &[], Flag, Some("RFC 3489 STUN is not implemented")),
     // TLS.
-    spec("cert", &[], Value, Honoured, "PEM", "TLS certificate chain (PEM); reloaded on SIGUSR2 (coturn's) and SIGHUP"),
-    spec("pkey", &[], Value, Honoured, "PEM", "TLS private key (PEM); reloaded on SIGUSR2 (coturn's) and SIGHUP"),
+    spec("cert", &[], Value, Honoured, "PEM", "TLS certificate chain (PEM); reloaded when it changes (no-cert-watch) and on SIGUSR2 (coturn's) and SIGHUP"),
+    spec("pkey", &[], Value, Honoured, "PEM", "TLS private key (PEM); reloaded when it changes (no-cert-watch) and on SIGUSR2 (coturn's) and SIGHUP"),
+    spec("no-cert-watch", &[], Flag, Honoured, "", "lastcall-turn's own: do not watch cert, pkey and CA-file (inotify on their directories, which sees a Kubernetes Secret volume's update; a 10 s poll where inotify is unavailable); reload on SIGUSR2 and SIGHUP only"),
     spec("no-tlsv1_2", &[], Flag, Honoured, "", "TLS 1.3 only"),
     spec("no-tlsv1", &[], Flag, Honoured, "", "TLS 1.0 is never offered"),
     spec("no-tlsv1_1", &[], Flag, Honoured, "", "TLS 1.1 is never offered"),
@@ -259,7 +260,8 @@ pub(crate) const OPTIONS: &[Spec] = &[
     spec("prometheus-address", &[], Value, Honoured, "IP", "The address of the admin listener, which serves /metrics (--admin-addr wins) [default: 0.0.0.0]"),
     spec("prometheus-ip", &[], Value, Honoured, "IP", "Wire's coturn fork's name of prometheus-address"),
     spec("prometheus-path", &[], Value, Accepted, "PATH", "metrics are served at /metrics on the admin listener"),
-    spec("prometheus-username-labels", &[], Flag, Accepted, "", "traffic metrics are labelled by realm only, not by user"),
+    spec("prometheus-username-labels", &[], Flag, Honoured, "", "The turn_traffic_* counters get a user label (the allocation's USERNAME) besides realm, as coturn's; bounded by prometheus-username-labels-max, a user without allocations is dropped after an hour"),
+    spec("prometheus-username-labels-max", &[], Value, Honoured, "N", "lastcall-turn's own: with prometheus-username-labels, at most N users labelled at once; allocations of further users are counted under user=\"_overflow\" and in lastcall_turn_user_labels_overflow_total [default: 1000]"),
     refused("prometheus-tls", &[], Flag, Some("the admin listener speaks plain HTTP: put TLS in front of it")),
     refused("prometheus-cert", &[], Value, Some("the admin listener speaks plain HTTP: put TLS in front of it")),
     refused("prometheus-key", &[], Value, Some("the admin listener speaks plain HTTP: put TLS in front of it")),
@@ -402,6 +404,8 @@ mod tests {
             "kernel-relay",
             "external-ip-file",
             "userdb-cache-ttl",
+            "no-cert-watch",
+            "prometheus-username-labels-max",
         ];
         let extra: Vec<&str> = OPTIONS
             .iter()

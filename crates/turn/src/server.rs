@@ -70,6 +70,11 @@ impl Running {
             let kernel = Arc::clone(kernel);
             registry.register_collector(Box::new(crate::kernel::KernelMetrics(kernel)));
         }
+        if let Some(labels) = self.shared.user_labels() {
+            registry.register_collector(Box::new(crate::usertraffic::UserLabelMetrics(
+                Arc::clone(labels),
+            )));
+        }
     }
 
     /// coturn's counter families of the core, written at each scrape in Prometheus text
@@ -139,7 +144,12 @@ fn shared(
     };
     let server = Server::new(core, Instant::now(), SystemTime::now());
     let relays = RelaySockets::new(config.min_port, config.max_port, mailboxes);
-    let mut shared = ServerState::new(server, relays, metrics, handle).with_kernel(kernel);
+    let labels = config
+        .user_labels
+        .map(|max| crate::usertraffic::UserLabels::new(max, crate::usertraffic::IDLE));
+    let mut shared = ServerState::new(server, relays, metrics, handle)
+        .with_kernel(kernel)
+        .with_user_labels(labels);
     let Some(userdb) = &config.userdb else {
         return Ok(Arc::new(shared));
     };

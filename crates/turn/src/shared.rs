@@ -42,6 +42,8 @@ pub struct ServerState {
     handle: Handle,
     /// The kernel fast path (`--kernel-relay`), when it runs.
     kernel: Option<std::sync::Arc<Kernel>>,
+    /// The traffic counters by user (`prometheus-username-labels`), when asked for.
+    user_labels: Option<std::sync::Arc<crate::usertraffic::UserLabels>>,
     /// Where the core's user-database lookups go (the user database's task), when there is
     /// one.
     lookups: Option<tokio::sync::mpsc::UnboundedSender<Lookup>>,
@@ -109,6 +111,7 @@ impl ServerState {
             metrics,
             handle,
             kernel: None,
+            user_labels: None,
             lookups: None,
             replay_rr: std::sync::atomic::AtomicUsize::new(0),
         }
@@ -131,6 +134,29 @@ impl ServerState {
     /// The kernel fast path, when it runs.
     pub(crate) fn kernel(&self) -> Option<&std::sync::Arc<Kernel>> {
         self.kernel.as_ref()
+    }
+
+    /// With the traffic counters by user: each new allocation gets its user's handle.
+    pub(crate) fn with_user_labels(
+        mut self,
+        labels: Option<crate::usertraffic::UserLabels>,
+    ) -> ServerState {
+        if let Some(labels) = labels {
+            let labels = std::sync::Arc::new(labels);
+            let give = std::sync::Arc::clone(&labels);
+            self.core
+                .get_mut()
+                .set_user_traffic(Box::new(move |user: &str| {
+                    give.handle(user, std::time::Instant::now())
+                }));
+            self.user_labels = Some(labels);
+        }
+        self
+    }
+
+    /// The traffic counters by user, when asked for.
+    pub(crate) fn user_labels(&self) -> Option<&std::sync::Arc<crate::usertraffic::UserLabels>> {
+        self.user_labels.as_ref()
     }
 
     /// Runs `f` on the locked core; its events and relay releases are moved into `fx`
@@ -381,6 +407,14 @@ impl CoreCounters for ServerState {
             crate::kernel::add_traffic(&mut counters, &k.totals());
         }
         (counters, live)
+    }
+
+    fn user_traffic(&self) -> Option<Vec<(String, lastcall_turn_proto::TrafficCounts)>> {
+        let labels = self.user_labels.as_ref()?;
+        if let Some(k) = &self.kernel {
+            k.sync_user_traffic();
+        }
+        Some(labels.snapshot(std::time::Instant::now()))
     }
 }
 

@@ -1,6 +1,7 @@
 //! TLS for the client listener: rustls with coturn's `cert` and `pkey` (PEM), reloadable.
 //!
-//! A reload (SIGUSR2, coturn's, or SIGHUP) reads the files again; new connections get the new certificate,
+//! A reload (SIGUSR2, coturn's, or SIGHUP, or a change of the files seen by
+//! [`crate::certwatch`]) reads the files again; new connections get the new certificate,
 //! connections already open keep theirs. A reload that fails (unreadable file, no key, a key
 //! that does not match the certificate) is logged and the previous certificate stays.
 //!
@@ -25,6 +26,8 @@ pub struct TlsFiles {
     pub tls13_only: bool,
     /// coturn's `CA-file`: clients must present a certificate signed by one of its CAs.
     pub client_ca: Option<PathBuf>,
+    /// Reload when the files change ([`crate::certwatch`]); off with our `no-cert-watch`.
+    pub watch: bool,
 }
 
 /// Why a certificate could not be loaded.
@@ -64,21 +67,61 @@ pub enum TlsError {
     },
 }
 
+/// What the files held when read: the certificate, the key and the client CAs, read one
+/// after the other (a configuration is built from these bytes, not from the files again).
+#[derive(Clone, PartialEq, Eq)]
+pub(crate) struct Pems {
+    cert: Vec<u8>,
+    key: Vec<u8>,
+    ca: Option<Vec<u8>>,
+}
+
+/// Sizes only: the key never reaches a log.
+impl std::fmt::Debug for Pems {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pems")
+            .field("cert_bytes", &self.cert.len())
+            .field("key_bytes", &self.key.len())
+            .field("ca_bytes", &self.ca.as_ref().map(Vec::len))
+            .finish()
+    }
+}
+
+impl Pems {
+    /// Reads the files of `files`.
+    pub(crate) fn read(files: &TlsFiles) -> Result<Pems, TlsError> {
+        Ok(Pems {
+            cert: read(&files.cert)?,
+            key: read(&files.pkey)?,
+            ca: files.client_ca.as_deref().map(read).transpose()?,
+        })
+    }
+}
+
 /// The current TLS server configuration, swapped on reload.
 #[derive(Debug)]
 pub struct Certs {
     files: TlsFiles,
     current: RwLock<Arc<rustls::ServerConfig>>,
+    /// The bytes [`Certs::current`] was built from.
+    loaded: parking_lot::Mutex<Pems>,
 }
 
 impl Certs {
     /// Loads the certificate, the key and the client CAs (an error here is a start-up error).
     pub fn load(files: &TlsFiles) -> Result<Certs, TlsError> {
-        let config = build(files)?;
+        let pems = Pems::read(files)?;
+        let config = build(files, &pems)?;
         Ok(Certs {
             files: files.clone(),
             current: RwLock::new(Arc::new(config)),
+            loaded: parking_lot::Mutex::new(pems),
         })
+    }
+
+    /// The files this configuration is read from.
+    pub fn files(&self) -> &TlsFiles {
+        &self.files
     }
 
     /// The configuration for a new connection.
@@ -88,9 +131,25 @@ impl Certs {
 
     /// Reads the files again; on error the previous configuration stays in use.
     pub fn reload(&self) -> Result<(), TlsError> {
-        let config = Arc::new(build(&self.files)?);
+        let pems = Pems::read(&self.files)?;
+        let config = Arc::new(build(&self.files, &pems)?);
+        *self.loaded.lock() = pems;
         *self.current.write() = config;
         Ok(())
+    }
+
+    /// Installs `pems` if they differ from the bytes in use: `Ok(true)` if they did and
+    /// were installed, `Ok(false)` if they are the same; on error the previous configuration
+    /// stays in use.
+    pub(crate) fn reload_changed(&self, pems: Pems) -> Result<bool, TlsError> {
+        let mut loaded = self.loaded.lock();
+        if *loaded == pems {
+            return Ok(false);
+        }
+        let config = Arc::new(build(&self.files, &pems)?);
+        *loaded = pems;
+        *self.current.write() = config;
+        Ok(true)
     }
 }
 
@@ -101,10 +160,9 @@ fn read(path: &Path) -> Result<Vec<u8>, TlsError> {
     })
 }
 
-fn build(files: &TlsFiles) -> Result<rustls::ServerConfig, TlsError> {
+fn build(files: &TlsFiles, pems: &Pems) -> Result<rustls::ServerConfig, TlsError> {
     let (cert, key) = (files.cert.as_path(), files.pkey.as_path());
-    let cert_pem = read(cert)?;
-    let key_pem = read(key)?;
+    let (cert_pem, key_pem) = (&pems.cert, &pems.key);
     let chain: Vec<_> = rustls_pemfile::certs(&mut cert_pem.as_slice())
         .collect::<Result<_, _>>()
         .map_err(|source| TlsError::Read {
@@ -134,9 +192,11 @@ fn build(files: &TlsFiles) -> Result<rustls::ServerConfig, TlsError> {
     let builder = rustls::ServerConfig::builder_with_provider(Arc::clone(&provider))
         .with_protocol_versions(versions)
         .map_err(rustls_err)?;
-    let builder = match &files.client_ca {
-        None => builder.with_no_client_auth(),
-        Some(ca) => builder.with_client_cert_verifier(client_verifier(ca, provider)?),
+    let builder = match (&files.client_ca, &pems.ca) {
+        (Some(ca), Some(pem)) => {
+            builder.with_client_cert_verifier(client_verifier(ca, pem, provider)?)
+        }
+        _ => builder.with_no_client_auth(),
     };
     builder.with_single_cert(chain, private).map_err(rustls_err)
 }
@@ -146,14 +206,14 @@ fn build(files: &TlsFiles) -> Result<rustls::ServerConfig, TlsError> {
 /// them; a file with none it can use is an error).
 fn client_verifier(
     ca: &Path,
+    pem: &[u8],
     provider: Arc<rustls::crypto::CryptoProvider>,
 ) -> Result<Arc<dyn rustls::server::danger::ClientCertVerifier>, TlsError> {
     let err = |why: String| TlsError::ClientCa {
         path: ca.to_path_buf(),
         why,
     };
-    let pem = read(ca)?;
-    let certs: Vec<_> = rustls_pemfile::certs(&mut pem.as_slice())
+    let certs: Vec<_> = rustls_pemfile::certs(&mut &pem[..])
         .collect::<Result<_, _>>()
         .map_err(|e| err(format!("not PEM: {e}")))?;
     let mut roots = rustls::RootCertStore::empty();

@@ -661,6 +661,7 @@ impl Server {
         let gen = self.next_gen;
         self.next_gen += 1;
         let expires = now + life;
+        let user_traffic = self.user_traffic.as_mut().map(|f| f(&username));
         let a = super::Allocation {
             gen,
             created: now,
@@ -678,6 +679,7 @@ impl Server {
             origin: grant.origin,
             bandwidth,
             key: grant.key,
+            user_traffic,
         };
         let idx = match self.free.pop() {
             Some(i) => {

@@ -86,7 +86,7 @@ impl Server {
         if found.is_some() && !self.bandwidth_up(idx, now, payload.len()) {
             return None;
         }
-        self.relay_to_peer(idx, found, payload)
+        self.relay_to_peer(idx, found, payload, data.len())
     }
 
     /// Whether allocation `idx` may relay `len` more bytes from its client (`max-bps`);
@@ -109,6 +109,7 @@ impl Server {
         now: Instant,
         from: &ClientAddr,
         attrs: &Attrs<'a>,
+        wire: usize,
     ) -> Option<Transmit<'a>> {
         let (Some(peer), Some(payload)) = (attrs.peer, attrs.data) else {
             self.counters.client_data_dropped += 1;
@@ -132,14 +133,17 @@ impl Server {
         if found.is_some() && !self.bandwidth_up(idx, now, payload.len()) {
             return None;
         }
-        self.relay_to_peer(idx, found, payload)
+        self.relay_to_peer(idx, found, payload, wire)
     }
 
+    /// Relays `payload` of the client's datagram of `wire` bytes, if `found` (the
+    /// allocation `idx`'s relay and peer).
     fn relay_to_peer<'a>(
         &mut self,
         idx: Option<usize>,
         found: Option<(SocketAddr, SocketAddr)>,
         payload: &'a [u8],
+        wire: usize,
     ) -> Option<Transmit<'a>> {
         match found {
             Some((relay, peer)) => {
@@ -148,6 +152,9 @@ impl Server {
                 if let Some(a) = idx.and_then(|i| self.allocs.get_mut(i)?.as_mut()) {
                     a.traffic.to_peer_datagrams += 1;
                     a.traffic.to_peer_bytes += payload.len() as u64;
+                }
+                if let Some(t) = self.traffic_of(idx) {
+                    t.to_peer(wire, payload.len());
                 }
                 Some(Transmit::Peer {
                     relay,
@@ -219,6 +226,9 @@ impl Server {
         }
         self.counters.client_packets_out += 1;
         self.counters.client_bytes_out += out.len() as u64;
+        if let Some(t) = self.traffic_of(idx) {
+            t.to_client(data.len(), out.len());
+        }
         let out: &'a Vec<u8> = out;
         Some(Transmit::Client {
             to: client,

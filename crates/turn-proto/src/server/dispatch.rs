@@ -242,7 +242,7 @@ impl Server {
         }
         match msg.class() {
             Class::Indication if msg.method() == method::SEND => self
-                .send_indication(now, &from, &attrs)
+                .send_indication(now, &from, &attrs, data.len())
                 .map(Output::Transmit),
             Class::Request => match self.request(now, &from, &msg, &attrs, out) {
                 Reply::Bind(request) => Some(Output::BindRelay(request)),

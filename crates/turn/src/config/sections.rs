@@ -85,6 +85,7 @@ pub(super) fn typed(
             max_port: relay.max_port,
             relay_threads: relay.threads,
             kernel_relay: relay.kernel,
+            user_labels: process.user_labels,
             auth: credentials.auth,
             denied_peer_ips: peers.denied,
             allowed_peer_ips: peers.allowed,
@@ -142,6 +143,7 @@ fn listeners(c: &mut Checker<'_>, warnings: &mut Vec<Problem>) -> Listeners {
     let no_udp = c.flag("no-udp");
     let no_tcp = c.flag("no-tcp");
     let tls13_only = c.flag("no-tlsv1_2");
+    let watch = !c.flag("no-cert-watch");
     if !no_tls && cert.is_some() != pkey.is_some() {
         c.require("cert", "cert and pkey go together: give both or neither");
     }
@@ -153,6 +155,7 @@ fn listeners(c: &mut Checker<'_>, warnings: &mut Vec<Problem>) -> Listeners {
             pkey,
             tls13_only,
             client_ca: client_ca.map(|(v, _)| PathBuf::from(v)),
+            watch,
         }),
         _ => None,
     };
@@ -640,6 +643,7 @@ struct Process {
     log_level: Option<&'static str>,
     prometheus_ip: Option<IpAddr>,
     prometheus_port: Option<u16>,
+    user_labels: Option<usize>,
 }
 
 fn process(c: &mut Checker<'_>) -> Process {
@@ -675,11 +679,22 @@ fn process(c: &mut Checker<'_>) -> Process {
     } else {
         log_min_level
     };
+    let labels = c.flag("prometheus-username-labels");
+    let max = c
+        .value::<usize>("prometheus-username-labels-max", "a number of users")
+        .unwrap_or(crate::usertraffic::DEFAULT_MAX_USERS);
+    if max == 0 {
+        c.require(
+            "prometheus-username-labels-max",
+            "prometheus-username-labels-max=0: at least 1 (to label no user, leave prometheus-username-labels off)",
+        );
+    }
     Process {
         pidfile,
         log_level,
         prometheus_ip: prometheus_ip(c),
         prometheus_port: c.value::<u16>("prometheus-port", "a port number"),
+        user_labels: labels.then_some(max),
     }
 }
 

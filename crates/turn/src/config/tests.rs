@@ -821,3 +821,30 @@ fn ca_file_is_checked_with_the_tls_listener() {
         assert!(all.contains(&ca), "{all}");
     }
 }
+
+#[test]
+fn prometheus_username_labels_is_bounded_by_its_max() {
+    let s = run(&[]).expect("valid");
+    assert_eq!(s.turn.user_labels, None, "off by default");
+    let s = run(&["--prometheus-username-labels"]).expect("valid");
+    assert_eq!(
+        s.turn.user_labels,
+        Some(crate::usertraffic::DEFAULT_MAX_USERS)
+    );
+    let s = run(&[
+        "--prometheus-username-labels",
+        "--prometheus-username-labels-max=20",
+    ])
+    .expect("valid");
+    assert_eq!(s.turn.user_labels, Some(20));
+    let all = errors(&["--prometheus-username-labels-max=0"]).join("\n");
+    assert!(
+        all.contains("prometheus-username-labels-max=0: at least 1"),
+        "{all}"
+    );
+    let all = errors(&["--prometheus-username-labels-max=many"]).join("\n");
+    assert!(
+        all.contains("prometheus-username-labels-max") && all.contains("a number of users"),
+        "{all}"
+    );
+}

@@ -40,6 +40,9 @@ pub struct TurnConfig {
     pub relay_threads: usize,
     /// Our `kernel-relay`: relay channel-bound UDP allocations in the kernel (eBPF).
     pub kernel_relay: bool,
+    /// coturn's `prometheus-username-labels`: the traffic counters by user too, for at most
+    /// this many users at once (our `prometheus-username-labels-max`).
+    pub user_labels: Option<usize>,
     /// How clients authenticate.
     pub auth: AuthMode,
     /// Peer ranges refused (coturn's `denied-peer-ip`).

@@ -4,6 +4,7 @@
 //! - `aioice`: aioice's TURN client (Python) through the kernel fast path.
 //! - `auth_log`: authentication refusals in the log, with their reason, rate-limited.
 //! - `bandwidth`: max-bps and bps-capacity.
+//! - `cert_watch`: a Secret-style volume's certificate swapped during a TLS call, no signal.
 //! - `churn`: coturn's uclient run after run (UDP, TCP): no 508; RESERVATION-TOKEN 0.
 //! - `chromium`: headless Chromium's WebRTC over UDP, TCP and TLS across a drain.
 //! - `coturn_configs`: coturn users' turnserver.conf files, unchanged.
@@ -27,6 +28,7 @@
 //!   live calls; `userdb_servers` starts the databases.
 //! - `wire`: wire's coturn chart's configuration and command line (dumb-init), brig's zrest
 //!   credentials, `CA-file`, the `pre-stop-hook`.
+//! - `user_labels`: coturn's `prometheus-username-labels` after real exchanges, bounded.
 //! - `workers`: the UDP I/O threads.
 #![allow(
     clippy::unwrap_used,
@@ -37,6 +39,7 @@
 mod aioice;
 mod auth_log;
 mod bandwidth;
+mod cert_watch;
 mod chromium;
 mod churn;
 mod common;
@@ -57,6 +60,7 @@ mod sessions;
 mod signals;
 mod systemd;
 mod termination;
+mod user_labels;
 mod userdb;
 mod userdb_servers;
 mod wire;
