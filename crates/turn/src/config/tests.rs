@@ -674,8 +674,9 @@ fn wires_chart_configuration_runs_as_it_is() {
     assert_eq!(core.realm, "dummy.io");
     assert!(core.secure_stun);
     assert_eq!(t.pidfile, Some(PathBuf::from("/var/tmp/turnserver.pid")));
-    assert_eq!(t.listening_ips, vec![IpAddr::from([10, 0, 0, 9])]);
-    assert_eq!(t.relay_ips, vec![IpAddr::from([10, 0, 0, 9])]);
+    // The chart's defaults (coturnTurnListenIP, coturnTurnRelayIP: __COTURN_EXT_IP__).
+    assert_eq!(t.listening_ips, vec![IpAddr::from([203, 0, 113, 9])]);
+    assert_eq!(t.relay_ips, vec![IpAddr::from([203, 0, 113, 9])]);
     assert_eq!(t.external_ips[0].public, IpAddr::from([203, 0, 113, 9]));
     assert!(t.tls.is_none(), "no-tls");
     assert_eq!(t.denied_peer_ips.len(), 19);
@@ -683,10 +684,10 @@ fn wires_chart_configuration_runs_as_it_is() {
     assert_eq!(s.term.admin_addr, Some("10.0.0.9:9641".parse().unwrap()));
     let w: Vec<String> = s.warnings.iter().map(ToString::to_string).collect();
     for needle in [
-        ":10: CA-file: has no effect: there is no TLS listener",
-        ":25: log-file: is accepted and changes nothing",
-        ":46: 401-req-limit: is accepted and changes nothing: no 401 count per window: unauthorized-ratelimit-rps",
-        ":47: 401-window: is accepted and changes nothing",
+        ":12: CA-file: has no effect: there is no TLS listener",
+        ":27: log-file: is accepted and changes nothing",
+        ":48: 401-req-limit: is accepted and changes nothing: no 401 count per window: unauthorized-ratelimit-rps",
+        ":49: 401-window: is accepted and changes nothing",
     ] {
         assert!(w.iter().any(|l| l.contains(needle)), "{needle}: {w:#?}");
     }
