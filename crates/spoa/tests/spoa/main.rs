@@ -4,6 +4,7 @@
 //! - `bodies`: bodies larger than HAProxy's buffer.
 //! - `cli`: `--validate`, configuration errors, process behaviour.
 //! - `coraza_spoa`: a coraza-spoa user's files and flags, unchanged.
+//! - `crs_regression`: the CRS release's own regression corpus through both, when one is named.
 //! - `differential`: the request corpus through nginx + ModSecurity and through the agent.
 //! - `docs`: docs/spoa.md shows the configuration the tests run.
 //! - `drain`: the drain recipe with two agents under load.
@@ -29,6 +30,7 @@
 mod bodies;
 mod cli;
 mod coraza_spoa;
+mod crs_regression;
 mod differential;
 mod docs;
 mod drain;
