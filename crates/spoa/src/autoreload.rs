@@ -38,7 +38,7 @@ pub(crate) fn watch(path: &Path) -> Result<mpsc::Receiver<()>, String> {
         .unwrap_or_else(|| PathBuf::from("."));
     let (events_tx, events_rx) = mpsc::unbounded_channel::<()>();
     let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-        if event.is_ok() {
+        if event.is_ok_and(|e| wakes(&e.kind)) {
             let _ = events_tx.send(());
         }
     })
@@ -51,6 +51,18 @@ pub(crate) fn watch(path: &Path) -> Result<mpsc::Receiver<()>, String> {
     let last = std::fs::read(&path).ok();
     tokio::spawn(settle(path, last, watcher, events_rx, reload_tx));
     Ok(reload_rx)
+}
+
+/// Whether an event in the watched directory may have changed the file: not an access
+/// (opening, reading, closing unwritten), which the watcher's own read of the file causes
+/// too; woken by those, it read the file again every [`SETTLE`], for ever.
+fn wakes(kind: &notify::EventKind) -> bool {
+    use notify::event::{AccessKind, AccessMode};
+    match kind {
+        notify::EventKind::Access(AccessKind::Close(AccessMode::Write)) => true,
+        notify::EventKind::Access(_) => false,
+        _ => true,
+    }
 }
 
 /// `-autoreload`: watches `path` (`watch`) and asks the lifecycle for a reload, as a
@@ -135,33 +147,28 @@ async fn settle(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use notify::event::{AccessKind, AccessMode, CreateKind, ModifyKind, RemoveKind, RenameMode};
+    use notify::EventKind;
 
-    /// A ConfigMap update as the kubelet makes it: the file is a symlink through `..data`,
-    /// a symlink to a timestamped directory; the update writes a new directory and renames
-    /// a new `..data` over the old one.
-    #[tokio::test]
-    async fn a_configmap_swap_asks_for_one_reload() {
-        let dir = tempfile::tempdir().unwrap();
-        let d = dir.path();
-        std::fs::create_dir(d.join("..2026_01_01_v1")).unwrap();
-        std::fs::write(d.join("..2026_01_01_v1/config.yaml"), "a: 1\n").unwrap();
-        std::os::unix::fs::symlink("..2026_01_01_v1", d.join("..data")).unwrap();
-        std::os::unix::fs::symlink("..data/config.yaml", d.join("config.yaml")).unwrap();
-        let mut reloads = watch(&d.join("config.yaml")).unwrap();
-
-        // An unrelated file: no reload.
-        std::fs::write(d.join("other"), "x").unwrap();
-        std::fs::create_dir(d.join("..2026_01_02_v2")).unwrap();
-        std::fs::write(d.join("..2026_01_02_v2/config.yaml"), "a: 2\n").unwrap();
-        std::os::unix::fs::symlink("..2026_01_02_v2", d.join("..data_tmp")).unwrap();
-        std::fs::rename(d.join("..data_tmp"), d.join("..data")).unwrap();
-        std::fs::remove_dir_all(d.join("..2026_01_01_v1")).unwrap();
-        tokio::time::timeout(Duration::from_secs(30), reloads.recv())
-            .await
-            .expect("a reload within 30 s")
-            .expect("open");
-        // One burst, one reload: nothing more is pending once it settled.
-        let more = tokio::time::timeout(SETTLE * 5, reloads.recv()).await;
-        assert!(more.is_err(), "a second reload for the same change");
+    /// The watcher's own read of the file (open, read, close) wakes nothing; a write, a
+    /// rename into place (a ConfigMap's `..data` swap), a creation or a removal does.
+    #[test]
+    fn reads_do_not_wake_the_watch() {
+        for kind in [
+            EventKind::Access(AccessKind::Open(AccessMode::Any)),
+            EventKind::Access(AccessKind::Close(AccessMode::Read)),
+            EventKind::Access(AccessKind::Read),
+        ] {
+            assert!(!wakes(&kind), "{kind:?}");
+        }
+        for kind in [
+            EventKind::Create(CreateKind::File),
+            EventKind::Modify(ModifyKind::Name(RenameMode::To)),
+            EventKind::Modify(ModifyKind::Any),
+            EventKind::Access(AccessKind::Close(AccessMode::Write)),
+            EventKind::Remove(RemoveKind::File),
+        ] {
+            assert!(wakes(&kind), "{kind:?}");
+        }
     }
 }
