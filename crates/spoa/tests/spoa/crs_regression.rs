@@ -12,8 +12,6 @@
 
 use std::process::Command;
 
-use std::sync::atomic::Ordering;
-
 use crate::support::nginx::{self, Entry, Nginx, Outcome, RawReply};
 use crate::support::{agent_bin, crate_dir, Origin, Stack, StackOptions};
 
@@ -55,27 +53,15 @@ fn run(
     proxy: std::net::SocketAddr,
     origin: &Origin,
     corpus: &[Entry],
-    mut rules_of: impl FnMut(&RawReply) -> Vec<u32>,
+    rules_of: impl FnMut(&RawReply) -> Vec<u32>,
 ) -> Vec<Outcome> {
-    corpus
-        .iter()
-        .map(|e| {
-            let before = origin.served.load(Ordering::SeqCst);
-            let reply = send(proxy, &e.raw).unwrap_or_else(|err| {
-                println!("  {}: no answer: {err}", e.name);
-                RawReply::default()
-            });
-            let after = origin.served.load(Ordering::SeqCst);
-            let mut rules = rules_of(&reply);
-            rules.sort_unstable();
-            rules.dedup();
-            Outcome {
-                reached_origin: after > before,
-                status: reply.status,
-                rules,
-            }
+    let send = |e: &Entry| {
+        send(proxy, &e.raw).unwrap_or_else(|err| {
+            println!("  {}: no answer: {err}", e.name);
+            RawReply::default()
         })
-        .collect()
+    };
+    nginx::run_corpus_with(origin, corpus, send, rules_of)
 }
 
 /// How long a stage waits for its answer: the corpus has requests whose body never comes

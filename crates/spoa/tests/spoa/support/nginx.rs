@@ -340,14 +340,31 @@ pub(crate) fn run_corpus(
     proxy: SocketAddr,
     origin: &Origin,
     corpus: &[Entry],
+    rules_of: impl FnMut(&RawReply) -> Vec<u32>,
+) -> Vec<Outcome> {
+    run_corpus_with(
+        origin,
+        corpus,
+        |e| {
+            send_raw(proxy, &e.raw)
+                .unwrap_or_else(|err| panic!("{}: sending to {proxy}: {err}", e.name))
+        },
+        rules_of,
+    )
+}
+
+/// [`run_corpus`], each request sent by `send`.
+pub(crate) fn run_corpus_with(
+    origin: &Origin,
+    corpus: &[Entry],
+    mut send: impl FnMut(&Entry) -> RawReply,
     mut rules_of: impl FnMut(&RawReply) -> Vec<u32>,
 ) -> Vec<Outcome> {
     corpus
         .iter()
         .map(|e| {
             let before = origin.served.load(Ordering::SeqCst);
-            let reply = send_raw(proxy, &e.raw)
-                .unwrap_or_else(|err| panic!("{}: sending to {proxy}: {err}", e.name));
+            let reply = send(e);
             // The origin counts a request before it answers, and the proxy answers the
             // client after the origin did: the count is final here.
             let after = origin.served.load(Ordering::SeqCst);
