@@ -419,7 +419,7 @@ async fn route<B>(
         (&Method::GET | &Method::HEAD, "/drain") => json(StatusCode::OK, &handle.status()),
         (&Method::POST, "/drain") => post_drain(ctx, peer, posted, &req).await,
         (method, path) if path == "/sessions" || path.starts_with("/sessions/") => {
-            sessions(ctx, peer, method, &req)
+            sessions(ctx, peer, posted, method, &req)
         }
         (_, "/" | "/livez" | "/readyz" | "/metrics" | "/drain") => {
             text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n")
@@ -485,6 +485,7 @@ fn authorize<B>(
 fn sessions<B>(
     ctx: &Ctx,
     peer: SocketAddr,
+    posted: &AtomicBool,
     method: &Method,
     req: &Request<B>,
 ) -> Response<Full<Bytes>> {
@@ -532,6 +533,11 @@ fn sessions<B>(
                 sessions: page.sessions,
             },
         );
+    }
+    // Ending the last session of a drain ends the process: the exit waits for this
+    // connection to close, so the caller gets its answer (as for POST /drain).
+    if !posted.swap(true, Ordering::SeqCst) {
+        ctx.handle.admin_drain_request_open();
     }
     let ended =
         match parse_end(path, query) {

@@ -644,12 +644,14 @@ impl Handle {
         self.shared.metrics_registered.store(true, Ordering::SeqCst);
     }
 
-    /// Waits until no accepted `POST /drain` connection is open, or `until`.
+    /// Waits until no connection that carried an accepted `POST /drain` or a
+    /// `DELETE /sessions` is open, or `until`.
     pub(crate) async fn admin_answers_sent(&self, until: Instant) {
         wait_admin_answers(&self.shared, until).await;
     }
 
-    /// An admin connection carried an accepted `POST /drain`: the exit waits (briefly) for
+    /// An admin connection carried an accepted `POST /drain` or a `DELETE /sessions` (which
+    /// may end the last session): the exit waits (briefly) for
     /// [`admin_drain_request_done`](Self::admin_drain_request_done).
     pub(crate) fn admin_drain_request_open(&self) {
         self.shared.admin_drain_requests.send_modify(|n| *n += 1);
