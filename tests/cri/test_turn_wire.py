@@ -9,8 +9,9 @@ line of the zrest secrets file, the probes on `GET /` at 9641), three ways:
   the kubelet's SIGTERM reaches dumb-init, which passes it on, the daemon drains (a new
   Allocate gets 403), the call goes on to its end, nothing lost, exit 0 inside Kubernetes'
   default 30 s grace;
-- `tls.enabled` with a client CA (`ca.secretRef`): the reloader sidecar in the shared PID
-  namespace sees the TLS Secret change and sends SIGUSR2 to `turnserver`; the certificate
+- `tls.enabled` with a client CA (`ca.secretRef`): the daemon's own certificate watch and the
+  reloader sidecar in the shared PID namespace both see the TLS Secret change (the sidecar
+  sends SIGUSR2 to `turnserver`, which reaches the daemon); the certificate
   served on 5349 is the new one, and a TURN-over-TLS call (client certificate) in progress
   goes on through the reload, nothing lost;
 - `coturnGracefulTermination: true` with `tls.enabled` and the chart's default
@@ -296,11 +297,15 @@ def test_the_reloader_sidecars_sigusr2_reloads_the_certificate_during_a_tls_call
     reloader_log = pod.logs("coturn-cert-reloader", 50)
     coturn_log = pod.logs("coturn", 400)
     assert f"signal SIGUSR2 sent to turnserver (pid {daemon_pid_in_ns(daemon)})" in reloader_log, reloader_log
-    assert coturn_log.count("TLS certificate reloaded") == 1, coturn_log
+    # The daemon sees the Secret's files change by itself (its certificate watch, usually
+    # first) and the sidecar's SIGUSR2 reaches it too: the new pair is installed by one of
+    # them or both, never with a failure.
+    assert "SIGUSR2 received: reloading" in coturn_log, coturn_log
+    assert 1 <= coturn_log.count("TLS certificate reloaded") <= 2, coturn_log
     assert metric(edge, ip, "lastcall_turn_tls_reload_failures_total") == 0
     measured(f"cri wire StatefulSet (tls.enabled, ca.secretRef; reloader sidecar, shareProcessNamespace): ready "
              f"{to_ready:.2f} s after creation; Secret updated -> new certificate served {reloaded_in:.2f} s later "
-             f"(the sidecar's SIGUSR2 to turnserver); the TURN-over-TLS call with a client certificate through the "
+             f"(the daemon's own watch of the files, then the sidecar's SIGUSR2); the TURN-over-TLS call with a client certificate through the "
              f"reload: {totals['sent']} sent, {totals['received']} echoed, {totals['lost']} lost")
 
 
