@@ -20,6 +20,10 @@ use tokio::time::Instant;
 use crate::config::{OnSigterm, TerminationConfig};
 use crate::exit;
 
+// The lifecycle phase; in `lastcall-phase`, which the sans-IO protocol cores use without
+// tokio.
+pub use lastcall_phase::Phase;
+
 /// How often a progress line is logged while draining.
 pub const PROGRESS_EVERY: Duration = Duration::from_secs(5);
 
@@ -28,54 +32,6 @@ pub const PROGRESS_EVERY: Duration = Duration::from_secs(5);
 /// close, never enough to keep a pod past a grace period chosen a little longer than the
 /// timeout.
 pub const EXIT_GRACE: Duration = Duration::from_secs(1);
-
-/// The lifecycle phase.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Phase {
-    /// From the start until the daemon says it is ready ([`Input::Ready`]): readiness 503,
-    /// nothing refused. A drain trigger here skips the shutdown delay.
-    Starting,
-    /// Normal operation; readiness 200.
-    Serving,
-    /// From the trigger for `--shutdown-delay`: readiness 503, new work still accepted.
-    Announcing,
-    /// New work refused with the protocol's goodbye; existing work served to its end.
-    Refusing,
-    /// `--on-sigterm linger`: readiness 503, nothing refused; exit once idle (after the delay).
-    Lingering,
-}
-
-impl Phase {
-    /// Value of the `lastcall_drain_phase` gauge: 0 serving, 1 announcing, 2 refusing,
-    /// 3 lingering, 4 starting.
-    pub fn metric_value(self) -> i64 {
-        match self {
-            Phase::Starting => 4,
-            Phase::Serving => 0,
-            Phase::Announcing => 1,
-            Phase::Refusing => 2,
-            Phase::Lingering => 3,
-        }
-    }
-
-    /// Lower-case name, as in logs and `GET /drain`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Phase::Starting => "starting",
-            Phase::Serving => "serving",
-            Phase::Announcing => "announcing",
-            Phase::Refusing => "refusing",
-            Phase::Lingering => "lingering",
-        }
-    }
-}
-
-impl fmt::Display for Phase {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
 
 /// An input of the signal map: a signal, the admin endpoint, or a programmatic request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

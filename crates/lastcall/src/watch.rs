@@ -31,55 +31,16 @@
 use tokio::sync::watch;
 
 use crate::lifecycle::{Handle, State};
-use crate::machine::Phase;
 
-/// The part of the lifecycle's state a connection follows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Seen {
-    /// The phase.
-    pub phase: Phase,
-    /// Whether the exit is decided.
-    pub exiting: bool,
-    /// Whether a hold is left ([`Handle::hold`]): something outside the daemon, e.g. a load
-    /// balancer that has not yet marked it down, may still send it work.
-    pub held: bool,
-}
+// The part of the lifecycle's state a connection follows; in `lastcall-phase`, which the
+// sans-IO protocol cores use without tokio.
+pub use lastcall_phase::Seen;
 
-impl Seen {
-    fn of(state: &State) -> Seen {
-        Seen {
-            phase: state.phase,
-            exiting: state.exiting,
-            held: state.held,
-        }
-    }
-
-    /// Serving, the exit not decided, no hold: `/readyz` answers 200 and nothing is being
-    /// drained.
-    pub const SERVING: Seen = Seen {
-        phase: Phase::Serving,
-        exiting: false,
-        held: false,
-    };
-
-    /// Serving, and the exit not decided.
-    pub fn is_serving(self) -> bool {
-        self.phase == Phase::Serving && !self.exiting
-    }
-
-    /// New work is refused: Refusing, or the exit is decided.
-    pub fn is_refusing(self) -> bool {
-        self.phase == Phase::Refusing || self.exiting
-    }
-
-    /// A drain (or linger) has started, or the exit is decided: `/readyz` answers 503.
-    pub fn is_draining(self) -> bool {
-        !matches!(self.phase, Phase::Serving | Phase::Starting) || self.exiting
-    }
-
-    /// The exit is decided: close what is left, now.
-    pub fn is_exiting(self) -> bool {
-        self.exiting
+fn seen(state: &State) -> Seen {
+    Seen {
+        phase: state.phase,
+        exiting: state.exiting,
+        held: state.held,
     }
 }
 
@@ -100,7 +61,7 @@ impl Handle {
     /// phase changes or the exit is decided.
     pub fn watch(&self) -> Watch {
         let rx = self.subscribe();
-        let last = Seen::of(&rx.borrow());
+        let last = seen(&rx.borrow());
         Watch {
             handle: self.clone(),
             rx,
@@ -117,10 +78,10 @@ impl Watch {
 
     /// The current phase and exit decision.
     pub fn now(&self) -> Seen {
-        Seen::of(&self.rx.borrow())
+        seen(&self.rx.borrow())
     }
 
-    /// Whether new work is refused now: [`Phase::Refusing`], or the exit is decided.
+    /// Whether new work is refused now: [`Phase::Refusing`](crate::Phase::Refusing), or the exit is decided.
     /// (Never while Starting, Serving, Announcing or Lingering.)
     pub fn is_refusing(&self) -> bool {
         self.now().is_refusing()
@@ -138,9 +99,9 @@ impl Watch {
         let last = self.last;
         let seen = self
             .rx
-            .wait_for(|s| Seen::of(s) != last)
+            .wait_for(|s| seen(s) != last)
             .await
-            .map(|state| Seen::of(&state));
+            .map(|state| seen(&state));
         match seen {
             Ok(seen) => {
                 self.last = seen;

@@ -1,6 +1,6 @@
 //! The modules of every crate of the workspace form layers: no module uses a sibling that
-//! (directly or not) uses it (`lastcall_testkit::layering`); and every dependency a crate
-//! declares is used by it.
+//! (directly or not) uses it (`lastcall_testkit::layering`); every dependency a crate
+//! declares is used by it; and the sans-IO cores depend on no runtime and no engine.
 #![allow(
     clippy::expect_used,
     reason = "test code: a panic is the failure report"
@@ -20,6 +20,7 @@ fn no_module_depends_on_itself() {
     let mut known_seen = vec![false; KNOWN.len()];
     for name in [
         "lastcall",
+        "phase",
         "spoa",
         "turn",
         "turn-proto",
@@ -33,7 +34,7 @@ fn no_module_depends_on_itself() {
         assert!(src.is_dir(), "{}", src.display());
         let (edges, cycles) = lastcall_testkit::layering::edges_and_cycles(&src);
         assert!(
-            !edges.is_empty() || name == "turnload" || name == "turn-kernel",
+            !edges.is_empty() || ["phase", "turnload", "turn-kernel"].contains(&name),
             "{name}: no use between modules read at all"
         );
         checked += 1;
@@ -47,7 +48,7 @@ fn no_module_depends_on_itself() {
             }
         }
     }
-    assert_eq!(checked, 9);
+    assert_eq!(checked, 10);
     assert!(found.is_empty(), "import cycles:\n{}", found.join("\n"));
     for (i, seen) in known_seen.iter().enumerate() {
         assert!(
@@ -165,4 +166,93 @@ fn an_unused_dependency_is_found() {
     assert!(mentions("use md5::Md5;", "md5"));
     assert!(!mentions("let anyhow_like = 1;", "anyhow"));
     assert!(!mentions("libcore", "libc"));
+}
+
+/// The packages of `Cargo.lock` with what each depends on (normal, dev and build alike).
+fn locked_graph(lock: &str) -> std::collections::BTreeMap<String, Vec<String>> {
+    let mut graph = std::collections::BTreeMap::new();
+    for package in lock.split("[[package]]").skip(1) {
+        let mut name = None;
+        let mut deps = Vec::new();
+        let mut in_deps = false;
+        for line in package.lines() {
+            if let Some(n) = line.strip_prefix("name = ") {
+                name = Some(n.trim_matches('"').to_owned());
+            } else if line.starts_with("dependencies = [") {
+                in_deps = true;
+            } else if in_deps && line.starts_with(']') {
+                in_deps = false;
+            } else if in_deps {
+                // ` "name",` or ` "name version",` when two versions are locked.
+                let dep = line.trim().trim_matches(|c| c == '"' || c == ',');
+                deps.push(dep.split(' ').next().unwrap_or(dep).to_owned());
+            }
+        }
+        if let Some(name) = name {
+            graph.entry(name).or_insert_with(Vec::new).extend(deps);
+        }
+    }
+    graph
+}
+
+/// Every package `from` depends on, directly or not, not looking past the packages in
+/// `stop`.
+fn reachable(
+    graph: &std::collections::BTreeMap<String, Vec<String>>,
+    from: &str,
+    stop: &[&str],
+) -> std::collections::BTreeSet<String> {
+    let mut seen = std::collections::BTreeSet::new();
+    let mut todo = vec![from.to_owned()];
+    while let Some(package) = todo.pop() {
+        if stop.contains(&package.as_str()) {
+            continue;
+        }
+        for dep in graph.get(&package).into_iter().flatten() {
+            if seen.insert(dep.clone()) {
+                todo.push(dep.clone());
+            }
+        }
+    }
+    seen
+}
+
+/// The sans-IO cores take bytes and `now` and return what to do: no runtime (tokio, or
+/// `lastcall`, which drives the lifecycle with it) and no engine (libmodsecurity) below them,
+/// so that their tests and fuzz targets build without either. `spop`'s codec brings
+/// `tokio-util` (and through it tokio's `sync` feature, no runtime), which the cores do not
+/// use: the walk stops there, and no core may declare either itself.
+#[test]
+fn sans_io_cores_depend_on_no_runtime_and_no_engine() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let lock = std::fs::read_to_string(root.join("Cargo.lock")).expect("Cargo.lock");
+    let graph = locked_graph(&lock);
+    for (core, dir) in [
+        ("lastcall-phase", "phase"),
+        ("lastcall-turn-proto", "turn-proto"),
+    ] {
+        assert!(graph.contains_key(core), "{core} is not in Cargo.lock");
+        let manifest =
+            std::fs::read_to_string(root.join("crates").join(dir).join("Cargo.toml")).expect(dir);
+        for (_, dep) in declared(&manifest) {
+            assert!(
+                ![
+                    "tokio",
+                    "tokio-util",
+                    "futures",
+                    "lastcall",
+                    "lastcall-modsec"
+                ]
+                .contains(&dep.as_str()),
+                "{core} declares {dep}"
+            );
+        }
+        let below = reachable(&graph, core, &["tokio-util"]);
+        for f in ["tokio", "mio", "lastcall", "lastcall-modsec"] {
+            assert!(!below.contains(f), "{core} depends on {f}");
+        }
+    }
+    // The walk sees through the workspace: the agent is above both.
+    let agent = reachable(&graph, "lastcall-spoa", &["tokio-util"]);
+    assert!(agent.contains("tokio") && agent.contains("lastcall-modsec"));
 }
