@@ -3,11 +3,12 @@
 //!
 //! Three layers, each unaware of the one above it:
 //!
-//! - [`protocol`]: what HAProxy and the agent say (SPOP frames, their typed data, coraza-spoa's
-//!   messages, HAProxy's header blocks), sans-IO;
-//! - [`engine`]: the connections (handshake, pipelining, bounded evaluation, one ACK per
-//!   NOTIFY, the drain recipe), with each connection's decisions sans-IO in
-//!   `engine::conn`;
+//! - [`lastcall_spop_proto`], a crate of its own: what HAProxy and the agent say (SPOP
+//!   frames, their typed data, coraza-spoa's messages, HAProxy's header blocks) and each
+//!   connection's decisions (handshake, what is owed, the goodbye), sans-IO, with no runtime
+//!   and no engine;
+//! - [`engine`]: the connections (listeners, one task per connection carrying out its
+//!   decisions, bounded evaluation, one ACK per NOTIFY, the drain recipe);
 //! - [`waf`]: the evaluation itself, with libmodsecurity.
 //!
 //! Beside them: [`config`] reads the command line, the environment and coraza-spoa's YAML
@@ -15,8 +16,7 @@
 //! options and reads Go-style flags, [`autoreload`] reloads on SIGHUP and when the file
 //! changes, [`haproxy_check`] reads a user's HAProxy files (`lastcall-spoa check-haproxy`),
 //! [`log`] writes the logs (matched rules in coraza-spoa's JSON shape), [`metrics`] holds
-//! the Prometheus metrics, [`invariants`] holds what the decoders must hold
-//! on any input (for `fuzz/`); the binary (`main.rs`) only wires them to the `lastcall`
+//! the Prometheus metrics; the binary (`main.rs`) only wires them to the `lastcall`
 //! lifecycle.
 #![forbid(unsafe_code)]
 
@@ -25,8 +25,6 @@ mod cli;
 pub mod config;
 pub mod engine;
 pub mod haproxy_check;
-pub mod invariants;
 pub mod log;
 pub mod metrics;
-pub mod protocol;
 pub mod waf;

@@ -21,6 +21,7 @@ fn no_module_depends_on_itself() {
     for name in [
         "lastcall",
         "phase",
+        "spop-proto",
         "spoa",
         "turn",
         "turn-proto",
@@ -48,7 +49,7 @@ fn no_module_depends_on_itself() {
             }
         }
     }
-    assert_eq!(checked, 10);
+    assert_eq!(checked, 11);
     assert!(found.is_empty(), "import cycles:\n{}", found.join("\n"));
     for (i, seen) in known_seen.iter().enumerate() {
         assert!(
@@ -229,6 +230,7 @@ fn sans_io_cores_depend_on_no_runtime_and_no_engine() {
     let graph = locked_graph(&lock);
     for (core, dir) in [
         ("lastcall-phase", "phase"),
+        ("lastcall-spop-proto", "spop-proto"),
         ("lastcall-turn-proto", "turn-proto"),
     ] {
         assert!(graph.contains_key(core), "{core} is not in Cargo.lock");

@@ -10,13 +10,13 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use lastcall::{Problem, Problems, Source};
+use lastcall_spop_proto::payload::MIN_FRAME_SIZE;
 
 use super::yaml::{self, Node, Typed, Value};
 use super::{
     Application, Bind, BodyLimitAction, Config, Directives, Evaluation, LogFile, LogSettings,
 };
 use crate::log::FileFormat;
-use crate::protocol::payload::MIN_FRAME_SIZE;
 
 /// The top-level keys (coraza-spoa's, then ours).
 const TOP: &[&str] = &[

@@ -3,7 +3,8 @@
 //! through it (the verdict, or the error variable if the evaluation panicked or was dropped
 //! unrun).
 //!
-//! What the sink does with an ACK depends on the connection ([`super::conn::Wait::direct_acks`]):
+//! What the sink does with an ACK depends on the connection
+//! ([`Wait::direct_acks`](lastcall_spop_proto::conn::Wait::direct_acks)):
 //!
 //! - **direct** (serving, on a socket): whoever has the ACK writes it to the socket at once,
 //!   the evaluation thread that finished it included, and the sink counts it for the
@@ -13,8 +14,8 @@
 //!   its largest costs outside libmodsecurity (docs/benchmarks.md).
 //! - **held** (draining, a goodbye due, or a stream that is not a socket): the sink keeps
 //!   the ACKs, in order, and wakes the task, which places them
-//!   ([`super::conn::Input::HeldAcks`]): the last one of a connection whose goodbye is due
-//!   carries it in the same write.
+//!   ([`Input::HeldAcks`](lastcall_spop_proto::conn::Input::HeldAcks)): the last one of a
+//!   connection whose goodbye is due carries it in the same write.
 //!
 //! Every frame is written whole and frames never interleave: all writes, the task's and the
 //! threads', go through one mutex, and bytes a full socket buffer would not take wait in
@@ -27,12 +28,12 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 
+use lastcall_spop_proto::frame;
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::io::AsyncWrite;
 use tokio::sync::Notify;
 
 use super::handler::{error_vars, Vars};
-use crate::protocol::frame;
 
 /// A socket's write half that can also be written without a task: a non-blocking write, and
 /// the readiness to wait on when that would block.

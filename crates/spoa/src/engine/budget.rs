@@ -241,7 +241,7 @@ mod tests {
     use super::*;
     use crate::engine::ack::AckSink;
     use crate::engine::pool::Work;
-    use crate::protocol::frame::{decode_agent_frame, AgentFrame};
+    use lastcall_spop_proto::frame::{decode_agent_frame, AgentFrame};
     use prometheus_client::metrics::gauge::Gauge;
     use std::sync::mpsc;
 

@@ -4,8 +4,9 @@
 //! whole, the drain recipe of `docs/spoa.md`, and the goodbye that rebalances HAProxy's
 //! connections.
 //!
-//! - `conn`: one connection's decisions, sans-IO (handshake, what is owed, what to read and
-//!   when, who writes the ACKs, when to say goodbye and with what);
+//! - [`conn`] (in `lastcall-spop-proto`): one connection's decisions, sans-IO (handshake,
+//!   what is owed, what to read and when, who writes the ACKs, when to say goodbye and with
+//!   what);
 //! - `task`: the tokio task that carries them out (reads, writes, evaluations, timers);
 //! - `ack`: the one way an ACK leaves (written by whoever has it while serving, handed to
 //!   the connection while draining);
@@ -20,7 +21,6 @@
 mod ack;
 mod bind;
 mod budget;
-pub(crate) mod conn;
 mod down;
 pub(crate) use down::DOWN_AFTER_CHECKS;
 mod handler;
@@ -34,6 +34,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lastcall::Handle;
+use lastcall_spop_proto::conn;
 use prometheus_client::metrics::gauge::Gauge;
 
 pub(crate) use bind::Bind;

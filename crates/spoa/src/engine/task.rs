@@ -25,12 +25,12 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use lastcall::{PeerId, Watch};
+use lastcall_spop_proto::conn::{Action, CloseReason, Conn, Event, Input, Pressure, Probe, Wait};
 use spop::frame::Message;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::ack::{AckSink, Ticket};
 use super::budget::{failure_vars, Owed};
-use super::conn::{Action, CloseReason, Conn, Event, Input, Pressure, Probe, Wait};
 use super::handler::Handler;
 use super::memory::{Account, Charge, Relief};
 use super::pool::{Slot, SlotFuture, Work};

@@ -35,7 +35,7 @@
 //! chunk boundary while HAProxy did not wait (only the buffering lines rule it out), and
 //! whether an HTTP/2 request without `content-length` has a body at all.
 
-use crate::protocol::coraza::{content_length, is_chunked, Request};
+use lastcall_spop_proto::coraza::{content_length, is_chunked, Request};
 
 /// What HAProxy's buffer keeps free of data (`tune.maxrewrite`, 1024 by default) plus room
 /// for its own block headers: an HTTP/1 body within this of the frame size is taken for cut

@@ -26,6 +26,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use lastcall_modsec::{Intervention, MatchReport, ModSecurity, Transaction};
+use lastcall_spop_proto::coraza::{self, Request, Response, REQUEST_MESSAGE, RESPONSE_MESSAGE};
 use spop::frame::Message;
 use spop::TypedData;
 
@@ -37,7 +38,6 @@ use crate::config::BodyLimitAction;
 use crate::engine::{Answer, Handler, Later, Vars, AGENT_ERROR};
 use crate::log::{RuleLines, RULE_TARGET};
 use crate::metrics::{Metrics, Verdict};
-use crate::protocol::coraza::{self, Request, Response, REQUEST_MESSAGE, RESPONSE_MESSAGE};
 use body::BodyState;
 
 /// Runs the logging phase of finished request transactions, then frees them.

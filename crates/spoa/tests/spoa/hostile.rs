@@ -15,7 +15,7 @@ use crate::support::{Agent, WAIT};
 use lastcall_modsec::crs::{
     debian_default_directives, score_rules_text, CrsOptions, ENGINE_LIMITS,
 };
-use lastcall_spoa::protocol::frame::{self, AgentFrame};
+use lastcall_spop_proto::frame::{self, AgentFrame};
 use lastcall_testkit::procfs::{fds, mib, rss, PeakRss};
 use spop::TypedData;
 

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use crate::support::{get, Stack, StackOptions, WAIT};
 use bytes::BytesMut;
-use lastcall_spoa::protocol::frame::{self, AgentFrame};
+use lastcall_spop_proto::frame::{self, AgentFrame};
 use spop::frame::Message;
 use spop::TypedData;
 

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use lastcall_testkit::{try_http, wait_until, Signal};
 use serde_json::Value;
 
-use lastcall_spoa::protocol::frame;
+use lastcall_spop_proto::frame;
 use spop::TypedData;
 
 use crate::support::spop::{request, Raw, HEADERS};

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use crate::support::{Agent, Stack, StackOptions, WAIT};
 use bytes::BytesMut;
-use lastcall_spoa::protocol::frame::{self, AgentFrame};
+use lastcall_spop_proto::frame::{self, AgentFrame};
 use lastcall_testkit::{self as testkit, Signal};
 use spop::frame::Message;
 use spop::TypedData;

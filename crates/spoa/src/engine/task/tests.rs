@@ -3,9 +3,9 @@
 use super::*;
 use crate::engine::{Answer, Limits, Vars};
 use crate::metrics::Metrics;
-use crate::protocol::frame::{self, decode_agent_frame, AgentFrame};
 use bytes::BytesMut;
 use lastcall::{Handle, Lifecycle, OnSigterm, TerminationConfig, Trigger};
+use lastcall_spop_proto::frame::{self, decode_agent_frame, AgentFrame};
 use spop::TypedData;
 use std::pin::Pin;
 use std::sync::Mutex;

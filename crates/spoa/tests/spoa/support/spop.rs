@@ -7,7 +7,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
-use lastcall_spoa::protocol::frame::{self, AgentFrame};
+use lastcall_spop_proto::frame::{self, AgentFrame};
 use spop::frame::Message;
 use spop::TypedData;
 

@@ -12,7 +12,7 @@ use spop::{decode_varint, StatusCode, TypedData};
 use super::error::ProtocolError;
 
 /// The smallest `max-frame-size` a peer may announce (SPOE.txt 3.2).
-pub(crate) const MIN_FRAME_SIZE: u32 = 256;
+pub const MIN_FRAME_SIZE: u32 = 256;
 
 pub(crate) fn varint<'a>(input: &'a [u8], what: &str) -> Result<(&'a [u8], u64), ProtocolError> {
     decode_varint(input).map_err(|_| ProtocolError::invalid(format!("bad varint in {what}")))
@@ -38,7 +38,7 @@ pub(crate) fn typed<'a>(
 }
 
 /// Decodes a KV-LIST payload (HELLO and DISCONNECT frames).
-pub(crate) fn parse_kv_list(mut input: &[u8]) -> Result<Vec<(String, TypedData)>, ProtocolError> {
+pub fn parse_kv_list(mut input: &[u8]) -> Result<Vec<(String, TypedData)>, ProtocolError> {
     let mut out = Vec::new();
     while !input.is_empty() {
         let (rest, name) = string(input, "KV name")?;
@@ -50,7 +50,7 @@ pub(crate) fn parse_kv_list(mut input: &[u8]) -> Result<Vec<(String, TypedData)>
 }
 
 /// Decodes a LIST-OF-MESSAGES payload (NOTIFY frames).
-pub(crate) fn parse_messages(mut input: &[u8]) -> Result<Vec<Message>, ProtocolError> {
+pub fn parse_messages(mut input: &[u8]) -> Result<Vec<Message>, ProtocolError> {
     let mut out = Vec::new();
     while !input.is_empty() {
         let (rest, name) = string(input, "message name")?;
@@ -72,25 +72,25 @@ pub(crate) fn parse_messages(mut input: &[u8]) -> Result<Vec<Message>, ProtocolE
 
 /// What the agent agreed to in the HELLO handshake.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Negotiated {
+pub struct Negotiated {
     /// `min(HAProxy's max-frame-size, ours)`.
-    pub(crate) max_frame_size: u32,
+    pub max_frame_size: u32,
     /// HAProxy's max-frame-size (2.6 to 3.2 offer `tune.bufsize - 4`).
-    pub(crate) offered: u32,
+    pub offered: u32,
     /// Whether pipelining is agreed: offered by HAProxy, and accepted by the connection
-    /// (`engine::conn` decides; [`negotiate_hello`] says what was offered).
-    pub(crate) pipelining: bool,
+    /// ([`crate::conn`] decides; [`negotiate_hello`] says what was offered).
+    pub pipelining: bool,
     /// Whether HAProxy offered `async` too: its SPOE applet does (2.6, 3.0), the
     /// multiplexer of 3.1 and later does not (SPOE.txt: "async ... deprecated and ignored").
-    pub(crate) offered_async: bool,
+    pub offered_async: bool,
     /// A health-check HELLO: answer and close.
-    pub(crate) healthcheck: bool,
+    pub healthcheck: bool,
     /// HAProxy's `engine-id`, if sent.
-    pub(crate) engine_id: Option<String>,
+    pub engine_id: Option<String>,
 }
 
 /// Validates a HAPROXY-HELLO payload and negotiates with our own `max-frame-size`.
-pub(crate) fn negotiate_hello(payload: &[u8], our_max: u32) -> Result<Negotiated, ProtocolError> {
+pub fn negotiate_hello(payload: &[u8], our_max: u32) -> Result<Negotiated, ProtocolError> {
     let kv = parse_kv_list(payload)?;
     let get = |name: &str| kv.iter().find(|(k, _)| k == name).map(|(_, v)| v);
     let versions = match get("supported-versions") {

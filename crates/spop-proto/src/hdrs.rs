@@ -7,12 +7,12 @@
 
 /// The most headers a block may hold: HAProxy's `tune.http.maxhdr` cannot exceed 32767, so a
 /// longer block did not come from HAProxy (and the rules' cost grows with the count).
-pub(crate) const MAX_HEADERS: usize = 32_767;
+pub const MAX_HEADERS: usize = 32_767;
 
 /// Parses `req.hdrs` / `res.hdrs`: `Name: value` lines separated by CRLF, ending with an empty
 /// line. A line without a colon, or with an empty name, is an error (HAProxy never produces
 /// one; coraza-spoa refuses it too).
-pub(crate) fn parse_hdrs_text(block: &[u8]) -> Result<Vec<(String, String)>, String> {
+pub fn parse_hdrs_text(block: &[u8]) -> Result<Vec<(String, String)>, String> {
     let text = String::from_utf8_lossy(block);
     let mut out = Vec::new();
     for line in text.split('\n').map(|l| l.trim_end_matches('\r')) {
@@ -37,7 +37,7 @@ pub(crate) fn parse_hdrs_text(block: &[u8]) -> Result<Vec<(String, String)>, Str
 
 /// Parses `req.hdrs_bin` / `res.hdrs_bin`: `<name-len:varint><name><value-len:varint><value>`
 /// repeated, ending with two zero-length strings and nothing after them.
-pub(crate) fn parse_hdrs_bin(mut block: &[u8]) -> Result<Vec<(String, String)>, String> {
+pub fn parse_hdrs_bin(mut block: &[u8]) -> Result<Vec<(String, String)>, String> {
     let mut out = Vec::new();
     loop {
         let at = out.len();
@@ -65,7 +65,7 @@ pub(crate) fn parse_hdrs_bin(mut block: &[u8]) -> Result<Vec<(String, String)>, 
 
 /// A `headers` argument: `req.hdrs_bin` if it reads as one, else a `req.hdrs` text block;
 /// neither is an error (the one of the binary reading, for a blob that is not text).
-pub(crate) fn parse_hdrs(block: &[u8], binary: bool) -> Result<Vec<(String, String)>, String> {
+pub fn parse_hdrs(block: &[u8], binary: bool) -> Result<Vec<(String, String)>, String> {
     if !binary {
         return parse_hdrs_text(block);
     }

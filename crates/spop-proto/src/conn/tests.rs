@@ -4,12 +4,12 @@
 use std::time::Duration;
 
 use bytes::BytesMut;
-use lastcall::{Phase, Seen};
+use lastcall_phase::{Phase, Seen};
 use spop::frame::Message;
 use std::time::Instant;
 
 use super::*;
-use crate::protocol::frame::{decode_agent_frame, AgentFrame};
+use crate::frame::{decode_agent_frame, AgentFrame};
 
 const SERVING: Seen = Seen::SERVING;
 // Draining, a HAProxy still has the agent UP (a hold is left) unless the name says DOWN.

@@ -30,22 +30,22 @@ const FLAG_ABORT: u32 = 0x2;
 
 /// One frame as read off the wire, header decoded, payload not yet interpreted.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct RawFrame {
+pub struct RawFrame {
     /// Frame type byte.
-    pub(crate) kind: u8,
+    pub kind: u8,
     /// Stream identifier.
-    pub(crate) stream_id: u64,
+    pub stream_id: u64,
     /// Frame identifier.
-    pub(crate) frame_id: u64,
+    pub frame_id: u64,
     /// Payload bytes.
-    pub(crate) payload: bytes::Bytes,
+    pub payload: bytes::Bytes,
 }
 
 /// Takes one complete frame off the front of `buf`.
 ///
 /// `Ok(None)` means more bytes are needed ("need more bytes" is not "invalid"). A frame whose
 /// length prefix exceeds `max_frame_size` is refused before its body arrives.
-pub(crate) fn decode_frame(
+pub fn decode_frame(
     buf: &mut BytesMut,
     max_frame_size: u32,
 ) -> Result<Option<RawFrame>, ProtocolError> {
@@ -105,7 +105,7 @@ fn parse_header(mut frame: bytes::Bytes) -> Result<RawFrame, ProtocolError> {
 
 /// Encodes AGENT-HELLO. We announce `pipelining` only when HAProxy offered it, and never
 /// `async` or fragmentation.
-pub(crate) fn encode_agent_hello(n: &Negotiated, out: &mut Vec<u8>) {
+pub fn encode_agent_hello(n: &Negotiated, out: &mut Vec<u8>) {
     let capabilities = if n.pipelining {
         vec![FrameCapabilities::Pipelining]
     } else {
@@ -121,7 +121,7 @@ pub(crate) fn encode_agent_hello(n: &Negotiated, out: &mut Vec<u8>) {
 }
 
 /// Encodes AGENT-DISCONNECT.
-pub(crate) fn encode_agent_disconnect(status: StatusCode, message: &str, out: &mut Vec<u8>) {
+pub fn encode_agent_disconnect(status: StatusCode, message: &str, out: &mut Vec<u8>) {
     let frame = AgentDisconnect {
         status_code: status.to_u32(),
         message: message.to_owned(),
@@ -133,7 +133,7 @@ pub(crate) fn encode_agent_disconnect(status: StatusCode, message: &str, out: &m
 ///
 /// If the frame would exceed `max_frame_size`, the longest string values are cut until it fits
 /// (a long `rules_hit` list is the usual cause); the ACK itself is never dropped.
-pub(crate) fn encode_ack(
+pub fn encode_ack(
     stream_id: u64,
     frame_id: u64,
     vars: &[(&str, TypedData)],

@@ -21,68 +21,68 @@ use spop::TypedData;
 use super::hdrs::parse_hdrs;
 
 /// Name of the request message.
-pub(crate) const REQUEST_MESSAGE: &str = "coraza-req";
+pub const REQUEST_MESSAGE: &str = "coraza-req";
 /// Name of the response message.
-pub(crate) const RESPONSE_MESSAGE: &str = "coraza-res";
+pub const RESPONSE_MESSAGE: &str = "coraza-res";
 
 /// A `coraza-req` message.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct Request {
+pub struct Request {
     /// `app`: which application's rules to use.
-    pub(crate) app: String,
+    pub app: String,
     /// `id`: a transaction id, if HAProxy sends one (`unique-id`); generated otherwise.
-    pub(crate) id: Option<String>,
+    pub id: Option<String>,
     /// `src-ip`.
-    pub(crate) src_ip: Option<IpAddr>,
+    pub src_ip: Option<IpAddr>,
     /// `src-port`.
-    pub(crate) src_port: u16,
+    pub src_port: u16,
     /// `dst-ip`.
-    pub(crate) dst_ip: Option<IpAddr>,
+    pub dst_ip: Option<IpAddr>,
     /// `dst-port`.
-    pub(crate) dst_port: u16,
+    pub dst_port: u16,
     /// `method`.
-    pub(crate) method: String,
+    pub method: String,
     /// `path`.
-    pub(crate) path: String,
+    pub path: String,
     /// `query` (without `?`), if any.
-    pub(crate) query: Option<String>,
+    pub query: Option<String>,
     /// `version`, e.g. `1.1`.
-    pub(crate) version: String,
+    pub version: String,
     /// Headers, decoded from `req.hdrs` (text) or `req.hdrs_bin` (binary).
-    pub(crate) headers: Vec<(String, String)>,
+    pub headers: Vec<(String, String)>,
     /// `body` as received (possibly truncated by HAProxy to its buffer).
-    pub(crate) body: Vec<u8>,
+    pub body: Vec<u8>,
     /// `body_size` / `body-size` / `req.body_size`: the full body size HAProxy knows of.
-    pub(crate) body_size: Option<u64>,
+    pub body_size: Option<u64>,
     /// `exportRuleIDs`: set `rule_ids`.
-    pub(crate) export_rule_ids: bool,
+    pub export_rule_ids: bool,
     /// The first argument that could not be read, and why.
-    pub(crate) problem: Option<String>,
+    pub problem: Option<String>,
 }
 
 /// A `coraza-res` message.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct Response {
+pub struct Response {
     /// `app`.
-    pub(crate) app: String,
+    pub app: String,
     /// `id`: the request's transaction id (`var(txn.coraza.id)`).
-    pub(crate) id: String,
+    pub id: String,
     /// `version`.
-    pub(crate) version: String,
+    pub version: String,
     /// `status`.
-    pub(crate) status: i32,
+    pub status: i32,
     /// Response headers.
-    pub(crate) headers: Vec<(String, String)>,
+    pub headers: Vec<(String, String)>,
     /// Response body.
-    pub(crate) body: Vec<u8>,
+    pub body: Vec<u8>,
     /// The full body size HAProxy knows of, if sent.
-    pub(crate) body_size: Option<u64>,
+    pub body_size: Option<u64>,
     /// `exportRuleIDs`: set `rule_ids`.
-    pub(crate) export_rule_ids: bool,
+    pub export_rule_ids: bool,
     /// `detect-only`: answer at once, evaluate afterwards for the log only.
-    pub(crate) detect_only: bool,
+    pub detect_only: bool,
     /// The first argument that could not be read, and why.
-    pub(crate) problem: Option<String>,
+    pub problem: Option<String>,
 }
 
 /// The type of a value, in errors.
@@ -197,7 +197,7 @@ fn keep<T: Default>(problem: &mut Option<String>, arg: &str, got: Read<T>) -> T 
 
 impl Request {
     /// Decodes a `coraza-req` message.
-    pub(crate) fn from_message(msg: &Message) -> Self {
+    pub fn from_message(msg: &Message) -> Self {
         let mut r = Request::default();
         let p = &mut r.problem;
         for (name, v) in &msg.args {
@@ -231,7 +231,7 @@ impl Request {
     /// (`GET http://example.com HTTP/1.1`, which HAProxy 3.x already turns into `/`); nginx
     /// gives ModSecurity `/` for the latter, and the path alone for every absolute-form
     /// target, as HAProxy's `path` does.
-    pub(crate) fn uri(&self) -> String {
+    pub fn uri(&self) -> String {
         let path = match self.path.as_str() {
             "" if self.method.eq_ignore_ascii_case("OPTIONS") && self.query.is_none() => "*",
             "" => "/",
@@ -245,13 +245,13 @@ impl Request {
 
     /// The size the body should have: `body_size` if HAProxy sent it, else `Content-Length`.
     #[cfg(test)]
-    pub(crate) fn declared_body_size(&self) -> Option<u64> {
+    pub fn declared_body_size(&self) -> Option<u64> {
         self.body_size.or_else(|| content_length(&self.headers))
     }
 
     /// Whether HAProxy handed us less body than the request carries.
     #[cfg(test)]
-    pub(crate) fn body_truncated(&self) -> bool {
+    pub fn body_truncated(&self) -> bool {
         self.declared_body_size()
             .is_some_and(|n| n > self.body.len() as u64)
     }
@@ -259,7 +259,7 @@ impl Request {
 
 /// The `app` argument of a message (the last one, as the decoders read it), without
 /// decoding the rest.
-pub(crate) fn app_of(msg: &Message) -> String {
+pub fn app_of(msg: &Message) -> String {
     msg.args
         .iter()
         .rev()
@@ -270,7 +270,7 @@ pub(crate) fn app_of(msg: &Message) -> String {
 
 impl Response {
     /// Decodes a `coraza-res` message.
-    pub(crate) fn from_message(msg: &Message) -> Self {
+    pub fn from_message(msg: &Message) -> Self {
         let mut r = Response::default();
         let p = &mut r.problem;
         for (name, v) in &msg.args {
@@ -301,7 +301,7 @@ impl Response {
     }
 
     /// Whether HAProxy handed us less body than the response carries.
-    pub(crate) fn body_truncated(&self) -> bool {
+    pub fn body_truncated(&self) -> bool {
         self.body_size
             .or_else(|| content_length(&self.headers))
             .is_some_and(|n| n > self.body.len() as u64)
@@ -309,14 +309,14 @@ impl Response {
 }
 
 /// Whether the headers say `Transfer-Encoding: chunked`.
-pub(crate) fn is_chunked(headers: &[(String, String)]) -> bool {
+pub fn is_chunked(headers: &[(String, String)]) -> bool {
     headers.iter().any(|(k, v)| {
         k.eq_ignore_ascii_case("transfer-encoding") && v.to_ascii_lowercase().contains("chunked")
     })
 }
 
 /// The `Content-Length` the headers declare, if any.
-pub(crate) fn content_length(headers: &[(String, String)]) -> Option<u64> {
+pub fn content_length(headers: &[(String, String)]) -> Option<u64> {
     headers
         .iter()
         .find(|(k, _)| k.eq_ignore_ascii_case("content-length"))

@@ -3,7 +3,7 @@
 //! connection says AGENT-DISCONNECT, and with what), as quinn-proto's `Connection` does for
 //! QUIC.
 //!
-//! The connection task ([`super::task`]) is a plain executor: it reads bytes into
+//! The connection task (`lastcall-spoa`'s `engine::task`) is a plain executor: it reads bytes into
 //! [`Conn::buffer`], takes protocol events from [`Conn::poll`] (a handshake, a NOTIFY to
 //! evaluate, a frame that ends the connection), feeds everything else that happens as an
 //! [`Input`] to [`Conn::handle`] (ACKs written or handed over, the lifecycle, evaluations
@@ -47,56 +47,56 @@
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
-use lastcall::{Phase, Seen};
+use lastcall_phase::{Phase, Seen};
 use spop::frame::Message;
 use spop::StatusCode;
 
-use crate::protocol::error::ProtocolError;
-use crate::protocol::frame::{self, kind};
-use crate::protocol::payload::{self, Negotiated};
+use crate::error::ProtocolError;
+use crate::frame::{self, kind};
+use crate::payload::{self, Negotiated};
 
 /// How long a connection closed while lingering still counts as a session: HAProxy 2.6
 /// soft-stopping closes every idle SPOE connection and opens a new one for the next message,
 /// and a lingering agent that saw no session in between would leave and fail that message
-/// (measured in tests/spoa/rollout.rs's sidecar test).
-pub(crate) const LINGER_HOLD: Duration = Duration::from_millis(250);
+/// (measured in crates/spoa/tests/spoa/rollout.rs's sidecar test).
+pub const LINGER_HOLD: Duration = Duration::from_millis(250);
 
 /// How long a HELLO refused while draining still counts as a session: HAProxy only opens
 /// connections to an agent it has UP, so a refused HELLO says it has not yet marked this one
 /// DOWN, and an agent that left then would close its listener while HAProxy still places
-/// work on it (see `super::down`, which holds the session of each HAProxy that checks the
-/// agent until it has marked it DOWN; this covers one that does not check it).
-pub(crate) const REFUSED_HOLD: Duration = Duration::from_millis(1000);
+/// work on it (see `lastcall-spoa`'s `engine::down`, which holds the session of each HAProxy
+/// that checks the agent until it has marked it DOWN; this covers one that does not check it).
+pub const REFUSED_HOLD: Duration = Duration::from_millis(1000);
 
 /// The largest frame accepted before the handshake: a HAPROXY-HELLO is a few hundred bytes
 /// (its KV-LIST names a version list, `max-frame-size`, `capabilities`, `healthcheck` and
 /// `engine-id`), and a stranger's bytes must not be held up to `max_frame_size` before anyone
 /// knows it speaks SPOP.
-pub(crate) const HELLO_FRAME_LIMIT: u32 = 4096;
+pub const HELLO_FRAME_LIMIT: u32 = 4096;
 
 /// How much room a read asks for when no frame length is known yet (after the handshake):
 /// most NOTIFYs of HAProxy's default 16 KB buffer fit, and a connection waiting for its next
 /// frame holds no more.
-pub(crate) const READ_ROOM: usize = 8 * 1024;
+pub const READ_ROOM: usize = 8 * 1024;
 
 /// The most one read asks room for at once: a 1 MiB frame arrives in pieces of this size,
 /// each taken from `max_buffered_bytes` as it comes.
-pub(crate) const READ_ROOM_MAX: usize = 64 * 1024;
+pub const READ_ROOM_MAX: usize = 64 * 1024;
 
 /// When a connection says goodbye to be placed again by HAProxy's `balance` (serving or
 /// announcing; never while lingering). Zero turns a bound off; with both off, connections
 /// stay until HAProxy or the drain closes them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Rebalance {
+pub struct Rebalance {
     /// After this many NOTIFYs.
-    pub(crate) after_messages: u64,
+    pub after_messages: u64,
     /// After this long since the handshake.
-    pub(crate) after: Duration,
+    pub after: Duration,
 }
 
 impl Rebalance {
     /// Never.
-    pub(crate) const OFF: Rebalance = Rebalance {
+    pub const OFF: Rebalance = Rebalance {
         after_messages: 0,
         after: Duration::ZERO,
     };
@@ -104,37 +104,37 @@ impl Rebalance {
 
 /// A connection's fixed settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Settings {
+pub struct Settings {
     /// Largest frame accepted before the handshake (then min'd with HAProxy's).
-    pub(crate) max_frame_size: u32,
+    pub max_frame_size: u32,
     /// Agree to `pipelining` when HAProxy's SPOE applet (2.6, 3.0: it offers `async` too)
     /// offers it. Never with the multiplexer of 3.1+ (it offers `pipelining` alone): without
     /// it, the multiplexer sends one NOTIFY at a time on a connection, so a goodbye can ride
     /// on its ACK. (2.6.12 and 3.0 need it: without it their applet leaves NOTIFYs queued
     /// after an ACK, HAProxy bc9fb6462, measured as 5 s `timeout processing` failures.)
-    pub(crate) pipelining: bool,
+    pub pipelining: bool,
     /// NOTIFYs owed at most, and evaluations running at most; decoding (and reading) pause at
     /// the bound.
-    pub(crate) max_inflight: usize,
+    pub max_inflight: usize,
     /// ACK bytes waiting for a peer that does not read them, above which reading pauses.
-    pub(crate) max_unsent: usize,
+    pub max_unsent: usize,
     /// While refusing, a connection with nothing owed says goodbye after nothing came or went
     /// on it for this long.
-    pub(crate) drain_quiet: Duration,
+    pub drain_quiet: Duration,
     /// When a connection says goodbye to be placed again.
-    pub(crate) rebalance: Rebalance,
+    pub rebalance: Rebalance,
     /// A frame started but not finished within this time closes the connection (status 2).
-    pub(crate) partial_frame_timeout: Duration,
+    pub partial_frame_timeout: Duration,
     /// A connection that has not completed its HELLO within this time is closed (status 2).
-    pub(crate) hello_timeout: Duration,
+    pub hello_timeout: Duration,
     /// A connection with nothing owed, nothing buffered and nothing received or sent for
     /// this long is closed (AGENT-DISCONNECT status 0).
-    pub(crate) idle_timeout: Duration,
+    pub idle_timeout: Duration,
 }
 
 /// A protocol event taken from the buffer.
 #[derive(Debug)]
-pub(crate) enum Event {
+pub enum Event {
     /// Handshake done: write `reply` (AGENT-HELLO); a session begins.
     Ready {
         /// The AGENT-HELLO frame.
@@ -171,7 +171,7 @@ pub(crate) enum Event {
 
 /// Why a connection ends.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum CloseReason {
+pub enum CloseReason {
     /// A health check was answered.
     HealthCheck,
     /// A HELLO was refused because we are draining.
@@ -203,7 +203,7 @@ pub(crate) enum CloseReason {
 
 /// Something that happened, for [`Conn::handle`].
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Input {
+pub enum Input {
     /// Nothing new: the events of [`Conn::poll`] were handled, or an action was carried out.
     Nothing,
     /// Bytes were read into [`Conn::buffer`].
@@ -244,7 +244,7 @@ pub(crate) enum Input {
 
 /// Why room for a read was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Pressure {
+pub enum Pressure {
     /// Wait for bytes to be released, or until this instant (when the oldest unfinished
     /// frame elsewhere may be dropped), then ask again.
     Wait(Option<Instant>),
@@ -254,7 +254,7 @@ pub(crate) enum Pressure {
 
 /// What a look at the socket found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Probe {
+pub enum Probe {
     /// Nothing waiting.
     Idle,
     /// Bytes were moved into [`Conn::buffer`].
@@ -265,7 +265,7 @@ pub(crate) enum Probe {
 
 /// What the connection task must do next.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Action {
+pub enum Action {
     /// Wait for the next input, as [`Wait`] says.
     Wait(Wait),
     /// Look for bytes not yet read (move what the socket has into the buffer, else ask the
@@ -284,35 +284,35 @@ pub(crate) enum Action {
 
 /// How to wait: what to read, until when, and what else ends the wait.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Wait {
+pub struct Wait {
     /// Read into [`Conn::buffer`] with this much free room in it (taken from
     /// `max_buffered_bytes` first; when that is refused, feed [`Input::NoRoom`]), or do not
     /// read.
-    pub(crate) read: Option<usize>,
+    pub read: Option<usize>,
     /// When to feed [`Input::Timeout`] without any other input.
-    pub(crate) until: Option<Instant>,
+    pub until: Option<Instant>,
     /// Whether the evaluation threads write ACKs to the socket themselves (only while
     /// serving and no goodbye is due); otherwise they hand them to the connection
     /// ([`Input::HeldAcks`]).
-    pub(crate) direct_acks: bool,
+    pub direct_acks: bool,
     /// Wake for every ACK written directly ([`Input::AcksWritten`]): the connection waits
     /// for owed NOTIFYs.
-    pub(crate) ack_wakes: bool,
+    pub ack_wakes: bool,
     /// Wake when one of its evaluations ends ([`Input::Evaluations`]): reading waits for one.
-    pub(crate) evaluation_wakes: bool,
+    pub evaluation_wakes: bool,
     /// Wake when bytes are released ([`Input::Released`]): reading waits for room.
-    pub(crate) memory_wakes: bool,
+    pub memory_wakes: bool,
     /// What the buffer holds, for `max_buffered_bytes`.
-    pub(crate) holding: Holding,
+    pub holding: Holding,
 }
 
 /// What a connection's read buffer holds, as `max_buffered_bytes` counts it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Holding {
+pub struct Holding {
     /// The buffer's capacity.
-    pub(crate) capacity: usize,
+    pub capacity: usize,
     /// Since when it has held an unfinished frame (not a whole one waiting to be decoded).
-    pub(crate) unfinished_since: Option<Instant>,
+    pub unfinished_since: Option<Instant>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -333,7 +333,7 @@ enum Probing {
 
 /// One SPOP connection's state.
 #[derive(Debug)]
-pub(crate) struct Conn {
+pub struct Conn {
     settings: Settings,
     state: State,
     max_frame_size: u32,
@@ -379,7 +379,7 @@ pub(crate) struct Conn {
 
 impl Conn {
     /// A new connection, accepted at `now`, in the lifecycle's `drain`.
-    pub(crate) fn new(settings: Settings, drain: Seen, now: Instant) -> Self {
+    pub fn new(settings: Settings, drain: Seen, now: Instant) -> Self {
         Conn {
             settings,
             state: State::AwaitHello,
@@ -408,37 +408,37 @@ impl Conn {
     }
 
     /// Where the task reads bytes into (then feeds [`Input::Read`]).
-    pub(crate) fn buffer(&mut self) -> &mut BytesMut {
+    pub fn buffer(&mut self) -> &mut BytesMut {
         &mut self.buf
     }
 
     /// The negotiated (or, before HELLO, our own) maximum frame size.
-    pub(crate) fn max_frame_size(&self) -> u32 {
+    pub fn max_frame_size(&self) -> u32 {
         self.max_frame_size
     }
 
     /// NOTIFYs whose ACK is owed.
     #[cfg(test)]
-    pub(crate) fn owed(&self) -> usize {
+    pub fn owed(&self) -> usize {
         self.owed
     }
 
     /// Whether HAProxy has never had more than one NOTIFY owed on this connection: a
     /// goodbye riding on the ACK of its only NOTIFY then crosses nothing (see the module's
     /// doc).
-    pub(crate) fn one_at_a_time(&self) -> bool {
+    pub fn one_at_a_time(&self) -> bool {
         self.one_at_a_time
     }
 
-    /// Whether this connection was a health check (see `super::down`).
-    pub(crate) fn health_check(&self) -> bool {
+    /// Whether this connection was a health check (see `lastcall-spoa`'s `engine::down`).
+    pub fn health_check(&self) -> bool {
         self.health_check
     }
 
     /// How long this connection, now closed, must still count as a session given the
     /// lifecycle `now`, if at all: a session closed while lingering ([`LINGER_HOLD`]), a
     /// HELLO refused while draining ([`REFUSED_HOLD`]; not at the exit decision).
-    pub(crate) fn hold(&self, now: Seen) -> Option<Duration> {
+    pub fn hold(&self, now: Seen) -> Option<Duration> {
         if self.refused_hello && !now.is_exiting() {
             return Some(REFUSED_HOLD);
         }
@@ -447,7 +447,7 @@ impl Conn {
 
     /// Takes the next protocol event from the buffer, while fewer than the bound of NOTIFYs
     /// are owed; `None` when more bytes (or room) are needed.
-    pub(crate) fn poll(&mut self, now: Instant) -> Option<Event> {
+    pub fn poll(&mut self, now: Instant) -> Option<Event> {
         if self.state == State::Closed || self.owed >= self.max_inflight() {
             return None;
         }
@@ -481,7 +481,7 @@ impl Conn {
     }
 
     /// Feeds one input at `now` (never earlier than a previous `now`); returns what to do.
-    pub(crate) fn handle(&mut self, now: Instant, input: Input) -> Action {
+    pub fn handle(&mut self, now: Instant, input: Input) -> Action {
         if self.state == State::Closed && self.held.is_none() {
             // Only reachable if the task goes on after a close: nothing more to say.
             return Action::Close {

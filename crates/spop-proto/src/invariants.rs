@@ -10,9 +10,9 @@
 
 use bytes::BytesMut;
 
-use crate::engine::conn::{Conn, Input, Rebalance, Settings};
-use crate::protocol::coraza::{self, Request, Response};
-use crate::protocol::{frame, hdrs, payload};
+use crate::conn::{Conn, Input, Rebalance, Settings};
+use crate::coraza::{self, Request, Response};
+use crate::{frame, hdrs, payload};
 
 /// SPOP frames: decoding a stream never panics, takes only whole frames off the front, and
 /// a connection fed the stream (after a good HELLO) ends in events, a wait or a close.
@@ -47,7 +47,7 @@ pub fn frames(data: &[u8]) {
         hello_timeout: std::time::Duration::from_secs(10),
         idle_timeout: std::time::Duration::from_secs(600),
     };
-    let mut conn = Conn::new(settings, lastcall::Seen::SERVING, now);
+    let mut conn = Conn::new(settings, lastcall_phase::Seen::SERVING, now);
     let mut hello = Vec::new();
     frame::encode_haproxy_hello(16380, false, &mut hello);
     conn.buffer().extend_from_slice(&hello);
@@ -143,8 +143,8 @@ mod tests {
     /// The seeds are what their names say, so the fuzzer starts from real traffic.
     #[test]
     fn seeds_decode_as_named() {
-        use crate::protocol::coraza::Request;
-        use crate::protocol::{frame, payload};
+        use crate::coraza::Request;
+        use crate::{frame, payload};
         let messages = payload::parse_messages(&seed("spop_message/request")).unwrap();
         let r = Request::from_message(&messages[0]);
         assert_eq!(

@@ -10,26 +10,27 @@ use spop::StatusCode;
 #[error("{reason} (status {})", status.to_u32())]
 pub struct ProtocolError {
     /// Status code for the AGENT-DISCONNECT frame.
-    pub(crate) status: StatusCode,
+    pub status: StatusCode,
     /// Human-readable reason, sent as the DISCONNECT message.
-    pub(crate) reason: String,
+    pub reason: String,
 }
 
 impl ProtocolError {
     /// Builds an error with the given status.
-    pub(crate) fn new(status: StatusCode, reason: impl Into<String>) -> Self {
+    pub fn new(status: StatusCode, reason: impl Into<String>) -> Self {
         Self {
             status,
             reason: reason.into(),
         }
     }
 
-    pub(crate) fn invalid(reason: impl Into<String>) -> Self {
+    /// A malformed frame or payload (status 4, `invalid frame received`).
+    pub fn invalid(reason: impl Into<String>) -> Self {
         Self::new(StatusCode::Invalid, reason)
     }
 
     /// A short label for metrics (`spoa_frames_rejected_total{reason}`).
-    pub(crate) fn metric_reason(&self) -> &'static str {
+    pub fn metric_reason(&self) -> &'static str {
         match self.status {
             StatusCode::TooBig => "too_big",
             StatusCode::Invalid => "invalid",
