@@ -315,20 +315,93 @@ pub struct Holding {
     pub unfinished_since: Option<Instant>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Where a connection is in its life; each stage owns what it needs.
+#[derive(Debug)]
 enum State {
-    AwaitHello,
-    Ready,
-    Closed,
+    /// Accepted at this instant, waiting for HAPROXY-HELLO (until `hello_timeout`).
+    AwaitHello { accepted: Instant },
+    /// Handshaken: a session.
+    Ready(Session),
+    /// Its last frame said (or its peer gone); how it ended.
+    Closed(Closed),
+}
+
+/// A handshaken connection: what HAProxy owes and is owed on it.
+#[derive(Debug)]
+struct Session {
+    /// The negotiated maximum frame size.
+    max_frame_size: u32,
+    /// When the handshake completed (for [`Rebalance::after`]).
+    ready_at: Instant,
+    /// Last NOTIFY received or ACK written.
+    last_activity: Instant,
+    /// NOTIFYs since the handshake.
+    messages: u64,
+    /// NOTIFYs handed out by [`Conn::poll`] whose ACK has not been written: the one count
+    /// of owed ACKs.
+    owed: usize,
+    /// Whether HAProxy has never had more than one NOTIFY owed here.
+    one_at_a_time: bool,
+    /// A look at the socket said bytes are waiting: no new look before the next read.
+    unread_waiting: bool,
+    /// The look at the socket in progress, and what it is for.
+    probing: Option<Probing>,
+}
+
+impl Session {
+    fn new(max_frame_size: u32, now: Instant) -> Self {
+        Session {
+            max_frame_size,
+            ready_at: now,
+            last_activity: now,
+            messages: 0,
+            owed: 0,
+            one_at_a_time: true,
+            unread_waiting: false,
+            probing: None,
+        }
+    }
+
+    /// ACKs kept while a look at the socket decides whether the goodbye rides on them.
+    fn held_acks(&self) -> usize {
+        match self.probing {
+            Some(Probing::Acks { count, .. }) => count,
+            _ => 0,
+        }
+    }
 }
 
 /// Why a look at the socket was asked for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug)]
 enum Probing {
     /// Whether an idle connection may say goodbye (drain or `idle_timeout`).
     Idle,
-    /// Whether the goodbye rides on the held ACKs.
-    Acks,
+    /// Whether the goodbye rides on these ACKs, kept meanwhile (`count` of them: HAProxy
+    /// still counts them as owed).
+    Acks { bytes: Vec<u8>, count: usize },
+}
+
+/// How a connection ended, as far as what comes after its close asks ([`Conn::hold`],
+/// [`Conn::health_check`]).
+#[derive(Debug)]
+enum Closed {
+    /// Before a session: a HELLO that was bad, late or never came.
+    Unopened,
+    /// A health check, answered or refused.
+    HealthCheck,
+    /// A HELLO (not a health check) refused because we are draining.
+    Refused,
+    /// After a session.
+    Session(Session),
+}
+
+/// Whether a read may ask for room under `max_buffered_bytes`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Room {
+    /// It may.
+    Free,
+    /// Room was refused: wait for released bytes, or until this instant (if any).
+    Refused { until: Option<Instant> },
 }
 
 /// One SPOP connection's state.
@@ -336,45 +409,18 @@ enum Probing {
 pub struct Conn {
     settings: Settings,
     state: State,
-    max_frame_size: u32,
-    /// Whether HAProxy has never had more than one NOTIFY owed here.
-    one_at_a_time: bool,
-    /// Whether a handshake completed (a session was opened).
-    had_session: bool,
-    /// A HELLO (not a health check) was refused here because we are draining.
-    refused_hello: bool,
-    /// This connection was a health check.
-    health_check: bool,
     buf: BytesMut,
     drain: Seen,
-    /// NOTIFYs handed out by [`Conn::poll`] whose ACK has not been written: the one count
-    /// of owed ACKs.
-    owed: usize,
-    /// NOTIFYs since the handshake.
-    messages: u64,
+    /// The peer closed its side.
+    eof: bool,
+    /// Since when the buffer has held an unfinished (or not yet decoded) frame.
+    partial_since: Option<Instant>,
     /// This connection's evaluations queued or running, as last fed.
     evaluations: usize,
     /// ACK bytes waiting for the socket, as last fed.
     unsent: usize,
-    /// Room for a read was refused: wait for released bytes or this instant (if any).
-    no_room: Option<Option<Instant>>,
-    /// Last NOTIFY received or ACK written.
-    last_activity: Instant,
-    /// Since when the buffer has held an unfinished (or not yet decoded) frame.
-    partial_since: Option<Instant>,
-    eof: bool,
-    /// A look at the socket said bytes are waiting: no new look before the next read.
-    unread_waiting: bool,
-    /// ACKs kept while [`Action::Probe`] decides whether the goodbye rides on them (and how
-    /// many: HAProxy still counts them as owed).
-    held: Option<Vec<u8>>,
-    held_count: usize,
-    /// When the connection was accepted (for `hello_timeout`).
-    accepted: Instant,
-    /// When the handshake completed (for [`Rebalance::after`]).
-    ready_at: Instant,
-    /// What the look at the socket in progress is for.
-    probing: Option<Probing>,
+    /// Whether a read may ask for room now.
+    room: Room,
 }
 
 impl Conn {
@@ -382,28 +428,14 @@ impl Conn {
     pub fn new(settings: Settings, drain: Seen, now: Instant) -> Self {
         Conn {
             settings,
-            state: State::AwaitHello,
-            max_frame_size: settings.max_frame_size,
-            one_at_a_time: true,
-            had_session: false,
-            refused_hello: false,
-            health_check: false,
+            state: State::AwaitHello { accepted: now },
             buf: BytesMut::new(),
             drain,
-            owed: 0,
-            messages: 0,
+            eof: false,
+            partial_since: None,
             evaluations: 0,
             unsent: 0,
-            no_room: None,
-            last_activity: now,
-            partial_since: None,
-            eof: false,
-            unread_waiting: false,
-            held: None,
-            held_count: 0,
-            accepted: now,
-            ready_at: now,
-            probing: None,
+            room: Room::Free,
         }
     }
 
@@ -414,75 +446,63 @@ impl Conn {
 
     /// The negotiated (or, before HELLO, our own) maximum frame size.
     pub fn max_frame_size(&self) -> u32 {
-        self.max_frame_size
+        self.session()
+            .map_or(self.settings.max_frame_size, |s| s.max_frame_size)
     }
 
     /// NOTIFYs whose ACK is owed.
-    #[cfg(test)]
     pub fn owed(&self) -> usize {
-        self.owed
+        self.session().map_or(0, |s| s.owed)
     }
 
     /// Whether HAProxy has never had more than one NOTIFY owed on this connection: a
     /// goodbye riding on the ACK of its only NOTIFY then crosses nothing (see the module's
     /// doc).
     pub fn one_at_a_time(&self) -> bool {
-        self.one_at_a_time
+        self.session().is_none_or(|s| s.one_at_a_time)
     }
 
     /// Whether this connection was a health check (see `lastcall-spoa`'s `engine::down`).
     pub fn health_check(&self) -> bool {
-        self.health_check
+        matches!(self.state, State::Closed(Closed::HealthCheck))
     }
 
     /// How long this connection, now closed, must still count as a session given the
     /// lifecycle `now`, if at all: a session closed while lingering ([`LINGER_HOLD`]), a
     /// HELLO refused while draining ([`REFUSED_HOLD`]; not at the exit decision).
     pub fn hold(&self, now: Seen) -> Option<Duration> {
-        if self.refused_hello && !now.is_exiting() {
-            return Some(REFUSED_HOLD);
+        match self.state {
+            State::Closed(Closed::Refused) if !now.is_exiting() => Some(REFUSED_HOLD),
+            State::Ready(_) | State::Closed(Closed::Session(_)) if lingering(now) => {
+                Some(LINGER_HOLD)
+            }
+            _ => None,
         }
-        (self.had_session && lingering(now)).then_some(LINGER_HOLD)
     }
 
     /// Takes the next protocol event from the buffer, while fewer than the bound of NOTIFYs
     /// are owed; `None` when more bytes (or room) are needed.
     pub fn poll(&mut self, now: Instant) -> Option<Event> {
-        if self.state == State::Closed || self.owed >= self.max_inflight() {
+        if matches!(self.state, State::Closed(_)) || self.owed() >= self.max_inflight() {
             return None;
         }
         let limit = self.frame_limit();
-        let event = match frame::decode_frame(&mut self.buf, limit) {
-            Ok(None) => return None,
-            Ok(Some(f)) => self.on_frame(f),
-            Err(e) if self.state == State::AwaitHello && e.status == StatusCode::TooBig => self
-                .fail(ProtocolError::new(
+        match frame::decode_frame(&mut self.buf, limit) {
+            Ok(None) => None,
+            Ok(Some(f)) => Some(self.on_frame(now, f)),
+            Err(e) if self.awaiting_hello() && e.status == StatusCode::TooBig => {
+                Some(self.fail(ProtocolError::new(
                     StatusCode::TooBig,
                     format!("{} (before HAPROXY-HELLO)", e.reason),
-                )),
-            Err(e) => self.fail(e),
-        };
-        match event {
-            Event::Notify { .. } => {
-                self.owed += 1;
-                self.messages += 1;
-                if self.owed + self.held_count > 1 {
-                    self.one_at_a_time = false;
-                }
-                self.last_activity = now;
+                )))
             }
-            Event::Ready { .. } => {
-                self.last_activity = now;
-                self.ready_at = now;
-            }
-            Event::Close { .. } => {}
+            Err(e) => Some(self.fail(e)),
         }
-        Some(event)
     }
 
     /// Feeds one input at `now` (never earlier than a previous `now`); returns what to do.
     pub fn handle(&mut self, now: Instant, input: Input) -> Action {
-        if self.state == State::Closed && self.held.is_none() {
+        if matches!(self.state, State::Closed(_)) {
             // Only reachable if the task goes on after a close: nothing more to say.
             return Action::Close {
                 bytes: Vec::new(),
@@ -497,7 +517,11 @@ impl Conn {
                     "buffered bytes at max_buffered_bytes: the oldest unfinished frame is dropped",
                 ));
             }
-            Input::Read => self.unread_waiting = false,
+            Input::Read => {
+                if let Some(s) = self.ready_mut() {
+                    s.unread_waiting = false;
+                }
+            }
             Input::Eof => self.eof = true,
             Input::Drain(drain) => {
                 self.drain = drain;
@@ -515,40 +539,81 @@ impl Conn {
             }
             Input::Evaluations(n) => self.evaluations = n,
             Input::Unsent(n) => self.unsent = n,
-            Input::NoRoom(Pressure::Wait(at)) => self.no_room = Some(at),
-            Input::NoRoom(Pressure::Evicted) | Input::Released => self.no_room = None,
+            Input::NoRoom(Pressure::Wait(until)) => self.room = Room::Refused { until },
+            Input::NoRoom(Pressure::Evicted) | Input::Released => self.room = Room::Free,
             Input::Probed(probe) => return self.probed(now, probe),
         }
         self.next(now)
     }
 
+    /// The session, while handshaken.
+    fn ready(&self) -> Option<&Session> {
+        match &self.state {
+            State::Ready(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    fn ready_mut(&mut self) -> Option<&mut Session> {
+        match &mut self.state {
+            State::Ready(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// The session, while handshaken or after it closed.
+    fn session(&self) -> Option<&Session> {
+        match &self.state {
+            State::Ready(s) | State::Closed(Closed::Session(s)) => Some(s),
+            _ => None,
+        }
+    }
+
+    fn awaiting_hello(&self) -> bool {
+        matches!(self.state, State::AwaitHello { .. })
+    }
+
+    /// Closed from now on; a session keeps what it was for the questions asked after.
+    fn close(&mut self) {
+        let closed = match std::mem::replace(&mut self.state, State::Closed(Closed::Unopened)) {
+            State::AwaitHello { .. } => Closed::Unopened,
+            State::Ready(s) => Closed::Session(s),
+            State::Closed(c) => c,
+        };
+        self.state = State::Closed(closed);
+    }
+
     fn acked(&mut self, now: Instant, n: usize) {
-        debug_assert!(n <= self.owed, "{n} ACKs written, {} owed", self.owed);
-        self.owed = self.owed.saturating_sub(n);
+        let Some(s) = self.ready_mut() else {
+            debug_assert_eq!(n, 0, "ACKs written before the handshake");
+            return;
+        };
+        debug_assert!(n <= s.owed, "{n} ACKs written, {} owed", s.owed);
+        s.owed = s.owed.saturating_sub(n);
         if n > 0 {
-            self.last_activity = now;
+            s.last_activity = now;
         }
     }
 
     fn probed(&mut self, now: Instant, probe: Probe) -> Action {
+        let Some(s) = self.ready_mut() else {
+            return self.next(now);
+        };
         if probe == Probe::Waiting {
-            self.unread_waiting = true;
+            s.unread_waiting = true;
         }
-        let held = self.held.take();
-        self.held_count = 0;
-        match (self.probing.take(), held) {
-            (Some(Probing::Acks), Some(acks)) => match self.goodbye_reason(now) {
-                Some((reason, message)) if probe == Probe::Idle && self.quiet() => {
-                    self.goodbye(acks, reason, message)
-                }
-                _ => Action::Write(acks),
+        let probing = s.probing.take();
+        let idle = probe == Probe::Idle && self.quiet();
+        match probing {
+            Some(Probing::Acks { bytes, .. }) => match self.goodbye_reason(now) {
+                Some((reason, message)) if idle => self.goodbye(bytes, reason, message),
+                _ => Action::Write(bytes),
             },
-            (_, Some(acks)) => Action::Write(acks),
-            (Some(Probing::Idle) | None, None) if probe == Probe::Idle && self.quiet() => {
+            _ if idle => {
                 if self.idle_at().is_some_and(|at| now >= at) {
                     return self.goodbye(Vec::new(), CloseReason::Idle, "idle");
                 }
-                if self.refusing() && now >= self.quiet_at() {
+                if self.refusing() && self.quiet_at().is_some_and(|at| now >= at) {
                     return self.goodbye(Vec::new(), CloseReason::Drained, "draining");
                 }
                 self.next(now)
@@ -560,13 +625,16 @@ impl Conn {
     /// Held ACKs: the last ones of a connection whose goodbye is due carry it in the same
     /// write, once the socket says nothing is unread.
     fn place_acks(&mut self, now: Instant, bytes: Vec<u8>, count: usize) -> Action {
-        if self.rides(now) && self.quiet() {
-            self.held = Some(bytes);
-            self.held_count = count;
-            self.probing = Some(Probing::Acks);
-            return Action::Probe;
+        if !(self.rides(now) && self.quiet()) {
+            return Action::Write(bytes);
         }
-        Action::Write(bytes)
+        match self.ready_mut() {
+            Some(s) => {
+                s.probing = Some(Probing::Acks { bytes, count });
+                Action::Probe
+            }
+            None => Action::Write(bytes),
+        }
     }
 
     /// Whether a goodbye may ride on the ACKs being placed now: one is due, and HAProxy
@@ -579,7 +647,7 @@ impl Conn {
             Some((CloseReason::DrainedPipelined, _)) => {
                 self.settings.drain_quiet.is_zero() || !self.drain.held
             }
-            Some(_) => self.one_at_a_time,
+            Some(_) => self.one_at_a_time(),
             None => false,
         }
     }
@@ -588,7 +656,7 @@ impl Conn {
     /// risked one), or a rebalancing one.
     fn goodbye_reason(&self, now: Instant) -> Option<(CloseReason, &'static str)> {
         if self.refusing() {
-            if !self.one_at_a_time {
+            if !self.one_at_a_time() {
                 return Some((CloseReason::DrainedPipelined, "draining"));
             }
             return Some((CloseReason::Drained, "draining"));
@@ -600,15 +668,14 @@ impl Conn {
     /// While serving or announcing, after [`Rebalance`]'s bounds, on a connection a goodbye
     /// can ride on.
     fn rebalance_due(&self, now: Instant) -> bool {
+        let Some(s) = self.ready() else {
+            return false;
+        };
         let r = self.settings.rebalance;
-        let by_count = r.after_messages > 0 && self.messages >= r.after_messages;
-        let by_age = !r.after.is_zero()
-            && self
-                .ready_at
-                .checked_add(r.after)
-                .is_some_and(|at| now >= at);
-        self.state == State::Ready
-            && self.one_at_a_time
+        let by_count = r.after_messages > 0 && s.messages >= r.after_messages;
+        let by_age =
+            !r.after.is_zero() && s.ready_at.checked_add(r.after).is_some_and(|at| now >= at);
+        s.one_at_a_time
             && matches!(self.drain.phase, Phase::Serving | Phase::Announcing)
             && !self.drain.is_exiting()
             && (by_count || by_age)
@@ -617,8 +684,9 @@ impl Conn {
     /// When [`Rebalance::after`] makes a goodbye due, if that is still to come.
     fn rebalance_at(&self) -> Option<Instant> {
         let after = self.settings.rebalance.after;
-        (!after.is_zero() && self.state == State::Ready && self.one_at_a_time)
-            .then(|| self.ready_at.checked_add(after))
+        let s = self.ready()?;
+        (!after.is_zero() && s.one_at_a_time)
+            .then(|| s.ready_at.checked_add(after))
             .flatten()
     }
 
@@ -629,19 +697,20 @@ impl Conn {
 
     /// After the handshake, nothing owed, nothing buffered, the peer still there.
     fn quiet(&self) -> bool {
-        self.state == State::Ready && self.owed == 0 && self.buf.is_empty() && !self.eof
+        self.ready().is_some_and(|s| s.owed == 0) && self.buf.is_empty() && !self.eof
     }
 
     /// When a quiet connection is closed for idleness (never, if that is beyond time).
     fn idle_at(&self) -> Option<Instant> {
-        self.last_activity.checked_add(self.settings.idle_timeout)
+        self.ready()?
+            .last_activity
+            .checked_add(self.settings.idle_timeout)
     }
 
     /// When a quiet connection says the drain's goodbye.
-    fn quiet_at(&self) -> Instant {
-        self.last_activity
-            .checked_add(self.settings.drain_quiet)
-            .unwrap_or(self.last_activity)
+    fn quiet_at(&self) -> Option<Instant> {
+        let last = self.ready()?.last_activity;
+        Some(last.checked_add(self.settings.drain_quiet).unwrap_or(last))
     }
 
     /// Whether ACKs may be written straight to the socket by whoever has them: only while
@@ -657,10 +726,10 @@ impl Conn {
 
     /// The largest frame accepted now: [`HELLO_FRAME_LIMIT`] before the handshake.
     fn frame_limit(&self) -> u32 {
-        match self.state {
-            State::AwaitHello => HELLO_FRAME_LIMIT.min(self.settings.max_frame_size),
-            _ => self.max_frame_size,
+        if self.awaiting_hello() {
+            return HELLO_FRAME_LIMIT.min(self.settings.max_frame_size);
         }
+        self.max_frame_size()
     }
 
     /// Whether another whole frame is already buffered (HAProxy pipelined a burst).
@@ -692,7 +761,7 @@ impl Conn {
     /// The next action when nothing needs an answer: close at EOF, on a stalled frame or a
     /// missing HELLO, look at the socket when a goodbye may be due, otherwise wait.
     fn next(&mut self, now: Instant) -> Action {
-        if self.eof && self.owed == 0 {
+        if self.eof && self.owed() == 0 {
             return self.on_eof();
         }
         self.partial_since = match (self.buf.is_empty(), self.partial_since) {
@@ -711,10 +780,10 @@ impl Conn {
         }
         let mut timers = Timers::default();
         timers.add(stalled_at);
-        if self.state == State::AwaitHello {
-            let hello_at = self.accepted.checked_add(self.settings.hello_timeout);
+        if let State::AwaitHello { accepted } = self.state {
+            let hello_at = accepted.checked_add(self.settings.hello_timeout);
             if hello_at.is_some_and(|at| now >= at) {
-                self.state = State::Closed;
+                self.close();
                 let mut bytes = Vec::new();
                 frame::encode_agent_disconnect(
                     StatusCode::Timeout,
@@ -728,11 +797,13 @@ impl Conn {
             }
             timers.add(hello_at);
         }
-        if self.quiet() && !self.unread_waiting {
+        if self.quiet() && self.ready().is_some_and(|s| !s.unread_waiting) {
             let idle_at = self.idle_at();
-            let drain_at = self.refusing().then(|| self.quiet_at());
+            let drain_at = self.quiet_at().filter(|_| self.refusing());
             if [idle_at, drain_at].iter().flatten().any(|at| now >= *at) {
-                self.probing = Some(Probing::Idle);
+                if let Some(s) = self.ready_mut() {
+                    s.probing = Some(Probing::Idle);
+                }
                 return Action::Probe;
             }
             timers.add(idle_at);
@@ -742,11 +813,13 @@ impl Conn {
             // The goodbye's due time turns the ACKs over to the connection.
             timers.add(self.rebalance_at());
         }
-        if self.no_room.flatten().is_some_and(|at| now >= at) {
-            self.no_room = None;
+        if let Room::Refused { until: Some(at) } = self.room {
+            if now >= at {
+                self.room = Room::Free;
+            }
         }
-        if self.no_room.is_some() {
-            timers.add(self.no_room.flatten());
+        if let Room::Refused { until } = self.room {
+            timers.add(until);
         }
         if self.buf.is_empty() && self.buf.capacity() > READ_ROOM_MAX {
             // Give a large frame's memory back.
@@ -762,19 +835,19 @@ impl Conn {
         // ACKs are taken would otherwise fill the buffer (measured: 64 MiB from one
         // connection that never read, 8 KiB per ACK).
         let read = !self.eof
-            && self.owed < bound
+            && self.owed() < bound
             && !evaluations_full
             && self.unsent <= self.settings.max_unsent
             && !self.frame_waiting()
-            && self.no_room.is_none();
+            && self.room == Room::Free;
         let direct_acks = self.direct_acks(now);
         Wait {
             read: read.then(|| self.read_room()),
             until,
             direct_acks,
-            ack_wakes: !direct_acks || self.eof || self.owed >= bound,
+            ack_wakes: !direct_acks || self.eof || self.owed() >= bound,
             evaluation_wakes: evaluations_full,
-            memory_wakes: self.no_room.is_some(),
+            memory_wakes: self.room != Room::Free,
             holding: Holding {
                 capacity: self.buf.capacity(),
                 unfinished_since: self.partial_since.filter(|_| !self.frame_waiting()),
@@ -783,8 +856,8 @@ impl Conn {
     }
 
     fn on_eof(&mut self) -> Action {
-        if self.buf.is_empty() || self.state == State::Closed {
-            self.state = State::Closed;
+        if self.buf.is_empty() || matches!(self.state, State::Closed(_)) {
+            self.close();
             return Action::Close {
                 bytes: Vec::new(),
                 reason: CloseReason::PeerClosed,
@@ -799,7 +872,7 @@ impl Conn {
 
     /// `before` (ACKs, or nothing) and AGENT-DISCONNECT status 0, then close.
     fn goodbye(&mut self, mut before: Vec<u8>, reason: CloseReason, message: &str) -> Action {
-        self.state = State::Closed;
+        self.close();
         frame::encode_agent_disconnect(StatusCode::None, message, &mut before);
         Action::Close {
             bytes: before,
@@ -809,7 +882,7 @@ impl Conn {
 
     /// The peer broke the protocol: AGENT-DISCONNECT with the status SPOE.txt assigns.
     fn failure(&mut self, e: ProtocolError) -> (Vec<u8>, CloseReason) {
-        self.state = State::Closed;
+        self.close();
         let mut reply = Vec::new();
         frame::encode_agent_disconnect(e.status, &e.reason, &mut reply);
         (reply, CloseReason::Protocol(e))
@@ -825,7 +898,7 @@ impl Conn {
         Action::Close { bytes, reason }
     }
 
-    fn on_frame(&mut self, f: frame::RawFrame) -> Event {
+    fn on_frame(&mut self, now: Instant, f: frame::RawFrame) -> Event {
         if matches!(f.kind, kind::HAPROXY_HELLO | kind::HAPROXY_DISCONNECT)
             && (f.stream_id != 0 || f.frame_id != 0)
         {
@@ -840,49 +913,65 @@ impl Conn {
                 f.stream_id, f.frame_id
             )));
         }
-        let wire = f.payload.len();
-        match (self.state, f.kind) {
-            (_, kind::HAPROXY_DISCONNECT) => {
-                self.state = State::Closed;
-                let status = payload::parse_kv_list(&f.payload)
-                    .ok()
-                    .and_then(|kv| {
-                        kv.into_iter().find_map(|(k, v)| match (k.as_str(), v) {
-                            ("status-code", spop::TypedData::UInt32(s)) => Some(s),
-                            _ => None,
-                        })
-                    })
-                    .unwrap_or(0);
-                let mut reply = Vec::new();
-                frame::encode_agent_disconnect(StatusCode::None, "normal", &mut reply);
-                Event::Close {
-                    reply,
-                    reason: CloseReason::PeerDisconnect(status),
-                }
-            }
-            (State::AwaitHello, kind::HAPROXY_HELLO) => self.on_hello(&f.payload),
-            (State::AwaitHello, other) => self.fail(ProtocolError::new(
+        match f.kind {
+            kind::HAPROXY_DISCONNECT => self.on_disconnect(&f.payload),
+            kind::HAPROXY_HELLO if self.awaiting_hello() => self.on_hello(now, &f.payload),
+            other if self.awaiting_hello() => self.fail(ProtocolError::new(
                 StatusCode::Invalid,
                 format!("frame type {other} before HAPROXY-HELLO"),
             )),
-            (State::Ready, kind::NOTIFY) => match payload::parse_messages(&f.payload) {
-                Ok(messages) => Event::Notify {
-                    stream_id: f.stream_id,
-                    frame_id: f.frame_id,
-                    size: held_size(wire, &messages),
-                    messages,
-                    inline: self.drain.is_serving(),
-                },
-                Err(e) => self.fail(e),
-            },
-            (_, other) => self.fail(ProtocolError::new(
+            kind::NOTIFY if self.ready().is_some() => self.on_notify(now, f),
+            other => self.fail(ProtocolError::new(
                 StatusCode::Invalid,
                 format!("unexpected frame type {other} after the handshake"),
             )),
         }
     }
 
-    fn on_hello(&mut self, hello: &[u8]) -> Event {
+    fn on_disconnect(&mut self, payload: &[u8]) -> Event {
+        self.close();
+        let status = payload::parse_kv_list(payload)
+            .ok()
+            .and_then(|kv| {
+                kv.into_iter().find_map(|(k, v)| match (k.as_str(), v) {
+                    ("status-code", spop::TypedData::UInt32(s)) => Some(s),
+                    _ => None,
+                })
+            })
+            .unwrap_or(0);
+        let mut reply = Vec::new();
+        frame::encode_agent_disconnect(StatusCode::None, "normal", &mut reply);
+        Event::Close {
+            reply,
+            reason: CloseReason::PeerDisconnect(status),
+        }
+    }
+
+    /// A NOTIFY: its ACK is owed from now on.
+    fn on_notify(&mut self, now: Instant, f: frame::RawFrame) -> Event {
+        let messages = match payload::parse_messages(&f.payload) {
+            Ok(messages) => messages,
+            Err(e) => return self.fail(e),
+        };
+        let inline = self.drain.is_serving();
+        if let Some(s) = self.ready_mut() {
+            s.owed += 1;
+            s.messages += 1;
+            if s.owed + s.held_acks() > 1 {
+                s.one_at_a_time = false;
+            }
+            s.last_activity = now;
+        }
+        Event::Notify {
+            stream_id: f.stream_id,
+            frame_id: f.frame_id,
+            size: held_size(f.payload.len(), &messages),
+            messages,
+            inline,
+        }
+    }
+
+    fn on_hello(&mut self, now: Instant, hello: &[u8]) -> Event {
         let mut negotiated = match payload::negotiate_hello(hello, self.settings.max_frame_size) {
             Ok(n) => n,
             Err(e) => return self.fail(e),
@@ -891,7 +980,6 @@ impl Conn {
         // Health checks are answered until the drain refuses work, like HELLOs: HAProxy
         // then marks the agent DOWN only after its connections have said goodbye, so that
         // `on-marked-down shutdown-sessions` (which contains a hung agent) finds none to cut.
-        self.health_check = negotiated.healthcheck;
         // While refusing, HAProxy 3.1+'s multiplexer (it does not offer `async`) fails the
         // messages waiting for a connection whose HELLO is refused (`st=257`, measured behind
         // 3.2: one per client in each drain); served, such a connection carries one NOTIFY
@@ -900,8 +988,11 @@ impl Conn {
         let refuse = self.drain.is_refusing()
             && (negotiated.healthcheck || !multiplexer || self.drain.is_exiting());
         if refuse {
-            self.state = State::Closed;
-            self.refused_hello = !negotiated.healthcheck;
+            self.state = State::Closed(if negotiated.healthcheck {
+                Closed::HealthCheck
+            } else {
+                Closed::Refused
+            });
             let mut reply = Vec::new();
             frame::encode_agent_disconnect(StatusCode::None, "draining", &mut reply);
             return Event::Close {
@@ -912,15 +1003,13 @@ impl Conn {
         let mut reply = Vec::new();
         frame::encode_agent_hello(&negotiated, &mut reply);
         if negotiated.healthcheck {
-            self.state = State::Closed;
+            self.state = State::Closed(Closed::HealthCheck);
             return Event::Close {
                 reply,
                 reason: CloseReason::HealthCheck,
             };
         }
-        self.state = State::Ready;
-        self.had_session = true;
-        self.max_frame_size = negotiated.max_frame_size;
+        self.state = State::Ready(Session::new(negotiated.max_frame_size, now));
         Event::Ready { reply, negotiated }
     }
 }
