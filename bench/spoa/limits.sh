@@ -6,7 +6,7 @@
 # Usage: bash bench/spoa/limits.sh [hostile|benign|counts|all]
 # Environment:
 #   RUN    a command prefix to run the measuring program with, e.g. to load another
-#          libmodsecurity: RUN="/var/cache/lastcall-scratch/run trixie" (a Debian 13 chroot)
+#          libmodsecurity: RUN="scripts/peer-run trixie" (a Debian 13 chroot, scripts/peers.sh)
 #   EXTRA  more directives after the engine settings, one per line
 #          (e.g. EXTRA="SecPcreMatchLimit 10000000" to see the cost without the limit)
 #   SIZES  KB per case (default 16,64,256,1024)

@@ -364,7 +364,7 @@ machine_info() {
     echo "modsecurity-crs (this machine's): $(dpkg-query -W -f '${Version}' modsecurity-crs 2>/dev/null || true)"
     echo "nginx module (this machine's): $(dpkg-query -W -f '${Version}' libnginx-mod-http-modsecurity 2>/dev/null || true)"
     echo "wrk: $(dpkg-query -W -f '${Version}' wrk 2>/dev/null || true)"
-    echo "agent: $AGENT ($(git -C "$ROOT" rev-parse --short HEAD)$(git -C "$ROOT" diff --quiet -- crates/spoa crates/modsec || echo ', crates/spoa or crates/modsec modified in the work tree'))"
+    echo "agent: $(case $AGENT in "$ROOT"/*) echo "${AGENT#"$ROOT"/}" ;; *) basename "$AGENT" ;; esac) ($(git -C "$ROOT" rev-parse --short HEAD)$(git -C "$ROOT" diff --quiet -- crates/spoa crates/modsec || echo ', crates/spoa or crates/modsec modified in the work tree'))"
     echo "rules: $file_rules"
     echo "agent socket: ${AGENT_SOCKET:-tcp}; evaluation: ${SPOA_EVALUATION:-default}; response group: ${SPOA_RESPONSE_GROUP:-1}"
     echo "loadavg at start: $(cat /proc/loadavg)"

@@ -57,6 +57,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.dirname(HERE))
 from procfs import children, fds, rss_kib, threads  # noqa: E402
+from results import write_json  # noqa: E402
 
 ENV = os.environ
 SECONDS = int(ENV.get("SOAK_SECONDS", "3900"))
@@ -380,7 +381,7 @@ def main():
         version = subprocess.run(RUNNER + [AGENT, "--version"], capture_output=True, text=True).stdout.strip()
         info = {
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "agent": version, "agent_bin": AGENT, "runner": " ".join(RUNNER) or "host libraries",
+            "agent": version, "agent_bin": shown_path(AGENT), "runner": " ".join(RUNNER) or "host libraries",
             "wrap": " ".join(WRAP), "haproxy": subprocess.run(HAPROXY + ["-v"], capture_output=True, text=True).stdout.splitlines()[0],
             "git": subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip(),
             "seconds": SECONDS, "skip_seconds": SKIP, "bound_mb_per_h": BOUND, "connections": CONNS,
@@ -436,10 +437,17 @@ def main():
         stack.stop()
         for name in ("agent", "haproxy"):
             src = os.path.join(work, f"{name}.log")
-            if os.path.exists(src):
-                shutil.copy(src, os.path.join(OUT, f"{name}.log"))
+            if os.path.exists(src):  # the run's own directory named as <work>, not as this machine's
+                with open(src, errors="replace") as f_in, open(os.path.join(OUT, f"{name}.log"), "w") as f_out:
+                    f_out.write(f_in.read().replace(work, "<work>"))
         shutil.rmtree(work, ignore_errors=True)
     return report(info, samples)
+
+
+def shown_path(path):
+    """A binary as a result file names it: relative to the repository, else its file name."""
+    path = os.path.abspath(path)
+    return os.path.relpath(path, ROOT) if path.startswith(ROOT + os.sep) else os.path.basename(path)
 
 
 def report(info, samples):
@@ -499,8 +507,7 @@ def report(info, samples):
         "heap_in_use_kib": heap,
         "held": (mb_per_h <= BOUND) and not problems, "problems": problems,
     })
-    with open(os.path.join(OUT, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=1)
+    write_json(os.path.join(OUT, "summary.json"), summary)
     print(f"soak: {summary['requests']} requests in {duration:.0f} s ({rate:.0f}/s), statuses {status}, "
           f"socket errors {errors}, p50 {summary['p50_ms']:.1f} ms, p99 {summary['p99_ms']:.1f} ms; "
           f"{reloads} reloads")
@@ -521,8 +528,7 @@ def report(info, samples):
               f"{heap[-1][1]} KiB at {heap[-1][0]} s, min {min(h for _, h in heap)}, max {max(h for _, h in heap)} KiB; "
               f"slope after {SKIP} s {hs:+.3f} MB/h")
         summary["heap_slope_mb_per_h"] = hs
-        with open(os.path.join(OUT, "summary.json"), "w") as f:
-            json.dump(summary, f, indent=1)
+        write_json(os.path.join(OUT, "summary.json"), summary)
     for p in problems:
         print(f"soak: PROBLEM {p}")
     print(f"soak: results in {OUT}")

@@ -16,6 +16,9 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from results import write_json  # noqa: E402  (bench/results.py: the scripts' one result writer)
+
 SECRET = "SECRET"
 PEER_RUN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts", "peer-run")
 REALM = "example.org"
@@ -752,8 +755,7 @@ def rate_main(args):
     result = {"machine": m, "config": cfg, "rounds": rounds, "compare": rounds_cmp, "table": table,
               "ratios": ratios, "load": [min(loads), max(loads)]}
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+        write_json(args.json, result)
     if args.markdown:
         with open(args.markdown, "w") as f:
             f.write("\n".join(rate_doc(result)) + "\n")
@@ -762,7 +764,7 @@ def rate_main(args):
         print(f"plot: {plot_path}")
 
 
-# The whole-path runs of 2026-12-01 (bench/turn/results/whole-path-*.json, made by the
+# The whole-path runs of 2026-12-01 (whole-path-*.json, in the history of bench/turn/results, made by the
 # --whole-path mode of fb4e335, which --rate replaced): their table and plot, redrawn by --replot.
 WHOLE_SERVERS = ["coturn-4.18", "coturn", "lastcall-turn", "lastcall-turn+kernel"]
 def whole_table(rounds, cfg):
@@ -1005,8 +1007,7 @@ def main():
             print(f"  {k}: lastcall-turn {'better' if better else 'worse'} ({row['ratio']:.2f}x)")
     result = {"machine": m, "config": cfg, "rounds": rounds, "table": table}
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+        write_json(args.json, result)
     if args.markdown:
         with open(args.markdown, "w") as f:
             f.write(markdown(table, result) + "\n")

@@ -2,7 +2,7 @@
 # Allocations per second of lastcall-turn with each user database coturn reads (SQLite,
 # PostgreSQL, Redis) and, for reference, with the same credentials in turnserver.conf
 # (`user=` lines, `static-auth-secret`). docs/benchmarks.md (*User databases*) has the table
-# and the command; run it under /work/bin/quiet (or on an idle machine):
+# and the command; run it on an idle machine:
 #
 #   bash bench/turn/userdb.sh [COUNT] [ROUNDS]      # default 2000 allocations, 3 rounds
 #

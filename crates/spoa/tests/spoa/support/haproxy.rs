@@ -15,8 +15,8 @@ use super::{crate_dir, http, WAIT};
 
 /// The HAProxy every test runs, from one place ([`testkit::peers::haproxy`]:
 /// `LASTCALL_HAPROXY`, a command, words split on spaces, e.g.
-/// `/var/cache/lastcall-scratch/run trixie /usr/sbin/haproxy` for 3.0 in a chroot that
-/// shares /tmp; else Debian 12's 2.6).
+/// `scripts/peer-run trixie /usr/sbin/haproxy` for 3.0 in a chroot that shares /tmp; else
+/// Debian 12's 2.6).
 pub(crate) fn command() -> Command {
     testkit::peers::haproxy()
 }
