@@ -1,12 +1,32 @@
 #!/usr/bin/env bash
 # Installs, idempotently, what lastcall needs on Debian 12: the system packages the daemons,
 # tests and benchmarks use, and the Python packages the chart tests use.
+#   bash scripts/setup.sh          everything: the demo's packages and the test world (what
+#                                  scripts/test.sh and CI run with)
+#   bash scripts/setup.sh demo     only what scripts/demo.sh builds and runs with
 # Run as root, or as a user with sudo. Without either it prints the command to run and fails.
 set -euo pipefail
 
-PACKAGES=(
-  build-essential pkg-config ca-certificates curl python3 python3-venv
+profile=${1:-all}
+case $profile in
+  demo | all) ;;
+  *)
+    echo "setup: unknown profile '$profile' (valid: demo, all; none means all)" >&2
+    exit 64
+    ;;
+esac
+
+# What the demo (scripts/demo.sh, crates/demo) builds and runs with: a C toolchain and
+# libmodsecurity's headers for lastcall-spoa, the rule set it loads, HAProxy in front of the
+# agents, and coturn's turnutils_uclient/turnutils_peer for the TURN call.
+DEMO_PACKAGES=(
+  build-essential pkg-config ca-certificates curl
   haproxy coturn libmodsecurity-dev libmodsecurity3 modsecurity-crs
+)
+
+# The rest of the test world (scripts/test.sh).
+TEST_PACKAGES=(
+  python3 python3-venv
   nginx libnginx-mod-http-modsecurity
   iproute2 procps util-linux psmisc openssl wrk
   # wire's coturn chart's command line (dumb-init -- /bin/sh -c '...'), run for real by
@@ -26,8 +46,8 @@ PACKAGES=(
   # (tests/charts/test_observability.py, the demo's and the TURN tests' recorded series) and
   # lastcall-turn's /metrics read as Prometheus reads it (crates/turn/tests/turn/operations.rs).
   prometheus
-  # The plots of bench/ and of the demo's timeline (lastcall-demo --timeline), drawn by
-  # Debian's /usr/bin/python3 with Debian's matplotlib.
+  # The plots of bench/ and of the demo's timeline (lastcall-demo --timeline, not part of
+  # the plain demo), drawn by Debian's /usr/bin/python3 with Debian's matplotlib.
   python3-matplotlib
   # lastcall-turn's user databases (crates/turn/tests/turn/userdb.rs, bench/turn/userdb.sh):
   # the tests start Debian's PostgreSQL (/usr/lib/postgresql/*/bin, as the postgres user the
@@ -37,6 +57,9 @@ PACKAGES=(
   # (-target bpf) against libbpf's headers; nothing of it is needed at run time.
   clang libbpf-dev
 )
+
+PACKAGES=("${DEMO_PACKAGES[@]}")
+[ "$profile" = demo ] || PACKAGES+=("${TEST_PACKAGES[@]}")
 
 missing=()
 for p in "${PACKAGES[@]}"; do

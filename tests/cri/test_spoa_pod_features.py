@@ -20,17 +20,23 @@ when asked, so the absence above means something.
 
 The HorizontalPodAutoscaler and the NetworkPolicy have no controller here (no API server,
 metrics pipeline or CNI policy engine): tests/charts renders and schema-validates them,
-nothing runs them (charts/lastcall-spoa/README.md)."""
+nothing runs them (charts/lastcall-spoa/README.md).
+
+Then `agent.existingConfigMap`: the user's own ConfigMap, edited while the pod runs, reaches
+the running agent (the kubelet's atomic-writer update of the mounted volume, `-autoreload`),
+without a restart; an edit that does not compile leaves the running rules in place."""
 
 from __future__ import annotations
 
 import json
 import re
 import shutil
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
+import yaml
 
 import netns
 from chartlib import render
@@ -209,3 +215,81 @@ def test_spoa_daemonset_pods_run(cluster: CriCluster) -> None:
     assert sorted(ds.pods) == sorted(cluster.kubelets)
     measured("cri spoa DaemonSet mode: one pod per node, " + "; ".join(report)
              + "; with automountServiceAccountToken: true the token is mounted (the control)")
+
+
+EDITED_PATH = "/blocked-by-the-edit"
+EDITED_RULE = f'SecRule REQUEST_URI "@contains {EDITED_PATH}" "id:1900001,phase:1,deny,status:403,log"'
+
+
+def reloads(edge: str, pod: Pod, result: str) -> float:
+    got = netns.http_get(edge, pod.ip, 9901, "/metrics")
+    assert got and got[0] == 200, f"{pod.who} /metrics: {got}"
+    for line in got[1].splitlines():
+        if line.startswith("spoa_reloads_total{") and f'result="{result}"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_an_existing_configmaps_edit_reaches_the_running_agent(cluster: CriCluster, origin: Origin,
+                                                               tmp_path: Path) -> None:
+    """The user's ConfigMap (`agent.existingConfigMap`, key config.yaml), edited while the
+    pod serves: the kubelet swaps the volume's `..data`, the agent (`--autoreload`, the
+    chart's default) loads the new rules with no restart and no drain; an edit that does
+    not compile is refused and counted, the running rules kept. The chart cannot hash such
+    a ConfigMap into the pod template, so this is the path its edits take (the render tests:
+    tests/charts/test_checksums.py)."""
+    rendered = render("lastcall-spoa", {**GRACE, "agent": {"existingConfigMap": "my-waf"}})
+    assert not [o for o in rendered.of_kind("ConfigMap") if o["metadata"]["name"].endswith("-agent")]
+    spec = pod_spec(rendered)
+    agent = next(c for c in spec.containers() if c.name == "agent")
+    assert "--autoreload" in (agent.spec.get("args") or [])
+    mount = next(m for m in agent.spec["volumeMounts"] if m["mountPath"].startswith("/etc/lastcall-spoa"))
+    assert not mount.get("subPath"), "a subPath mount never sees a ConfigMap's edits"
+    # The user's ConfigMap: what the chart would have rendered from its own values.
+    (own,) = [o for o in render("lastcall-spoa", GRACE).of_kind("ConfigMap") if o["metadata"]["name"].endswith("-agent")]
+    spec.configmaps["my-waf"] = dict(own["data"])
+    config = yaml.safe_load(own["data"]["config.yaml"])
+
+    pod = cluster.kubelets["a"].run_pod(spec, "waf-existing-cm", labels=labels(rendered))
+    pod.wait_ready(180)
+    agent_pid, edge = pod.pid("agent"), cluster.edge
+    haproxy = EdgeHAProxy(edge, tmp_path, origin.port)
+    try:
+        wait_until("HAProxy's admin socket", haproxy.sock.exists, timeout=30)
+        haproxy.sync([pod])
+
+        def status(path: str) -> int:
+            got = netns.http_get(edge, "127.0.0.1", haproxy.port, path)
+            return got[0] if got else 0
+
+        wait_until("HAProxy passes a benign request through the agent", lambda: status(BENIGN) == 200,
+                   timeout=30, timeline=cluster.timeline)
+        assert status(EDITED_PATH) == 200 and status(ATTACK) == 403
+
+        # The edit: the user's own rules, one of which refuses EDITED_PATH.
+        edited = dict(config)
+        edited["applications"] = [{**config["applications"][0], "directives": "\n".join([
+            "Include @coraza.conf-recommended", "SecRuleEngine On", EDITED_RULE])}]
+        edited_at = cluster.timeline.add("test", "the ConfigMap my-waf edited (a rule of the user's)")
+        pod.spec.update_configmap("my-waf", {"config.yaml": yaml.safe_dump(edited)}, pod.volumes)
+        applied = wait_until("the edited rules to refuse " + EDITED_PATH, lambda: status(EDITED_PATH) == 403,
+                             timeout=30, timeline=cluster.timeline)
+        assert reloads(edge, pod, "ok") >= 1
+        assert "changed: reloading (-autoreload)" in pod.logs("agent", 400)
+
+        # An edit that does not compile: refused, counted, the running rules kept.
+        broken = dict(edited)
+        broken["applications"] = [{**edited["applications"][0],
+                                   "directives": edited["applications"][0]["directives"] + "\nSecRule ARGS"}]
+        pod.spec.update_configmap("my-waf", {"config.yaml": yaml.safe_dump(broken)}, pod.volumes)
+        wait_until("the broken edit to be refused", lambda: reloads(edge, pod, "error") >= 1, timeout=30, timeline=cluster.timeline)
+        assert "reload failed, keeping the running rules" in pod.logs("agent", 400)
+        assert status(EDITED_PATH) == 403 and status(BENIGN) == 200
+        got = netns.http_get(edge, pod.ip, 9901, "/readyz")
+        assert got and got[0] == 200, got
+    finally:
+        haproxy.close()
+    assert pod.pid("agent") == agent_pid and pod.runs["agent"].restarts == 0, "the agent was restarted"
+    measured(f"cri spoa agent.existingConfigMap on {pod.who}: the ConfigMap edited -> its rule enforced "
+             f"{applied - edited_at:.2f} s later (kubelet-style ..data swap, --autoreload), same process; "
+             f"a broken edit refused, the running rules kept, still ready")

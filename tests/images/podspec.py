@@ -329,6 +329,16 @@ class PodSpec:
             if (vol.get("secret") or {}).get("secretName") == secret:
                 self._write_payload(vol, volumes[vol["name"]], fs_group)
 
+    def update_configmap(self, configmap: str, data: dict[str, str], volumes: dict[str, Path]) -> None:
+        """A ConfigMap edited in the API (`kubectl edit`): every volume of this pod that shows
+        it gets the new files, as the kubelet's sync writes them (one `..data` rename per
+        volume). A subPath mount of it keeps the old file, as on Kubernetes."""
+        self.configmaps[configmap] = dict(data)
+        fs_group = self.spec.get("securityContext", {}).get("fsGroup")
+        for vol in self.spec.get("volumes", []):
+            if (vol.get("configMap") or {}).get("name") == configmap:
+                self._write_payload(vol, volumes[vol["name"]], fs_group)
+
     def mounts(self, container: Container, volumes: dict[str, Path]) -> list[Mount]:
         out = []
         for m in container.spec.get("volumeMounts", []):

@@ -315,7 +315,7 @@ impl Lifecycle {
                 }
             }
             match &action {
-                Action::DrainStarted { trigger, .. } => {
+                Action::DrainStarted { trigger, phase, .. } => {
                     let now = Instant::now();
                     let wall = SystemTime::now();
                     let (started, deadline) = match (machine.drain_started(), machine.deadline()) {
@@ -337,7 +337,15 @@ impl Lifecycle {
                         .duration_since(SystemTime::UNIX_EPOCH)
                         .map_or(0.0, |d| d.as_secs_f64());
                     shared.metrics.drain_deadline.set(deadline_unix);
-                    shared.state.send_modify(|s| s.drain = Some(info));
+                    // The drain and the phase it enters are published together: a reader
+                    // between this action and its PhaseChanged (GET /drain, a handle) never
+                    // sees a drain under way in Serving (seen: "phase": "serving" with
+                    // /readyz already 503, on a loaded machine).
+                    shared.metrics.drain_phase.set(phase.metric_value());
+                    shared.state.send_modify(|s| {
+                        s.drain = Some(info);
+                        s.phase = *phase;
+                    });
                     tracing::warn!(trigger = %trigger, policy = %shared.config.on_sigterm, "{action}");
                 }
                 Action::PhaseChanged { to, .. } => {
