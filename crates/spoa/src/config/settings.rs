@@ -365,6 +365,7 @@ fn process_log(
         Some((LogFile::Stdout, _)) => BoxMakeWriter::new(std::io::stdout),
         Some((LogFile::Null, _)) => BoxMakeWriter::new(std::io::sink),
         Some((LogFile::Path(path), line)) => match super::apps::append(path) {
+            // std's mutex: tracing-subscriber's `MakeWriter` is implemented for it.
             Ok(f) => BoxMakeWriter::new(std::sync::Mutex::new(f)),
             Err(e) => {
                 return Err(Problem::new(

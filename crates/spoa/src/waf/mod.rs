@@ -22,10 +22,11 @@ mod body;
 mod cache;
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lastcall_modsec::{Intervention, MatchReport, ModSecurity, Transaction};
+use parking_lot::{Mutex, RwLock};
 use spop::frame::Message;
 use spop::TypedData;
 
@@ -244,10 +245,7 @@ struct RateLimit(Mutex<Option<Instant>>);
 impl RateLimit {
     /// Whether an event at `now` may be reported (and if so, the minute starts now).
     fn due(&self, now: Instant) -> bool {
-        let mut last = self
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut last = self.0.lock();
         match *last {
             Some(t) if now.duration_since(t) < Duration::from_secs(60) => false,
             _ => {
@@ -285,29 +283,16 @@ impl Waf {
     /// they started with; kept transactions keep theirs.
     pub(crate) fn swap(&self, apps: Apps) {
         let new = Arc::new(apps);
-        match self.apps.write() {
-            Ok(mut g) => *g = new,
-            Err(poisoned) => *poisoned.into_inner() = new,
-        }
+        *self.apps.write() = new;
     }
 
     fn current(&self) -> Arc<Apps> {
-        match self.apps.read() {
-            Ok(g) => Arc::clone(&g),
-            Err(poisoned) => Arc::clone(&poisoned.into_inner()),
-        }
-    }
-
-    fn cache(&self) -> std::sync::MutexGuard<'_, TxCache> {
-        match self.cache.lock() {
-            Ok(g) => g,
-            Err(poisoned) => poisoned.into_inner(),
-        }
+        Arc::clone(&self.apps.read())
     }
 
     /// Frees kept transactions whose TTL ran out (call periodically).
     pub fn expire(&self) {
-        let expired = self.cache().expire(Instant::now());
+        let expired = self.cache.lock().expire(Instant::now());
         self.finish_kept(expired);
     }
 
@@ -322,7 +307,7 @@ impl Waf {
     }
 
     fn count_cached(&self) {
-        let n = self.cache().map.len();
+        let n = self.cache.lock().map.len();
         self.metrics
             .transactions_cached
             .set(i64::try_from(n).unwrap_or(i64::MAX));
@@ -555,7 +540,7 @@ impl Waf {
                 client,
                 uri,
             };
-            let evicted = self.cache().insert(id, kept, ttl, limit);
+            let evicted = self.cache.lock().insert(id, kept, ttl, limit);
             self.finish_kept(evicted);
         } else {
             done.push(tx);
@@ -588,7 +573,7 @@ impl Waf {
             tracing::warn!(tx = %res.id, "coraza-res not evaluated: {problem}");
             return Err(vec![("error", TypedData::Int64(AGENT_ERROR))]);
         }
-        let kept = self.cache().map.remove(&res.id).map(|(_, k)| k);
+        let kept = self.cache.lock().map.remove(&res.id).map(|(_, k)| k);
         self.count_cached();
         kept.ok_or_else(|| {
             tracing::warn!(tx = %res.id, "response for an unknown or expired transaction (response_check off, or transaction_ttl_ms too short)");
