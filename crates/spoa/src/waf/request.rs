@@ -16,6 +16,14 @@ use crate::engine::{Vars, AGENT_ERROR};
 use crate::metrics::Verdict;
 use crate::protocol::coraza::{self, Request};
 
+/// A request transaction after its rules ran: the intervention it stopped at, if any, and
+/// which phase logged which lines.
+struct Ran {
+    tx: Transaction,
+    it: Option<Intervention>,
+    phases: Phases,
+}
+
 impl Waf {
     /// Evaluates a request and runs its logging phase at once; returns the verdict and the
     /// variables.
@@ -113,9 +121,8 @@ impl Waf {
                 }
             }
         }
-        let mut phases = Phases::default();
-        match self.run_request(&app, req, &id, &uri, &mut phases) {
-            Ok((tx, it)) => self.conclude_request(app, tx, it, &phases, req, id, vars, done),
+        match self.run_request(&app, req, &id, &uri) {
+            Ok(ran) => self.conclude_request(app, ran, req, id, vars, done),
             Err(e) => {
                 tracing::error!(tx = %id, "evaluation failed: {e}");
                 vars.push(("error", TypedData::Int64(AGENT_ERROR)));
@@ -124,19 +131,25 @@ impl Waf {
         }
     }
 
+    /// The request through the rules, phase by phase, up to an intervention or the end of
+    /// phase 2.
     fn run_request(
         &self,
         app: &Arc<App>,
         req: &Request,
         id: &str,
         uri: &str,
-        phases: &mut Phases,
-    ) -> Result<(Transaction, Option<Intervention>), lastcall_modsec::Error> {
+    ) -> Result<Ran, lastcall_modsec::Error> {
         let mut tx = Transaction::new(&self.engine, &app.rules, Some(id))?;
+        let mut phases = Phases::default();
         let src = req.src_ip.map(|i| i.to_string()).unwrap_or_default();
         let dst = req.dst_ip.map(|i| i.to_string()).unwrap_or_default();
         if let Some(it) = tx.process_connection(&src, req.src_port, &dst, req.dst_port)? {
-            return Ok((tx, Some(it)));
+            return Ok(Ran {
+                tx,
+                it: Some(it),
+                phases,
+            });
         }
         let version = if req.version.is_empty() {
             "1.1"
@@ -144,7 +157,11 @@ impl Waf {
             &req.version
         };
         if let Some(it) = tx.process_uri(uri, &req.method, version)? {
-            return Ok((tx, Some(it)));
+            return Ok(Ran {
+                tx,
+                it: Some(it),
+                phases,
+            });
         }
         for (k, v) in &req.headers {
             tx.add_request_header(k.as_bytes(), v.as_bytes())?;
@@ -152,33 +169,41 @@ impl Waf {
         let it = tx.process_request_headers()?;
         phases.ended(&tx, 1);
         if let Some(it) = it {
-            return Ok((tx, Some(it)));
+            return Ok(Ran {
+                tx,
+                it: Some(it),
+                phases,
+            });
         }
         if !req.body.is_empty() {
             tx.append_request_body(&req.body)?;
             if let Some(it) = tx.intervention() {
                 phases.ended(&tx, 2);
-                return Ok((tx, Some(it)));
+                return Ok(Ran {
+                    tx,
+                    it: Some(it),
+                    phases,
+                });
             }
         }
         // Phase 2 runs even without a body: CRS decides most blocks there.
         let it = tx.process_request_body()?;
         phases.ended(&tx, 2);
-        Ok((tx, it))
+        Ok(Ran { tx, it, phases })
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// The verdict on a request whose rules ran, its variables, log lines and counts; its
+    /// transaction kept for the response check, or pushed to `done`.
     fn conclude_request(
         &self,
         app: Arc<App>,
-        tx: Transaction,
-        it: Option<Intervention>,
-        phases: &Phases,
+        ran: Ran,
         req: &Request,
         id: String,
         mut vars: Vars,
         done: &mut Vec<Transaction>,
     ) -> (Verdict, Vars) {
+        let Ran { tx, it, phases } = ran;
         let report = tx.report();
         let client = req.src_ip.map(|i| i.to_string()).unwrap_or_default();
         let uri = req.uri();
@@ -188,7 +213,7 @@ impl Waf {
             client: &client,
             uri: &uri,
         };
-        log_matches(&cx, report, 0, phases);
+        log_matches(&cx, report, 0, &phases);
         let score = report.estimated_inbound_score();
         // 949110's line, when it reads one way (request bytes imitating it do not).
         let would_block = report
