@@ -1,5 +1,7 @@
 """What the benchmark scripts read of a process from /proc: resident memory, open
-descriptors, threads. The scripts' one reader (the tests' is lastcall_testkit::procfs)."""
+descriptors, threads. The scripts' one reader (the Rust code's is the procfs crate, behind
+lastcall_testkit::procfs for the tests). It stays Python: the scripts sample daemons no Rust
+process of ours runs beside, and a program started for every sample would be measured too."""
 
 
 def _status(pid):

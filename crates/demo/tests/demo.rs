@@ -25,6 +25,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use lastcall_testkit::procfs::alive;
+
 const DEMO: &str = env!("CARGO_BIN_EXE_lastcall-demo");
 /// Generous bound for the whole fast demo on a busy machine.
 const LIMIT: Duration = Duration::from_secs(180);
@@ -141,21 +143,6 @@ fn pids(output: &str) -> Vec<u32> {
             digits.parse().ok()
         })
         .collect()
-}
-
-/// Whether `pid` is a live (not zombie) process.
-fn alive(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => {
-            // "pid (comm) S ...": the state follows the last ')'.
-            let state = stat
-                .rsplit_once(')')
-                .and_then(|(_, rest)| rest.split_whitespace().next())
-                .unwrap_or("");
-            state != "Z" && state != "X"
-        }
-        Err(_) => false,
-    }
 }
 
 /// The number in the summary line that starts with `label`.

@@ -31,7 +31,7 @@ use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -42,6 +42,7 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
+use parking_lot::Mutex;
 use prometheus_client::registry::Registry;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
@@ -239,18 +240,11 @@ struct Open {
 }
 
 impl Open {
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Arc<Notify>>> {
-        match self.conns.lock() {
-            Ok(g) => g,
-            Err(poisoned) => poisoned.into_inner(),
-        }
-    }
-
     /// Registers a new connection; at the bound, the oldest is told to close.
     fn add(&self) -> (u64, Arc<Notify>) {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let close = Arc::new(Notify::new());
-        let mut conns = self.lock();
+        let mut conns = self.conns.lock();
         if conns.len() >= MAX_CONNECTIONS {
             if let Some((_, oldest)) = conns.pop_first() {
                 oldest.notify_one();
@@ -261,12 +255,12 @@ impl Open {
     }
 
     fn remove(&self, id: u64) {
-        self.lock().remove(&id);
+        self.conns.lock().remove(&id);
     }
 
     #[cfg(test)]
     fn len(&self) -> usize {
-        self.lock().len()
+        self.conns.lock().len()
     }
 }
 
@@ -718,7 +712,7 @@ mod tests {
 
     impl crate::sessions::SessionTable for Numbers {
         fn page(&self, after: u64, limit: usize) -> crate::sessions::SessionPage {
-            let ids = self.0.lock().unwrap();
+            let ids = self.0.lock();
             let rest: Vec<u64> = ids.iter().copied().filter(|&i| i > after).collect();
             crate::sessions::SessionPage {
                 total: ids.len() as u64,
@@ -731,7 +725,7 @@ mod tests {
             }
         }
         fn end(&self, id: u64) -> Option<serde_json::Value> {
-            let mut ids = self.0.lock().unwrap();
+            let mut ids = self.0.lock();
             let at = ids.iter().position(|&i| i == id)?;
             ids.remove(at);
             Some(serde_json::json!({ "id": id }))

@@ -87,14 +87,15 @@ pub fn dispatch(args: &LogArgs, writer: BoxMakeWriter) -> tracing::Dispatch {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::{Arc, Mutex};
+    use parking_lot::Mutex;
+    use std::sync::Arc;
 
     #[derive(Clone, Default)]
     struct Buf(Arc<Mutex<Vec<u8>>>);
 
     impl std::io::Write for Buf {
         fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(b);
+            self.0.lock().extend_from_slice(b);
             Ok(b.len())
         }
         fn flush(&mut self) -> std::io::Result<()> {
@@ -116,7 +117,7 @@ mod tests {
             tracing::info!("not shown");
             tracing::warn!(rule = 942100, "shown");
         });
-        let text = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+        let text = String::from_utf8(buf.0.lock().clone()).unwrap();
         assert_eq!(text.lines().count(), 1, "{text}");
         assert!(
             text.contains("\"rule\":942100") && text.contains("\"message\":\"shown\""),

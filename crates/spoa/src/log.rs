@@ -300,7 +300,8 @@ fn phase_name(phase: u8) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::{Arc, Mutex};
+    use parking_lot::Mutex;
+    use std::sync::Arc;
 
     #[test]
     fn formats() {
@@ -328,10 +329,7 @@ mod tests {
 
     impl std::io::Write for Buf {
         fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-            self.0
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .extend_from_slice(b);
+            self.0.lock().extend_from_slice(b);
             Ok(b.len())
         }
         fn flush(&mut self) -> std::io::Result<()> {
@@ -360,8 +358,7 @@ mod tests {
             tracing::info!(target: RULE_TARGET, coraza_match = object, "rule matched");
             tracing::warn!(tx = "t1", "other");
         });
-        let text = String::from_utf8(buf.0.lock().unwrap_or_else(|e| e.into_inner()).clone())
-            .unwrap_or_default();
+        let text = String::from_utf8(buf.0.lock().clone()).unwrap_or_default();
         let lines: Vec<serde_json::Value> = text
             .lines()
             .map(|l| serde_json::from_str(l).unwrap_or_default())

@@ -14,8 +14,8 @@
 //!   TURN REST API credentials, and Wire's zrest credentials as its backend issues them.
 //! - [`tls`]: self-signed certificates for the TLS listeners under test.
 //! - [`coturn`]: coturn's `turnutils_peer` and `turnutils_uclient` as peers.
-//! - [`procfs`]: a process's resident memory (and its peak while something runs) and open
-//!   descriptors, from `/proc`.
+//! - [`procfs`]: a process's resident memory (and its peak while something runs), open
+//!   descriptors, CPU time and whether it runs, from `/proc` (the `procfs` crate).
 //! - [`peers`]: where the peer programs (HAProxy, nginx, coturn's tools) come from.
 //! - [`cargo`]: workspace programs a test runs but cargo does not build for it.
 //! - [`layering`]: import cycles between a crate's modules (`tests/layering.rs`).

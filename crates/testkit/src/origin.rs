@@ -3,9 +3,11 @@
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
+
+use parking_lot::Mutex;
 
 use crate::http::read_headers_and_body;
 
@@ -42,7 +44,6 @@ impl Origin {
     pub fn seen(&self, prefix: &str) -> Vec<Seen> {
         self.seen
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
             .iter()
             .filter(|s| s.target.starts_with(prefix))
             .cloned()
@@ -108,9 +109,7 @@ fn origin_conn(conn: TcpStream, served: &AtomicU64, seen: &Mutex<Vec<Seen>>) {
         let method = parts.next().unwrap_or("").to_owned();
         let path = parts.next().unwrap_or("").to_owned();
         let at = {
-            let mut seen = seen
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut seen = seen.lock();
             seen.push(Seen {
                 method: method.clone(),
                 target: path.clone(),
@@ -121,9 +120,7 @@ fn origin_conn(conn: TcpStream, served: &AtomicU64, seen: &Mutex<Vec<Seen>>) {
         let Ok((len, close)) = read_headers_and_body(&mut reader) else {
             return;
         };
-        seen.lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)[at]
-            .body = Some(len);
+        seen.lock()[at].body = Some(len);
         served.fetch_add(1, Ordering::SeqCst);
         let (extra, text) = if path.starts_with("/leak") {
             (

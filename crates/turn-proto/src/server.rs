@@ -29,7 +29,6 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::config::{Bandwidth, ServerConfig};
 use crate::hash::Seeded;
-use crate::stun::Message;
 use crate::types::{
     ClientAddr, Counters, DeleteReason, DrainMode, Event, RelayAddrs, Transport, MAX_QUEUED_EVENTS,
 };

@@ -243,12 +243,12 @@ async fn an_exit_hook_gets_what_is_left_of_the_deadline() {
 async fn exit_hooks_run_in_order_and_report_how_they_ended() {
     let (mut daemon, tx) = daemon(OnSigterm::Drain, 0, 60);
     daemon.ready();
-    let order = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let order = std::sync::Arc::new(parking_lot::Mutex::new(Vec::new()));
     for (name, result) in [("first", true), ("failing", false), ("last", true)] {
         let order = order.clone();
         daemon.on_exit(name, move |budget| {
             assert!(budget > s(50), "{budget:?}");
-            order.lock().unwrap().push(name);
+            order.lock().push(name);
             result
         });
     }
@@ -259,7 +259,7 @@ async fn exit_hooks_run_in_order_and_report_how_they_ended() {
     let took = t0.elapsed();
     println!("exit hooks done {took:?} after SIGTERM");
     assert!(took < s(20), "{took:?}");
-    assert_eq!(*order.lock().unwrap(), ["first", "failing", "last"]);
+    assert_eq!(*order.lock(), ["first", "failing", "last"]);
     assert_eq!(served.hooks_unfinished, ["failing", "panicking"]);
     assert_eq!(served.exit_code(), 0);
 }

@@ -18,11 +18,12 @@
 //! `LASTCALL_ACCOUNTING_N` scales the rounds (default [`N`]); the same cases run under
 //! heaptrack for the call sites (docs/benchmarks.md, *Soak*).
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use crate::common::{browser_headers, crs_engine, drive_response};
 use lastcall_modsec::crs::{self, CrsOptions};
 use lastcall_modsec::{ModSecurity, RuleSet, Transaction};
+use parking_lot::Mutex;
 
 /// Transactions per measured round.
 const N: usize = 600;
@@ -206,9 +207,7 @@ fn default_engine() -> (Arc<ModSecurity>, Arc<RuleSet>) {
 /// would pass every case).
 #[test]
 fn counter_sees_allocations() {
-    let _alone = ALONE
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _alone = ALONE.lock();
     let before = heap_in_use();
     let held: Vec<Vec<u8>> = (0..64).map(|i| vec![i as u8; 16 * 1024]).collect();
     let during = heap_in_use();
@@ -225,9 +224,7 @@ fn counter_sees_allocations() {
 /// `msc_transaction_cleanup` would be) grow the count by what each holds.
 #[test]
 fn forgotten_transactions_are_seen() {
-    let _alone = ALONE
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _alone = ALONE.lock();
     let (ms, rules) = default_engine();
     let req = get("/catalog?page=2");
     let g = measure("transactions never freed", 10, 50, |_| {
@@ -245,9 +242,7 @@ fn forgotten_transactions_are_seen() {
 /// Benign requests: GETs and a small form, every one passed.
 #[test]
 fn benign_requests_leave_nothing() {
-    let _alone = ALONE
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _alone = ALONE.lock();
     let (ms, rules) = default_engine();
     let reqs = [
         get("/products/42?color=blue&size=m&ref=newsletter"),
@@ -269,9 +264,7 @@ fn benign_requests_leave_nothing() {
 /// wrapper copies and frees.
 #[test]
 fn denied_attacks_leave_nothing() {
-    let _alone = ALONE
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _alone = ALONE.lock();
     let (ms, rules) = default_engine();
     let reqs = [
         get(SQLI),
@@ -292,9 +285,7 @@ fn denied_attacks_leave_nothing() {
 /// 100 KB form bodies, every other one with an SQL injection at its end.
 #[test]
 fn large_bodies_leave_nothing() {
-    let _alone = ALONE
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _alone = ALONE.lock();
     let (ms, rules) = default_engine();
     let clean = large_form("");
     let attack = large_form("&q=1'%20OR%20'1'='1");
@@ -316,9 +307,7 @@ fn large_bodies_leave_nothing() {
 /// Requests that pass, then their responses through phases 3 and 4 (`response_check`).
 #[test]
 fn response_checks_leave_nothing() {
-    let _alone = ALONE
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _alone = ALONE.lock();
     let (ms, rules) = crs_engine(&CrsOptions {
         response_check: true,
         ..CrsOptions::default()
@@ -344,9 +333,7 @@ const RELOAD_BOUND: f64 = 8.0 * 1024.0;
 /// the new set, the old set dropped. Bytes per reload, not per transaction.
 #[test]
 fn reloads_keep_a_few_kilobytes_each() {
-    let _alone = ALONE
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _alone = ALONE.lock();
     let ms = ModSecurity::new().expect("engine");
     let text = crs::debian_default_directives(&CrsOptions::default());
     let reload = || {
@@ -396,9 +383,7 @@ fn scanner(client: &str, ms: &Arc<ModSecurity>, rules: &Arc<RuleSet>) -> bool {
 /// updated, so nothing grows.
 #[test]
 fn a_scanner_from_one_address_leaves_nothing() {
-    let _alone = ALONE
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _alone = ALONE.lock();
     let (ms, rules) = default_engine();
     let g = measure("a scanner from one address", WARM_UP, rounds(), |_| {
         scanner("198.51.100.7", &ms, &rules)
@@ -414,9 +399,7 @@ fn a_scanner_from_one_address_leaves_nothing() {
 /// the sizing in docs/kubernetes.md holds.
 #[test]
 fn scanners_from_new_addresses_cost_a_fixed_amount_each() {
-    let _alone = ALONE
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _alone = ALONE.lock();
     let (ms, rules) = default_engine();
     let g = measure("scanners from new addresses", WARM_UP, rounds(), |i| {
         let client = format!("10.{}.{}.{}", (i >> 16) & 255, (i >> 8) & 255, i & 255);
@@ -434,9 +417,7 @@ fn scanners_from_new_addresses_cost_a_fixed_amount_each() {
 /// agent's memory per evaluation in flight (docs/kubernetes.md).
 #[test]
 fn a_large_body_in_flight() {
-    let _alone = ALONE
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _alone = ALONE.lock();
     let (ms, rules) = default_engine();
     let body = large_form("");
     let req = Request {

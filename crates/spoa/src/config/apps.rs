@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use lastcall::{LogArgs, Problem, Problems};
 use lastcall_modsec::RuleSet;
@@ -174,7 +174,9 @@ fn open_log(log: &LogSettings) -> Result<Option<(tracing::Dispatch, RuleLines)>,
         None | Some((LogFile::Stdout, _)) => BoxMakeWriter::new(std::io::stdout),
         Some((LogFile::Stderr, _)) => BoxMakeWriter::new(std::io::stderr),
         Some((LogFile::Null, _)) => BoxMakeWriter::new(std::io::sink),
-        Some((LogFile::Path(path), line)) => BoxMakeWriter::new(Mutex::new(
+        // tracing-subscriber's `MakeWriter` is implemented for std's mutex: that lock is
+        // tracing's, never taken here.
+        Some((LogFile::Path(path), line)) => BoxMakeWriter::new(std::sync::Mutex::new(
             append(path).map_err(|e| (*line, format!("cannot open {}: {e}", path.display())))?,
         )),
     };

@@ -267,7 +267,55 @@ impl Reader {
         let mut cfg = Config::builtin();
         cfg.applications.clear();
         cfg.default_application = None;
-        let entries: &[(Node, Node)] = match root {
+        let entries = self.top_level(root);
+        let mut default_application = None;
+        let mut buffered_line = None;
+        for (key, node) in self.entries("", entries, TOP) {
+            match key {
+                "bind" => {
+                    if let Some(b) = self.string(key, node) {
+                        match Bind::parse(&b) {
+                            Ok(bind) => cfg.bind = bind,
+                            Err(message) => self.problem(node.line, message),
+                        }
+                    }
+                }
+                "log_level" | "log_file" | "log_format" => self.log(key, node, &mut cfg.log),
+                "crs_dir" => {
+                    if let Some(dir) = self.string(key, node) {
+                        if let Err(e) = cfg.use_crs_dir(std::path::Path::new(&dir)) {
+                            self.problems
+                                .push(Problem::new(key, e).value(dir).at(Source::line(node.line)));
+                        }
+                    }
+                }
+                "default_application" => {
+                    default_application = self.string(key, node).map(|d| (d, node.line));
+                }
+                "applications" => self.applications(node, &mut cfg),
+                "max_buffered_bytes" => {
+                    if let Some(n) = self.unsigned(key, node) {
+                        cfg.max_buffered_bytes = usize::try_from(n).unwrap_or(usize::MAX);
+                        buffered_line = Some(node.line);
+                    }
+                }
+                _ => self.engine(key, node, &mut cfg),
+            }
+        }
+        self.check_buffering(&cfg, buffered_line);
+        self.pick_default_application(&mut cfg, default_application);
+        if cfg.applications.is_empty() {
+            self.problems.push(Problem::new(
+                "",
+                "no applications defined (omit --config to run the built-in CRS application)",
+            ));
+        }
+        cfg
+    }
+
+    /// The file's top-level mapping (an empty file is an empty one).
+    fn top_level<'n>(&mut self, root: Option<&'n Node>) -> &'n [(Node, Node)] {
+        match root {
             None
             | Some(Node {
                 value: Value::Null, ..
@@ -286,124 +334,109 @@ impl Reader {
                 );
                 &[]
             }
-        };
-        let mut default_application = None;
-        let mut buffered_line = None;
-        for (key, node) in self.entries("", entries, TOP) {
-            match key {
-                "bind" => {
-                    if let Some(b) = self.string(key, node) {
-                        match Bind::parse(&b) {
-                            Ok(bind) => cfg.bind = bind,
-                            Err(message) => self.problem(node.line, message),
-                        }
+        }
+    }
+
+    /// The process's log: `log_level`, `log_file`, `log_format`.
+    fn log(&mut self, key: &str, node: &Node, log: &mut LogSettings) {
+        match key {
+            "log_level" => {
+                if let Some(level) = self.string(key, node) {
+                    match map_level(&level) {
+                        Some(l) => log.level = Some(l.into()),
+                        None => self.problem(
+                            node.line,
+                            format!("log_level `{level}`: expected {LOG_LEVELS}"),
+                        ),
                     }
                 }
-                "log_level" => {
-                    if let Some(level) = self.string(key, node) {
-                        match map_level(&level) {
-                            Some(l) => cfg.log.level = Some(l.into()),
-                            None => self.problem(
-                                node.line,
-                                format!("log_level `{level}`: expected {LOG_LEVELS}"),
-                            ),
-                        }
+            }
+            "log_file" => {
+                log.file = self
+                    .string(key, node)
+                    .and_then(|f| LogFile::parse(&f))
+                    .map(|f| (f, node.line));
+            }
+            _ => {
+                if let Some(format) = self.string(key, node) {
+                    match map_format(&format) {
+                        Some(f) => log.format = Some(f),
+                        None => self.problem(
+                            node.line,
+                            format!("log_format `{format}`: expected {LOG_FORMATS}"),
+                        ),
                     }
                 }
-                "log_file" => {
-                    cfg.log.file = self
-                        .string(key, node)
-                        .and_then(|f| LogFile::parse(&f))
-                        .map(|f| (f, node.line));
-                }
-                "log_format" => {
-                    if let Some(format) = self.string(key, node) {
-                        match map_format(&format) {
-                            Some(f) => cfg.log.format = Some(f),
-                            None => self.problem(
-                                node.line,
-                                format!("log_format `{format}`: expected {LOG_FORMATS}"),
-                            ),
-                        }
-                    }
-                }
-                "crs_dir" => {
-                    if let Some(dir) = self.string(key, node) {
-                        if let Err(e) = cfg.use_crs_dir(std::path::Path::new(&dir)) {
-                            self.problems
-                                .push(Problem::new(key, e).value(dir).at(Source::line(node.line)));
-                        }
-                    }
-                }
-                "default_application" => {
-                    default_application = self.string(key, node).map(|d| (d, node.line));
-                }
-                "applications" => self.applications(node, &mut cfg),
-                "max_frame_size" => {
-                    if let Some(n) = self.unsigned(key, node) {
-                        match u32::try_from(n) {
-                            Ok(n)
-                                if (MIN_FRAME_SIZE..=crate::config::MAX_FRAME_SIZE_CAP)
-                                    .contains(&n) =>
-                            {
-                                cfg.max_frame_size = n;
-                            }
-                            _ => self.problem(
-                                node.line,
-                                format!(
-                                    "max_frame_size {n}: must be between {MIN_FRAME_SIZE} and {}",
-                                    crate::config::MAX_FRAME_SIZE_CAP
-                                ),
-                            ),
-                        }
-                    }
-                }
-                "workers" | "max_inflight_per_connection" => {
-                    let n = self.unsigned(key, node);
-                    let target = match key {
-                        "workers" => &mut cfg.workers,
-                        _ => &mut cfg.max_inflight_per_connection,
-                    };
-                    match n {
-                        Some(0) => self.problem(node.line, format!("{key}: must be at least 1")),
-                        Some(n) => *target = usize::try_from(n).unwrap_or(usize::MAX),
-                        None => {}
-                    }
-                }
-                "evaluation_timeout" => {
-                    let (min, max) = (Duration::from_millis(10), Duration::from_secs(3600));
-                    if let Some(d) = self.duration(key, node, min, max) {
-                        cfg.evaluation_timeout = d;
-                    }
-                }
-                "hello_timeout" | "idle_timeout" => {
-                    let (min, max) = (Duration::from_secs(1), Duration::from_secs(86_400));
-                    if let Some(d) = self.duration(key, node, min, max) {
-                        match key {
-                            "hello_timeout" => cfg.hello_timeout = d,
-                            _ => cfg.idle_timeout = d,
-                        }
-                    }
-                }
-                "max_buffered_bytes" => {
-                    if let Some(n) = self.unsigned(key, node) {
-                        cfg.max_buffered_bytes = usize::try_from(n).unwrap_or(usize::MAX);
-                        buffered_line = Some(node.line);
-                    }
-                }
-                "evaluation" => match self.string(key, node).as_deref() {
-                    None | Some("pool") => {}
-                    Some("inline") => cfg.evaluation = Evaluation::Inline,
-                    Some(other) => self.problem(
-                        node.line,
-                        format!("evaluation `{other}`: expected inline or pool"),
-                    ),
-                },
-                _ => {}
             }
         }
+    }
+
+    /// How the engine runs: frame size, threads, in-flight messages, timeouts, where
+    /// evaluations run. Other keys are not the engine's.
+    fn engine(&mut self, key: &str, node: &Node, cfg: &mut Config) {
+        match key {
+            "max_frame_size" => {
+                if let Some(n) = self.unsigned(key, node) {
+                    match u32::try_from(n) {
+                        Ok(n)
+                            if (MIN_FRAME_SIZE..=crate::config::MAX_FRAME_SIZE_CAP)
+                                .contains(&n) =>
+                        {
+                            cfg.max_frame_size = n;
+                        }
+                        _ => self.problem(
+                            node.line,
+                            format!(
+                                "max_frame_size {n}: must be between {MIN_FRAME_SIZE} and {}",
+                                crate::config::MAX_FRAME_SIZE_CAP
+                            ),
+                        ),
+                    }
+                }
+            }
+            "workers" | "max_inflight_per_connection" => {
+                let n = self.unsigned(key, node);
+                let target = match key {
+                    "workers" => &mut cfg.workers,
+                    _ => &mut cfg.max_inflight_per_connection,
+                };
+                match n {
+                    Some(0) => self.problem(node.line, format!("{key}: must be at least 1")),
+                    Some(n) => *target = usize::try_from(n).unwrap_or(usize::MAX),
+                    None => {}
+                }
+            }
+            "evaluation_timeout" => {
+                let (min, max) = (Duration::from_millis(10), Duration::from_secs(3600));
+                if let Some(d) = self.duration(key, node, min, max) {
+                    cfg.evaluation_timeout = d;
+                }
+            }
+            "hello_timeout" | "idle_timeout" => {
+                let (min, max) = (Duration::from_secs(1), Duration::from_secs(86_400));
+                if let Some(d) = self.duration(key, node, min, max) {
+                    match key {
+                        "hello_timeout" => cfg.hello_timeout = d,
+                        _ => cfg.idle_timeout = d,
+                    }
+                }
+            }
+            "evaluation" => match self.string(key, node).as_deref() {
+                None | Some("pool") => {}
+                Some("inline") => cfg.evaluation = Evaluation::Inline,
+                Some(other) => self.problem(
+                    node.line,
+                    format!("evaluation `{other}`: expected inline or pool"),
+                ),
+            },
+            _ => {}
+        }
+    }
+
+    /// `max_buffered_bytes` (given at `line`) holds at least one frame of `max_frame_size`.
+    fn check_buffering(&mut self, cfg: &Config, line: Option<usize>) {
         let least = cfg.max_frame_size as usize + 4;
-        if let Some(line) = buffered_line.filter(|_| cfg.max_buffered_bytes < least) {
+        if let Some(line) = line.filter(|_| cfg.max_buffered_bytes < least) {
             self.problem(
                 line,
                 format!(
@@ -412,20 +445,17 @@ impl Reader {
                 ),
             );
         }
-        match default_application {
+    }
+
+    /// `default_application` (and its line), which must be one of the applications.
+    fn pick_default_application(&mut self, cfg: &mut Config, default: Option<(String, usize)>) {
+        match default {
             Some((d, line)) if !cfg.applications.iter().any(|a| a.name == d) => self.problem(
                 line,
                 format!("default_application `{d}` is not among the applications"),
             ),
             other => cfg.default_application = other.map(|(d, _)| d),
         }
-        if cfg.applications.is_empty() {
-            self.problems.push(Problem::new(
-                "",
-                "no applications defined (omit --config to run the built-in CRS application)",
-            ));
-        }
-        cfg
     }
 
     fn applications(&mut self, node: &Node, cfg: &mut Config) {

@@ -120,28 +120,10 @@ where
     I: IntoIterator<Item = T>,
     T: Into<OsString>,
 {
-    let args: Vec<OsString> = args.into_iter().map(Into::into).collect();
-    let longs = cli::long_options(&Cli::command());
-    if let Some(message) = cli::go_unknown(&args, &longs) {
-        return Err(Problems::from(
-            Problem::new("", message).expected("one of the flags `lastcall-spoa --help` lists"),
-        ));
-    }
-    let args = cli::go_style(args, &longs);
-    let version = cli::version_line();
-    let (cli, matches) =
-        match lastcall::config::try_parse_cli_matches::<Cli, _, _>(args, &cli::defaults(), |cmd| {
-            cmd.version(version)
-        }) {
-            Ok(parsed) => parsed,
-            Err(e) if e.use_stderr() => return Ok(Parsed::Usage(e)),
-            Err(e) => {
-                return Ok(Parsed::Print {
-                    text: e.render().to_string(),
-                    warnings: Vec::new(),
-                })
-            }
-        };
+    let (cli, matches) = match command_line(args.into_iter().map(Into::into).collect()) {
+        Ok(read) => read,
+        Err(answer) => return answer,
+    };
     if let Some(Command::CheckHaproxy { files }) = &cli.command {
         return Ok(Parsed::CheckHaproxy(files.clone()));
     }
@@ -156,15 +138,7 @@ where
             .expected("-config FILE too"),
         );
     }
-    let source = FileSource {
-        path: cli.config.clone(),
-        // Empty (the image's LASTCALL_SPOA_CRS_DIR without a CRS archive): not given.
-        crs_dir: cli.crs_dir.clone().filter(|d| !d.is_empty()).map(|dir| {
-            let at = Source::from_matches(&matches, "crs_dir", Some("LASTCALL_SPOA_CRS_DIR"));
-            (PathBuf::from(dir), at)
-        }),
-        accept_crs3: cli.accept_crs3,
-    };
+    let source = file_source(&cli, &matches);
     let cfg = match source.load() {
         Ok(mut cfg) => {
             apply_bind(&cli, &matches, &mut cfg, &mut problems);
@@ -186,17 +160,10 @@ where
         });
     let (Some(term), Some(cfg), Some((log, log_rules, log_writer))) = (term, cfg.clone(), log)
     else {
-        // Report the rules' errors too, all at once (nothing is bound yet).
-        if let Some(Err(errs)) = cfg.as_ref().map(Apps::compile) {
-            problems.extend(errs);
-        }
-        return Err(problems);
+        return Err(with_rule_errors(problems, cfg.as_ref()));
     };
     if !problems.is_empty() {
-        if let Err(errs) = Apps::compile(&cfg) {
-            problems.extend(errs);
-        }
-        return Err(problems);
+        return Err(with_rule_errors(problems, Some(&cfg)));
     }
     // show-config and show-rules print what would run, refused or not.
     let showing = matches!(
@@ -207,36 +174,13 @@ where
         Ok(crs) => crs,
         Err(refused) => {
             problems.extend(refused);
-            if let Err(errs) = Apps::compile(&cfg) {
-                problems.extend(errs);
-            }
-            return Err(problems);
+            return Err(with_rule_errors(problems, Some(&cfg)));
         }
     };
     let mut warnings = warnings(&cli, &cfg);
     warnings.extend(crs);
-    match &cli.command {
-        Some(Command::ShowConfig) => {
-            return Ok(Parsed::Print {
-                text: super::show::config(&cfg),
-                warnings,
-            })
-        }
-        Some(Command::ShowRules { app }) => {
-            return super::show::rules(&cfg, app.as_deref())
-                .map(|text| Parsed::Print { text, warnings })
-        }
-        Some(Command::CheckHaproxy { .. }) | None => {}
-    }
-    if cli.validate {
-        let apps = Apps::compile(&cfg)?;
-        let text = format!(
-            "configuration OK: {} application(s), {} rules, bind {}\n",
-            cfg.applications.len(),
-            apps.rule_count(),
-            cfg.bind
-        );
-        return Ok(Parsed::Print { text, warnings });
+    if let Some(printed) = printed(&cli, &cfg, &mut warnings) {
+        return printed;
     }
     warnings.shrink_to_fit();
     Ok(Parsed::Run(Box::new(Settings {
@@ -249,6 +193,78 @@ where
         source,
         autoreload: cli.config.clone().filter(|_| cli.autoreload),
     })))
+}
+
+/// The command line read by clap, coraza-spoa's Go-style flags (`-config`) understood;
+/// `Err` is [`parse`]'s answer already: an unknown flag, a usage error, `--help`,
+/// `--version`.
+fn command_line(args: Vec<OsString>) -> Result<(Cli, ArgMatches), Result<Parsed, Problems>> {
+    let longs = cli::long_options(&Cli::command());
+    if let Some(message) = cli::go_unknown(&args, &longs) {
+        return Err(Err(Problems::from(
+            Problem::new("", message).expected("one of the flags `lastcall-spoa --help` lists"),
+        )));
+    }
+    let args = cli::go_style(args, &longs);
+    let version = cli::version_line();
+    lastcall::config::try_parse_cli_matches::<Cli, _, _>(args, &cli::defaults(), |cmd| {
+        cmd.version(version)
+    })
+    .map_err(|e| match e.use_stderr() {
+        true => Ok(Parsed::Usage(e)),
+        false => Ok(Parsed::Print {
+            text: e.render().to_string(),
+            warnings: Vec::new(),
+        }),
+    })
+}
+
+/// The file to read (`--config`, else the built-in configuration) and the CRS it takes.
+fn file_source(cli: &Cli, matches: &ArgMatches) -> FileSource {
+    FileSource {
+        path: cli.config.clone(),
+        // Empty (the image's LASTCALL_SPOA_CRS_DIR without a CRS archive): not given.
+        crs_dir: cli.crs_dir.clone().filter(|d| !d.is_empty()).map(|dir| {
+            let at = Source::from_matches(matches, "crs_dir", Some("LASTCALL_SPOA_CRS_DIR"));
+            (PathBuf::from(dir), at)
+        }),
+        accept_crs3: cli.accept_crs3,
+    }
+}
+
+/// `problems` and the rules' compile errors too: every reason at once (nothing is bound
+/// yet).
+fn with_rule_errors(mut problems: Problems, cfg: Option<&Config>) -> Problems {
+    if let Some(Err(errs)) = cfg.map(Apps::compile) {
+        problems.extend(errs);
+    }
+    problems
+}
+
+/// What `show-config`, `show-rules` and `-validate` print (with the `warnings`), or
+/// `None` when the agent is to run.
+fn printed(
+    cli: &Cli,
+    cfg: &Config,
+    warnings: &mut Vec<String>,
+) -> Option<Result<Parsed, Problems>> {
+    let text = match &cli.command {
+        Some(Command::ShowConfig) => Ok(super::show::config(cfg)),
+        Some(Command::ShowRules { app }) => super::show::rules(cfg, app.as_deref()),
+        Some(Command::CheckHaproxy { .. }) | None if cli.validate => {
+            Apps::compile(cfg).map(|apps| {
+                format!(
+                    "configuration OK: {} application(s), {} rules, bind {}\n",
+                    cfg.applications.len(),
+                    apps.rule_count(),
+                    cfg.bind
+                )
+            })
+        }
+        Some(Command::CheckHaproxy { .. }) | None => return None,
+    };
+    let warnings = std::mem::take(warnings);
+    Some(text.map(|text| Parsed::Print { text, warnings }))
 }
 
 /// The termination options, with coraza-spoa's `-metrics-addr` for `--admin-addr`.
@@ -365,6 +381,7 @@ fn process_log(
         Some((LogFile::Stdout, _)) => BoxMakeWriter::new(std::io::stdout),
         Some((LogFile::Null, _)) => BoxMakeWriter::new(std::io::sink),
         Some((LogFile::Path(path), line)) => match super::apps::append(path) {
+            // std's mutex: tracing-subscriber's `MakeWriter` is implemented for it.
             Ok(f) => BoxMakeWriter::new(std::sync::Mutex::new(f)),
             Err(e) => {
                 return Err(Problem::new(

@@ -25,10 +25,11 @@
 use std::io;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use lastcall_spop_proto::frame;
+use parking_lot::Mutex;
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::io::AsyncWrite;
 use tokio::sync::Notify;
@@ -121,15 +122,6 @@ impl AckSink {
         })
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
-        // Every critical section leaves the state consistent (plain field updates), so a
-        // panic elsewhere while holding the lock does not make it unusable.
-        match self.state.lock() {
-            Ok(g) => g,
-            Err(poisoned) => poisoned.into_inner(),
-        }
-    }
-
     /// A ticket for one NOTIFY's ACK; `inflight` is held one higher until the ACK is
     /// delivered (the `spoa_inflight` gauge).
     pub(crate) fn ticket(
@@ -152,7 +144,7 @@ impl AckSink {
     /// Delivers one whole ACK frame: written at once (direct) or held for the task. Every
     /// ACK goes through here, once.
     fn deliver(&self, ack: &[u8]) {
-        let mut st = self.lock();
+        let mut st = self.state.lock();
         if st.closed {
             return;
         }
@@ -193,7 +185,7 @@ impl AckSink {
     /// Whether ACKs are written at once (only on a socket). Returns at once; a direct write
     /// in progress has finished (it held the lock).
     pub(crate) fn set_direct(&self, on: bool) {
-        let mut st = self.lock();
+        let mut st = self.state.lock();
         st.direct = on && st.wr.is_some();
     }
 
@@ -209,7 +201,7 @@ impl AckSink {
 
     /// The ACKs held for the task, back to back, and how many.
     pub(crate) fn take_held(&self) -> Option<(Vec<u8>, usize)> {
-        let mut st = self.lock();
+        let mut st = self.state.lock();
         if st.held_count == 0 {
             return None;
         }
@@ -220,17 +212,17 @@ impl AckSink {
     /// Whether bytes wait for the socket.
     #[cfg(test)]
     pub(crate) fn has_pending(&self) -> bool {
-        !self.lock().pending.is_empty()
+        !self.state.lock().pending.is_empty()
     }
 
     /// How many bytes wait for the socket (a peer that does not read its ACKs).
     pub(crate) fn pending_len(&self) -> usize {
-        self.lock().pending.len()
+        self.state.lock().pending.len()
     }
 
     /// The connection is gone: ACKs delivered from now on are dropped.
     pub(crate) fn close(&self) {
-        let mut st = self.lock();
+        let mut st = self.state.lock();
         st.closed = true;
         st.held.clear();
         st.held_count = 0;
@@ -238,7 +230,7 @@ impl AckSink {
 
     /// Whether [`close`](Self::close) was called.
     pub(crate) fn is_closed(&self) -> bool {
-        self.lock().closed
+        self.state.lock().closed
     }
 
     /// Resolves when the task has something to do (see [`AckSink::wake`]'s uses).
@@ -354,7 +346,7 @@ impl AsyncWrite for Writer {
         _cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        let mut st = self.0.lock();
+        let mut st = self.0.state.lock();
         if st.broken {
             return Poll::Ready(Err(io::ErrorKind::BrokenPipe.into()));
         }
@@ -377,12 +369,12 @@ impl AsyncWrite for Writer {
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let mut st = self.0.lock();
+        let mut st = self.0.state.lock();
         Self::poll_pending(&mut st, cx)
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let mut st = self.0.lock();
+        let mut st = self.0.state.lock();
         std::task::ready!(Self::poll_pending(&mut st, cx))?;
         st.direct = false;
         match st.wr.as_deref_mut() {

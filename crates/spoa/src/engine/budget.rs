@@ -15,9 +15,10 @@
 //! limits (`lastcall_modsec::crs`) bound how long that can be.
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use parking_lot::{Condvar, Mutex};
 use spop::TypedData;
 
 use super::ack::Ticket;
@@ -53,21 +54,14 @@ impl std::fmt::Debug for Owed {
 }
 
 impl Owed {
-    fn ticket(&self) -> MutexGuard<'_, Option<Ticket>> {
-        match self.ticket.lock() {
-            Ok(g) => g,
-            Err(poisoned) => poisoned.into_inner(),
-        }
-    }
-
     /// Whether the answer went out already (or nobody waits for it any more).
     pub(crate) fn answered(&self) -> bool {
-        self.ticket().as_ref().is_none_or(Ticket::abandoned)
+        self.ticket.lock().as_ref().is_none_or(Ticket::abandoned)
     }
 
     /// Sends the answer; false if it was sent already (the deadline passed).
     pub(crate) fn send(&self, vars: &Vars) -> bool {
-        let ticket = self.ticket().take();
+        let ticket = self.ticket.lock().take();
         match ticket {
             Some(t) => {
                 t.send(vars);
@@ -104,15 +98,6 @@ struct Inner {
     wake: Condvar,
     pool: Arc<Pool>,
     metrics: Arc<Metrics>,
-}
-
-impl Inner {
-    fn lock(&self) -> MutexGuard<'_, Queue> {
-        match self.queue.lock() {
-            Ok(g) => g,
-            Err(poisoned) => poisoned.into_inner(),
-        }
-    }
 }
 
 /// The budget and its watchdog thread (stopped when this is dropped).
@@ -160,7 +145,7 @@ impl Budget {
             id,
             received,
         });
-        let mut q = self.inner.lock();
+        let mut q = self.inner.queue.lock();
         let was_empty = q.due.is_empty();
         q.due
             .push_back((received + self.inner.timeout, Arc::clone(&owed)));
@@ -175,13 +160,13 @@ impl Budget {
 
 impl Drop for Budget {
     fn drop(&mut self) {
-        self.inner.lock().closed = true;
+        self.inner.queue.lock().closed = true;
         self.inner.wake.notify_one();
     }
 }
 
 fn watch(inner: &Inner) {
-    let mut q = inner.lock();
+    let mut q = inner.queue.lock();
     loop {
         if q.closed {
             return;
@@ -192,21 +177,15 @@ fn watch(inner: &Inner) {
                 if let Some((_, owed)) = q.due.pop_front() {
                     drop(q);
                     expire(inner, &owed);
-                    q = inner.lock();
+                    q = inner.queue.lock();
                 }
             }
             Some((at, _)) => {
                 let wait = *at - now;
-                q = match inner.wake.wait_timeout(q, wait) {
-                    Ok((g, _)) => g,
-                    Err(poisoned) => poisoned.into_inner().0,
-                };
+                inner.wake.wait_for(&mut q, wait);
             }
             None => {
-                q = match inner.wake.wait(q) {
-                    Ok(g) => g,
-                    Err(poisoned) => poisoned.into_inner(),
-                };
+                inner.wake.wait(&mut q);
             }
         }
     }

@@ -31,10 +31,11 @@
 
 use std::collections::HashMap;
 use std::net::IpAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use lastcall::{Handle, HoldGuard};
+use parking_lot::Mutex;
 use tokio::time::Instant;
 
 /// Refused health checks after which a HAProxy has marked the agent DOWN: `fall 2`, as in
@@ -100,17 +101,17 @@ impl Down {
     /// The agent listens from now: the HAProxies it has not heard from hold it for
     /// [`CHECK_HOLD`]. Call once, on the runtime, before the lifecycle can start refusing.
     pub(crate) fn listening(self: &Arc<Self>, handle: &Handle) {
-        self.lock().unseen = Some(handle.hold());
+        self.inner.lock().unseen = Some(handle.hold());
         let me = Arc::clone(self);
         tokio::spawn(async move {
             tokio::time::sleep(CHECK_HOLD).await;
-            me.lock().unseen = None;
+            me.inner.lock().unseen = None;
         });
     }
 
     /// A health check came from `peer`: answered, or `refused` (the drain).
     pub(crate) fn checked(self: &Arc<Self>, handle: &Handle, peer: Checker, refused: bool) {
-        let mut inner = self.lock();
+        let mut inner = self.inner.lock();
         let p = inner.peers.entry(peer).or_default();
         p.refused = if refused { p.refused + 1 } else { 0 };
         p.last = Some(Instant::now());
@@ -138,7 +139,7 @@ impl Down {
     /// check). One whose checks were all answered is released: it may be gone (a sidecar's
     /// HAProxy that exited before the agent's SIGTERM).
     fn release(&self, handle: &Handle, peer: Checker, generation: u64) -> Option<Duration> {
-        let mut inner = self.lock();
+        let mut inner = self.inner.lock();
         let p = inner.peers.get_mut(&peer)?;
         if p.generation != generation {
             return None;
@@ -158,15 +159,11 @@ impl Down {
     /// Whether HAProxy `peer` holds the drain now: its checks have the agent UP, or it is
     /// marking it DOWN, or it has not checked yet while the unseen ones hold it.
     pub(crate) fn holding(&self, peer: Checker) -> bool {
-        let inner = self.lock();
+        let inner = self.inner.lock();
         match inner.peers.get(&peer) {
             Some(p) => p.held.is_some(),
             None => inner.unseen.is_some(),
         }
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 

@@ -12,9 +12,10 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::Duration;
 
+use parking_lot::Mutex;
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -97,13 +98,6 @@ impl Memory {
         self.cap
     }
 
-    fn partials(&self) -> MutexGuard<'_, BTreeMap<(Instant, u64), Arc<Evict>>> {
-        match self.partials.lock() {
-            Ok(g) => g,
-            Err(poisoned) => poisoned.into_inner(),
-        }
-    }
-
     fn add(&self, n: usize) {
         let now = self.used.fetch_add(n, Ordering::SeqCst) + n;
         self.gauge.set(i64::try_from(now).unwrap_or(i64::MAX));
@@ -168,7 +162,7 @@ impl Memory {
     /// the oldest unfinished frame elsewhere is dropped if it has been unfinished for
     /// [`EVICT_AGE`] and is older than `me`'s own.
     pub(crate) fn relieve(&self, me: u64, mine: Option<Instant>, now: Instant) -> Relief {
-        let mut partials = self.partials();
+        let mut partials = self.partials.lock();
         let oldest = partials
             .iter()
             .find(|((_, id), _)| *id != me)
@@ -245,7 +239,7 @@ impl Account {
         if since == self.partial {
             return;
         }
-        let mut partials = self.mem.partials();
+        let mut partials = self.mem.partials.lock();
         if let Some(old) = self.partial {
             partials.remove(&(old, self.id));
         }

@@ -24,9 +24,10 @@ use std::collections::VecDeque;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use parking_lot::{Condvar, Mutex};
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
@@ -88,11 +89,11 @@ impl Default for Tracked {
 
 impl Tracked {
     fn get(&self) -> JobState {
-        *lock(&self.0)
+        *self.0.lock()
     }
 
     fn set(&self, state: JobState) -> JobState {
-        std::mem::replace(&mut *lock(&self.0), state)
+        std::mem::replace(&mut *self.0.lock(), state)
     }
 }
 
@@ -151,18 +152,7 @@ struct Inner {
     overrunning: Gauge,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    match m.lock() {
-        Ok(g) => g,
-        Err(poisoned) => poisoned.into_inner(),
-    }
-}
-
 impl Inner {
-    fn lock(&self) -> MutexGuard<'_, State> {
-        lock(&self.state)
-    }
-
     fn count_runaways(&self, st: &State) {
         self.overrunning
             .set(i64::try_from(st.overruns + st.stuck).unwrap_or(i64::MAX));
@@ -202,11 +192,11 @@ impl Pool {
         });
         let mut started = 0;
         for n in 0..workers {
-            inner.lock().alive += 1;
+            inner.state.lock().alive += 1;
             match spawn(&inner, n) {
                 Ok(()) => started += 1,
                 Err(e) => {
-                    inner.lock().alive -= 1;
+                    inner.state.lock().alive -= 1;
                     tracing::error!("cannot start evaluation thread {n}: {e}");
                 }
             }
@@ -215,7 +205,7 @@ impl Pool {
             // Every job is then dropped at once: its connection answers with an error.
             tracing::error!("no evaluation thread could start");
         }
-        inner.lock().limit = started;
+        inner.state.lock().limit = started;
         Pool {
             inner,
             slots: Arc::new(Semaphore::new(workers * QUEUE_PER_WORKER)),
@@ -232,14 +222,14 @@ impl Pool {
     /// Whether `max_overruns` runaways (at least one) are running: new jobs should not be
     /// queued.
     pub(crate) fn saturated(&self) -> bool {
-        let st = self.inner.lock();
+        let st = self.inner.state.lock();
         let runaways = st.overruns + st.stuck;
         runaways > 0 && runaways >= st.max_overruns
     }
 
     /// Runaways running (replaced or not).
     pub(crate) fn overrunning(&self) -> usize {
-        let st = self.inner.lock();
+        let st = self.inner.state.lock();
         st.overruns + st.stuck
     }
 
@@ -269,7 +259,7 @@ impl Pool {
     }
 
     fn push(&self, job: Job) {
-        let mut st = self.inner.lock();
+        let mut st = self.inner.state.lock();
         if st.closed || st.alive == 0 {
             return;
         }
@@ -287,7 +277,7 @@ impl Pool {
     /// against `workers` and a thread is started in its place, unless `max_overruns` are
     /// running already.
     pub(crate) fn overran(&self, job: &Tracked) -> Overran {
-        let mut st = self.inner.lock();
+        let mut st = self.inner.state.lock();
         if job.get() != JobState::Running {
             return Overran::NotRunning;
         }
@@ -312,7 +302,7 @@ impl Pool {
             }
             Err(e) => {
                 tracing::error!("cannot start an evaluation thread for a runaway: {e}");
-                let mut st = self.inner.lock();
+                let mut st = self.inner.state.lock();
                 st.alive -= 1;
                 if job.get() == JobState::Overrun {
                     job.set(JobState::Stuck);
@@ -329,7 +319,7 @@ impl Pool {
     /// to finish the jobs they are running; runaways (answered already) are not waited for.
     /// True when all threads have exited.
     pub(crate) fn shutdown(&self, within: Duration) -> bool {
-        let mut st = self.inner.lock();
+        let mut st = self.inner.state.lock();
         st.closed = true;
         st.jobs.clear();
         self.inner.ready.notify_all();
@@ -339,10 +329,7 @@ impl Pool {
             if left.is_zero() {
                 return false;
             }
-            st = match self.inner.exited.wait_timeout(st, left) {
-                Ok((g, _)) => g,
-                Err(poisoned) => poisoned.into_inner().0,
-            };
+            self.inner.exited.wait_for(&mut st, left);
         }
         st.alive == 0
     }
@@ -350,7 +337,7 @@ impl Pool {
 
 impl Drop for Pool {
     fn drop(&mut self) {
-        let mut st = self.inner.lock();
+        let mut st = self.inner.state.lock();
         st.closed = true;
         st.jobs.clear();
         drop(st);
@@ -370,7 +357,7 @@ fn work(inner: &Inner) {
     let mut ran: Option<Option<Arc<Tracked>>> = None;
     loop {
         let work = {
-            let mut st = inner.lock();
+            let mut st = inner.state.lock();
             if let Some(tracked) = ran.take() {
                 let state = tracked.as_ref().map(|t| t.set(JobState::Done));
                 match state {
@@ -411,10 +398,7 @@ fn work(inner: &Inner) {
                     return;
                 }
                 st.idle += 1;
-                st = match inner.ready.wait(st) {
-                    Ok(g) => g,
-                    Err(poisoned) => poisoned.into_inner(),
-                };
+                inner.ready.wait(&mut st);
                 st.idle -= 1;
             }
         };
@@ -469,12 +453,12 @@ mod tests {
             let tx = tx.clone();
             let work = Work::new(move || {
                 {
-                    let mut r = running.lock().unwrap();
+                    let mut r = running.lock();
                     r.0 += 1;
                     r.1 = r.1.max(r.0);
                 }
                 std::thread::sleep(Duration::from_millis(2));
-                running.lock().unwrap().0 -= 1;
+                running.lock().0 -= 1;
                 let _ = tx.send(());
             });
             assert!(pool.try_submit(work).is_ok());
@@ -482,7 +466,7 @@ mod tests {
         for _ in 0..20 {
             rx.recv_timeout(Duration::from_secs(20)).unwrap();
         }
-        let max = running.lock().unwrap().1;
+        let max = running.lock().1;
         assert!((1..=2).contains(&max), "{max}");
         assert_eq!(pool.workers(), 2);
         assert!(pool.shutdown(Duration::from_secs(20)));
@@ -500,7 +484,7 @@ mod tests {
         // Wait until the thread took the gate job (its slot is free again).
         let end = Instant::now() + Duration::from_secs(20);
         while {
-            let st = pool.inner.lock();
+            let st = pool.inner.state.lock();
             st.idle > 0 || !st.jobs.is_empty()
         } {
             assert!(Instant::now() < end);

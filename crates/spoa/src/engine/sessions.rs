@@ -15,10 +15,11 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 
 use lastcall::sessions::{field, Column, SessionPage, SessionTable};
+use parking_lot::Mutex;
 use serde_json::{json, Value};
 use tokio::sync::Notify;
 
@@ -53,15 +54,11 @@ pub(crate) struct Registered {
 
 impl Drop for Registered {
     fn drop(&mut self) {
-        self.conns.lock().remove(&self.id);
+        self.conns.live.lock().remove(&self.id);
     }
 }
 
 impl Connections {
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Entry>> {
-        self.live.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// A handshaken connection from `peer` (`ip` its address, `None` over a Unix socket);
     /// `in_flight` counts its evaluations.
     pub(crate) fn add(
@@ -73,7 +70,7 @@ impl Connections {
         let id = self.next.fetch_add(1, Ordering::Relaxed) + 1;
         let notifies = Arc::new(AtomicU64::new(0));
         let end = Arc::new(Notify::new());
-        self.lock().insert(
+        self.live.lock().insert(
             id,
             Entry {
                 peer,
@@ -115,7 +112,7 @@ impl Table {
 impl SessionTable for Table {
     fn page(&self, after: u64, limit: usize) -> SessionPage {
         let now = Instant::now();
-        let live = self.conns.lock();
+        let live = self.conns.live.lock();
         let mut rest = live.range(after.saturating_add(1)..);
         let sessions = rest
             .by_ref()
@@ -130,7 +127,7 @@ impl SessionTable for Table {
     }
 
     fn end(&self, id: u64) -> Option<Value> {
-        let live = self.conns.lock();
+        let live = self.conns.live.lock();
         let e = live.get(&id)?;
         e.end.notify_one();
         tracing::info!(peer = %e.peer, id, "SPOP connection ended by the operator (DELETE /sessions): AGENT-DISCONNECT now, as at the deadline");

@@ -95,6 +95,16 @@ fn expand_env(text: &str) -> String {
     out
 }
 
+/// The spoe-agent a frontend's rules read the variables of: its section and file, its
+/// `var-prefix` and its `set-on-error` variable (with its line).
+#[derive(Clone, Copy)]
+struct AgentVars<'a> {
+    agent: &'a Section,
+    spoe_file: &'a Path,
+    prefix: &'a str,
+    error_var: Option<&'a (String, usize)>,
+}
+
 /// Everything [`check`] looks at for one frontend.
 struct Frontend<'a> {
     file: &'a Path,
@@ -245,30 +255,20 @@ impl Frontend<'_> {
             ));
         }
         let after = first_send.unwrap_or(0);
-        self.fail_closed(
-            "http-request",
-            &prefix,
-            error_var.as_ref(),
-            after,
+        let vars = AgentVars {
             agent,
             spoe_file,
-            out,
-        );
+            prefix: &prefix,
+            error_var: error_var.as_ref(),
+        };
+        self.fail_closed("http-request", after, &vars, out);
 
         // Responses, when they are sent.
         let res_sends = self.sends("http-response", engine);
         let res_event = self.event_messages(agent, &["on-http-response"]);
         if !res_sends.is_empty() || !res_event.is_empty() {
             let after = res_sends.first().map_or(0, |(l, _)| l.no);
-            self.fail_closed(
-                "http-response",
-                &prefix,
-                error_var.as_ref(),
-                after,
-                agent,
-                spoe_file,
-                out,
-            );
+            self.fail_closed("http-response", after, &vars, out);
         }
 
         self.request_body(&sends, &req_event, out);
@@ -308,17 +308,19 @@ impl Frontend<'_> {
             .collect()
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn fail_closed(
         &self,
         directive: &str,
-        prefix: &str,
-        error_var: Option<&(String, usize)>,
         after: usize,
-        agent: &Section,
-        spoe_file: &Path,
+        vars: &AgentVars<'_>,
         out: &mut Vec<Finding>,
     ) {
+        let AgentVars {
+            agent,
+            spoe_file,
+            prefix,
+            error_var,
+        } = *vars;
         let what = if directive == "http-request" {
             "request"
         } else {

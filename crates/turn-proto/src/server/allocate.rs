@@ -8,8 +8,8 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use super::{
-    canonical_origin, Attrs, Authed, Bucket, Buckets, Ctx, Grant, Message, Reply, Server,
-    FAMILY_V4, FAMILY_V6,
+    canonical_origin, Attrs, Authed, Bucket, Buckets, Ctx, Grant, Reply, Server, FAMILY_V4,
+    FAMILY_V6,
 };
 use crate::auth::make_nonce;
 use crate::config::DefaultFamily;
@@ -41,27 +41,63 @@ pub(super) struct Reservation {
 pub(super) struct Pending {
     id: u64,
     pub(super) client: ClientAddr,
-    /// How to finish the response (its transaction id identifies retransmissions).
+    /// How to finish the response (its transaction id identifies retransmissions, its
+    /// request length bounds an unauthenticated response).
     pub(super) ctx: Ctx,
-    /// For the amplification guard on unauthenticated (anonymous-server) responses.
-    request_len: usize,
-    username: String,
-    /// The lifetime granted, and the REST credential's expiry that caps it.
-    life: Duration,
+    claim: Claim,
+    /// The REST credential's expiry, which caps the lifetime when the sockets come.
     cred_expiry: Option<Instant>,
     ports: RelayPorts,
     /// A dual allocation whose second family has no relay address: ADDRESS-ERROR-CODE 440.
     additional_error: Option<u16>,
     since: Instant,
-    /// Its ORIGIN and bandwidth (reserved of `bps-capacity` while it waits).
+}
+
+/// What a new allocation is given: its user, its ORIGIN, bandwidth (reserved of
+/// `bps-capacity` and of the user's quota from the Allocate on) and key, and its lifetime.
+#[derive(Clone)]
+struct Claim {
+    username: String,
     grant: Grant,
+    life: Duration,
+}
+
+impl Claim {
+    /// The LIFETIME attribute's seconds.
+    fn lifetime(&self) -> u32 {
+        u32::try_from(self.life.as_secs()).unwrap_or(u32::MAX)
+    }
+}
+
+/// An allocation's relay addresses as its success response gives them: with the
+/// ADDRESS-ERROR-CODE of a family it has none of, and the RESERVATION-TOKEN of port + 1.
+struct Relays {
+    addrs: RelayAddrs,
+    address_error: Option<u16>,
+    token: Option<[u8; 8]>,
+}
+
+impl Relays {
+    fn only(addrs: RelayAddrs) -> Relays {
+        Relays {
+            addrs,
+            address_error: None,
+            token: None,
+        }
+    }
+}
+
+/// The relay families an Allocate asks for: IPv4 or IPv6 first, and whether IPv6 too.
+#[derive(Clone, Copy)]
+struct Families {
+    primary_v4: bool,
+    dual: bool,
 }
 
 impl Server {
     /// A new Allocate on a 5-tuple without an allocation (RFC 8656 §7.2): every check, then
     /// either an answer now (an error, 300/403 while draining, a RESERVATION-TOKEN's socket)
     /// or a request for relay sockets.
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn allocate(
         &mut self,
         now: Instant,
@@ -69,60 +105,20 @@ impl Server {
         attrs: &Attrs<'_>,
         authed: Option<Authed>,
         ctx: &Ctx,
-        msg: &Message<'_>,
         out: &mut Vec<u8>,
     ) -> Reply {
         if matches!(self.drain, DrainMode::Refuse { .. }) {
             return self.refuse_draining(now, from, ctx, out);
         }
-        match attrs.transport {
-            None => return self.error(ctx, 400, out),
-            Some(PROTO_UDP) if self.config.udp_relay => {}
-            Some(_) => return self.error(ctx, 442, out),
-        }
-        // Families: primary (REQUESTED-ADDRESS-FAMILY, default IPv4) and optional additional.
-        let (primary_v4, dual) = match (attrs.family, attrs.additional_family) {
-            (Some(_), Some(_)) => return self.error(ctx, 400, out),
-            (None, Some(FAMILY_V6)) => (true, true),
-            (None, Some(_)) => return self.error(ctx, 400, out),
-            (None, None) => match self.config.default_family {
-                DefaultFamily::Ipv4 => (true, false),
-                DefaultFamily::Ipv6 => (false, false),
-                DefaultFamily::Keep => (from.client.is_ipv4(), false),
-            },
-            (Some(FAMILY_V4), None) => (true, false),
-            (Some(FAMILY_V6), None) => (false, false),
-            (Some(_), None) => return self.error(ctx, 440, out),
+        let families = match self.families(from, attrs) {
+            Ok(f) => f,
+            Err(code) => return self.error(ctx, code, out),
         };
-        // RESERVATION-TOKEN excludes EVEN-PORT and the family attributes; EVEN-PORT excludes
-        // a dual allocation (RFC 8656 §7.2).
-        if attrs.reservation_token.is_some()
-            && (attrs.even_port.is_some() || attrs.family.is_some() || dual)
-        {
-            return self.error(ctx, 400, out);
-        }
-        if attrs.even_port.is_some() && dual {
-            return self.error(ctx, 400, out);
-        }
         let username = authed
             .as_ref()
             .map(|a| a.username.clone())
             .unwrap_or_default();
-        let q = self.config.quotas;
-        let user_count = self.per_user.get(&username).copied().unwrap_or(0);
-        // Allocates waiting for their sockets count: they become allocations.
-        let total = self.live + self.pending.len();
-        let over = if q.total > 0 && total >= q.total as usize {
-            Some(CapacityLimit::TotalQuota { quota: q.total })
-        } else if q.per_user > 0 && !username.is_empty() && user_count >= q.per_user {
-            Some(CapacityLimit::UserQuota {
-                user: username.clone(),
-                quota: q.per_user,
-            })
-        } else {
-            None
-        };
-        if let Some(limit) = over {
+        if let Some(limit) = self.over_quota(&username) {
             self.counters.refused_quota += 1;
             self.push_event(Event::AllocateRefused {
                 client: *from,
@@ -152,70 +148,144 @@ impl Server {
             bps,
             key: authed.as_ref().map(|a| (a.key, a.expiry)),
         };
+        let claim = Claim {
+            username,
+            grant,
+            life,
+        };
         // An all-zero token is coturn's "no token" (coturn never issues one, nor do we):
         // coturn's uclient sends it after an Allocate error reset its token, and coturn
         // allocates as without the attribute.
         if let Some(token) = attrs.reservation_token.filter(|t| *t != [0; 8]) {
-            let Some(relay) = self.take_reservation(now, &token) else {
-                self.unreserve_bandwidth(bps);
-                return self.refuse_capacity(from, ctx, CapacityLimit::Reservation, out);
-            };
-            self.reserve_user(&username);
-            let addrs = RelayAddrs::for_one(relay);
-            return self.create(
-                now,
-                from,
-                addrs,
-                (username, grant),
-                life,
-                ctx,
-                None,
-                None,
-                out,
-            );
+            return self.allocate_reserved(now, from, ctx, &token, claim, out);
         }
-        let ip = match self.relay_ip(primary_v4, from) {
-            Ok(ip) => ip,
-            Err(_) => {
-                self.unreserve_bandwidth(bps);
-                return self.error(ctx, 440, out);
-            }
-        };
-        let (additional, additional_error) = match dual {
-            false => (None, None),
-            true => match self.relay_ip(false, from) {
-                Ok(ip) => (Some(ip), None),
-                Err(_) => (None, Some(440)),
-            },
-        };
-        let ports = match attrs.even_port {
-            None => RelayPorts::Any,
-            Some(false) => RelayPorts::Even,
-            Some(true) => RelayPorts::EvenPair,
-        };
-        let id = self.next_request;
-        self.next_request += 1;
-        self.reserve_user(&username);
-        self.pending.push(Pending {
-            id,
+        let pending = Pending {
+            id: 0,
             client: *from,
             ctx: *ctx,
-            request_len: msg.len(),
-            username,
-            life,
+            claim,
             cred_expiry,
-            ports,
-            additional_error,
+            ports: match attrs.even_port {
+                None => RelayPorts::Any,
+                Some(false) => RelayPorts::Even,
+                Some(true) => RelayPorts::EvenPair,
+            },
+            additional_error: None,
             since: now,
-            grant,
-        });
-        Reply::Bind(RelayRequest {
-            id,
-            client: *from,
+        };
+        self.ask_for_relays(families, pending, out)
+    }
+
+    /// The families an Allocate asks for (REQUESTED-ADDRESS-FAMILY, else the default;
+    /// ADDITIONAL-ADDRESS-FAMILY IPv6 for a dual allocation), or the error code of a
+    /// combination RFC 8656 §7.2 excludes.
+    fn families(&self, from: &ClientAddr, attrs: &Attrs<'_>) -> Result<Families, u16> {
+        match attrs.transport {
+            None => return Err(400),
+            Some(PROTO_UDP) if self.config.udp_relay => {}
+            Some(_) => return Err(442),
+        }
+        let (primary_v4, dual) = match (attrs.family, attrs.additional_family) {
+            (Some(_), Some(_)) => return Err(400),
+            (None, Some(FAMILY_V6)) => (true, true),
+            (None, Some(_)) => return Err(400),
+            (None, None) => match self.config.default_family {
+                DefaultFamily::Ipv4 => (true, false),
+                DefaultFamily::Ipv6 => (false, false),
+                DefaultFamily::Keep => (from.client.is_ipv4(), false),
+            },
+            (Some(FAMILY_V4), None) => (true, false),
+            (Some(FAMILY_V6), None) => (false, false),
+            (Some(_), None) => return Err(440),
+        };
+        // RESERVATION-TOKEN excludes EVEN-PORT and the family attributes; EVEN-PORT excludes
+        // a dual allocation.
+        if attrs.reservation_token.is_some()
+            && (attrs.even_port.is_some() || attrs.family.is_some() || dual)
+        {
+            return Err(400);
+        }
+        if attrs.even_port.is_some() && dual {
+            return Err(400);
+        }
+        Ok(Families { primary_v4, dual })
+    }
+
+    /// The quota a new allocation of `username` would exceed (Allocates waiting for their
+    /// sockets count: they become allocations).
+    fn over_quota(&self, username: &str) -> Option<CapacityLimit> {
+        let q = self.config.quotas;
+        let user_count = self.per_user.get(username).copied().unwrap_or(0);
+        let total = self.live + self.pending.len();
+        if q.total > 0 && total >= q.total as usize {
+            Some(CapacityLimit::TotalQuota { quota: q.total })
+        } else if q.per_user > 0 && !username.is_empty() && user_count >= q.per_user {
+            Some(CapacityLimit::UserQuota {
+                user: username.to_owned(),
+                quota: q.per_user,
+            })
+        } else {
+            None
+        }
+    }
+
+    /// RESERVATION-TOKEN: the allocation on the socket reserved by an earlier EVEN-PORT
+    /// Allocate, or 508 when the token is unknown or expired.
+    fn allocate_reserved(
+        &mut self,
+        now: Instant,
+        from: &ClientAddr,
+        ctx: &Ctx,
+        token: &[u8; 8],
+        claim: Claim,
+        out: &mut Vec<u8>,
+    ) -> Reply {
+        let Some(relay) = self.take_reservation(now, token) else {
+            self.unreserve_bandwidth(claim.grant.bps);
+            return self.refuse_capacity(from, ctx, CapacityLimit::Reservation, out);
+        };
+        self.reserve_user(&claim.username);
+        let relays = Relays::only(RelayAddrs::for_one(relay));
+        self.create(now, from, ctx, claim, relays, out)
+    }
+
+    /// The relay sockets for `pending`, asked of the I/O layer; it waits for them.
+    fn ask_for_relays(
+        &mut self,
+        families: Families,
+        mut pending: Pending,
+        out: &mut Vec<u8>,
+    ) -> Reply {
+        let from = pending.client;
+        let ip = match self.relay_ip(families.primary_v4, &from) {
+            Ok(ip) => ip,
+            Err(_) => {
+                self.unreserve_bandwidth(pending.claim.grant.bps);
+                return self.error(&pending.ctx, 440, out);
+            }
+        };
+        let additional = match families.dual {
+            false => None,
+            true => match self.relay_ip(false, &from) {
+                Ok(ip) => Some(ip),
+                Err(_) => {
+                    pending.additional_error = Some(440);
+                    None
+                }
+            },
+        };
+        pending.id = self.next_request;
+        self.next_request += 1;
+        self.reserve_user(&pending.claim.username);
+        let request = RelayRequest {
+            id: pending.id,
+            client: from,
             ip,
-            ports,
+            ports: pending.ports,
             additional,
-        })
+        };
+        self.pending.push(pending);
+        Reply::Bind(request)
     }
 
     /// The I/O layer's answer to a [`RelayRequest`]: creates the allocation and returns the
@@ -236,7 +306,7 @@ impl Server {
         };
         let p = self.pending.swap_remove(at);
         let reply = self.complete(now, &p, answer, out);
-        self.respond(now, reply, p.request_len, p.client, out)
+        self.respond(now, reply, p.ctx.request_len, p.client, out)
     }
 
     /// [`relay_bound`](Self::relay_bound) for a waiting Allocate.
@@ -256,45 +326,17 @@ impl Server {
             self.unreserve_pending(p);
             return self.refuse_draining(now, from, ctx, out);
         }
-        let (primary, pair) = match answer.primary {
-            Ok((addr, _)) if self.in_use(addr) => {
-                // Another allocation's socket (release_answer never closes one).
-                self.release_answer(&answer);
-                self.unreserve_pending(p);
-                return self.refuse_capacity(from, ctx, CapacityLimit::PortHeld, out);
-            }
+        let (primary, pair) = match self.bound_primary(p, &answer) {
             Ok(bound) => bound,
-            Err(ref e) => {
-                let limit = match e {
-                    RelayError::FamilyNotSupported => None,
-                    RelayError::NoPort if p.ports != RelayPorts::Any => {
-                        Some(CapacityLimit::EvenPort)
-                    }
-                    RelayError::NoPort => Some(CapacityLimit::RelayPorts),
-                    RelayError::Failed(why) => Some(CapacityLimit::RelaySocket(why.clone())),
-                };
+            Err(refusal) => {
                 self.release_answer(&answer);
                 self.unreserve_pending(p);
-                return match limit {
+                return match refusal {
                     None => self.error(ctx, 440, out),
                     Some(limit) => self.refuse_capacity(from, ctx, limit, out),
                 };
             }
         };
-        let keeps_rule = match p.ports {
-            RelayPorts::Any => pair.is_none(),
-            RelayPorts::Even => primary.port() % 2 == 0 && pair.is_none(),
-            RelayPorts::EvenPair => {
-                primary.port() % 2 == 0
-                    && pair.is_some_and(|n| Some(n.port()) == primary.port().checked_add(1))
-                    && pair.is_some_and(|n| !self.in_use(n))
-            }
-        };
-        if !keeps_rule {
-            self.release_answer(&answer);
-            self.unreserve_pending(p);
-            return self.refuse_capacity(from, ctx, CapacityLimit::EvenPort, out);
-        }
         let mut addrs = RelayAddrs::for_one(primary);
         let mut address_error = p.additional_error;
         match answer.additional {
@@ -311,71 +353,95 @@ impl Server {
             Some(Err(_)) => address_error = Some(508),
             None => {}
         }
-        let mut life = p.life;
+        let mut claim = p.claim.clone();
         if let Some(exp) = p.cred_expiry {
-            life = life.min(exp.saturating_duration_since(now));
+            claim.life = claim.life.min(exp.saturating_duration_since(now));
         }
-        if life.is_zero() {
+        if claim.life.is_zero() {
             self.release_answer(&answer);
             self.unreserve_pending(p);
             return self.error(ctx, 401, out);
         }
-        let token = pair.map(|relay| {
-            // Never all zeros: that is coturn's "no token".
-            let token = rand::random::<std::num::NonZeroU64>().get().to_be_bytes();
-            self.reservations.push(Reservation {
-                token,
-                relay,
-                expires: now + RESERVATION_LIFETIME,
-            });
-            token
-        });
-        let claim = (p.username.clone(), p.grant.clone());
-        self.create(
-            now,
-            from,
+        let token = pair.map(|relay| self.reserve(now, relay));
+        let relays = Relays {
             addrs,
-            claim,
-            life,
-            ctx,
             address_error,
             token,
-            out,
-        )
+        };
+        self.create(now, from, ctx, claim, relays, out)
+    }
+
+    /// The primary relay socket of an answer and the port + 1 socket of an EVEN-PORT
+    /// reservation, when they keep what the Allocate asked; else why not: `None` for 440
+    /// (no relay address of that family), the capacity limit for 508.
+    fn bound_primary(
+        &self,
+        p: &Pending,
+        answer: &RelayBound,
+    ) -> Result<(SocketAddr, Option<SocketAddr>), Option<CapacityLimit>> {
+        let (primary, pair) = match &answer.primary {
+            // Another allocation's socket (release_answer never closes one).
+            Ok((addr, _)) if self.in_use(*addr) => return Err(Some(CapacityLimit::PortHeld)),
+            Ok(bound) => *bound,
+            Err(e) => {
+                return Err(match e {
+                    RelayError::FamilyNotSupported => None,
+                    RelayError::NoPort if p.ports != RelayPorts::Any => {
+                        Some(CapacityLimit::EvenPort)
+                    }
+                    RelayError::NoPort => Some(CapacityLimit::RelayPorts),
+                    RelayError::Failed(why) => Some(CapacityLimit::RelaySocket(why.clone())),
+                })
+            }
+        };
+        let keeps_rule = match p.ports {
+            RelayPorts::Any => pair.is_none(),
+            RelayPorts::Even => primary.port() % 2 == 0 && pair.is_none(),
+            RelayPorts::EvenPair => {
+                primary.port() % 2 == 0
+                    && pair.is_some_and(|n| Some(n.port()) == primary.port().checked_add(1))
+                    && pair.is_some_and(|n| !self.in_use(n))
+            }
+        };
+        match keeps_rule {
+            true => Ok((primary, pair)),
+            false => Err(Some(CapacityLimit::EvenPort)),
+        }
+    }
+
+    /// Keeps `relay` (port + 1) for a later Allocate: its RESERVATION-TOKEN.
+    fn reserve(&mut self, now: Instant, relay: SocketAddr) -> [u8; 8] {
+        // Never all zeros: that is coturn's "no token".
+        let token = rand::random::<std::num::NonZeroU64>().get().to_be_bytes();
+        self.reservations.push(Reservation {
+            token,
+            relay,
+            expires: now + RESERVATION_LIFETIME,
+        });
+        token
     }
 
     /// Creates the allocation on sockets that are bound, and its success response.
-    #[allow(clippy::too_many_arguments)]
     fn create(
         &mut self,
         now: Instant,
         from: &ClientAddr,
-        addrs: RelayAddrs,
-        (username, grant): (String, Grant),
-        life: Duration,
         ctx: &Ctx,
-        address_error: Option<u16>,
-        token: Option<[u8; 8]>,
+        claim: Claim,
+        relays: Relays,
         out: &mut Vec<u8>,
     ) -> Reply {
-        let lifetime = u32::try_from(life.as_secs()).unwrap_or(u32::MAX);
-        self.insert(
-            now,
-            from,
-            addrs,
-            (username.clone(), grant),
-            life,
-            lifetime,
-            ctx.txid,
-        );
+        let lifetime = claim.lifetime();
+        let username = claim.username.clone();
+        self.insert(now, from, relays.addrs, claim, ctx.txid);
         self.counters.allocations_created += 1;
         self.push_event(Event::AllocationCreated {
             client: *from,
-            relays: addrs,
+            relays: relays.addrs,
             username,
             lifetime,
         });
-        self.allocate_success(ctx, from, addrs, lifetime, address_error, token, out)
+        self.allocate_success(ctx, from, &relays, lifetime, out)
     }
 
     /// `max-bps` of `bps-capacity` for a new allocation: `Some(0)` without a limit, `None`
@@ -402,8 +468,8 @@ impl Server {
 
     /// What a waiting Allocate held: its place in the user's quota and its bandwidth.
     fn unreserve_pending(&mut self, p: &Pending) {
-        self.unreserve_user(&p.username);
-        self.unreserve_bandwidth(p.grant.bps);
+        self.unreserve_user(&p.claim.username);
+        self.unreserve_bandwidth(p.claim.grant.bps);
     }
 
     /// The alternate for a new client of `from`'s transport (round-robin, the client's family
@@ -521,29 +587,28 @@ impl Server {
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// The success response: the relay addresses (advertised), the client's mapped address,
+    /// the lifetime.
     fn allocate_success(
         &self,
         ctx: &Ctx,
         from: &ClientAddr,
-        addrs: RelayAddrs,
+        relays: &Relays,
         lifetime: u32,
-        address_error: Option<u16>,
-        token: Option<[u8; 8]>,
         out: &mut Vec<u8>,
     ) -> Reply {
         let relay_cfg = &self.config.relay;
         self.success(ctx, out, |b| {
-            for r in addrs.iter() {
+            for r in relays.addrs.iter() {
                 let adv = SocketAddr::new(relay_cfg.advertised(r.ip()), r.port());
                 b.xor_address(attr::XOR_RELAYED_ADDRESS, adv);
             }
             b.xor_address(attr::XOR_MAPPED_ADDRESS, from.client)
                 .u32(attr::LIFETIME, lifetime);
-            if let Some(t) = token {
+            if let Some(t) = relays.token {
                 b.attr(attr::RESERVATION_TOKEN, &t);
             }
-            if let Some(code) = address_error {
+            if let Some(code) = relays.address_error {
                 let v = [FAMILY_V6, 0, (code / 100) as u8, (code % 100) as u8];
                 b.attr(attr::ADDRESS_ERROR_CODE, &v);
             }
@@ -570,8 +635,8 @@ impl Server {
         let lifetime = u32::try_from(remaining)
             .unwrap_or(a.lifetime)
             .min(a.lifetime);
-        let addrs = a.relays;
-        self.allocate_success(ctx, from, addrs, lifetime, None, None, out)
+        let relays = Relays::only(a.relays);
+        self.allocate_success(ctx, from, &relays, lifetime, out)
     }
 
     /// The relay IP for a family (round-robin over `relay-ip`, else the local address).
@@ -632,7 +697,7 @@ impl Server {
         self.pending.retain(|p| {
             let forget = which(p);
             if forget {
-                forgotten.push((p.username.clone(), p.grant.bps));
+                forgotten.push((p.claim.username.clone(), p.claim.grant.bps));
             }
             !forget
         });
@@ -642,17 +707,21 @@ impl Server {
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// The allocation, in every index and on the timer wheel.
     fn insert(
         &mut self,
         now: Instant,
         from: &ClientAddr,
         relays: RelayAddrs,
-        (username, grant): (String, Grant),
-        life: Duration,
-        lifetime: u32,
+        claim: Claim,
         txid: [u8; 12],
     ) {
+        let lifetime = claim.lifetime();
+        let Claim {
+            username,
+            grant,
+            life,
+        } = claim;
         let bandwidth = (grant.bps > 0).then(|| Buckets {
             rate: grant.bps,
             up: Bucket::full(grant.bps, now),

@@ -387,7 +387,7 @@ impl Server {
         }
         match (ctx.method, existing) {
             (method::ALLOCATE, Some(idx)) => self.allocate_again(now, idx, from, &ctx, out),
-            (method::ALLOCATE, None) => self.allocate(now, from, attrs, authed, &ctx, msg, out),
+            (method::ALLOCATE, None) => self.allocate(now, from, attrs, authed, &ctx, out),
             (_, None) => self.error(&ctx, 437, out),
             (method::REFRESH, Some(idx)) => self.refresh(now, idx, attrs, authed, &ctx, out),
             (method::CREATE_PERMISSION, Some(idx)) => {

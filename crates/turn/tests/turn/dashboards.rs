@@ -150,12 +150,7 @@ fn dashboard_and_rules_on_a_drain_cut_at_its_deadline() {
     eprintln!("{out} ({firing} slots firing)");
 }
 
-/// Whether this process runs as root (`Uid:` of /proc/self/status).
+/// Whether this process runs as root.
 fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
-        s.lines()
-            .find(|l| l.starts_with("Uid:"))
-            .and_then(|l| l.split_whitespace().nth(1))
-            == Some("0")
-    })
+    lastcall_testkit::procfs::euid() == 0
 }

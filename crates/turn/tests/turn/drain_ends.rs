@@ -13,6 +13,7 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use lastcall_testkit::procfs::cpu_time;
 use lastcall_testkit::Signal;
 use lastcall_turn_proto::stun::{attr, decode_address, method, Builder, Class, Message};
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags};
@@ -102,13 +103,7 @@ pub(crate) fn answer(bytes: &[u8]) -> Option<Answer> {
 /// Lets this test process open as many files as its hard limit allows (the server it starts
 /// inherits the limit); returns that limit.
 pub(crate) fn raise_nofile() -> u64 {
-    let limits = std::fs::read_to_string("/proc/self/limits").unwrap_or_default();
-    let hard: u64 = limits
-        .lines()
-        .find(|l| l.starts_with("Max open files"))
-        .and_then(|l| l.split_whitespace().nth(4))
-        .and_then(|h| h.parse().ok())
-        .unwrap_or(1024);
+    let (_, hard) = lastcall_testkit::procfs::open_files_limit();
     let status = Command::new("prlimit")
         .arg(format!("--pid={}", std::process::id()))
         .arg(format!("--nofile={hard}:"))
@@ -216,23 +211,6 @@ pub(crate) fn bulk_allocate(server: SocketAddr, n: usize) -> Vec<UdpSocket> {
         println!("FIGURES {resent} Allocates sent again (unanswered for {RESEND:?})");
     }
     socks
-}
-
-/// CPU time used by process `pid` so far (user and system, /proc/PID/stat).
-fn cpu_time(pid: u32) -> Duration {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let ticks: u64 = stat
-        .rsplit_once(')')
-        .map(|(_, rest)| {
-            rest.split_whitespace()
-                .skip(11)
-                .take(2)
-                .filter_map(|t| t.parse::<u64>().ok())
-                .sum()
-        })
-        .unwrap_or(0);
-    // USER_HZ is 100 on every architecture this runs on.
-    Duration::from_millis(ticks * 10)
 }
 
 /// 10,000 allocations whose clients went quiet, all ending in the drain's first timer pass:

@@ -446,12 +446,7 @@ fn a_drain_with_calls_on_the_fast_path_loses_nothing_and_ends_at_the_last_alloca
     assert_eq!(exit.code, Some(0), "{:?}", turn.pod.logs().get(mark..));
 }
 
-/// Whether this process runs as root (`Uid:` of /proc/self/status).
+/// Whether this process runs as root.
 fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .unwrap_or_default()
-        .lines()
-        .find(|l| l.starts_with("Uid:"))
-        .and_then(|l| l.split_whitespace().nth(1).map(|u| u == "0"))
-        .unwrap_or(false)
+    lastcall_testkit::procfs::euid() == 0
 }

@@ -10,7 +10,9 @@ use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener};
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use crate::common::{Turn, SECRET};
 use lastcall_testkit::turn::TurnClient;
@@ -145,7 +147,7 @@ impl ApiServer {
                 }
                 let path = head.split_whitespace().nth(1).unwrap_or("").to_string();
                 let authorized = head.contains(&format!("Authorization: Bearer {TOKEN}\r\n"));
-                seen.lock().expect("heads").push(head);
+                seen.lock().push(head);
                 let (status, body) = match (authorized, answers.get(&path)) {
                     (false, _) => (
                         401,
@@ -225,7 +227,7 @@ fn the_nodes_external_ip_from_recorded_api_answers_becomes_the_relay_address() {
     let (code, written, err) = lookup(&api, dir.path(), &ca, "pool-a-7f3c9");
     assert_eq!(code, Some(0), "{err}");
     assert_eq!(written, "203.0.113.57 2001:db8:20::57\n");
-    let head = api.heads.lock().expect("heads")[0].clone();
+    let head = api.heads.lock()[0].clone();
     assert!(
         head.starts_with("GET /api/v1/nodes/pool-a-7f3c9 HTTP/1.1\r\n"),
         "{head}"

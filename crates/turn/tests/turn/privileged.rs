@@ -24,27 +24,11 @@ use crate::common::turn_args;
 
 const NOBODY: &str = "65534";
 
+/// CAP_NET_BIND_SERVICE alone, as a capability set of `/proc/PID/status`.
+const BIND: u64 = 1 << 10;
+
 fn is_root() -> bool {
-    euid() == 0
-}
-
-/// The effective uid, from /proc.
-fn euid() -> u32 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    field(&status, "Uid:")
-        .split_whitespace()
-        .nth(1)
-        .unwrap()
-        .parse()
-        .unwrap()
-}
-
-fn field<'a>(status: &'a str, name: &str) -> &'a str {
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(name))
-        .unwrap_or_else(|| panic!("no {name} in\n{status}"))
-        .trim()
+    testkit::procfs::euid() == 0
 }
 
 fn boundary() -> u16 {
@@ -111,12 +95,9 @@ fn exit_of(cmd: Command) -> (Option<i32>, String) {
 }
 
 /// CapPrm and CapEff of a running process.
-fn caps_of(pid: u32) -> (String, String) {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    (
-        field(&status, "CapPrm:").to_string(),
-        field(&status, "CapEff:").to_string(),
-    )
+fn caps_of(pid: u32) -> (u64, u64) {
+    let status = testkit::procfs::status(pid).expect("the daemon runs");
+    (status.capprm, status.capeff)
 }
 
 #[test]
@@ -139,14 +120,12 @@ fn a_low_port_is_bound_as_uid_65534_with_the_file_capability_raised_alone() {
     let line = pod.wait_for_log("CAP_NET_BIND_SERVICE raised", WAIT);
     assert!(line.contains(&format!("listening-port {port}")), "{line}");
     // Every thread (the I/O threads were started after the raise) holds it, and only it.
-    for task in std::fs::read_dir(format!("/proc/{}/task", pod.pid())).unwrap() {
-        let status = std::fs::read_to_string(task.unwrap().path().join("status")).unwrap();
-        assert_eq!(
-            field(&status, "Uid:").split_whitespace().next(),
-            Some(NOBODY)
-        );
-        assert_eq!(field(&status, "CapEff:"), "0000000000000400", "{status}");
-        assert_eq!(field(&status, "CapPrm:"), "0000000000000400", "{status}");
+    let threads = testkit::procfs::thread_statuses(pod.pid());
+    assert!(!threads.is_empty(), "the daemon runs");
+    for status in threads {
+        assert_eq!(status.ruid.to_string(), NOBODY);
+        assert_eq!(status.capeff, BIND, "{status:?}");
+        assert_eq!(status.capprm, BIND, "{status:?}");
     }
     // Readiness follows the listening line through the lifecycle's task: awaited.
     testkit::wait_for("/readyz 200", WAIT, || {
@@ -177,13 +156,7 @@ fn a_high_port_leaves_the_file_capability_dropped() {
     let mut pod = Pod::spawn(as_nobody(&bin, port, &admin));
     pod.wait_for_log("lastcall-turn listening", WAIT);
     assert!(pod.has_log("CAP_NET_BIND_SERVICE dropped: no port below"));
-    assert_eq!(
-        caps_of(pod.pid()),
-        (
-            "0000000000000000".to_string(),
-            "0000000000000000".to_string()
-        )
-    );
+    assert_eq!(caps_of(pod.pid()), (0, 0));
     pod.signal(Signal::Term);
     assert_eq!(pod.wait_exit(Duration::from_secs(60)).code, Some(0));
 }
@@ -268,14 +241,14 @@ fn an_ambient_capability_as_systemd_gives_it_binds_a_low_port_and_is_dropped_whe
             .arg("--shutdown-delay=0s");
         let mut pod = Pod::spawn(cmd);
         pod.wait_for_log("lastcall-turn listening", WAIT);
-        let status = std::fs::read_to_string(format!("/proc/{}/status", pod.pid())).unwrap();
-        let want = if port < start {
-            "0000000000000400"
-        } else {
-            "0000000000000000"
-        };
-        for key in ["CapEff:", "CapPrm:", "CapAmb:"] {
-            assert_eq!(field(&status, key), want, "port {port} {key}\n{status}");
+        let status = testkit::procfs::status(pod.pid()).expect("the daemon runs");
+        let want = if port < start { BIND } else { 0 };
+        for (key, caps) in [
+            ("CapEff", Some(status.capeff)),
+            ("CapPrm", Some(status.capprm)),
+            ("CapAmb", status.capamb),
+        ] {
+            assert_eq!(caps, Some(want), "port {port} {key}\n{status:?}");
         }
         assert_eq!(
             pod.has_log("CAP_NET_BIND_SERVICE dropped"),
@@ -325,9 +298,9 @@ fn no_new_privs_grants_the_file_capability_only_from_a_parent_that_holds_it() {
     .arg("--shutdown-delay=0s");
     let mut pod = Pod::spawn(cmd);
     pod.wait_for_log("lastcall-turn listening", WAIT);
-    let status = std::fs::read_to_string(format!("/proc/{}/status", pod.pid())).unwrap();
-    assert_eq!(field(&status, "NoNewPrivs:"), "1");
-    assert_eq!(field(&status, "CapEff:"), "0000000000000400", "{status}");
+    let status = testkit::procfs::status(pod.pid()).expect("the daemon runs");
+    assert_eq!(status.nonewprivs, Some(1));
+    assert_eq!(status.capeff, BIND, "{status:?}");
     pod.signal(Signal::Term);
     assert_eq!(pod.wait_exit(Duration::from_secs(60)).code, Some(0));
     // The parent does not (runuser drops it with the uid change): withheld, exit 71.

@@ -64,17 +64,6 @@ fn wait_listening(port: u16, what: &str, log: &Path) {
     }
 }
 
-/// This process's effective uid (`/proc/self/status`).
-fn euid() -> u32 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            let line = s.lines().find(|l| l.starts_with("Uid:"))?.to_string();
-            line.split_whitespace().nth(2)?.parse().ok()
-        })
-        .unwrap_or(u32::MAX)
-}
-
 /// The uid and gid of system user `name` (`/etc/passwd`).
 fn system_user(name: &str) -> Option<(u32, u32)> {
     let passwd = std::fs::read_to_string("/etc/passwd").ok()?;
@@ -102,7 +91,7 @@ impl Postgres {
     pub(crate) fn start() -> Postgres {
         let bin = debian_postgres_bin();
         let dir = tempfile::tempdir().expect("tempdir");
-        let user = (euid() == 0).then(|| {
+        let user = (lastcall_testkit::procfs::euid() == 0).then(|| {
             system_user("postgres").expect(
                 "postgres refuses to run as root and there is no postgres user: install \
                  Debian's postgresql package (scripts/setup.sh)",

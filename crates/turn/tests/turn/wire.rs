@@ -278,12 +278,8 @@ fn the_pre_stop_hook_drains_turnserver_and_returns_when_its_last_call_ends() {
         .args(["--allow-loopback-peers", "--allowed-peer-ip=127.0.0.1"]);
     let mut daemon = harness::Pod::spawn(cmd);
     daemon.wait_for_log("lastcall-turn listening", WAIT);
-    let comm = std::fs::read_to_string(format!("/proc/{}/comm", daemon.pid())).unwrap();
-    assert_eq!(
-        comm.trim_end(),
-        "turnserver",
-        "the name wire's reloader looks for"
-    );
+    let comm = lastcall_testkit::procfs::comm(daemon.pid()).expect("the daemon runs");
+    assert_eq!(comm, "turnserver", "the name wire's reloader looks for");
 
     let peer = Peer::start();
     let server = SocketAddr::from(([127, 0, 0, 1], port));

@@ -6,9 +6,9 @@ use crate::metrics::Metrics;
 use bytes::BytesMut;
 use lastcall::{Handle, Lifecycle, OnSigterm, TerminationConfig, Trigger};
 use lastcall_spop_proto::frame::{self, decode_agent_frame, AgentFrame};
+use parking_lot::Mutex;
 use spop::TypedData;
 use std::pin::Pin;
-use std::sync::Mutex;
 use std::time::Duration;
 use tokio::io::DuplexStream;
 use tokio::net::TcpListener;
@@ -18,9 +18,7 @@ struct Gated(Mutex<std::sync::mpsc::Receiver<()>>);
 
 impl Handler for Gated {
     fn handle(&self, _: &[Message]) -> Answer {
-        if let Ok(rx) = self.0.lock() {
-            let _ = rx.recv_timeout(Duration::from_secs(20));
-        }
+        let _ = self.0.lock().recv_timeout(Duration::from_secs(20));
         Answer::from(vec![("verdict", TypedData::String("ok".into()))])
     }
 }
@@ -34,9 +32,7 @@ struct GatedTelling {
 
 impl Handler for GatedTelling {
     fn handle(&self, messages: &[Message]) -> Answer {
-        if let Ok(started) = self.started.lock() {
-            let _ = started.send(());
-        }
+        let _ = self.started.lock().send(());
         self.gate.handle(messages)
     }
 }
@@ -76,9 +72,7 @@ struct Where {
 impl Handler for Where {
     fn handle(&self, _: &[Message]) -> Answer {
         let name = std::thread::current().name().unwrap_or("").to_string();
-        if let Ok(mut t) = self.threads.lock() {
-            t.push(name);
-        }
+        self.threads.lock().push(name);
         assert!(!self.panic, "handler asked to panic");
         Answer::from(vec![("verdict", TypedData::String("ok".into()))])
     }
@@ -131,7 +125,7 @@ async fn evaluate_three(panic: bool, burst: bool) -> (Vec<AgentFrame>, Vec<Strin
             frames.extend(read_frames(&mut c, 1).await.0);
         }
     }
-    let threads = handler.threads.lock().unwrap().clone();
+    let threads = handler.threads.lock().clone();
     (frames, threads)
 }
 
@@ -357,7 +351,7 @@ impl AsyncWrite for Counting {
     ) -> std::task::Poll<io::Result<usize>> {
         let r = Pin::new(&mut self.inner).poll_write(cx, buf);
         if let std::task::Poll::Ready(Ok(n)) = &r {
-            self.writes.lock().unwrap().push(*n);
+            self.writes.lock().push(*n);
         }
         r
     }
@@ -466,7 +460,7 @@ async fn refusing_closes_with_last_ack_and_disconnect_in_one_write() {
         other => panic!("{other:?}"),
     }
     // Writes on this connection: AGENT-HELLO, then ACK + DISCONNECT together.
-    let writes = busy_writes.lock().unwrap().clone();
+    let writes = busy_writes.lock().clone();
     assert_eq!(writes.len(), 2, "one write per frame group: {writes:?}");
     let (rest, _, eof) = read_frames(&mut busy, 1).await;
     assert!(

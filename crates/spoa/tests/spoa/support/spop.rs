@@ -164,13 +164,5 @@ pub(crate) fn raise_nofile() -> u64 {
             .args(["--pid", &me, &format!("--nofile={hard}:{hard}")])
             .status();
     }
-    std::fs::read_to_string("/proc/self/limits")
-        .ok()
-        .and_then(|l| {
-            l.lines()
-                .find(|l| l.starts_with("Max open files"))
-                .and_then(|l| l.split_whitespace().nth(3).map(str::to_owned))
-        })
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1024)
+    lastcall_testkit::procfs::open_files_limit().0
 }

@@ -14,9 +14,11 @@
 use std::io::{BufReader, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
 
 /// Counters of a [`Load`].
 #[derive(Debug, Default)]
@@ -205,12 +207,7 @@ impl Load {
             elapsed.as_secs_f64(),
             totals.requests as f64 / elapsed.as_secs_f64().max(0.001)
         );
-        for f in self
-            .failures
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-        {
+        for f in self.failures.lock().iter() {
             eprintln!("load: failed: {f}");
         }
         totals
@@ -323,7 +320,7 @@ fn client(
 }
 
 fn note(failures: &Mutex<Vec<String>>, what: String) {
-    let mut f = failures.lock().unwrap_or_else(|e| e.into_inner());
+    let mut f = failures.lock();
     if f.len() < 50 {
         f.push(what);
     }
