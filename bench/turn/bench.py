@@ -263,6 +263,12 @@ def one_round(name, cfg, bin_dir, logdir):
     return r
 
 
+def server_us(phase):
+    """The server's CPU µs per relayed datagram of one phase (= CPU s per million); runs saved
+    before the field's rename (udp-workers-rt2.json) call it cpu_s_per_m_relayed."""
+    return phase.get("server_us_per_datagram", phase.get("cpu_s_per_m_relayed"))
+
+
 def figures(r, cfg):
     """The headline figures of one round."""
     f = r["fixed"]
@@ -276,7 +282,7 @@ def figures(r, cfg):
     added = lambda q: None if f[q] is None or base[q] is None else f[q] - base[q]
     out = {
         # µs of the server's CPU per datagram it forwarded = CPU s per million.
-        "cpu_s_per_M_relayed": f["server_us_per_datagram"] if kept_up else None,
+        "cpu_s_per_M_relayed": server_us(f) if kept_up else None,
         "fixed_rate_loss_pct": f["loss_pct"],
         "max_rate_lt_0.1pct_loss": r["max_rate"]["max_rate_under_threshold"],
         "allocs_per_s": a[big]["allocs_per_s"],
@@ -349,9 +355,9 @@ def cpu_by_rate(rounds, cfg):
     for rate in cfg["ladder"]:
         row = {}
         for name in SERVERS:
-            xs = [p["server_us_per_datagram"] for r in kept_rounds(rounds) if r["server"] == name
+            xs = [server_us(p) for r in kept_rounds(rounds) if r["server"] == name
                   for p in r["ladder"] if int(p["rate"]) == rate and p["loss_pct"] < 0.1
-                  and p.get("server_us_per_datagram") is not None
+                  and server_us(p) is not None
                   and (p["p50_us"] or 0) < cfg.get("starved_us", STARVED_US)]
             row[name] = (statistics.median(xs), len(xs)) if xs else (None, 0)
         out[rate] = row

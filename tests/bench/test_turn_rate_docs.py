@@ -51,3 +51,22 @@ def test_the_run_is_every_design_alternated_on_one_machine():
 
 def bench_designs():
     return list(load_bench().RATE_SERVERS)
+
+
+def test_the_fixed_rate_tables_replot_from_their_committed_run(tmp_path):
+    """The page's "tables again" command (`bench.py --replot
+    bench/turn/results/udp-workers-rt2.json --markdown ...`) runs and prints the page's
+    tables: that run was saved before a field's rename, and the command failed on it."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "replot.md"
+    subprocess.run([sys.executable, os.path.join(ROOT, "bench/turn/bench.py"), "--replot",
+                    os.path.join(ROOT, "bench/turn/results/udp-workers-rt2.json"), "--markdown", str(out)],
+                   check=True, capture_output=True, timeout=120)
+    docs = open(os.path.join(ROOT, "docs/benchmarks.md")).read()
+    assert "bench.py --replot bench/turn/results/udp-workers-rt2.json" in docs
+    lines = [line for line in out.read_text().splitlines() if line.strip()]
+    assert len(lines) > 20
+    missing = [line for line in lines if line not in docs]
+    assert not missing, "docs/benchmarks.md does not say what --replot prints:\n" + "\n".join(missing)
