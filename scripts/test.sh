@@ -7,7 +7,8 @@
 # (scripts/test_containers.sh, in the background beside the rest), and the interop tests again
 # against today's peers: HAProxy 3.0/3.2, libmodsecurity 3.0.14/3.0.16, nginx, coturn 4.18
 # (scripts/test_peers.sh, from Debian 13 and unstable chroots built beside the rest;
-# LASTCALL_PEER_SUITES, default "trixie sid"; empty skips them).
+# LASTCALL_PEER_SUITES, default "trixie sid"; empty skips them), then, once nothing else of
+# the run is busy, the Python tests that measure (`-m measures`: the TURN benchmark's smoke).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -61,7 +62,7 @@ cargo clippy --workspace --all-targets --locked --features lastcall-turn/kernel-
 echo "== build binaries used by the process-level tests"
 cargo build --workspace --bins --examples --locked
 touch "$LASTCALL_BUILT_MARKER"
-echo "== Python tests (charts, PID 1, benchmark smoke)"
+echo "== Python tests (charts, PID 1, the SPOA benchmark's smoke)"
 bash scripts/test_python.sh
 echo "== doc tests"
 cargo test --workspace --locked --doc
@@ -106,5 +107,10 @@ trap - EXIT
 cat "$containers_log"
 rm -f "$containers_log" "$LASTCALL_BUILT_MARKER"
 echo "== container tests: exit $containers_status (started ${containers_start} s into this run; their own time is in the line test_containers: above)"
+# What needs the machine's spare CPU (the TURN benchmark's smoke rounds, paced in real time)
+# runs last, when nothing of this run builds or rolls beside it.
+echo "== Python tests that measure (the TURN benchmark's smoke rounds)"
+measures_status=0
+bash scripts/test_python.sh -m measures || measures_status=$?
 [ "$rust_status" -eq 0 ] && [ "$docs_status" -eq 0 ] && [ "$fuzz_status" -eq 0 ] && [ "$peers_status" -eq 0 ] &&
-  [ "$containers_status" -eq 0 ]
+  [ "$containers_status" -eq 0 ] && [ "$measures_status" -eq 0 ]

@@ -37,6 +37,9 @@ def engine() -> Iterator[enginelib.Engine]:
 
 def pytest_configure(config: Any) -> None:
     config.addinivalue_line("markers", "containers: needs the private Docker engine (scripts/test_containers.sh runs these)")
+    config.addinivalue_line("markers", "measures: needs the machine's spare CPU (a load generator paced in real time); "
+                            "scripts/test.sh runs these once the container tests, which build images beside "
+                            "everything, are done")
 
 
 def pytest_collection_modifyitems(items: list[Any]) -> None:
