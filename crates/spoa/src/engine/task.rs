@@ -20,7 +20,7 @@ use std::collections::VecDeque;
 use std::future::Future;
 use std::io;
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -32,8 +32,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use super::ack::{AckSink, Ticket};
 use super::budget::{failure_vars, Owed};
 use super::handler::Handler;
-use super::memory::{Account, Charge, Relief};
-use super::pool::{Slot, SlotFuture, Work};
+use super::memory::{Account, Charge};
+use super::pool::{Evaluations, Running, Slot, SlotFuture, Work};
 use super::{Engine, GaugeGuard};
 
 /// ACK bytes waiting for a peer that does not read them, above which reading pauses.
@@ -124,28 +124,8 @@ pub(crate) trait Unread {
     fn unread(&self) -> Option<bool>;
 }
 
-fn peek_socket<S: std::os::fd::AsFd>(s: &S) -> Option<bool> {
-    let sock = socket2::SockRef::from(s);
-    let mut byte = [std::mem::MaybeUninit::<u8>::uninit(); 1];
-    match sock.peek(&mut byte) {
-        Ok(n) => Some(n > 0),
-        Err(e) if e.kind() == io::ErrorKind::WouldBlock => Some(false),
-        Err(_) => Some(false),
-    }
-}
-
-impl Unread for tokio::net::tcp::OwnedReadHalf {
-    fn unread(&self) -> Option<bool> {
-        peek_socket(self.as_ref())
-    }
-}
-
-impl Unread for tokio::net::unix::OwnedReadHalf {
-    fn unread(&self) -> Option<bool> {
-        peek_socket(self.as_ref())
-    }
-}
-
+/// A stream that is not a socket (tests): the reactor's readiness alone tells.
+#[cfg(test)]
 impl<T> Unread for tokio::io::ReadHalf<T> {
     fn unread(&self) -> Option<bool> {
         None
@@ -399,9 +379,19 @@ where
             return Some(Input::Evaluations(n));
         }
         let read = match wait.read {
-            Some(room) => match self.room(room) {
+            Some(room) => match self.account.room(self.conn.buffer(), room) {
                 Ok(()) => true,
-                Err(pressure) => return Some(Input::NoRoom(pressure)),
+                Err(pressure) => {
+                    if pressure == Pressure::Evicted {
+                        tracing::warn!(
+                            peer = ?self.peer,
+                            buffered = self.engine.memory.used(),
+                            cap = self.engine.memory.cap(),
+                            "max_buffered_bytes reached: the oldest unfinished frame (older than 1s) is dropped"
+                        );
+                    }
+                    return Some(Input::NoRoom(pressure));
+                }
             },
             None => false,
         };
@@ -431,7 +421,7 @@ where
                 Ok(n) if n > 0 => Input::Read,
                 _ => Input::Eof,
             },
-            () = evaluations.done.notified(), if wait.evaluation_wakes => {
+            () = evaluations.ended(), if wait.evaluation_wakes => {
                 let n = evaluations.count();
                 self.fed.evaluations = n;
                 Input::Evaluations(n)
@@ -443,46 +433,6 @@ where
             self.account.set(self.conn.buffer().capacity());
         }
         Some(input)
-    }
-
-    /// Makes `want` bytes of room in the buffer for the next read, within
-    /// `max_buffered_bytes`; under pressure, what the connection may do instead.
-    fn room(&mut self, want: usize) -> Result<(), Pressure> {
-        let buf = self.conn.buffer();
-        if buf.capacity() - buf.len() >= want {
-            return Ok(());
-        }
-        let needed = buf.len() + want;
-        if self.account.try_grow(needed) {
-            let buf = self.conn.buffer();
-            buf.reserve(want);
-            // `reserve` may double the allocation: beyond what the cap grants, the buffer is
-            // built anew at the size asked for.
-            if !self.account.try_grow(buf.capacity()) {
-                let mut exact = bytes::BytesMut::with_capacity(needed);
-                exact.extend_from_slice(buf);
-                *buf = exact;
-            }
-            self.account.set(buf.capacity());
-            return Ok(());
-        }
-        let relieved = self.engine.memory.relieve(
-            self.account.id(),
-            self.account.partial(),
-            tokio::time::Instant::now(),
-        );
-        match relieved {
-            Relief::Evicted => {
-                tracing::warn!(
-                    peer = ?self.peer,
-                    buffered = self.engine.memory.used(),
-                    cap = self.engine.memory.cap(),
-                    "max_buffered_bytes reached: the oldest unfinished frame (older than 1s) is dropped"
-                );
-                Err(Pressure::Evicted)
-            }
-            Relief::Wait(at) => Err(Pressure::Wait(at.map(tokio::time::Instant::into_std))),
-        }
     }
 
     /// Room in the pool's queue: the first waiting evaluation takes it, the others follow
@@ -615,36 +565,6 @@ async fn wait_slot(slot: &mut Option<SlotFuture>) -> Option<Slot> {
     match slot {
         Some(f) => f.await,
         None => std::future::pending().await,
-    }
-}
-
-/// A connection's evaluations queued or running (not its owed ACKs, which the `Conn`
-/// counts: an evaluation answered at its deadline still runs, and its phase 5 runs after
-/// its ACK).
-#[derive(Debug, Default)]
-struct Evaluations {
-    n: AtomicUsize,
-    done: tokio::sync::Notify,
-}
-
-/// One of a connection's evaluations, counted until dropped.
-struct Running(Arc<Evaluations>);
-
-impl Evaluations {
-    fn start(evaluations: &Arc<Evaluations>) -> Running {
-        evaluations.n.fetch_add(1, Ordering::SeqCst);
-        Running(Arc::clone(evaluations))
-    }
-
-    fn count(&self) -> usize {
-        self.n.load(Ordering::SeqCst)
-    }
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        self.0.n.fetch_sub(1, Ordering::SeqCst);
-        self.0.done.notify_one();
     }
 }
 
