@@ -71,7 +71,6 @@ pub(super) async fn serve_split<R, W>(
         conn: Conn::new(engine.conn_settings(), watch.now(), now()),
         account: engine.memory.account(),
         evaluations: Arc::new(Evaluations::default()),
-        fed: Fed::default(),
         pending: VecDeque::new(),
         waiting: VecDeque::new(),
         slot: None,
@@ -139,8 +138,6 @@ struct ConnTask<R, W> {
     account: Account,
     /// Its evaluations queued or running (an answer given at the deadline does not end one).
     evaluations: Arc<Evaluations>,
-    /// What the `Conn` was last told of the counts it follows.
-    fed: Fed,
     /// Inputs for the `Conn` not yet fed (events produce them), in order.
     pending: VecDeque<Input>,
     /// Evaluations waiting for room in the pool's queue (it was full), in order.
@@ -160,14 +157,6 @@ struct ConnTask<R, W> {
     watch: Watch,
     peer: Option<IpAddr>,
     engine: Arc<Engine>,
-}
-
-/// The last counts fed to the `Conn` ([`Input::Evaluations`], [`Input::Unsent`]), so that a
-/// change is fed once.
-#[derive(Debug, Default)]
-struct Fed {
-    evaluations: usize,
-    unsent: usize,
 }
 
 /// Whether the connection task goes on.
@@ -334,11 +323,11 @@ where
         self.feed_evaluations();
     }
 
-    /// Feeds the count of evaluations if it changed since last fed.
+    /// Feeds the count of evaluations (kept by [`Evaluations`]) if it differs from what the
+    /// `Conn` was last told.
     fn feed_evaluations(&mut self) {
         let n = self.evaluations.count();
-        if n != self.fed.evaluations {
-            self.fed.evaluations = n;
+        if n != self.conn.evaluations() {
             self.pending.push_back(Input::Evaluations(n));
         }
     }
@@ -368,14 +357,14 @@ where
         if self.account.evict().is_set() {
             return Some(Input::Evicted);
         }
+        // Each count is kept by its owner (the sink, the evaluations) and fed when it differs
+        // from what the `Conn` was last told.
         let unsent = self.sink.pending_len();
-        if unsent != self.fed.unsent {
-            self.fed.unsent = unsent;
+        if unsent != self.conn.unsent() {
             return Some(Input::Unsent(unsent));
         }
         let n = self.evaluations.count();
-        if n != self.fed.evaluations {
-            self.fed.evaluations = n;
+        if n != self.conn.evaluations() {
             return Some(Input::Evaluations(n));
         }
         let read = match wait.read {
@@ -422,9 +411,7 @@ where
                 _ => Input::Eof,
             },
             () = evaluations.ended(), if wait.evaluation_wakes => {
-                let n = evaluations.count();
-                self.fed.evaluations = n;
-                Input::Evaluations(n)
+                Input::Evaluations(evaluations.count())
             }
             () = memory.released(), if wait.memory_wakes => Input::Released,
             () = sleep_until(until), if until.is_some() => Input::Timeout,
