@@ -3,13 +3,10 @@
 //! happened ([`Input`]) and carries out what it decides ([`Action`]); it decides nothing
 //! about the protocol, the drain, or when and how much to read.
 //!
-//! Where a NOTIFY is evaluated: answered on the task when it needs no engine work
-//! ([`Handler::answer_inline`], when the `Conn` allows it); otherwise queued on the pool, in
-//! order, its answer owed within the budget ([`super::budget`]), or answered at once with the
-//! failure verdict while the pool is saturated with runaways. No evaluation runs on an I/O
-//! thread: an evaluation there held that thread, and when the runtime's other threads were
-//! parked nobody polled the I/O driver for as long (measured: a 6 s evaluation delayed
-//! `/livez` by 6 s and the SIGTERM by 12 s).
+//! Each NOTIFY becomes a [`Notify`], which holds everything of its life (its ACK, its bytes,
+//! its budget, its place among the connection's evaluations; [`super::notify`]): answered
+//! there, or its evaluation handed to the pool here, in order, waiting for room in the
+//! pool's queue when it is full.
 //!
 //! What the task holds for the peer is bounded by the `Conn`'s decisions: its read buffer
 //! grows only within `max_buffered_bytes` ([`super::memory`]: the task asks for the room the
@@ -26,14 +23,12 @@ use std::time::Instant;
 
 use lastcall::{PeerId, Watch};
 use lastcall_spop_proto::conn::{Action, CloseReason, Conn, Event, Input, Pressure, Probe, Wait};
-use spop::frame::Message;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use super::ack::{AckSink, Ticket};
-use super::budget::{failure_vars, Owed};
-use super::handler::Handler;
-use super::memory::{Account, Charge};
-use super::pool::{Evaluations, Running, Slot, SlotFuture, Work};
+use super::ack::AckSink;
+use super::memory::Account;
+use super::notify::{Notify, Received, Route};
+use super::pool::{Evaluations, Slot, SlotFuture, Work};
 use super::{Engine, GaugeGuard};
 
 /// ACK bytes waiting for a peer that does not read them, above which reading pauses.
@@ -261,14 +256,24 @@ where
                         "HAProxy sent a NOTIFY on a connection that still owes an ACK: with more than one NOTIFY in flight per connection a goodbye (drain, rebalancing) can cross a NOTIFY, which HAProxy then fails; add `max-waiting-frames 1` to the spoe-agent section (HAProxy 2.6 and 3.0; docs/spoa.md, *Drain*)"
                     );
                 }
-                let ticket = self.sink.ticket(
-                    stream_id,
-                    frame_id,
-                    self.conn.max_frame_size(),
-                    &self.engine.metrics.inflight,
+                let notify = Notify::received(
+                    &self.engine,
+                    Received {
+                        stream_id,
+                        frame_id,
+                        messages,
+                        size,
+                        max_frame_size: self.conn.max_frame_size(),
+                        sink: &self.sink,
+                    },
                 );
-                let charge = self.engine.memory.charge(size);
-                self.evaluate(messages, ticket, charge, inline);
+                match notify.route(&self.engine, inline, &self.evaluations) {
+                    Route::Answered => {}
+                    Route::Queued(work) => {
+                        self.hand_over(work);
+                        self.feed_evaluations();
+                    }
+                }
             }
             Event::Close { reply, reason } => {
                 self.close(&reply, &reason).await;
@@ -276,51 +281,6 @@ where
             }
         }
         Flow::Continue
-    }
-
-    /// Answers one NOTIFY: here if it needs no engine work (and the `Conn` allows it), at
-    /// once with the failure verdict while the pool is saturated with runaways, else on the
-    /// pool within the budget.
-    fn evaluate(
-        &mut self,
-        mut messages: Vec<Message>,
-        ticket: Ticket,
-        charge: Charge,
-        inline: bool,
-    ) {
-        if inline {
-            if let Some(vars) = self.engine.handler.answer_inline(&messages) {
-                self.engine.metrics.observe(0.0);
-                ticket.send(&vars);
-                return;
-            }
-        }
-        let id = self.engine.handler.identify(&mut messages);
-        if self.engine.pool.saturated() {
-            self.engine.metrics.failed_closed("overloaded");
-            tracing::warn!(
-                tx = id.as_deref().unwrap_or("-"),
-                overrunning = self.engine.pool.overrunning(),
-                "max_overruns evaluations are running past evaluation_timeout: answered at once with the error variable"
-            );
-            ticket.send(&failure_vars(id.as_deref()));
-            return;
-        }
-        let owed = self
-            .engine
-            .budget
-            .owe(ticket, id, std::time::Instant::now());
-        let evaluation_slot = Evaluations::start(&self.evaluations);
-        let frame_size = self.conn.max_frame_size();
-        let work = evaluation(
-            &self.engine,
-            messages,
-            frame_size,
-            owed,
-            (charge, evaluation_slot),
-        );
-        self.hand_over(work);
-        self.feed_evaluations();
     }
 
     /// Feeds the count of evaluations (kept by [`Evaluations`]) if it differs from what the
@@ -561,35 +521,6 @@ static FRAME_WARNED: AtomicBool = AtomicBool::new(false);
 
 /// Whether a NOTIFY on a connection that still owed an ACK was logged (once per process).
 static PIPELINE_WARNED: AtomicBool = AtomicBool::new(false);
-
-/// One NOTIFY's evaluation, to run on an evaluation thread; skipped if its answer went out
-/// already (at its deadline, while it was queued). Its bytes, and its place among the
-/// connection's evaluations, are held until it ends.
-fn evaluation(
-    engine: &Engine,
-    messages: Vec<Message>,
-    frame_size: u32,
-    owed: Arc<Owed>,
-    held: (Charge, Running),
-) -> Work {
-    let handler: Arc<dyn Handler> = Arc::clone(&engine.handler);
-    let metrics = Arc::clone(&engine.metrics);
-    let tracked = owed.tracked();
-    Work::tracked(
-        move || {
-            let _held = held;
-            if owed.answered() {
-                return;
-            }
-            let answer = handler.handle_framed(&messages, frame_size);
-            metrics.observe(owed.received().elapsed().as_secs_f64());
-            owed.send(&answer.vars);
-            // Phase 5 and cleanup, now that the ACK is on its way.
-            answer.later.run();
-        },
-        tracked,
-    )
-}
 
 #[cfg(test)]
 mod tests;
