@@ -450,6 +450,16 @@ impl Conn {
             .map_or(self.settings.max_frame_size, |s| s.max_frame_size)
     }
 
+    /// This connection's evaluations queued or running, as last fed ([`Input::Evaluations`]).
+    pub fn evaluations(&self) -> usize {
+        self.evaluations
+    }
+
+    /// ACK bytes waiting for the socket, as last fed ([`Input::Unsent`]).
+    pub fn unsent(&self) -> usize {
+        self.unsent
+    }
+
     /// NOTIFYs whose ACK is owed.
     pub fn owed(&self) -> usize {
         self.session().map_or(0, |s| s.owed)

@@ -35,6 +35,7 @@ use tokio::io::AsyncWrite;
 use tokio::sync::Notify;
 
 use super::handler::{error_vars, Vars};
+use super::GaugeGuard;
 
 /// A socket's write half that can also be written without a task: a non-blocking write, and
 /// the readiness to wait on when that would block.
@@ -131,13 +132,12 @@ impl AckSink {
         max_frame_size: u32,
         inflight: &Gauge,
     ) -> Ticket {
-        inflight.inc();
         Ticket {
             sink: Arc::clone(self),
             stream_id,
             frame_id,
             max_frame_size,
-            inflight: Some(inflight.clone()),
+            inflight: Some(GaugeGuard::new(inflight)),
         }
     }
 
@@ -267,7 +267,8 @@ pub(crate) struct Ticket {
     stream_id: u64,
     frame_id: u64,
     max_frame_size: u32,
-    inflight: Option<Gauge>,
+    /// `spoa_inflight` one higher until the ACK is delivered (taken then: none, delivered).
+    inflight: Option<GaugeGuard>,
 }
 
 impl Ticket {
@@ -294,7 +295,7 @@ impl Ticket {
             &mut ack,
         );
         // Not counted as in flight any more once the connection can see the ACK.
-        gauge.dec();
+        drop(gauge);
         self.sink.deliver(&ack);
     }
 }

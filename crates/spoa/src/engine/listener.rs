@@ -11,7 +11,7 @@ use lastcall::Watch;
 use tokio::net::{TcpListener, UnixListener};
 
 use super::ack::AckSink;
-use super::task::serve_split;
+use super::task::{serve_split, Unread};
 use super::Bind;
 use super::Engine;
 
@@ -120,6 +120,29 @@ pub async fn serve_accepted(
             )
             .await;
         }
+    }
+}
+
+/// A socket's read half asked directly whether bytes wait ([`Unread`]).
+fn peek_socket<S: std::os::fd::AsFd>(s: &S) -> Option<bool> {
+    let sock = socket2::SockRef::from(s);
+    let mut byte = [std::mem::MaybeUninit::<u8>::uninit(); 1];
+    match sock.peek(&mut byte) {
+        Ok(n) => Some(n > 0),
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => Some(false),
+        Err(_) => Some(false),
+    }
+}
+
+impl Unread for tokio::net::tcp::OwnedReadHalf {
+    fn unread(&self) -> Option<bool> {
+        peek_socket(self.as_ref())
+    }
+}
+
+impl Unread for tokio::net::unix::OwnedReadHalf {
+    fn unread(&self) -> Option<bool> {
+        peek_socket(self.as_ref())
     }
 }
 

@@ -15,6 +15,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::BytesMut;
+use lastcall_spop_proto::conn::Pressure;
 use parking_lot::Mutex;
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::Notify;
@@ -196,11 +198,13 @@ pub(crate) struct Account {
 
 impl Account {
     /// This connection's id among the accounts.
+    #[cfg(test)]
     pub(crate) fn id(&self) -> u64 {
         self.id
     }
 
     /// Since when its buffer has held an unfinished frame, as last told.
+    #[cfg(test)]
     pub(crate) fn partial(&self) -> Option<Instant> {
         self.partial
     }
@@ -208,6 +212,32 @@ impl Account {
     /// Its eviction flag.
     pub(crate) fn evict(&self) -> &Arc<Evict> {
         &self.evict
+    }
+
+    /// Makes `want` bytes of free room in `buf` (this account's read buffer) for the next
+    /// read, within the cap; under pressure, what the connection may do instead (an
+    /// unfinished frame elsewhere dropped: ask again; or wait).
+    pub(crate) fn room(&mut self, buf: &mut BytesMut, want: usize) -> Result<(), Pressure> {
+        if buf.capacity() - buf.len() >= want {
+            return Ok(());
+        }
+        let needed = buf.len() + want;
+        if self.try_grow(needed) {
+            buf.reserve(want);
+            // `reserve` may double the allocation: beyond what the cap grants, the buffer is
+            // built anew at the size asked for.
+            if !self.try_grow(buf.capacity()) {
+                let mut exact = BytesMut::with_capacity(needed);
+                exact.extend_from_slice(buf);
+                *buf = exact;
+            }
+            self.set(buf.capacity());
+            return Ok(());
+        }
+        match self.mem.relieve(self.id, self.partial, Instant::now()) {
+            Relief::Evicted => Err(Pressure::Evicted),
+            Relief::Wait(at) => Err(Pressure::Wait(at.map(Instant::into_std))),
+        }
     }
 
     /// Whether the buffer may grow to `bytes` (taken from the cap if so).

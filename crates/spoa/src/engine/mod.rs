@@ -8,6 +8,7 @@
 //!   what is owed, what to read and when, who writes the ACKs, when to say goodbye and with
 //!   what);
 //! - `task`: the tokio task that carries them out (reads, writes, evaluations, timers);
+//! - `notify`: one NOTIFY's life, from decoded to released, and the guards that hold it;
 //! - `ack`: the one way an ACK leaves (written by whoever has it while serving, handed to
 //!   the connection while draining);
 //! - `pool`: the evaluation threads and their queue;
@@ -26,6 +27,7 @@ pub(crate) use down::DOWN_AFTER_CHECKS;
 mod handler;
 mod listener;
 mod memory;
+mod notify;
 mod pool;
 mod sessions;
 mod task;
@@ -245,7 +247,7 @@ impl Engine {
 }
 
 /// Holds a gauge one higher while alive: an open (handshaken) connection in
-/// `spoa_connections`, an evaluation on an I/O thread in `spoa_inflight`.
+/// `spoa_connections`, a NOTIFY whose ACK is owed in `spoa_inflight` (held by its ticket).
 struct GaugeGuard(Gauge);
 
 impl GaugeGuard {

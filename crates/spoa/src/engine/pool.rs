@@ -18,12 +18,16 @@
 //! evaluation finishes, so every evaluation costs a thread park/unpark plus an async wake
 //! (docs/benchmarks.md, *Optimisations*).
 //!
+//! Each connection counts its own evaluations queued or running ([`Evaluations`]): reading
+//! pauses at its bound.
+//!
 //! [`saturated`]: Pool::saturated
 
 use std::collections::VecDeque;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -342,6 +346,41 @@ impl Drop for Pool {
         st.jobs.clear();
         drop(st);
         self.inner.ready.notify_all();
+    }
+}
+
+/// A connection's evaluations queued or running (not its owed ACKs, which the `Conn`
+/// counts: an evaluation answered at its deadline still runs, and its phase 5 runs after
+/// its ACK).
+#[derive(Debug, Default)]
+pub(crate) struct Evaluations {
+    n: AtomicUsize,
+    done: tokio::sync::Notify,
+}
+
+/// One of a connection's evaluations, counted until dropped.
+pub(crate) struct Running(Arc<Evaluations>);
+
+impl Evaluations {
+    pub(crate) fn start(evaluations: &Arc<Evaluations>) -> Running {
+        evaluations.n.fetch_add(1, Ordering::SeqCst);
+        Running(Arc::clone(evaluations))
+    }
+
+    pub(crate) fn count(&self) -> usize {
+        self.n.load(Ordering::SeqCst)
+    }
+
+    /// Resolves when one of them has ended (since the last wait, if nobody waited).
+    pub(crate) async fn ended(&self) {
+        self.done.notified().await;
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.n.fetch_sub(1, Ordering::SeqCst);
+        self.0.done.notify_one();
     }
 }
 

@@ -3,13 +3,10 @@
 //! happened ([`Input`]) and carries out what it decides ([`Action`]); it decides nothing
 //! about the protocol, the drain, or when and how much to read.
 //!
-//! Where a NOTIFY is evaluated: answered on the task when it needs no engine work
-//! ([`Handler::answer_inline`], when the `Conn` allows it); otherwise queued on the pool, in
-//! order, its answer owed within the budget ([`super::budget`]), or answered at once with the
-//! failure verdict while the pool is saturated with runaways. No evaluation runs on an I/O
-//! thread: an evaluation there held that thread, and when the runtime's other threads were
-//! parked nobody polled the I/O driver for as long (measured: a 6 s evaluation delayed
-//! `/livez` by 6 s and the SIGTERM by 12 s).
+//! Each NOTIFY becomes a [`Notify`], which holds everything of its life (its ACK, its bytes,
+//! its budget, its place among the connection's evaluations; [`super::notify`]): answered
+//! there, or its evaluation handed to the pool here, in order, waiting for room in the
+//! pool's queue when it is full.
 //!
 //! What the task holds for the peer is bounded by the `Conn`'s decisions: its read buffer
 //! grows only within `max_buffered_bytes` ([`super::memory`]: the task asks for the room the
@@ -20,20 +17,18 @@ use std::collections::VecDeque;
 use std::future::Future;
 use std::io;
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
 use lastcall::{PeerId, Watch};
 use lastcall_spop_proto::conn::{Action, CloseReason, Conn, Event, Input, Pressure, Probe, Wait};
-use spop::frame::Message;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use super::ack::{AckSink, Ticket};
-use super::budget::{failure_vars, Owed};
-use super::handler::Handler;
-use super::memory::{Account, Charge, Relief};
-use super::pool::{Slot, SlotFuture, Work};
+use super::ack::AckSink;
+use super::memory::Account;
+use super::notify::{Notify, Received, Route};
+use super::pool::{Evaluations, Slot, SlotFuture, Work};
 use super::{Engine, GaugeGuard};
 
 /// ACK bytes waiting for a peer that does not read them, above which reading pauses.
@@ -71,7 +66,6 @@ pub(super) async fn serve_split<R, W>(
         conn: Conn::new(engine.conn_settings(), watch.now(), now()),
         account: engine.memory.account(),
         evaluations: Arc::new(Evaluations::default()),
-        fed: Fed::default(),
         pending: VecDeque::new(),
         waiting: VecDeque::new(),
         slot: None,
@@ -124,28 +118,8 @@ pub(crate) trait Unread {
     fn unread(&self) -> Option<bool>;
 }
 
-fn peek_socket<S: std::os::fd::AsFd>(s: &S) -> Option<bool> {
-    let sock = socket2::SockRef::from(s);
-    let mut byte = [std::mem::MaybeUninit::<u8>::uninit(); 1];
-    match sock.peek(&mut byte) {
-        Ok(n) => Some(n > 0),
-        Err(e) if e.kind() == io::ErrorKind::WouldBlock => Some(false),
-        Err(_) => Some(false),
-    }
-}
-
-impl Unread for tokio::net::tcp::OwnedReadHalf {
-    fn unread(&self) -> Option<bool> {
-        peek_socket(self.as_ref())
-    }
-}
-
-impl Unread for tokio::net::unix::OwnedReadHalf {
-    fn unread(&self) -> Option<bool> {
-        peek_socket(self.as_ref())
-    }
-}
-
+/// A stream that is not a socket (tests): the reactor's readiness alone tells.
+#[cfg(test)]
 impl<T> Unread for tokio::io::ReadHalf<T> {
     fn unread(&self) -> Option<bool> {
         None
@@ -159,8 +133,6 @@ struct ConnTask<R, W> {
     account: Account,
     /// Its evaluations queued or running (an answer given at the deadline does not end one).
     evaluations: Arc<Evaluations>,
-    /// What the `Conn` was last told of the counts it follows.
-    fed: Fed,
     /// Inputs for the `Conn` not yet fed (events produce them), in order.
     pending: VecDeque<Input>,
     /// Evaluations waiting for room in the pool's queue (it was full), in order.
@@ -180,14 +152,6 @@ struct ConnTask<R, W> {
     watch: Watch,
     peer: Option<IpAddr>,
     engine: Arc<Engine>,
-}
-
-/// The last counts fed to the `Conn` ([`Input::Evaluations`], [`Input::Unsent`]), so that a
-/// change is fed once.
-#[derive(Debug, Default)]
-struct Fed {
-    evaluations: usize,
-    unsent: usize,
 }
 
 /// Whether the connection task goes on.
@@ -292,14 +256,24 @@ where
                         "HAProxy sent a NOTIFY on a connection that still owes an ACK: with more than one NOTIFY in flight per connection a goodbye (drain, rebalancing) can cross a NOTIFY, which HAProxy then fails; add `max-waiting-frames 1` to the spoe-agent section (HAProxy 2.6 and 3.0; docs/spoa.md, *Drain*)"
                     );
                 }
-                let ticket = self.sink.ticket(
-                    stream_id,
-                    frame_id,
-                    self.conn.max_frame_size(),
-                    &self.engine.metrics.inflight,
+                let notify = Notify::received(
+                    &self.engine,
+                    Received {
+                        stream_id,
+                        frame_id,
+                        messages,
+                        size,
+                        max_frame_size: self.conn.max_frame_size(),
+                        sink: &self.sink,
+                    },
                 );
-                let charge = self.engine.memory.charge(size);
-                self.evaluate(messages, ticket, charge, inline);
+                match notify.route(&self.engine, inline, &self.evaluations) {
+                    Route::Answered => {}
+                    Route::Queued(work) => {
+                        self.hand_over(work);
+                        self.feed_evaluations();
+                    }
+                }
             }
             Event::Close { reply, reason } => {
                 self.close(&reply, &reason).await;
@@ -309,56 +283,11 @@ where
         Flow::Continue
     }
 
-    /// Answers one NOTIFY: here if it needs no engine work (and the `Conn` allows it), at
-    /// once with the failure verdict while the pool is saturated with runaways, else on the
-    /// pool within the budget.
-    fn evaluate(
-        &mut self,
-        mut messages: Vec<Message>,
-        ticket: Ticket,
-        charge: Charge,
-        inline: bool,
-    ) {
-        if inline {
-            if let Some(vars) = self.engine.handler.answer_inline(&messages) {
-                self.engine.metrics.observe(0.0);
-                ticket.send(&vars);
-                return;
-            }
-        }
-        let id = self.engine.handler.identify(&mut messages);
-        if self.engine.pool.saturated() {
-            self.engine.metrics.failed_closed("overloaded");
-            tracing::warn!(
-                tx = id.as_deref().unwrap_or("-"),
-                overrunning = self.engine.pool.overrunning(),
-                "max_overruns evaluations are running past evaluation_timeout: answered at once with the error variable"
-            );
-            ticket.send(&failure_vars(id.as_deref()));
-            return;
-        }
-        let owed = self
-            .engine
-            .budget
-            .owe(ticket, id, std::time::Instant::now());
-        let evaluation_slot = Evaluations::start(&self.evaluations);
-        let frame_size = self.conn.max_frame_size();
-        let work = evaluation(
-            &self.engine,
-            messages,
-            frame_size,
-            owed,
-            (charge, evaluation_slot),
-        );
-        self.hand_over(work);
-        self.feed_evaluations();
-    }
-
-    /// Feeds the count of evaluations if it changed since last fed.
+    /// Feeds the count of evaluations (kept by [`Evaluations`]) if it differs from what the
+    /// `Conn` was last told.
     fn feed_evaluations(&mut self) {
         let n = self.evaluations.count();
-        if n != self.fed.evaluations {
-            self.fed.evaluations = n;
+        if n != self.conn.evaluations() {
             self.pending.push_back(Input::Evaluations(n));
         }
     }
@@ -388,20 +317,30 @@ where
         if self.account.evict().is_set() {
             return Some(Input::Evicted);
         }
+        // Each count is kept by its owner (the sink, the evaluations) and fed when it differs
+        // from what the `Conn` was last told.
         let unsent = self.sink.pending_len();
-        if unsent != self.fed.unsent {
-            self.fed.unsent = unsent;
+        if unsent != self.conn.unsent() {
             return Some(Input::Unsent(unsent));
         }
         let n = self.evaluations.count();
-        if n != self.fed.evaluations {
-            self.fed.evaluations = n;
+        if n != self.conn.evaluations() {
             return Some(Input::Evaluations(n));
         }
         let read = match wait.read {
-            Some(room) => match self.room(room) {
+            Some(room) => match self.account.room(self.conn.buffer(), room) {
                 Ok(()) => true,
-                Err(pressure) => return Some(Input::NoRoom(pressure)),
+                Err(pressure) => {
+                    if pressure == Pressure::Evicted {
+                        tracing::warn!(
+                            peer = ?self.peer,
+                            buffered = self.engine.memory.used(),
+                            cap = self.engine.memory.cap(),
+                            "max_buffered_bytes reached: the oldest unfinished frame (older than 1s) is dropped"
+                        );
+                    }
+                    return Some(Input::NoRoom(pressure));
+                }
             },
             None => false,
         };
@@ -431,10 +370,8 @@ where
                 Ok(n) if n > 0 => Input::Read,
                 _ => Input::Eof,
             },
-            () = evaluations.done.notified(), if wait.evaluation_wakes => {
-                let n = evaluations.count();
-                self.fed.evaluations = n;
-                Input::Evaluations(n)
+            () = evaluations.ended(), if wait.evaluation_wakes => {
+                Input::Evaluations(evaluations.count())
             }
             () = memory.released(), if wait.memory_wakes => Input::Released,
             () = sleep_until(until), if until.is_some() => Input::Timeout,
@@ -443,46 +380,6 @@ where
             self.account.set(self.conn.buffer().capacity());
         }
         Some(input)
-    }
-
-    /// Makes `want` bytes of room in the buffer for the next read, within
-    /// `max_buffered_bytes`; under pressure, what the connection may do instead.
-    fn room(&mut self, want: usize) -> Result<(), Pressure> {
-        let buf = self.conn.buffer();
-        if buf.capacity() - buf.len() >= want {
-            return Ok(());
-        }
-        let needed = buf.len() + want;
-        if self.account.try_grow(needed) {
-            let buf = self.conn.buffer();
-            buf.reserve(want);
-            // `reserve` may double the allocation: beyond what the cap grants, the buffer is
-            // built anew at the size asked for.
-            if !self.account.try_grow(buf.capacity()) {
-                let mut exact = bytes::BytesMut::with_capacity(needed);
-                exact.extend_from_slice(buf);
-                *buf = exact;
-            }
-            self.account.set(buf.capacity());
-            return Ok(());
-        }
-        let relieved = self.engine.memory.relieve(
-            self.account.id(),
-            self.account.partial(),
-            tokio::time::Instant::now(),
-        );
-        match relieved {
-            Relief::Evicted => {
-                tracing::warn!(
-                    peer = ?self.peer,
-                    buffered = self.engine.memory.used(),
-                    cap = self.engine.memory.cap(),
-                    "max_buffered_bytes reached: the oldest unfinished frame (older than 1s) is dropped"
-                );
-                Err(Pressure::Evicted)
-            }
-            Relief::Wait(at) => Err(Pressure::Wait(at.map(tokio::time::Instant::into_std))),
-        }
     }
 
     /// Room in the pool's queue: the first waiting evaluation takes it, the others follow
@@ -618,71 +515,12 @@ async fn wait_slot(slot: &mut Option<SlotFuture>) -> Option<Slot> {
     }
 }
 
-/// A connection's evaluations queued or running (not its owed ACKs, which the `Conn`
-/// counts: an evaluation answered at its deadline still runs, and its phase 5 runs after
-/// its ACK).
-#[derive(Debug, Default)]
-struct Evaluations {
-    n: AtomicUsize,
-    done: tokio::sync::Notify,
-}
-
-/// One of a connection's evaluations, counted until dropped.
-struct Running(Arc<Evaluations>);
-
-impl Evaluations {
-    fn start(evaluations: &Arc<Evaluations>) -> Running {
-        evaluations.n.fetch_add(1, Ordering::SeqCst);
-        Running(Arc::clone(evaluations))
-    }
-
-    fn count(&self) -> usize {
-        self.n.load(Ordering::SeqCst)
-    }
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        self.0.n.fetch_sub(1, Ordering::SeqCst);
-        self.0.done.notify_one();
-    }
-}
-
 /// Whether the frame-size mismatch was logged (once per process: every connection of one
 /// HAProxy offers the same).
 static FRAME_WARNED: AtomicBool = AtomicBool::new(false);
 
 /// Whether a NOTIFY on a connection that still owed an ACK was logged (once per process).
 static PIPELINE_WARNED: AtomicBool = AtomicBool::new(false);
-
-/// One NOTIFY's evaluation, to run on an evaluation thread; skipped if its answer went out
-/// already (at its deadline, while it was queued). Its bytes, and its place among the
-/// connection's evaluations, are held until it ends.
-fn evaluation(
-    engine: &Engine,
-    messages: Vec<Message>,
-    frame_size: u32,
-    owed: Arc<Owed>,
-    held: (Charge, Running),
-) -> Work {
-    let handler: Arc<dyn Handler> = Arc::clone(&engine.handler);
-    let metrics = Arc::clone(&engine.metrics);
-    let tracked = owed.tracked();
-    Work::tracked(
-        move || {
-            let _held = held;
-            if owed.answered() {
-                return;
-            }
-            let answer = handler.handle_framed(&messages, frame_size);
-            metrics.observe(owed.received().elapsed().as_secs_f64());
-            owed.send(&answer.vars);
-            // Phase 5 and cleanup, now that the ACK is on its way.
-            answer.later.run();
-        },
-        tracked,
-    )
-}
 
 #[cfg(test)]
 mod tests;

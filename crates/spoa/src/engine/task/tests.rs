@@ -1,12 +1,13 @@
 //! In-process tests of the connection engine over `tokio::io::duplex`, with a trivial
 //! handler (the WAF itself is tested in `waf` and end to end through HAProxy).
 use super::*;
-use crate::engine::{Answer, Limits, Vars};
+use crate::engine::{Answer, Handler, Limits, Vars};
 use crate::metrics::Metrics;
 use bytes::BytesMut;
 use lastcall::{Handle, Lifecycle, OnSigterm, TerminationConfig, Trigger};
 use lastcall_spop_proto::frame::{self, decode_agent_frame, AgentFrame};
 use parking_lot::Mutex;
+use spop::frame::Message;
 use spop::TypedData;
 use std::pin::Pin;
 use std::time::Duration;
