@@ -243,8 +243,24 @@ fn coraza_spoa_metrics_per_application_and_rule() {
     let allow = "coraza_actions_total{action=\"allow\",application=\"sample_app\"}";
     let deny = "coraza_actions_total{action=\"deny\",application=\"sample_app\"}";
     let detected = "spoa_responses_total{verdict=\"detect\"}";
-    // What start-up's requests left (HAProxy answering is awaited with one).
-    let before = metrics();
+    // What start-up's requests left (HAProxy answering is awaited with one), once counted:
+    // a passed request's action is recorded at its response, after the client has its
+    // answer (CI once read `before` in between, and the warm-up's allow came after it).
+    let requests = |m: &str| {
+        ["allow", "deny", "detect"]
+            .iter()
+            .map(|v| value(m, &format!("spoa_requests_total{{verdict=\"{v}\"}}")))
+            .sum::<f64>()
+    };
+    let end = std::time::Instant::now() + WAIT;
+    let before = loop {
+        let m = metrics();
+        if value(&m, allow) + value(&m, deny) == requests(&m) {
+            break m;
+        }
+        assert!(std::time::Instant::now() < end, "{m}");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
     let ok = get(s.haproxy.addr, "/products/42?color=blue&m=benign");
     assert_eq!(ok.status, 200, "{}", ok.text());
     let attack = get(s.haproxy.addr, "/?id=1'%20OR%20'1'='1&m=attack");
