@@ -267,11 +267,14 @@ fn coraza_spoa_metrics_per_application_and_rule() {
     assert_eq!(attack.status, 403, "{}", attack.text());
     let leak = get(s.haproxy.addr, "/leak?m=leak");
     assert_eq!(leak.status, 200, "{}", leak.text());
-    // The detect-only response is evaluated and counted after its ACK, its verdict last.
+    // The detect-only response is evaluated and counted after its ACK, its action last:
+    // wait for that (the peers' run once saw spoa_responses_total's detect before it).
     let end = std::time::Instant::now() + WAIT;
     let m = loop {
         let m = metrics();
-        if value(&m, detected) > value(&before, detected) {
+        if value(&m, detected) > value(&before, detected)
+            && value(&m, allow) + value(&m, deny) == requests(&m)
+        {
             break m;
         }
         assert!(std::time::Instant::now() < end, "{m}");
