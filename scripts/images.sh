@@ -14,7 +14,8 @@
 # then prints each image's size.
 #
 # Usage: bash scripts/images.sh [--binaries source|prebuilt] [--prebuilt-dir DIR]
-#                               [--crs VERSION|debian] [--haproxy] [--own-dockerd]
+#                               [--crs VERSION|debian] [--engine forky|trixie]
+#                               [--haproxy] [--own-dockerd]
 #                               [--refresh] [--tag TAG]
 #   --binaries prebuilt   copy DIR/lastcall-spoa and DIR/lastcall-turn (default DIR:
 #                         target/release; build them first) instead of compiling in the image
@@ -22,6 +23,11 @@
 #                         downloaded and its signature checked; default: the Dockerfile's),
 #                         or `debian`: Debian 13's modsecurity-crs (CRS 3.3, end of life
 #                         upstream), for a machine that reaches Debian's mirror only
+#   --engine forky|trixie the libmodsecurity lastcall-spoa runs (the Dockerfile's ENGINE):
+#                         3.0.16 from Debian 14 (default) or Debian 13's 3.0.14. The mirror's
+#                         testing Release may be past its Valid-Until date (a snapshot):
+#                         the build accepts that (APT_CHECK_VALID_UNTIL=no), signatures are
+#                         still checked
 #   --own-dockerd         start a private dockerd for the build (scripts/dockerd.sh) and stop
 #                         it afterwards; otherwise the docker of DOCKER_HOST is used
 #   --refresh             debootstrap the base again even if the cached one is current
@@ -34,6 +40,7 @@ BINARIES=source
 PREBUILT_DIR=${CARGO_TARGET_DIR:-target}/release
 HAPROXY=0
 CRS=
+ENGINE=
 OWN_DOCKERD=0
 REFRESH=0
 TAG=$(awk '$1 == "appVersion:" {gsub(/"/, "", $2); print $2}' charts/lastcall-spoa/Chart.yaml)
@@ -45,6 +52,7 @@ while (($#)); do
     --binaries) BINARIES=${2:?}; shift ;;
     --prebuilt-dir) PREBUILT_DIR=${2:?}; BINARIES=prebuilt; shift ;;
     --crs) CRS=${2:?}; shift ;;
+    --engine) ENGINE=${2:?}; shift ;;
     --haproxy) HAPROXY=1 ;;
     --own-dockerd) OWN_DOCKERD=1 ;;
     --refresh) REFRESH=1 ;;
@@ -184,6 +192,8 @@ build() {  # build [docker build arguments...]: quiet unless it fails
 
 args=(--build-arg "DEBIAN_IMAGE=$BASE_IMAGE" --build-arg "VERSION=$TAG" --build-arg "BINARIES=$BINARIES")
 [ -z "$CRS" ] || args+=(--build-arg "CRS_VERSION=$CRS")
+[ -z "$ENGINE" ] || args+=(--build-arg "ENGINE=$ENGINE")
+args+=(--build-arg "APT_CHECK_VALID_UNTIL=no")
 if [ "$BINARIES" = source ]; then
   log "build $RUST_IMAGE (Debian's cargo and rustc)"
   build -f docker/local-rust.Dockerfile --build-arg "DEBIAN_IMAGE=$BASE_IMAGE" -t "$RUST_IMAGE"

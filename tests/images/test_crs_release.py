@@ -51,7 +51,9 @@ STANDIN = "4.0.0-standin"
 
 # The stand-in's rules: our own text, in the shape CRS 4 gives them (initialization that
 # defaults the paranoia level and threshold, a detection rule that adds to the inbound
-# score, the blocking evaluation).
+# score, the blocking evaluation). Rule 901181 has the form CRS 4.25.1 introduced (a `ctl:`
+# removing an XPath target, `XML://@*`), which libmodsecurity 3.0.16 compiles and 3.0.14
+# refuses ("Expecting an action"): the image's default engine must load it.
 SETUP = """\
 # A stand-in for a CRS 4 release's crs-setup.conf.example (tests/images/test_crs_release.py).
 SecDefaultAction "phase:1,log,auditlog,pass"
@@ -64,6 +66,7 @@ SecComponentSignature "OWASP_CRS/{STANDIN}"
 SecRule &TX:blocking_paranoia_level "@eq 0" "id:901120,phase:1,pass,t:none,nolog,setvar:tx.blocking_paranoia_level=1"
 SecRule &TX:inbound_anomaly_score_threshold "@eq 0" "id:901100,phase:1,pass,t:none,nolog,setvar:tx.inbound_anomaly_score_threshold=5"
 SecAction "id:901200,phase:1,pass,t:none,nolog,setvar:tx.blocking_inbound_anomaly_score=0"
+SecAction "id:901181,phase:2,pass,t:none,nolog,ctl:ruleRemoveTargetByTag=attack-sqli;XML://@*"
 """,
     "REQUEST-942-APPLICATION-ATTACK-SQLI.conf": """\
 SecRule ARGS "@detectSQLi" "id:942100,phase:2,block,t:none,t:urlDecodeUni,log,msg:'stand-in: SQL injection (libinjection)',severity:'CRITICAL',setvar:'tx.blocking_inbound_anomaly_score=+5'"
@@ -162,7 +165,8 @@ def prebuilt() -> None:
 def build(engine: Engine, tag: str, *args: str) -> subprocess.CompletedProcess[str]:
     argv = [DOCKER, "build", "--network", "host", "--progress", "plain", "-f", "docker/Dockerfile",
             "--target", "spoa", "--build-arg", f"DEBIAN_IMAGE={BASE_IMAGE}", "--build-arg", "BINARIES=prebuilt",
-            *args, "-t", tag, "."]
+            # As scripts/images.sh: this machine's mirror may be a snapshot past testing's Valid-Until.
+            "--build-arg", "APT_CHECK_VALID_UNTIL=no", *args, "-t", tag, "."]
     # BuildKit, as scripts/images.sh uses it: only the stages the target needs are built (the
     # legacy builder would pull every FROM, the Rust image included).
     env = {**engine.env, "DOCKER_BUILDKIT": "1"}
@@ -253,8 +257,9 @@ def test_the_crs_release_path_verifies_and_loads_the_release(engine: Engine, rel
         assert f"LASTCALL_SPOA_CRS_DIR={IN_IMAGE}" in env, env
         count, line = validate(engine, tag)
         version = engine_version(engine, tag)
-        # The image's engine: Debian 13's libmodsecurity (3.0.14) or a later 3.0.x.
-        assert (3, 0, 14) <= version < (3, 1), version
+        # The image's engine (ENGINE=forky): libmodsecurity 3.0.16 or a later 3.0.x, which
+        # compiled rule 901181 above.
+        assert (3, 0, 16) <= version < (3, 1), version
         # The same image on Debian's CRS 3.3 (the tests' image): the difference is the rule
         # sets' own rules, so the stand-in's are all compiled.
         debian_count, _ = validate(engine, SPOA_IMAGE)
@@ -263,6 +268,15 @@ def test_the_crs_release_path_verifies_and_loads_the_release(engine: Engine, rel
                  f"{'.'.join(map(str, version))}; {line}; {STANDIN_RULES} of them the stand-in's; "
                  f"Debian's CRS 3.3 image: {debian_count} rules")
         assert count > STANDIN_RULES
+
+        # ENGINE=trixie (Debian 13's 3.0.14) refuses that rule: the build fails with the
+        # agent's error naming the file and the line.
+        older = build(engine, bad, *release_args(release), "--build-arg", "ENGINE=trixie")
+        assert older.returncode != 0, why(older)
+        refused = re.search(r"REQUEST-901-INITIALIZATION\.conf:(\d+)[^\n]*Expecting an action", older.stderr)
+        assert refused and int(refused.group(1)) == 5, why(older)
+        measured(f"ENGINE=trixie (libmodsecurity 3.0.14) refuses the stand-in's rule 901181 at "
+                 f"REQUEST-901-INITIALIZATION.conf:{refused.group(1)}: {refused.group(0)[-120:]}")
 
         # The archive is not the one signed: one rule more.
         tampered = build(engine, bad, *release_args(release, archive="tampered.tar.gz"))
@@ -336,10 +350,12 @@ def test_the_offline_archive_path(engine: Engine, tmp_path: Path) -> None:
 def test_the_source_stage_copies_no_docker_inputs() -> None:
     """The cargo build stage copies the workspace only (Cargo.toml, Cargo.lock, crates/):
     an archive in docker/crs/ or binaries in docker/prebuilt/ never invalidate it; the crs
-    stage copies the named archive only."""
+    stage copies the named archive only; the engine's apt set-up comes from its own stage,
+    which copies its script only."""
     s = stages()
     copies = [a for i, a in s["source"] if i == "COPY"]
-    assert copies == ["Cargo.toml Cargo.lock ./", "crates/ crates/"], copies
+    assert copies == ["--from=engine-apt /apt/ /etc/apt/", "Cargo.toml Cargo.lock ./", "crates/ crates/"], copies
+    assert [a for i, a in s["engine-apt"] if i == "COPY"] == ["docker/engine-apt.sh /engine-apt.sh"]
     assert [a for i, a in s["crs"] if i == "COPY"] == ["docker/crs/${CRS_ARCHIVE:-README.md} /crs-in/"]
     runtime = [a for i, a in s["spoa"] if i == "COPY"]
     assert "--from=crs /crs /usr/share/lastcall-spoa/crs" in runtime, runtime

@@ -10,8 +10,9 @@ from a package the image has for a reason the Dockerfile states:
   `libmodsecurity3t64`; lastcall-turn: `dumb-init`), with their Depends and
   Pre-Depends as apt resolved them (Recommends only without `--no-install-recommends`).
 
-The image must hold exactly that set, nothing more, and the WAF library must be Debian 13's
-libmodsecurity 3.0.14 (or a later 3.0.x update). The check can fail: the agent's binary
+The image must hold exactly that set, nothing more, and the WAF library must be
+libmodsecurity 3.0.16 (or a later 3.0.x update), the default ENGINE's (forky's build, with
+the libraries docker/engine-apt.sh pins to trixie-backports: the closure above still holds). The check can fail: the agent's binary
 in the TURN image (which has no libmodsecurity) is reported missing libmodsecurity.so.3. Also
 checked: the CRS files the agent's default application loads are the crs stage's tree, and the ENTRYPOINT is the file the stage copies the binary to. Not covered:
 libraries loaded with dlopen() at run time (ldd cannot see them; the daemons load none)."""
@@ -172,7 +173,7 @@ def test_the_image_holds_the_base_and_the_named_packages_only(engine: Engine, ta
     if target == "spoa":
         version = have["libmodsecurity3t64"]["version"]
         upstream = tuple(int(x) for x in version.split("-")[0].split("."))
-        assert (3, 0, 14) <= upstream < (3, 1), f"libmodsecurity3t64 {version}: Debian 13's 3.0.14 or a 3.0.x update expected"
+        assert (3, 0, 16) <= upstream < (3, 1), f"libmodsecurity3t64 {version}: 3.0.16 or a 3.0.x update expected (ENGINE=forky)"
         assert named == ["libmodsecurity3t64"], f"{image} installs {named}"
         measured(f"{image}: {len(have)} packages = {len(base)} of {BASE_IMAGE} + {len(want - set(base))} from "
                  f"`apt-get install {' '.join(named)}`; libmodsecurity3t64 {version}")

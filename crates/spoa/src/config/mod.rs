@@ -319,7 +319,7 @@ impl Config {
 /// The fix named by every CRS 3 notice.
 const CRS4_FIX: &str = "run a CRS 4 release: unpack it and set crs_dir in the file (or --crs-dir, \
     LASTCALL_SPOA_CRS_DIR, the chart's crs.image or crs.volume; CRS 4.28 loads on \
-    libmodsecurity 3.0.9 and later, 4.25.1 and later 4.25 LTS releases on 3.0.16; \
+    libmodsecurity 3.0.9 and later, 4.25.1 and later 4.25 LTS releases on 3.0.16, the image's; \
     docs/coming-from-coraza-spoa.md)";
 
 /// What the configured CRS makes of the applications' own rules: against a CRS 3 tree, the
