@@ -7,12 +7,16 @@
                                           python3-matplotlib: run it with /usr/bin/python3)
   report.py --smoke RESULTS.jsonl         checks a smoke run; exit 1 with the reasons if wrong
   report.py --soak RSS.csv [--plot PNG] WRK.out   soak summary (RSS drift, throughput)
+  report.py --cpu LABEL=CPU.txt...        markdown table of `profile` runs' CPU per request
+                                          (their cpu-per-request.txt), pass by pass, with the
+                                          ratio of HAProxy + lastcall-spoa to nginx + ModSecurity
 
 Only the standard library is needed, except for --plot.
 """
 
 import argparse
 import json
+import re
 import statistics
 import sys
 from collections import defaultdict
@@ -207,18 +211,55 @@ def soak(rss_csv, wrk_out, png, label):
         print(f"soak: plot {png}")
 
 
+CPU_LINE = re.compile(
+    r"^(?P<stack>[^:]+): (?P<requests>\d+) requests in \d+s; CPU per request: (?P<parts>.*?); "
+    r"total (?P<total>[\d.]+) ms \(load1 (?P<load>[\d.]+)\)$")
+
+
+def cpu_passes(path):
+    """The passes of a cpu-per-request.txt: one dict per pass, stack -> (total ms, parts, load1)."""
+    passes = []
+    for line in open(path):
+        m = CPU_LINE.match(line.strip())
+        if not m:
+            continue
+        parts = {k: float(v) for k, v in re.findall(r"(\w+) ([\d.]+) ms", m["parts"])}
+        if m["stack"] == "nginx+modsecurity":
+            passes.append({})
+        passes[-1][m["stack"]] = (float(m["total"]), parts, float(m["load"]))
+    return passes
+
+
+def cpu_table(runs):
+    """`runs`: (label, cpu-per-request.txt). Totals include the origin on both sides."""
+    lines = ["| run | pass | (c) nginx + ModSecurity, ms | (b) HAProxy + lastcall-spoa, ms "
+             "(HAProxy / agent) | (b)/(c) | (b) without the response group, ms | /(c) | load average |",
+             "|---|---:|---:|---:|---:|---:|---:|---|"]
+    for label, path in runs:
+        for i, p in enumerate(cpu_passes(path), 1):
+            c, b, n = p["nginx+modsecurity"], p["haproxy+lastcall-spoa"], p["haproxy+lastcall-spoa, no response group"]
+            loads = [c[2], b[2], n[2]]
+            lines.append(f"| {label} | {i} | {c[0]:.2f} | {b[0]:.2f} ({b[1]['haproxy']:.2f} / {b[1]['agent']:.2f}) | "
+                         f"{b[0] / c[0]:.2f}× | {n[0]:.2f} | {n[0] / c[0]:.2f}× | {min(loads):.2f}–{max(loads):.2f} |")
+    return "\n".join(lines)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("input", nargs="+")
     ap.add_argument("--plot")
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--soak")
+    ap.add_argument("--cpu", action="store_true", help="inputs are LABEL=cpu-per-request.txt")
     ap.add_argument("--label", default="lastcall-spoa")
     ap.add_argument("--title", default="CRS 3.3.4 PL1, libmodsecurity 3.0.9, 2 cores shared with the load generator",
                     help="the plot's title: the versions and conditions of the run")
     a = ap.parse_args()
     if a.soak:
         soak(a.soak, a.input[0], a.plot, a.label)
+        return 0
+    if a.cpu:
+        print(cpu_table([arg.split("=", 1) for arg in a.input]))
         return 0
     rows = load(a.input)
     if a.smoke:
