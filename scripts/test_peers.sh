@@ -4,7 +4,8 @@
 # lastcall-spoa itself on libmodsecurity 3.0.14 and 3.0.16 with those releases' CRS and
 # nginx for the differential test, and coturn 4.18's turnutils_uclient and turnutils_peer
 # around lastcall-turn.
-# Prints one line per peer with the versions and the tests that ran against them.
+# Then the image's engine (sid's libmodsecurity 3.0.16) behind HAProxy 2.6 (this machine's)
+# and 3.0 (trixie's). Prints one line per peer with the versions and the tests that ran.
 #
 # Usage: bash scripts/test_peers.sh [trixie|sid ...]   (default: both). Needs root (chroots).
 set -euo pipefail
@@ -63,6 +64,26 @@ for suite in "$@"; do
     summary+=("$suite: coturn $theirs is this machine's release: the main suite covers it")
   fi
 done
+# The image's engine (libmodsecurity 3.0.16, docs/images.md#engine: the same Debian build as
+# sid's) behind the older HAProxy releases too: this machine's (2.6 on Debian 12) and trixie's
+# 3.0 in front of the agent run in the sid chroot.
+if [[ " $* " == *" sid "* ]]; then
+  fronts=("this machine's:")
+  [[ " $* " != *" trixie "* ]] || fronts+=("trixie:$run trixie /usr/sbin/haproxy")
+  engine=$(version_of libmodsecurity3 "$(bash scripts/peers.sh versions sid)")
+  for front in "${fronts[@]}"; do
+    where=${front%%:*} haproxy=${front#*:}
+    version=$(${haproxy:-/usr/sbin/haproxy} -v 2>/dev/null | awk 'NR == 1 { print $3 }')
+    echo "== HAProxy $version ($where) in front of lastcall-spoa on libmodsecurity $engine (sid)"
+    rc=0
+    LASTCALL_HAPROXY=$haproxy \
+      LASTCALL_NGINX="$run sid /usr/sbin/nginx" \
+      LASTCALL_SPOA_RUNNER="$run sid" \
+      nextest -p lastcall-spoa -E "$spoa_filter" || rc=$?
+    summary+=("HAProxy $version ($where) in front of lastcall-spoa on libmodsecurity $engine (sid's, the image's engine), sid's nginx: spoa modules $SPOA_TESTS and the engine-version check: $ran: exit $rc")
+    ((rc == 0)) || status=1
+  done
+fi
 echo "== today's peers (the main suite ran against this machine's: HAProxy $(dpkg-query -W -f='${Version}' haproxy 2>/dev/null), libmodsecurity $(dpkg-query -W -f='${Version}' 'libmodsecurity3*' 2>/dev/null | head -n 1), coturn $(dpkg-query -W -f='${Version}' coturn 2>/dev/null))"
 printf '%s\n' "${summary[@]}"
 exit "$status"
