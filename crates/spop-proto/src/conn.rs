@@ -8,9 +8,12 @@
 //! evaluate, a frame that ends the connection), feeds everything else that happens as an
 //! [`Input`] to [`Conn::handle`] (ACKs written or handed over, the lifecycle, evaluations
 //! ended, bytes not yet taken by the socket, room refused under `max_buffered_bytes`, a
-//! timer), and carries out the one [`Action`] it gets back. `now` is passed in; there is no
-//! clock, socket, runtime or thread here, so every decision is table-tested without them
-//! (`conn/tests.rs`).
+//! timer), and carries out the one [`Action`] it gets back. What the task's parts count for
+//! it (ACKs written or held by the ACK sink, the evaluations, unsent bytes, an eviction) the
+//! `Conn` reads through [`Counts`] and turns into inputs itself, in the order the protocol
+//! needs ([`Conn::before_decode`], [`Conn::before_wait`]): the task keeps no count of its own.
+//! `now` is passed in; there is no clock, socket, runtime or thread here, so every decision
+//! is table-tested without them (`conn/tests.rs`).
 //!
 //! ## The goodbye
 //!
@@ -315,6 +318,25 @@ pub struct Holding {
     pub unfinished_since: Option<Instant>,
 }
 
+/// What the connection task's parts count for the [`Conn`] (the ACK sink, the connection's
+/// evaluations, its memory account), read by [`Conn::before_decode`] and
+/// [`Conn::before_wait`]. Each count is kept by its owner alone; the `Conn` keeps what it was
+/// last told and turns a difference into an [`Input`].
+pub trait Counts {
+    /// ACKs written to the socket by whoever had them since last asked (taken).
+    fn take_written(&mut self) -> usize;
+    /// ACKs handed to the connection since last asked (taken): `count` whole frames, back to
+    /// back.
+    fn take_held(&mut self) -> Option<(Vec<u8>, usize)>;
+    /// Whether the connection's unfinished frame is to be dropped to make room under
+    /// `max_buffered_bytes`.
+    fn evicted(&self) -> bool;
+    /// ACK bytes waiting for the socket to take them.
+    fn unsent(&self) -> usize;
+    /// The connection's evaluations queued or running.
+    fn evaluations(&self) -> usize;
+}
+
 /// Where a connection is in its life; each stage owns what it needs.
 #[derive(Debug)]
 enum State {
@@ -450,14 +472,35 @@ impl Conn {
             .map_or(self.settings.max_frame_size, |s| s.max_frame_size)
     }
 
-    /// This connection's evaluations queued or running, as last fed ([`Input::Evaluations`]).
-    pub fn evaluations(&self) -> usize {
-        self.evaluations
+    /// What to take in before the next frame is decoded ([`Conn::poll`]): ACKs written
+    /// directly are counted first, so that a NOTIFY HAProxy sent in answer to one does not
+    /// find it still owed. `None`: decode.
+    pub fn before_decode(&self, counts: &mut impl Counts) -> Option<Input> {
+        let written = counts.take_written();
+        (written > 0).then_some(Input::AcksWritten(written))
     }
 
-    /// ACK bytes waiting for the socket, as last fed ([`Input::Unsent`]).
-    pub fn unsent(&self) -> usize {
-        self.unsent
+    /// What to take in before a [`Wait`] is carried out, the first of: ACKs written, ACKs
+    /// held, an eviction, then a count that differs from what the `Conn` was last told
+    /// (unsent bytes, evaluations). `None`: nothing; carry out the wait. Call it once the
+    /// wait's [`Wait::direct_acks`] and [`Wait::ack_wakes`] are in force, so that no ACK
+    /// written after the count goes unnoticed.
+    pub fn before_wait(&self, counts: &mut impl Counts) -> Option<Input> {
+        if let Some(input) = self.before_decode(counts) {
+            return Some(input);
+        }
+        if let Some((bytes, count)) = counts.take_held() {
+            return Some(Input::HeldAcks { bytes, count });
+        }
+        if counts.evicted() {
+            return Some(Input::Evicted);
+        }
+        let unsent = counts.unsent();
+        if unsent != self.unsent {
+            return Some(Input::Unsent(unsent));
+        }
+        let evaluations = counts.evaluations();
+        (evaluations != self.evaluations).then_some(Input::Evaluations(evaluations))
     }
 
     /// NOTIFYs whose ACK is owed.

@@ -10,12 +10,14 @@
 
 use bytes::BytesMut;
 
-use crate::conn::{Conn, Input, Rebalance, Settings};
+use crate::conn::{Conn, Counts, Event, Input, Rebalance, Settings};
 use crate::coraza::{self, Request, Response};
 use crate::{frame, hdrs, payload};
 
 /// SPOP frames: decoding a stream never panics, takes only whole frames off the front, and
-/// a connection fed the stream (after a good HELLO) ends in events, a wait or a close.
+/// a connection fed the stream (after a good HELLO) ends in events, a wait or a close; one
+/// whose ACKs are written as each NOTIFY comes takes them in before it decodes the next
+/// ([`Conn::before_decode`]) and ends owing nothing, with nothing left to take in.
 pub fn frames(data: &[u8]) {
     for max in [frame_size_bound(), 1 << 20] {
         let mut buf = BytesMut::from(data);
@@ -47,13 +49,60 @@ pub fn frames(data: &[u8]) {
         hello_timeout: std::time::Duration::from_secs(10),
         idle_timeout: std::time::Duration::from_secs(600),
     };
-    let mut conn = Conn::new(settings, lastcall_phase::Seen::SERVING, now);
     let mut hello = Vec::new();
     frame::encode_haproxy_hello(16380, false, &mut hello);
-    conn.buffer().extend_from_slice(&hello);
-    conn.buffer().extend_from_slice(data);
+    let fed = || {
+        let mut conn = Conn::new(settings, lastcall_phase::Seen::SERVING, now);
+        conn.buffer().extend_from_slice(&hello);
+        conn.buffer().extend_from_slice(data);
+        conn
+    };
+    let mut conn = fed();
     while conn.poll(now).is_some() {}
     let _ = conn.handle(now, Input::Eof);
+    let mut conn = fed();
+    let mut acks = AckedAtOnce::default();
+    loop {
+        if let Some(input) = conn.before_decode(&mut acks) {
+            let _ = conn.handle(now, input);
+            continue;
+        }
+        match conn.poll(now) {
+            Some(Event::Notify { .. }) => acks.written += 1,
+            Some(_) => {}
+            None => break,
+        }
+    }
+    assert_eq!(conn.owed(), 0, "ACKs written were not taken in");
+    assert_eq!(conn.before_wait(&mut acks), None);
+}
+
+/// ACKs written as each NOTIFY comes, nothing else counted.
+#[derive(Debug, Default)]
+struct AckedAtOnce {
+    written: usize,
+}
+
+impl Counts for AckedAtOnce {
+    fn take_written(&mut self) -> usize {
+        std::mem::take(&mut self.written)
+    }
+
+    fn take_held(&mut self) -> Option<(Vec<u8>, usize)> {
+        None
+    }
+
+    fn evicted(&self) -> bool {
+        false
+    }
+
+    fn unsent(&self) -> usize {
+        0
+    }
+
+    fn evaluations(&self) -> usize {
+        0
+    }
 }
 
 fn frame_size_bound() -> u32 {

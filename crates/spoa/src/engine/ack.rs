@@ -124,8 +124,9 @@ impl AckSink {
     }
 
     /// A ticket for one NOTIFY's ACK; `inflight` is held one higher until the ACK is
-    /// delivered (the `spoa_inflight` gauge).
-    pub(crate) fn ticket(
+    /// delivered (the `spoa_inflight` gauge). Called by [`super::notify`] only, when the
+    /// NOTIFY is received.
+    pub(super) fn ticket(
         self: &Arc<Self>,
         stream_id: u64,
         frame_id: u64,
@@ -261,8 +262,9 @@ fn write_some(wr: &dyn WriteHalf, buf: &[u8]) -> io::Result<usize> {
 }
 
 /// One NOTIFY's claim on an ACK: [`send`](Self::send) delivers the verdict; dropping it
-/// unsent delivers the error variable, so HAProxy never waits for `timeout processing`.
-pub(crate) struct Ticket {
+/// unsent delivers the error variable, so HAProxy never waits for `timeout processing`. A
+/// guard of the NOTIFY's record ([`super::notify`]), made by [`AckSink::ticket`] only.
+pub(super) struct Ticket {
     sink: Arc<AckSink>,
     stream_id: u64,
     frame_id: u64,
@@ -273,12 +275,12 @@ pub(crate) struct Ticket {
 
 impl Ticket {
     /// Whether the connection is gone (closed at the deadline): nobody waits for this ACK.
-    pub(crate) fn abandoned(&self) -> bool {
+    pub(super) fn abandoned(&self) -> bool {
         self.sink.is_closed()
     }
 
     /// Encodes and delivers the ACK.
-    pub(crate) fn send(mut self, vars: &Vars) {
+    pub(super) fn send(mut self, vars: &Vars) {
         self.deliver(vars);
     }
 

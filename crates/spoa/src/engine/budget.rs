@@ -36,8 +36,10 @@ pub(crate) fn failure_vars(id: Option<&str>) -> Vars {
     vars
 }
 
-/// One NOTIFY's answer, owed once: by its evaluation, or at the deadline by the watchdog.
-pub(crate) struct Owed {
+/// One NOTIFY's answer, owed once: by its evaluation, or at the deadline by the watchdog. A
+/// guard of the NOTIFY's record ([`super::notify`]), made by [`Budget::owe`] only; the record
+/// and the watchdog share it.
+pub(super) struct Owed {
     ticket: Mutex<Option<Ticket>>,
     tracked: Arc<Tracked>,
     id: Option<String>,
@@ -55,12 +57,12 @@ impl std::fmt::Debug for Owed {
 
 impl Owed {
     /// Whether the answer went out already (or nobody waits for it any more).
-    pub(crate) fn answered(&self) -> bool {
+    pub(super) fn answered(&self) -> bool {
         self.ticket.lock().as_ref().is_none_or(Ticket::abandoned)
     }
 
     /// Sends the answer; false if it was sent already (the deadline passed).
-    pub(crate) fn send(&self, vars: &Vars) -> bool {
+    pub(super) fn send(&self, vars: &Vars) -> bool {
         let ticket = self.ticket.lock().take();
         match ticket {
             Some(t) => {
@@ -71,18 +73,13 @@ impl Owed {
         }
     }
 
-    /// The state the pool and the watchdog share.
-    pub(crate) fn tracked(&self) -> Arc<Tracked> {
-        Arc::clone(&self.tracked)
-    }
-
     /// The transaction id, if the handler named one.
-    pub(crate) fn id(&self) -> Option<&str> {
+    fn id(&self) -> Option<&str> {
         self.id.as_deref()
     }
 
     /// When the NOTIFY was decoded.
-    pub(crate) fn received(&self) -> Instant {
+    pub(super) fn received(&self) -> Instant {
         self.received
     }
 }
@@ -137,11 +134,19 @@ impl Budget {
         Budget { inner }
     }
 
-    /// Starts the clock for one NOTIFY's answer (`id`: its transaction id, for the log).
-    pub(crate) fn owe(&self, ticket: Ticket, id: Option<String>, received: Instant) -> Arc<Owed> {
+    /// Starts the clock for one NOTIFY's answer (`id`: its transaction id, for the log;
+    /// `tracked`: its job's state, for [`Pool::overran`] at the deadline). Called by
+    /// [`super::notify`] only, when the NOTIFY is queued.
+    pub(super) fn owe(
+        &self,
+        ticket: Ticket,
+        id: Option<String>,
+        received: Instant,
+        tracked: Arc<Tracked>,
+    ) -> Arc<Owed> {
         let owed = Arc::new(Owed {
             ticket: Mutex::new(Some(ticket)),
-            tracked: Arc::new(Tracked::default()),
+            tracked,
             id,
             received,
         });
@@ -259,10 +264,12 @@ mod tests {
         let sink = AckSink::held_only();
         let inflight = Gauge::default();
         let (gate_tx, gate_rx) = mpsc::channel::<()>();
+        let tracked = Arc::new(Tracked::default());
         let slow = budget.owe(
             sink.ticket(1, 1, 16380, &inflight),
             Some("SLOWTX".into()),
             Instant::now(),
+            Arc::clone(&tracked),
         );
         let late = Arc::clone(&slow);
         let (done_tx, done_rx) = mpsc::channel();
@@ -271,7 +278,7 @@ mod tests {
                 let _ = gate_rx.recv_timeout(Duration::from_secs(20));
                 let _ = done_tx.send(late.send(&vec![("verdict", TypedData::Int64(1))]));
             },
-            slow.tracked(),
+            tracked,
         ))
         .unwrap();
         wait_for("the deadline answered", || {
@@ -318,14 +325,20 @@ mod tests {
         .unwrap();
         let sink = AckSink::held_only();
         let inflight = Gauge::default();
-        let owed = budget.owe(sink.ticket(7, 1, 16380, &inflight), None, Instant::now());
+        let tracked = Arc::new(Tracked::default());
+        let owed = budget.owe(
+            sink.ticket(7, 1, 16380, &inflight),
+            None,
+            Instant::now(),
+            Arc::clone(&tracked),
+        );
         let queued = Arc::clone(&owed);
         let (ran_tx, ran_rx) = mpsc::channel();
         pool.try_submit(Work::tracked(
             move || {
                 let _ = ran_tx.send(queued.answered());
             },
-            owed.tracked(),
+            tracked,
         ))
         .unwrap();
         // The ACK itself, not `answered()`: the ticket is taken before its ACK is written.

@@ -146,8 +146,9 @@ impl Memory {
     }
 
     /// Bytes of a decoded NOTIFY, held until the charge is dropped (not checked against
-    /// the cap: they were in a read buffer a moment ago).
-    pub(crate) fn charge(self: &Arc<Self>, bytes: usize) -> Charge {
+    /// the cap: they were in a read buffer a moment ago). Called by [`super::notify`] only,
+    /// when the NOTIFY is received.
+    pub(super) fn charge(self: &Arc<Self>, bytes: usize) -> Charge {
         self.add(bytes);
         Charge {
             mem: Arc::clone(self),
@@ -287,9 +288,10 @@ impl Drop for Account {
     }
 }
 
-/// A decoded NOTIFY's bytes, released when dropped (its evaluation ended or was skipped).
+/// A decoded NOTIFY's bytes, released when dropped (its evaluation ended or was skipped). A
+/// guard of the NOTIFY's record ([`super::notify`]), made by [`Memory::charge`] only.
 #[derive(Debug)]
-pub(crate) struct Charge {
+pub(super) struct Charge {
     mem: Arc<Memory>,
     bytes: usize,
 }

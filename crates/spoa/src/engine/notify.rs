@@ -1,15 +1,34 @@
-//! One NOTIFY's life, and the guards that hold it: what a NOTIFY holds is created here, in
-//! [`Notify::received`], and released here, when the [`Notify`] (or the [`Queued`] it
-//! becomes) is dropped.
+//! One NOTIFY's life, in one record: everything a NOTIFY holds is created here and owned by
+//! its record, first a [`Notify`] (received), then, if it needs an evaluation, a [`Queued`]
+//! (on the pool, then evaluating); it is released here, when the record is answered or
+//! dropped.
 //!
-//! | stage | what it holds | released |
-//! |---|---|---|
-//! | received (decoded by the `Conn`) | its [`Ticket`] (the ACK HAProxy waits for; `spoa_inflight` one higher through its [`GaugeGuard`](super::GaugeGuard)), its [`Charge`] (its bytes, under `max_buffered_bytes`) | — |
-//! | answered here (inline, or at once while the pool is saturated with runaways) | the same | the ticket by its ACK; the charge right after |
-//! | queued on the pool ([`Queued`]) | its [`Owed`] (the ticket, and its deadline on the budget's watchdog), the pool's [`Tracked`](super::pool::Tracked) state, its place among the connection's evaluations ([`Running`]), its charge | — |
-//! | evaluating (on a pool thread) | the same | — |
-//! | answered | by its evaluation ([`Owed::send`]), or at the deadline by the watchdog with the failure verdict; dropped unanswered, the ticket sends the error variable | the ticket (and `spoa_inflight`) |
-//! | released (its evaluation ended, or was skipped: answered while queued) | nothing | the charge, its place among the connection's evaluations, the owed answer; the pool marks the job done |
+//! ## What the record holds
+//!
+//! Each guard is a type of the module whose resource it holds back (their `Drop` touches that
+//! module's private state), made only by the constructor named here, which only this module
+//! calls:
+//!
+//! | piece | guard (module), made by | holds | released |
+//! |---|---|---|---|
+//! | its ACK | [`Ticket`] (`ack`), [`AckSink::ticket`] | the ACK HAProxy waits for; `spoa_inflight` one higher | by [`Ticket::send`] (the gauge, then the ACK); dropped unsent, it sends the error variable |
+//! | its bytes | [`Charge`] (`memory`), [`Memory::charge`](super::memory::Memory::charge) | its decoded messages' size, under `max_buffered_bytes` | dropped |
+//! | its answer, once queued | [`Owed`] (`budget`), [`Budget::owe`](super::budget::Budget::owe) | the ticket, shared with the watchdog, which sends the failure verdict at the deadline | by [`Owed::send`] (the evaluation's, or the watchdog's); dropped by the last of the two, an unsent ticket sends the error variable |
+//! | its job's state, once queued | [`Tracked`] (`pool`), `Tracked::default` | queued, running, overrun: what the pool and the watchdog share | done when its job ends on its thread |
+//! | its place, once queued | [`Running`] (`pool`), [`Evaluations::start`] | one of its connection's evaluations (reading pauses at the bound) | dropped |
+//!
+//! ## In which order they are released
+//!
+//! - **Answered here** ([`Notify::route`]: inline, or at once while the pool is saturated
+//!   with runaways): the ticket by its ACK, then the charge.
+//! - **Evaluated** ([`Queued::evaluate`]): the ACK by [`Owed::send`], then the work that
+//!   waits for it (phase 5, cleanup), then its place among the connection's evaluations, its
+//!   charge, its share of the owed answer; then the pool marks its job done.
+//! - **Skipped** (answered at its deadline by the watchdog while still queued): the same
+//!   releases, without the evaluation.
+//! - **Dropped unrun** (the pool's queue closed, or the connection's task ended while it
+//!   waited for room in the queue): in [`Queued`]'s field order, its share of the owed answer
+//!   (the last share sends the error variable), its charge, its place.
 //!
 //! A NOTIFY answered at its deadline still runs to its end and still counts among its
 //! connection's evaluations and in `max_buffered_bytes` until then.
@@ -28,10 +47,11 @@ use super::ack::{AckSink, Ticket};
 use super::budget::{failure_vars, Owed};
 use super::handler::Handler;
 use super::memory::Charge;
-use super::pool::{Evaluations, Running, Work};
+use super::pool::{Evaluations, Running, Tracked, Work};
 use super::Engine;
 
-/// A decoded NOTIFY, before it is answered or queued.
+/// A NOTIFY received (decoded by the `Conn`), before it is answered or queued. Dropped, its
+/// fields are released in this order.
 pub(super) struct Notify {
     messages: Vec<Message>,
     /// The connection's negotiated frame size (its ACK's limit, and its evaluation's).
@@ -112,7 +132,10 @@ impl Notify {
             ticket.send(&failure_vars(id.as_deref()));
             return Route::Answered;
         }
-        let owed = engine.budget.owe(ticket, id, Instant::now());
+        let tracked = Arc::new(Tracked::default());
+        let owed = engine
+            .budget
+            .owe(ticket, id, Instant::now(), Arc::clone(&tracked));
         let queued = Queued {
             messages,
             frame_size,
@@ -120,15 +143,17 @@ impl Notify {
             charge,
             running: Evaluations::start(evaluations),
         };
-        Route::Queued(queued.into_work(engine))
+        Route::Queued(queued.into_work(engine, tracked))
     }
 }
 
-/// A NOTIFY queued on the pool, until its evaluation ends (or is skipped).
+/// A NOTIFY queued on the pool, until its evaluation ends (or is skipped). Dropped unrun,
+/// its fields are released in this order.
 struct Queued {
     messages: Vec<Message>,
     frame_size: u32,
-    /// Its answer, owed by its evaluation or, at the deadline, by the watchdog.
+    /// Its answer, owed by its evaluation or, at the deadline, by the watchdog (which holds
+    /// the other share, and its job's [`Tracked`] state).
     owed: Arc<Owed>,
     /// Its bytes.
     charge: Charge,
@@ -137,31 +162,32 @@ struct Queued {
 }
 
 impl Queued {
-    /// Its evaluation, to run on an evaluation thread.
-    fn into_work(self, engine: &Engine) -> Work {
+    /// Its evaluation, to run on an evaluation thread; `tracked` is its job's state.
+    fn into_work(self, engine: &Engine, tracked: Arc<Tracked>) -> Work {
         let handler: Arc<dyn Handler> = Arc::clone(&engine.handler);
         let metrics = Arc::clone(&engine.metrics);
-        let tracked = self.owed.tracked();
         Work::tracked(move || self.evaluate(&*handler, &metrics), tracked)
     }
 
     /// Evaluates it, skipped if its answer went out already (at its deadline, while it was
-    /// queued); everything it holds is released when this returns.
+    /// queued); then releases everything it holds, in the module's order.
     fn evaluate(self, handler: &dyn Handler, metrics: &crate::metrics::Metrics) {
         let Queued {
             messages,
             frame_size,
             owed,
-            charge: _charge,
-            running: _running,
+            charge,
+            running,
         } = self;
-        if owed.answered() {
-            return;
+        if !owed.answered() {
+            let answer = handler.handle_framed(&messages, frame_size);
+            metrics.observe(owed.received().elapsed().as_secs_f64());
+            owed.send(&answer.vars);
+            // Phase 5 and cleanup, now that the ACK is on its way.
+            answer.later.run();
         }
-        let answer = handler.handle_framed(&messages, frame_size);
-        metrics.observe(owed.received().elapsed().as_secs_f64());
-        owed.send(&answer.vars);
-        // Phase 5 and cleanup, now that the ACK is on its way.
-        answer.later.run();
+        drop(running);
+        drop(charge);
+        drop(owed);
     }
 }

@@ -55,7 +55,7 @@ impl Work {
     }
 
     /// Work whose state the budget's watchdog follows (see [`Pool::overran`]).
-    pub(crate) fn tracked(run: impl FnOnce() + Send + 'static, tracked: Arc<Tracked>) -> Work {
+    pub(super) fn tracked(run: impl FnOnce() + Send + 'static, tracked: Arc<Tracked>) -> Work {
         Work {
             run: Box::new(run),
             tracked: Some(tracked),
@@ -81,9 +81,11 @@ enum JobState {
     Done,
 }
 
-/// A job's state as the pool and the watchdog share it.
+/// A job's state as the pool and the watchdog share it (queued at first). A guard of the
+/// NOTIFY's record ([`super::notify`]), which makes it when the NOTIFY is queued; done when
+/// its job ends on its thread.
 #[derive(Debug)]
-pub(crate) struct Tracked(Mutex<JobState>);
+pub(super) struct Tracked(Mutex<JobState>);
 
 impl Default for Tracked {
     fn default() -> Self {
@@ -358,11 +360,14 @@ pub(crate) struct Evaluations {
     done: tokio::sync::Notify,
 }
 
-/// One of a connection's evaluations, counted until dropped.
-pub(crate) struct Running(Arc<Evaluations>);
+/// One of a connection's evaluations, counted until dropped. A guard of the NOTIFY's record
+/// ([`super::notify`]), made by [`Evaluations::start`] only.
+pub(super) struct Running(Arc<Evaluations>);
 
 impl Evaluations {
-    pub(crate) fn start(evaluations: &Arc<Evaluations>) -> Running {
+    /// One more evaluation, counted until its [`Running`] is dropped. Called by
+    /// [`super::notify`] only, when the NOTIFY is queued.
+    pub(super) fn start(evaluations: &Arc<Evaluations>) -> Running {
         evaluations.n.fetch_add(1, Ordering::SeqCst);
         Running(Arc::clone(evaluations))
     }

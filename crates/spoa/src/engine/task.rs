@@ -8,6 +8,10 @@
 //! there, or its evaluation handed to the pool here, in order, waiting for room in the
 //! pool's queue when it is full.
 //!
+//! The counts the `Conn` follows are kept by their owners alone (the [`AckSink`], the
+//! [`Evaluations`], the [`Account`]); the `Conn` reads them through [`Owners`] and says which
+//! to take in, and when ([`Conn::before_decode`], [`Conn::before_wait`]).
+//!
 //! What the task holds for the peer is bounded by the `Conn`'s decisions: its read buffer
 //! grows only within `max_buffered_bytes` ([`super::memory`]: the task asks for the room the
 //! `Conn` wants, and reports a refusal as [`Input::NoRoom`]), and reading pauses while more
@@ -22,7 +26,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use lastcall::{PeerId, Watch};
-use lastcall_spop_proto::conn::{Action, CloseReason, Conn, Event, Input, Pressure, Probe, Wait};
+use lastcall_spop_proto::conn::{
+    Action, CloseReason, Conn, Counts, Event, Input, Pressure, Probe, Wait,
+};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::ack::AckSink;
@@ -66,7 +72,6 @@ pub(super) async fn serve_split<R, W>(
         conn: Conn::new(engine.conn_settings(), watch.now(), now()),
         account: engine.memory.account(),
         evaluations: Arc::new(Evaluations::default()),
-        pending: VecDeque::new(),
         waiting: VecDeque::new(),
         slot: None,
         session: None,
@@ -133,8 +138,6 @@ struct ConnTask<R, W> {
     account: Account,
     /// Its evaluations queued or running (an answer given at the deadline does not end one).
     evaluations: Arc<Evaluations>,
-    /// Inputs for the `Conn` not yet fed (events produce them), in order.
-    pending: VecDeque<Input>,
     /// Evaluations waiting for room in the pool's queue (it was full), in order.
     waiting: VecDeque<Work>,
     /// While `waiting` is not empty: this connection's place in line for the queue.
@@ -152,6 +155,35 @@ struct ConnTask<R, W> {
     watch: Watch,
     peer: Option<IpAddr>,
     engine: Arc<Engine>,
+}
+
+/// The owners of the counts the `Conn` follows, as it reads them ([`Counts`]).
+struct Owners<'a> {
+    sink: &'a AckSink,
+    account: &'a Account,
+    evaluations: &'a Evaluations,
+}
+
+impl Counts for Owners<'_> {
+    fn take_written(&mut self) -> usize {
+        self.sink.take_written()
+    }
+
+    fn take_held(&mut self) -> Option<(Vec<u8>, usize)> {
+        self.sink.take_held()
+    }
+
+    fn evicted(&self) -> bool {
+        self.account.evict().is_set()
+    }
+
+    fn unsent(&self) -> usize {
+        self.sink.pending_len()
+    }
+
+    fn evaluations(&self) -> usize {
+        self.evaluations.count()
+    }
 }
 
 /// Whether the connection task goes on.
@@ -178,18 +210,13 @@ where
         loop {
             input = match self.conn.handle(now(), input) {
                 Action::Wait(wait) => {
-                    // ACKs written directly are counted before any frame is decoded: the
-                    // NOTIFY HAProxy sent in answer to one must not find it still owed.
-                    let written = self.sink.take_written();
-                    if written > 0 {
-                        Input::AcksWritten(written)
+                    if let Some(input) = self.conn.before_decode(&mut self.owners()) {
+                        input
                     } else if let Some(event) = self.conn.poll(now()) {
                         if let Flow::Done = self.on_event(event).await {
                             return;
                         }
                         Input::Nothing
-                    } else if let Some(pending) = self.pending.pop_front() {
-                        pending
                     } else {
                         match self.wait(wait).await {
                             Some(input) => input,
@@ -269,10 +296,8 @@ where
                 );
                 match notify.route(&self.engine, inline, &self.evaluations) {
                     Route::Answered => {}
-                    Route::Queued(work) => {
-                        self.hand_over(work);
-                        self.feed_evaluations();
-                    }
+                    // Its place among the evaluations is taken in before the next wait.
+                    Route::Queued(work) => self.hand_over(work),
                 }
             }
             Event::Close { reply, reason } => {
@@ -283,49 +308,32 @@ where
         Flow::Continue
     }
 
-    /// Feeds the count of evaluations (kept by [`Evaluations`]) if it differs from what the
-    /// `Conn` was last told.
-    fn feed_evaluations(&mut self) {
-        let n = self.evaluations.count();
-        if n != self.conn.evaluations() {
-            self.pending.push_back(Input::Evaluations(n));
+    /// What the `Conn` reads of the counts it follows, from their owners.
+    fn owners(&self) -> Owners<'_> {
+        Owners {
+            sink: &self.sink,
+            account: &self.account,
+            evaluations: &self.evaluations,
         }
     }
 
-    /// Carries out a [`Wait`]: first what is already there for the `Conn` (ACKs written or
-    /// held, an eviction, changed counts, refused room), then whatever comes (the lifecycle,
-    /// a wake from the sink, room in the pool, bytes, an evaluation ending, released bytes,
-    /// the timer). `None` when the socket failed.
+    /// Carries out a [`Wait`]: puts its settings in force (the sink's, the account's), feeds
+    /// what the `Conn` takes in first ([`Conn::before_wait`]) or refused room, then waits for
+    /// whatever comes (the lifecycle, a wake from the sink, room in the pool, bytes, an
+    /// evaluation ending, released bytes, the timer). `None` when the socket failed.
     async fn wait(&mut self, wait: Wait) -> Option<Input> {
         self.sink.set_direct(wait.direct_acks);
-        // Before counting what was written, so that no ACK written after the count goes
-        // unnoticed (an extra wake is harmless).
+        // Before the `Conn` counts what was written, so that no ACK written after the count
+        // goes unnoticed (an extra wake is harmless).
         self.sink.set_interest(wait.ack_wakes);
-        let written = self.sink.take_written();
-        if written > 0 {
-            return Some(Input::AcksWritten(written));
-        }
-        if let Some((bytes, count)) = self.sink.take_held() {
-            return Some(Input::HeldAcks { bytes, count });
-        }
         self.account.set(wait.holding.capacity);
         self.account.set_partial(
             wait.holding
                 .unfinished_since
                 .map(tokio::time::Instant::from_std),
         );
-        if self.account.evict().is_set() {
-            return Some(Input::Evicted);
-        }
-        // Each count is kept by its owner (the sink, the evaluations) and fed when it differs
-        // from what the `Conn` was last told.
-        let unsent = self.sink.pending_len();
-        if unsent != self.conn.unsent() {
-            return Some(Input::Unsent(unsent));
-        }
-        let n = self.evaluations.count();
-        if n != self.conn.evaluations() {
-            return Some(Input::Evaluations(n));
+        if let Some(input) = self.conn.before_wait(&mut self.owners()) {
+            return Some(input);
         }
         let read = match wait.read {
             Some(room) => match self.account.room(self.conn.buffer(), room) {

@@ -1351,3 +1351,127 @@ fn what_is_agreed_and_answered_inline() {
         assert_eq!(got, inline, "{drain:?}");
     }
 }
+
+/// What the connection task's parts count, as a table row gives it ([`Counts`]).
+#[derive(Debug, Default, Clone)]
+struct Counted {
+    written: usize,
+    held: Option<(Vec<u8>, usize)>,
+    evicted: bool,
+    unsent: usize,
+    evaluations: usize,
+}
+
+impl Counts for Counted {
+    fn take_written(&mut self) -> usize {
+        std::mem::take(&mut self.written)
+    }
+
+    fn take_held(&mut self) -> Option<(Vec<u8>, usize)> {
+        self.held.take()
+    }
+
+    fn evicted(&self) -> bool {
+        self.evicted
+    }
+
+    fn unsent(&self) -> usize {
+        self.unsent
+    }
+
+    fn evaluations(&self) -> usize {
+        self.evaluations
+    }
+}
+
+/// One row of [`counts_taken_in`].
+struct CountsRow {
+    counts: Counted,
+    /// What the `Conn` was last told: unsent bytes, evaluations.
+    told: (usize, usize),
+    /// What it takes in before decoding.
+    decode: Option<Input>,
+    /// What it takes in before a wait, in order, each fed back before the next.
+    wait: Vec<Input>,
+}
+
+/// What the `Conn` takes in of the counts, and in which order: before decoding, only the
+/// ACKs written (a NOTIFY sent in answer to one must not find it owed); before a wait, the
+/// ACKs written, then held, then an eviction, then a count that differs from what it was last
+/// told (unsent bytes, then evaluations). Fed back one at a time, they leave nothing behind.
+#[test]
+fn counts_taken_in() {
+    let t0 = Instant::now();
+    let held = || Input::HeldAcks {
+        bytes: vec![1, 2, 3],
+        count: 2,
+    };
+    let table = vec![
+        CountsRow {
+            counts: Counted::default(),
+            told: (0, 0),
+            decode: None,
+            wait: vec![],
+        },
+        CountsRow {
+            counts: Counted {
+                written: 1,
+                held: Some((vec![1, 2, 3], 2)),
+                evicted: true,
+                unsent: 10,
+                evaluations: 3,
+            },
+            told: (0, 0),
+            decode: Some(Input::AcksWritten(1)),
+            wait: vec![Input::AcksWritten(1), held(), Input::Evicted],
+        },
+        CountsRow {
+            counts: Counted {
+                held: Some((vec![1, 2, 3], 2)),
+                unsent: 10,
+                evaluations: 3,
+                ..Counted::default()
+            },
+            told: (0, 0),
+            decode: None,
+            wait: vec![held(), Input::Unsent(10), Input::Evaluations(3)],
+        },
+        // A count already told is not fed again; a changed one is, even back to zero.
+        CountsRow {
+            counts: Counted {
+                unsent: 10,
+                evaluations: 3,
+                ..Counted::default()
+            },
+            told: (10, 3),
+            decode: None,
+            wait: vec![],
+        },
+        CountsRow {
+            counts: Counted::default(),
+            told: (10, 3),
+            decode: None,
+            wait: vec![Input::Unsent(0), Input::Evaluations(0)],
+        },
+    ];
+    for (i, row) in table.into_iter().enumerate() {
+        // Three NOTIFYs owed, so that the ACKs counted are owed ones.
+        let mut c = conn(SERVING, Setup { owed: 3, ..READY }, t0);
+        c.handle(t0, Input::Unsent(row.told.0));
+        c.handle(t0, Input::Evaluations(row.told.1));
+        assert_eq!(
+            c.before_decode(&mut row.counts.clone()),
+            row.decode,
+            "row {i}: before decode"
+        );
+        let mut counts = row.counts;
+        let mut got = Vec::new();
+        while let Some(input) = c.before_wait(&mut counts) {
+            got.push(input.clone());
+            if let Action::Close { .. } = c.handle(t0, input) {
+                break;
+            }
+        }
+        assert_eq!(got, row.wait, "row {i}: before wait");
+    }
+}
