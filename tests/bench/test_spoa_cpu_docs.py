@@ -8,11 +8,15 @@ import os
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CRS4 = "bench/spoa/results/2026-12-06-crs-4.28.0-modsec-3.0.14"
+CRS4_16 = "bench/spoa/results/2026-12-06-crs-4.28.0-modsec-3.0.16"
 CRS3 = "bench/spoa/results/2026-12-01-haproxy-3.2-modsec-3.0.14-glibc"
 TABLES = [
+    [("PL1, glibc", f"{CRS4_16}/pl1-glibc-cpu-per-request.txt"),
+     ("PL2, glibc", f"{CRS4_16}/pl2-glibc-cpu-per-request.txt")],
     [("PL1, glibc", f"{CRS4}/pl1-glibc-cpu-per-request.txt"),
      ("PL1, mimalloc", f"{CRS4}/pl1-mimalloc-cpu-per-request.txt"),
-     ("PL2, glibc", f"{CRS4}/pl2-glibc-cpu-per-request.txt")],
+     ("PL2, glibc", f"{CRS4}/pl2-glibc-cpu-per-request.txt"),
+     ("PL1, glibc, c681aa0", f"{CRS4}/pl1-glibc-c681aa0-cpu-per-request.txt")],
     [("CRS 3.3.7 PL1, glibc", f"{CRS3}/profile-cpu-per-request.txt")],
 ]
 
