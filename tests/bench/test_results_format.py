@@ -3,18 +3,15 @@ top-level key and per record), not pretty-printed: a committed JSON file must co
 write_json byte for byte as it is."""
 
 import glob
-import importlib.util
 import json
 import os
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchlib import ROOT, script
+
 
 
 def load_results():
-    spec = importlib.util.spec_from_file_location("results", os.path.join(ROOT, "bench/results.py"))
-    results = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(results)
-    return results
+    return script("bench/results.py", "results")
 
 
 def test_write_json_is_one_line_per_record_and_reads_back(tmp_path):

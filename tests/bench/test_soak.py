@@ -1,11 +1,11 @@
 """bench/spoa/soak.py's arithmetic, and the soaks in docs/benchmarks.md against the
 committed samples they came from (no agent is started here)."""
 
-import importlib.util
 import os
 import shutil
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchlib import ROOT, script
+
 # The hour without reloads, and two hours with reloads from their plateau on an idle machine:
 # the runs docs/benchmarks.md quotes (both held their bound).
 NORELOAD = os.path.join(ROOT, "bench/spoa/results/2026-12-02-soak-3.0.9-mimalloc-noreload")
@@ -13,10 +13,7 @@ IDLE2H = os.path.join(ROOT, "bench/spoa/results/2026-12-02-soak-3.0.9-mimalloc-i
 
 
 def load_soak():
-    spec = importlib.util.spec_from_file_location("soak", os.path.join(ROOT, "bench/spoa/soak.py"))
-    soak = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(soak)
-    return soak
+    return script("bench/spoa/soak.py", "soak")
 
 
 def test_fit_recovers_a_linear_growth():

@@ -3,10 +3,10 @@ they came from (bench/spoa/results/*/...cpu-per-request.txt): each table is reco
 report.py's own code (`report.py --cpu`, the command the page gives) and every line must be
 on the page, so a figure edited by hand, or a run replaced without its page, fails here."""
 
-import importlib.util
 import os
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchlib import ROOT, script
+
 CRS4 = "bench/spoa/results/2026-12-06-crs-4.28.0-modsec-3.0.14"
 CRS4_16 = "bench/spoa/results/2026-12-06-crs-4.28.0-modsec-3.0.16"
 CRS3 = "bench/spoa/results/2026-12-01-haproxy-3.2-modsec-3.0.14-glibc"
@@ -22,10 +22,7 @@ TABLES = [
 
 
 def load_report():
-    spec = importlib.util.spec_from_file_location("spoa_report", os.path.join(ROOT, "bench/spoa/report.py"))
-    report = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(report)
-    return report
+    return script("bench/spoa/report.py", "spoa_report")
 
 
 def test_the_cpu_tables_in_the_docs_are_the_committed_runs():

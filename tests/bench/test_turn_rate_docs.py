@@ -4,20 +4,17 @@ own code (`rate_doc`, what `--markdown` and `--replot` print) and every line mus
 page, so a figure edited by hand, or a new run committed without its page, fails here. The
 plot must be the committed one named on the page. No server is started here."""
 
-import importlib.util
 import json
 import os
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchlib import ROOT, script
+
 RATE_RUN = "rate-3.json"
 PLOT = "docs/img/turn-rate.png"
 
 
 def load_bench():
-    spec = importlib.util.spec_from_file_location("turn_bench", os.path.join(ROOT, "bench/turn/bench.py"))
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    return bench
+    return script("bench/turn/bench.py", "turn_bench")
 
 
 def run():
