@@ -216,7 +216,7 @@ impl Engine {
     }
 
     /// The agent listens from now: until every HAProxy that may send it work has marked it
-    /// DOWN, the drain holds ([`down`]). Call once, on the runtime, when the listener is
+    /// DOWN, the drain holds (`engine::down`). Call once, on the runtime, when the listener is
     /// bound and before the lifecycle can start refusing.
     pub fn listening(&self) {
         self.down.listening(&self.handle);

@@ -16,7 +16,7 @@
 //! Long-lived threads and a queue of our own, rather than a semaphore in front of tokio's
 //! blocking pool: with the permit taken first, that pool's queue is always empty when an
 //! evaluation finishes, so every evaluation costs a thread park/unpark plus an async wake
-//! (docs/benchmarks.md, *Optimisations*).
+//! (the profile in docs/benchmarks.md as of commit 10d56c9, *Where the agent's CPU goes*).
 //!
 //! Each connection counts its own evaluations queued or running ([`Evaluations`]): reading
 //! pauses at its bound.

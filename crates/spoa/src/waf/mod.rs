@@ -21,6 +21,10 @@
 //! - `matches`: what a transaction matched, as variables, metrics and log lines;
 //! - `body`: whether HAProxy handed over the whole request body;
 //! - `cache`: request transactions kept for their response check.
+//!
+//! [`Handler`]: crate::engine::Handler
+//! [`Handler::handle`]: crate::engine::Handler::handle
+//! [`Handler::answer_inline`]: crate::engine::Handler::answer_inline
 
 mod body;
 mod cache;
