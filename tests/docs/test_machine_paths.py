@@ -18,8 +18,8 @@ REPO = Path(__file__).resolve().parents[2]
 # A path starts after a character that cannot be inside one (so crates/x/work/y, a URL's
 # host/work/ and ~/work/ do not count).
 START = r"(?<![\w.~/-])"
-# A developer machine's own trees (and the scratch tree of the one this was written on).
-HOMES = re.compile(START + r"/(?:work|root|Users|home/[\w.-]+|var/cache/lastcall-scratch)/[\w.-]")
+# A developer machine's own trees.
+HOMES = re.compile(START + r"/(?:work|root|Users|home/[\w.-]+)/[\w.-]")
 # In /tmp: a name that only one run had (mkdtemp's random suffix: letters and digits mixed
 # after a dot, a dash or an underscore; tmp.*, pytest-of-*), or a lock file of one machine's
 # tools.
@@ -58,7 +58,6 @@ def test_the_rule_tells_machine_paths_from_product_paths():
     r, t = "/", "/tmp/"
     machine = [f"{r}work/bin/quiet bash x", f"see {r}work/main/target/release/lastcall-spoa",
                f"{r}root/.cargo/bin/cargo", f"{r}home/alice/src/lastcall", f"{r}Users/bob/x",
-               f"RUN=\"{r}var/cache/lastcall-scratch/run trixie\"",
                f"flock {t}bench.lock bash", f"{t}soak-spoa.agq7zaq7/config/agent.yaml",
                f"{t}pytest-of-root/pytest-3/x", f"{t}tmp.Ab12Cd34/x", f"{t}docs-truth-k2j4h5l6/b.json"]
     product = ["/etc/turnserver.conf", "/usr/bin/turnserver", "/var/tmp/turnserver.pid", "/coraza-spoa",

@@ -252,15 +252,12 @@ fn coraza_spoa_metrics_per_application_and_rule() {
             .map(|v| value(m, &format!("spoa_requests_total{{verdict=\"{v}\"}}")))
             .sum::<f64>()
     };
-    let end = std::time::Instant::now() + WAIT;
-    let before = loop {
-        let m = metrics();
-        if value(&m, allow) + value(&m, deny) == requests(&m) {
-            break m;
-        }
-        assert!(std::time::Instant::now() < end, "{m}");
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    };
+    let counted = |m: &String| value(m, allow) + value(m, deny) == requests(m);
+    let before = testkit::wait_until(
+        "coraza_actions_total (allow + deny) equal to spoa_requests_total after start-up",
+        WAIT,
+        || Some(metrics()).filter(counted),
+    );
     let ok = get(s.haproxy.addr, "/products/42?color=blue&m=benign");
     assert_eq!(ok.status, 200, "{}", ok.text());
     let attack = get(s.haproxy.addr, "/?id=1'%20OR%20'1'='1&m=attack");
@@ -269,17 +266,11 @@ fn coraza_spoa_metrics_per_application_and_rule() {
     assert_eq!(leak.status, 200, "{}", leak.text());
     // The detect-only response is evaluated and counted after its ACK, its action last:
     // wait for that (the peers' run once saw spoa_responses_total's detect before it).
-    let end = std::time::Instant::now() + WAIT;
-    let m = loop {
-        let m = metrics();
-        if value(&m, detected) > value(&before, detected)
-            && value(&m, allow) + value(&m, deny) == requests(&m)
-        {
-            break m;
-        }
-        assert!(std::time::Instant::now() < end, "{m}");
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    };
+    let m = testkit::wait_until(
+        "the detect-only response counted, and every request's action",
+        WAIT,
+        || Some(metrics()).filter(|m| value(m, detected) > value(&before, detected) && counted(m)),
+    );
     let grew = |series: &str| value(&m, series) - value(&before, series);
     assert_eq!((grew(allow), grew(deny)), (2.0, 1.0), "{before}\n{m}");
     assert!(
